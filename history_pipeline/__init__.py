@@ -1,0 +1,52 @@
+"""history_pipeline: a time machine for a tenant database.
+
+Every row and schema change goes into a write-ahead log; Spark compacts
+sealed segments into Parquet supertables and a schema history; a
+transaction-log catalog says which files are live; DuckDB answers read-only
+SQL as of any past logical timestamp.
+"""
+
+from history_pipeline.errors import (
+    CastError,
+    CatalogError,
+    CommitConflictError,
+    CorruptTransactionError,
+    FutureTimestampError,
+    HistoryConflictError,
+    HistoryError,
+    MalformedRecordError,
+    PurgedTimestampError,
+    QueryError,
+    SandboxViolationError,
+    SealError,
+    SegmentCorruptedError,
+    SegmentQuarantinedError,
+    TableNotFoundError,
+    TimestampOrderError,
+    ValueTypeError,
+    WriterLockedError,
+)
+from history_pipeline.store import HistoryStore, StoreSettings
+
+__all__ = [
+    "CastError",
+    "CatalogError",
+    "CommitConflictError",
+    "CorruptTransactionError",
+    "FutureTimestampError",
+    "HistoryConflictError",
+    "HistoryError",
+    "HistoryStore",
+    "MalformedRecordError",
+    "PurgedTimestampError",
+    "QueryError",
+    "SandboxViolationError",
+    "SealError",
+    "SegmentCorruptedError",
+    "SegmentQuarantinedError",
+    "StoreSettings",
+    "TableNotFoundError",
+    "TimestampOrderError",
+    "ValueTypeError",
+    "WriterLockedError",
+]

@@ -1,0 +1,31 @@
+"""The catalog: which Parquet files are live for a database, at every past transaction."""
+
+from history_pipeline.catalog.log import TransactionLog
+from history_pipeline.catalog.model import (
+    AddFile,
+    AddSchemaHistory,
+    AdvanceFrontier,
+    ApplySegments,
+    CatalogState,
+    FileEntry,
+    FileKind,
+    ForgetTombstones,
+    RemoveFile,
+    SetEarliest,
+    Transaction,
+)
+
+__all__ = [
+    "AddFile",
+    "AddSchemaHistory",
+    "AdvanceFrontier",
+    "ApplySegments",
+    "CatalogState",
+    "FileEntry",
+    "FileKind",
+    "ForgetTombstones",
+    "RemoveFile",
+    "SetEarliest",
+    "Transaction",
+    "TransactionLog",
+]

@@ -1,0 +1,336 @@
+"""The catalog's state space: files, actions, transactions, and the state they fold into.
+
+``apply_transaction`` is the one transition: a pure function from a state and
+a transaction to the next state, refusing actions that no longer apply (a
+remove of a file that is not live, a segment applied twice).
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
+from types import MappingProxyType
+from typing import Any, Union
+
+from history_pipeline.errors import CommitConflictError
+from history_pipeline.events import GENESIS_T
+from history_pipeline.schema import SchemaHistoryEntry
+
+FORMAT_VERSION = 1
+
+
+class FileKind(enum.Enum):
+    VERSIONS = "versions"  # row versions written by compaction (or merged from such files)
+    SNAPSHOT = "snapshot"  # the newest version of each live key as of ``snapshot_as_of``
+    SCHEMA_HISTORY = "schema_history"  # schema_history rows (and the commit's own record)
+
+
+@dataclass(frozen=True)
+class FileEntry:
+    """A live Parquet file and its statistics."""
+
+    path: str
+    kind: FileKind
+    table_uuid: str | None
+    size_bytes: int
+    row_count: int
+    min_t: int | None
+    max_t: int | None
+    min_key: int | None = None
+    max_key: int | None = None
+    segments: tuple[int, ...] = ()
+    snapshot_as_of: int | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "path": self.path,
+            "kind": self.kind.value,
+            "table_uuid": self.table_uuid,
+            "size_bytes": self.size_bytes,
+            "row_count": self.row_count,
+            "min_t": self.min_t,
+            "max_t": self.max_t,
+            "min_key": self.min_key,
+            "max_key": self.max_key,
+            "segments": list(self.segments),
+            "snapshot_as_of": self.snapshot_as_of,
+        }
+
+    @staticmethod
+    def from_json(obj: Mapping[str, Any]) -> FileEntry:
+        return FileEntry(
+            path=obj["path"],
+            kind=FileKind(obj["kind"]),
+            table_uuid=obj["table_uuid"],
+            size_bytes=obj["size_bytes"],
+            row_count=obj["row_count"],
+            min_t=obj["min_t"],
+            max_t=obj["max_t"],
+            min_key=obj.get("min_key"),
+            max_key=obj.get("max_key"),
+            segments=tuple(obj.get("segments", ())),
+            snapshot_as_of=obj.get("snapshot_as_of"),
+        )
+
+
+@dataclass(frozen=True)
+class Tombstone:
+    """A removed file, kept until its grace period has passed."""
+
+    entry: FileEntry
+    removed_at: float
+
+
+# --- actions --------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Protocol:
+    """Upgrade/version marker: readers refuse a catalog newer than they understand."""
+
+    version: int
+
+
+@dataclass(frozen=True)
+class AddFile:
+    entry: FileEntry
+
+
+@dataclass(frozen=True)
+class RemoveFile:
+    path: str
+    removed_at: float
+
+
+@dataclass(frozen=True)
+class AdvanceFrontier:
+    frontier: int
+
+
+@dataclass(frozen=True)
+class ApplySegments:
+    segments: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class AddSchemaHistory:
+    entries: tuple[SchemaHistoryEntry, ...]
+
+
+@dataclass(frozen=True)
+class SetEarliest:
+    """Retention: answers exist only for as_of >= earliest."""
+
+    earliest: int
+
+
+@dataclass(frozen=True)
+class ForgetTombstones:
+    """The tombstoned files were deleted from storage."""
+
+    paths: tuple[str, ...]
+
+
+Action = Union[
+    Protocol, AddFile, RemoveFile, AdvanceFrontier, ApplySegments, AddSchemaHistory, SetEarliest, ForgetTombstones
+]
+
+
+def action_to_json(action: Action) -> dict[str, Any]:
+    if isinstance(action, Protocol):
+        return {"action": "protocol", "version": action.version}
+    if isinstance(action, AddFile):
+        return {"action": "add_file", "file": action.entry.to_json()}
+    if isinstance(action, RemoveFile):
+        return {"action": "remove_file", "path": action.path, "removed_at": action.removed_at}
+    if isinstance(action, AdvanceFrontier):
+        return {"action": "advance_frontier", "frontier": action.frontier}
+    if isinstance(action, ApplySegments):
+        return {"action": "apply_segments", "segments": list(action.segments)}
+    if isinstance(action, AddSchemaHistory):
+        return {"action": "schema_history", "entries": [e.to_json() for e in action.entries]}
+    if isinstance(action, SetEarliest):
+        return {"action": "set_earliest", "earliest": action.earliest}
+    if isinstance(action, ForgetTombstones):
+        return {"action": "forget_tombstones", "paths": list(action.paths)}
+    raise TypeError(f"not an action: {action!r}")
+
+
+def action_from_json(obj: Mapping[str, Any]) -> Action:
+    kind = obj["action"]
+    if kind == "protocol":
+        return Protocol(obj["version"])
+    if kind == "add_file":
+        return AddFile(FileEntry.from_json(obj["file"]))
+    if kind == "remove_file":
+        return RemoveFile(obj["path"], obj["removed_at"])
+    if kind == "advance_frontier":
+        return AdvanceFrontier(obj["frontier"])
+    if kind == "apply_segments":
+        return ApplySegments(tuple(obj["segments"]))
+    if kind == "schema_history":
+        return AddSchemaHistory(tuple(SchemaHistoryEntry.from_json(e) for e in obj["entries"]))
+    if kind == "set_earliest":
+        return SetEarliest(obj["earliest"])
+    if kind == "forget_tombstones":
+        return ForgetTombstones(tuple(obj["paths"]))
+    raise ValueError(f"unknown catalog action {kind!r}")
+
+
+@dataclass(frozen=True)
+class Transaction:
+    """One commit: linear id, its uuid, its predecessor's uuid, and its actions."""
+
+    txn_id: int
+    uuid: str
+    previous_uuid: str | None
+    committed_at: float
+    operation: str
+    actions: tuple[Action, ...]
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "format_version": FORMAT_VERSION,
+            "txn_id": self.txn_id,
+            "uuid": self.uuid,
+            "previous_uuid": self.previous_uuid,
+            "committed_at": self.committed_at,
+            "operation": self.operation,
+            "actions": [action_to_json(a) for a in self.actions],
+        }
+
+    @staticmethod
+    def from_json(obj: Mapping[str, Any]) -> Transaction:
+        return Transaction(
+            txn_id=obj["txn_id"],
+            uuid=obj["uuid"],
+            previous_uuid=obj["previous_uuid"],
+            committed_at=obj["committed_at"],
+            operation=obj["operation"],
+            actions=tuple(action_from_json(a) for a in obj["actions"]),
+        )
+
+
+def _frozen(d: dict[str, Any]) -> Mapping[str, Any]:
+    return MappingProxyType(d)
+
+
+@dataclass(frozen=True)
+class CatalogState:
+    """Everything the catalog says at one transaction."""
+
+    txn_id: int = -1
+    txn_uuid: str | None = None
+    committed_at: float = 0.0
+    version: int = FORMAT_VERSION
+    files: Mapping[str, FileEntry] = field(default_factory=lambda: _frozen({}))
+    tombstones: Mapping[str, Tombstone] = field(default_factory=lambda: _frozen({}))
+    frontier: int = GENESIS_T
+    applied_segments: frozenset[int] = frozenset()
+    schema_history: tuple[SchemaHistoryEntry, ...] = ()
+    earliest: int = 0
+
+    def files_of(self, table_uuid: str, kind: FileKind | None = None) -> list[FileEntry]:
+        """Live files of one table (optionally of one kind), by path."""
+        return sorted(
+            (
+                f
+                for f in self.files.values()
+                if f.table_uuid == table_uuid and (kind is None or f.kind is kind)
+            ),
+            key=lambda f: f.path,
+        )
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "format_version": FORMAT_VERSION,
+            "txn_id": self.txn_id,
+            "txn_uuid": self.txn_uuid,
+            "committed_at": self.committed_at,
+            "version": self.version,
+            "files": [f.to_json() for f in self.files.values()],
+            "tombstones": [
+                {"file": t.entry.to_json(), "removed_at": t.removed_at} for t in self.tombstones.values()
+            ],
+            "frontier": self.frontier,
+            "applied_segments": sorted(self.applied_segments),
+            "schema_history": [e.to_json() for e in self.schema_history],
+            "earliest": self.earliest,
+        }
+
+    @staticmethod
+    def from_json(obj: Mapping[str, Any]) -> CatalogState:
+        files = {f["path"]: FileEntry.from_json(f) for f in obj["files"]}
+        tombs = {
+            t["file"]["path"]: Tombstone(FileEntry.from_json(t["file"]), t["removed_at"])
+            for t in obj["tombstones"]
+        }
+        return CatalogState(
+            txn_id=obj["txn_id"],
+            txn_uuid=obj["txn_uuid"],
+            committed_at=obj["committed_at"],
+            version=obj["version"],
+            files=_frozen(files),
+            tombstones=_frozen(tombs),
+            frontier=obj["frontier"],
+            applied_segments=frozenset(obj["applied_segments"]),
+            schema_history=tuple(SchemaHistoryEntry.from_json(e) for e in obj["schema_history"]),
+            earliest=obj["earliest"],
+        )
+
+
+def apply_transaction(state: CatalogState, txn: Transaction) -> CatalogState:
+    """The state after ``txn``; raises :class:`CommitConflictError` if an action no longer applies."""
+    if txn.txn_id != state.txn_id + 1:
+        raise CommitConflictError(f"transaction {txn.txn_id} does not follow {state.txn_id}")
+    if txn.previous_uuid != state.txn_uuid:
+        raise CommitConflictError(
+            f"transaction {txn.txn_id} names predecessor {txn.previous_uuid}, but it is {state.txn_uuid}"
+        )
+    files = dict(state.files)
+    tombstones = dict(state.tombstones)
+    applied = set(state.applied_segments)
+    history = list(state.schema_history)
+    frontier, earliest, version = state.frontier, state.earliest, state.version
+    for action in txn.actions:
+        if isinstance(action, Protocol):
+            version = action.version
+        elif isinstance(action, AddFile):
+            if action.entry.path in files:
+                raise CommitConflictError(f"file {action.entry.path} is already live")
+            files[action.entry.path] = action.entry
+        elif isinstance(action, RemoveFile):
+            entry = files.pop(action.path, None)
+            if entry is None:
+                raise CommitConflictError(f"file {action.path} is not live any more (removed by another commit?)")
+            tombstones[action.path] = Tombstone(entry, action.removed_at)
+        elif isinstance(action, AdvanceFrontier):
+            if action.frontier < frontier:
+                raise CommitConflictError(f"frontier cannot go back from {frontier} to {action.frontier}")
+            frontier = action.frontier
+        elif isinstance(action, ApplySegments):
+            again = applied.intersection(action.segments)
+            if again:
+                raise CommitConflictError(f"segment(s) {sorted(again)} already applied")
+            applied.update(action.segments)
+        elif isinstance(action, AddSchemaHistory):
+            history.extend(action.entries)
+        elif isinstance(action, SetEarliest):
+            earliest = max(earliest, action.earliest)
+        elif isinstance(action, ForgetTombstones):
+            for path in action.paths:
+                tombstones.pop(path, None)
+    return replace(
+        state,
+        txn_id=txn.txn_id,
+        txn_uuid=txn.uuid,
+        committed_at=txn.committed_at,
+        version=version,
+        files=_frozen(files),
+        tombstones=_frozen(tombstones),
+        frontier=frontier,
+        applied_segments=frozenset(applied),
+        schema_history=tuple(history),
+        earliest=earliest,
+    )

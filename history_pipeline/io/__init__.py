@@ -1,0 +1,1 @@
+"""Object stores: local disk and S3 behind one small interface."""

@@ -1,0 +1,291 @@
+"""The object store: one small interface over a storage root, local disk or S3.
+
+Paths are relative, '/'-separated keys under the root. ``put_if_absent`` is the
+one atomic primitive the catalog builds on: an exclusive hard link on local
+disk, a conditional write (``If-None-Match: *``) on S3.
+"""
+
+from __future__ import annotations
+
+import abc
+import os
+import time
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pyarrow.fs as pafs
+
+from history_pipeline.errors import ObjectExistsError, ObjectNotFoundError, ObjectStoreError
+
+
+@dataclass(frozen=True)
+class ObjectInfo:
+    path: str
+    size: int
+    modified: float  # seconds since the epoch
+
+
+@dataclass(frozen=True)
+class S3Options:
+    """How to reach S3. Unset fields fall back to the usual AWS environment variables."""
+
+    endpoint_url: str | None = None
+    region: str | None = None
+    access_key_id: str | None = None
+    secret_access_key: str | None = None
+
+    def resolved(self) -> S3Options:
+        return S3Options(
+            endpoint_url=self.endpoint_url or os.environ.get("AWS_ENDPOINT_URL"),
+            region=self.region or os.environ.get("AWS_REGION") or os.environ.get("AWS_DEFAULT_REGION"),
+            access_key_id=self.access_key_id or os.environ.get("AWS_ACCESS_KEY_ID"),
+            secret_access_key=self.secret_access_key or os.environ.get("AWS_SECRET_ACCESS_KEY"),
+        )
+
+
+class ObjectStore(abc.ABC):
+    """Get, put, put-if-absent, list and delete objects under one root."""
+
+    uri: str
+
+    @abc.abstractmethod
+    def get(self, path: str) -> bytes: ...
+
+    @abc.abstractmethod
+    def put(self, path: str, data: bytes) -> None: ...
+
+    @abc.abstractmethod
+    def put_if_absent(self, path: str, data: bytes) -> None:
+        """Create ``path`` with ``data`` atomically, or raise :class:`ObjectExistsError`."""
+
+    @abc.abstractmethod
+    def exists(self, path: str) -> bool: ...
+
+    @abc.abstractmethod
+    def list(self, prefix: str) -> list[ObjectInfo]:
+        """Every object whose path starts with ``prefix`` (recursively), sorted by path."""
+
+    @abc.abstractmethod
+    def delete(self, path: str) -> None:
+        """Delete ``path``; deleting a missing object is not an error."""
+
+    @abc.abstractmethod
+    def arrow_filesystem(self) -> tuple[pafs.FileSystem, str]:
+        """A pyarrow filesystem and the root path inside it, for Parquet reads and writes."""
+
+    @abc.abstractmethod
+    def config(self) -> dict[str, Any]:
+        """A picklable description from which :func:`open_store` rebuilds this store (on executors)."""
+
+    def full_path(self, path: str) -> str:
+        """The path of an object inside :meth:`arrow_filesystem`."""
+        fs, root = self.arrow_filesystem()
+        return f"{root}/{path}" if root else path
+
+
+class LocalStore(ObjectStore):
+    """A directory on local disk."""
+
+    def __init__(self, root: str | Path):
+        self.root = Path(root).absolute()
+        self.root.mkdir(parents=True, exist_ok=True)
+        self.uri = str(self.root)
+
+    def _path(self, path: str) -> Path:
+        return self.root / path
+
+    def get(self, path: str) -> bytes:
+        try:
+            return self._path(path).read_bytes()
+        except FileNotFoundError:
+            raise ObjectNotFoundError(f"no object {path} in {self.uri}") from None
+
+    def put(self, path: str, data: bytes) -> None:
+        target = self._path(path)
+        tmp = self._write_temp(target, data)
+        os.replace(tmp, target)
+
+    def put_if_absent(self, path: str, data: bytes) -> None:
+        target = self._path(path)
+        tmp = self._write_temp(target, data)
+        try:
+            os.link(tmp, target)  # atomic, fails if target exists, and never shows a partial file
+        except FileExistsError:
+            raise ObjectExistsError(f"{path} already exists in {self.uri}") from None
+        finally:
+            tmp.unlink(missing_ok=True)
+
+    def _write_temp(self, target: Path, data: bytes) -> Path:
+        target.parent.mkdir(parents=True, exist_ok=True)
+        tmp = target.parent / f".{target.name}.{uuid.uuid4().hex}.tmp"
+        with open(tmp, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        return tmp
+
+    def exists(self, path: str) -> bool:
+        return self._path(path).exists()
+
+    def list(self, prefix: str) -> list[ObjectInfo]:
+        base = self._path(prefix)
+        folder = base if base.is_dir() else base.parent
+        if not folder.is_dir():
+            return []
+        found = []
+        for dirpath, _, filenames in os.walk(folder):
+            for name in filenames:
+                full = Path(dirpath) / name
+                rel = full.relative_to(self.root).as_posix()
+                if not rel.startswith(prefix) or name.startswith("."):
+                    continue
+                try:
+                    st = full.stat()
+                except FileNotFoundError:
+                    continue
+                found.append(ObjectInfo(rel, st.st_size, st.st_mtime))
+        return sorted(found, key=lambda o: o.path)
+
+    def delete(self, path: str) -> None:
+        self._path(path).unlink(missing_ok=True)
+
+    def arrow_filesystem(self) -> tuple[pafs.FileSystem, str]:
+        return pafs.LocalFileSystem(), str(self.root)
+
+    def config(self) -> dict[str, Any]:
+        return {"uri": self.uri}
+
+
+class S3Store(ObjectStore):
+    """A bucket and prefix on S3 (or any S3-compatible endpoint)."""
+
+    def __init__(self, uri: str, options: S3Options | None = None):
+        if not uri.startswith("s3://"):
+            raise ObjectStoreError(f"not an s3:// URI: {uri}")
+        bucket, _, prefix = uri[len("s3://") :].partition("/")
+        if len(bucket) < 3:
+            raise ObjectStoreError(f"bucket name {bucket!r} in {uri} is too short")
+        self.uri = uri.rstrip("/")
+        self.bucket = bucket
+        self.prefix = prefix.strip("/")
+        self.options = (options or S3Options()).resolved()
+        self._client_cache: Any = None
+        self._fs_cache: pafs.S3FileSystem | None = None
+
+    def _key(self, path: str) -> str:
+        return f"{self.prefix}/{path}" if self.prefix else path
+
+    @property
+    def _client(self) -> Any:
+        if self._client_cache is None:
+            import boto3
+
+            self._client_cache = boto3.client(
+                "s3",
+                endpoint_url=self.options.endpoint_url,
+                region_name=self.options.region,
+                aws_access_key_id=self.options.access_key_id,
+                aws_secret_access_key=self.options.secret_access_key,
+            )
+        return self._client_cache
+
+    def get(self, path: str) -> bytes:
+        try:
+            return self._client.get_object(Bucket=self.bucket, Key=self._key(path))["Body"].read()
+        except self._client.exceptions.NoSuchKey:
+            raise ObjectNotFoundError(f"no object {path} in {self.uri}") from None
+
+    def put(self, path: str, data: bytes) -> None:
+        self._client.put_object(Bucket=self.bucket, Key=self._key(path), Body=data)
+
+    def put_if_absent(self, path: str, data: bytes) -> None:
+        from botocore.exceptions import ClientError
+
+        try:
+            self._client.put_object(Bucket=self.bucket, Key=self._key(path), Body=data, IfNoneMatch="*")
+        except ClientError as exc:
+            code = exc.response.get("Error", {}).get("Code", "")
+            if code in ("PreconditionFailed", "412", "ConditionalRequestConflict"):
+                raise ObjectExistsError(f"{path} already exists in {self.uri}") from None
+            if code in ("NotImplemented", "501"):
+                raise ObjectStoreError(
+                    f"the S3 endpoint of {self.uri} does not support conditional writes "
+                    "(If-None-Match); the catalog cannot commit safely there"
+                ) from None
+            raise
+
+    def exists(self, path: str) -> bool:
+        from botocore.exceptions import ClientError
+
+        try:
+            self._client.head_object(Bucket=self.bucket, Key=self._key(path))
+            return True
+        except ClientError as exc:
+            if exc.response.get("Error", {}).get("Code") in ("404", "NoSuchKey", "NotFound"):
+                return False
+            raise
+
+    def list(self, prefix: str) -> list[ObjectInfo]:
+        found = []
+        paginator = self._client.get_paginator("list_objects_v2")
+        strip = len(self.prefix) + 1 if self.prefix else 0
+        for page in paginator.paginate(Bucket=self.bucket, Prefix=self._key(prefix)):
+            for obj in page.get("Contents", []):
+                found.append(
+                    ObjectInfo(obj["Key"][strip:], obj["Size"], obj["LastModified"].timestamp())
+                )
+        return sorted(found, key=lambda o: o.path)
+
+    def delete(self, path: str) -> None:
+        self._client.delete_object(Bucket=self.bucket, Key=self._key(path))
+
+    def arrow_filesystem(self) -> tuple[pafs.FileSystem, str]:
+        if self._fs_cache is None:
+            kwargs: dict[str, Any] = {}
+            endpoint = self.options.endpoint_url
+            if endpoint:
+                scheme, _, host = endpoint.partition("://")
+                kwargs["endpoint_override"] = host or scheme
+                kwargs["scheme"] = scheme if host else "https"
+            if self.options.region:
+                kwargs["region"] = self.options.region
+            if self.options.access_key_id:
+                kwargs["access_key"] = self.options.access_key_id
+                kwargs["secret_key"] = self.options.secret_access_key
+            self._fs_cache = pafs.S3FileSystem(**kwargs)
+        root = f"{self.bucket}/{self.prefix}" if self.prefix else self.bucket
+        return self._fs_cache, root
+
+    def config(self) -> dict[str, Any]:
+        o = self.options
+        return {
+            "uri": self.uri,
+            "s3": {
+                "endpoint_url": o.endpoint_url,
+                "region": o.region,
+                "access_key_id": o.access_key_id,
+                "secret_access_key": o.secret_access_key,
+            },
+        }
+
+
+def open_store(uri_or_config: str | Path | dict[str, Any], s3: S3Options | None = None) -> ObjectStore:
+    """Open the store for a local path or ``s3://bucket/prefix`` (or a :meth:`ObjectStore.config`)."""
+    if isinstance(uri_or_config, dict):
+        uri = uri_or_config["uri"]
+        if "s3" in uri_or_config:
+            s3 = S3Options(**uri_or_config["s3"])
+    else:
+        uri = str(uri_or_config)
+    if uri.startswith("s3://"):
+        return S3Store(uri, s3)
+    if "://" in uri and not uri.startswith("file://"):
+        raise ObjectStoreError(f"unsupported storage root {uri}: use a local path or s3://bucket/prefix")
+    return LocalStore(uri.removeprefix("file://"))
+
+
+def now() -> float:
+    """Wall-clock seconds since the epoch (one place to patch in tests of grace periods)."""
+    return time.time()

@@ -1,0 +1,101 @@
+"""HistoryStore: the one object users hold (DESIGN.md section 5)."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from history_pipeline.catalog import CatalogState, TransactionLog
+from history_pipeline.errors import HistoryError
+from history_pipeline.io.store import ObjectStore, S3Options, open_store
+from history_pipeline.wal import SegmentRef, SegmentState, WalWriter, list_segments
+
+_DATABASE_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")
+
+
+@dataclass(frozen=True)
+class StoreSettings:
+    """Tunables with embedded defaults."""
+
+    max_segment_bytes: int = 64 * 1024 * 1024
+    max_segment_age_s: float = 300.0
+    checkpoint_interval: int = 20
+
+
+class HistoryStore:
+    """The history of one tenant database under a storage root (local path or s3://bucket/prefix)."""
+
+    def __init__(
+        self,
+        objects: ObjectStore,
+        database: str,
+        wal_dir: Path,
+        settings: StoreSettings,
+    ):
+        self.objects = objects
+        self.database = database
+        self.wal_dir = wal_dir
+        self.settings = settings
+        self.catalog = TransactionLog(
+            objects, f"{database}/_catalog", checkpoint_interval=settings.checkpoint_interval
+        )
+
+    @classmethod
+    def open(
+        cls,
+        root: str | Path = "data",
+        *,
+        database: str,
+        wal_dir: str | Path | None = None,
+        s3: S3Options | None = None,
+        settings: StoreSettings | None = None,
+    ) -> HistoryStore:
+        """Open (creating if needed) the history of ``database`` under ``root``."""
+        if not _DATABASE_RE.match(database):
+            raise HistoryError(
+                f"database name {database!r} is not valid: use letters, digits, '_', '-', '.'"
+            )
+        objects = open_store(str(root), s3)
+        if wal_dir is None:
+            if str(root).startswith("s3://"):
+                # WAL segments stay on local disk even when the warehouse is on S3.
+                local = Path("data") / "wal" / str(root)[len("s3://") :].strip("/")
+                wal_dir = local / database
+            else:
+                wal_dir = Path(root) / database / "wal"
+        return cls(objects, database, Path(wal_dir), settings or StoreSettings())
+
+    # --- the WAL ---------------------------------------------------------------
+
+    def wal_writer(self, **overrides: Any) -> WalWriter:
+        """The database's WAL writer (one at a time); use it as a context manager."""
+        return WalWriter(
+            self.wal_dir,
+            max_segment_bytes=overrides.get("max_segment_bytes", self.settings.max_segment_bytes),
+            max_segment_age_s=overrides.get("max_segment_age_s", self.settings.max_segment_age_s),
+        )
+
+    def segments(self, state: SegmentState | None = None) -> list[SegmentRef]:
+        """The database's WAL segments, optionally only those in one state."""
+        return list_segments(self.wal_dir, state)
+
+    # --- the catalog -------------------------------------------------------------
+
+    def catalog_state(self) -> CatalogState:
+        """The newest catalog state."""
+        return self.catalog.latest()
+
+    @property
+    def frontier(self) -> int:
+        """The largest t closed by a compacted segment (-1 before anything was compacted)."""
+        return self.catalog.latest().frontier
+
+    @property
+    def earliest(self) -> int:
+        """The smallest answerable as_of (0 until retention purges history)."""
+        return self.catalog.latest().earliest
+
+    def __repr__(self) -> str:
+        return f"HistoryStore({self.objects.uri!r}, database={self.database!r})"

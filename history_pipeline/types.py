@@ -1,0 +1,522 @@
+"""SQL data types of the contract, and how their values travel.
+
+A value has three forms:
+
+* its **WAL form**: the JSON value of DESIGN.md's type table (``"12.3400"``,
+  ``{"months": 1, ...}``, base64 text ...);
+* its **Python form**: what users get back (``Decimal``, ``datetime`` with UTC,
+  ``uuid.UUID``, :class:`Interval`, lists, parsed JSON ...);
+* its **Arrow form**: the richest lossless Arrow/Parquet type (``arrow_type``).
+
+``decode_value`` turns the WAL form into the Python form and validates it;
+``encode_value`` turns it back. Both are exact inverses on valid input.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import datetime as dt
+import enum
+import json
+import math
+import re
+import struct
+import uuid
+from dataclasses import dataclass
+from decimal import ROUND_HALF_UP, Decimal, InvalidOperation, localcontext
+from typing import Any
+
+import pyarrow as pa
+
+from history_pipeline.errors import DataTypeError, ValueTypeError
+
+
+class TypeKind(enum.Enum):
+    BOOLEAN = "BOOLEAN"
+    SMALLINT = "SMALLINT"
+    INTEGER = "INTEGER"
+    BIGINT = "BIGINT"
+    REAL = "REAL"
+    DOUBLE = "DOUBLE PRECISION"
+    NUMERIC = "NUMERIC"
+    TEXT = "TEXT"
+    VARCHAR = "VARCHAR"
+    BYTEA = "BYTEA"
+    UUID = "UUID"
+    DATE = "DATE"
+    TIME = "TIME"
+    TIMESTAMP = "TIMESTAMP"
+    TIMESTAMPTZ = "TIMESTAMPTZ"
+    INTERVAL = "INTERVAL"
+    JSONB = "JSONB"
+    ARRAY = "ARRAY"
+
+
+_ALIASES: dict[str, TypeKind] = {
+    "BOOLEAN": TypeKind.BOOLEAN,
+    "BOOL": TypeKind.BOOLEAN,
+    "SMALLINT": TypeKind.SMALLINT,
+    "INT2": TypeKind.SMALLINT,
+    "INTEGER": TypeKind.INTEGER,
+    "INT": TypeKind.INTEGER,
+    "INT4": TypeKind.INTEGER,
+    "BIGINT": TypeKind.BIGINT,
+    "INT8": TypeKind.BIGINT,
+    "REAL": TypeKind.REAL,
+    "FLOAT4": TypeKind.REAL,
+    "DOUBLE PRECISION": TypeKind.DOUBLE,
+    "DOUBLE": TypeKind.DOUBLE,
+    "FLOAT8": TypeKind.DOUBLE,
+    "NUMERIC": TypeKind.NUMERIC,
+    "DECIMAL": TypeKind.NUMERIC,
+    "TEXT": TypeKind.TEXT,
+    "VARCHAR": TypeKind.VARCHAR,
+    "CHARACTER VARYING": TypeKind.VARCHAR,
+    "BYTEA": TypeKind.BYTEA,
+    "UUID": TypeKind.UUID,
+    "DATE": TypeKind.DATE,
+    "TIME": TypeKind.TIME,
+    "TIME WITHOUT TIME ZONE": TypeKind.TIME,
+    "TIMESTAMP": TypeKind.TIMESTAMP,
+    "TIMESTAMP WITHOUT TIME ZONE": TypeKind.TIMESTAMP,
+    "TIMESTAMPTZ": TypeKind.TIMESTAMPTZ,
+    "TIMESTAMP WITH TIME ZONE": TypeKind.TIMESTAMPTZ,
+    "INTERVAL": TypeKind.INTERVAL,
+    "JSONB": TypeKind.JSONB,
+    "JSON": TypeKind.JSONB,
+}
+
+_INT_RANGES = {
+    TypeKind.SMALLINT: (-(2**15), 2**15 - 1),
+    TypeKind.INTEGER: (-(2**31), 2**31 - 1),
+    TypeKind.BIGINT: (-(2**63), 2**63 - 1),
+}
+
+#: Arrow's decimal128 holds at most 38 digits; wider or unconstrained NUMERIC is kept as text.
+MAX_DECIMAL128_PRECISION = 38
+_FLOAT32_MAX = 3.4028234663852886e38
+
+
+@dataclass(frozen=True)
+class DataType:
+    """One SQL type of the contract. ``element`` is set for arrays only."""
+
+    kind: TypeKind
+    precision: int | None = None
+    scale: int | None = None
+    length: int | None = None
+    element: DataType | None = None
+
+    def __str__(self) -> str:
+        if self.kind is TypeKind.ARRAY:
+            assert self.element is not None
+            return f"{self.element}[]"
+        if self.kind is TypeKind.NUMERIC and self.precision is not None:
+            return f"NUMERIC({self.precision},{self.scale or 0})"
+        if self.kind is TypeKind.VARCHAR and self.length is not None:
+            return f"VARCHAR({self.length})"
+        return self.kind.value
+
+    @property
+    def is_exact_decimal(self) -> bool:
+        """True when values fit Arrow's decimal128 exactly (NUMERIC(p,s) with p <= 38)."""
+        return (
+            self.kind is TypeKind.NUMERIC
+            and self.precision is not None
+            and self.precision <= MAX_DECIMAL128_PRECISION
+        )
+
+
+_TYPE_RE = re.compile(r"^\s*([A-Za-z][A-Za-z0-9 ]*?)\s*(?:\(\s*(\d+)\s*(?:,\s*(-?\d+)\s*)?\))?\s*$")
+
+
+def parse_data_type(text: str) -> DataType:
+    """Parse a type string such as ``NUMERIC(10,2)``, ``VARCHAR(20)`` or ``INTEGER[][]``."""
+    if not isinstance(text, str) or not text.strip():
+        raise DataTypeError(f"data type must be a non-empty string, got {text!r}")
+    stripped = text.strip()
+    if stripped.endswith("[]"):
+        return DataType(TypeKind.ARRAY, element=parse_data_type(stripped[:-2]))
+    match = _TYPE_RE.match(stripped)
+    if not match:
+        raise DataTypeError(f"unknown data type {text!r}")
+    name = " ".join(match.group(1).upper().split())
+    kind = _ALIASES.get(name)
+    if kind is None:
+        raise DataTypeError(f"unknown data type {text!r}; known: {sorted(set(_ALIASES))}")
+    first, second = match.group(2), match.group(3)
+    if kind is TypeKind.NUMERIC:
+        if first is None:
+            return DataType(kind)
+        precision, scale = int(first), int(second or 0)
+        if not 1 <= precision <= 1000 or not 0 <= scale <= precision:
+            raise DataTypeError(f"invalid precision/scale in {text!r}")
+        return DataType(kind, precision=precision, scale=scale)
+    if kind is TypeKind.VARCHAR:
+        if second is not None:
+            raise DataTypeError(f"VARCHAR takes one length, got {text!r}")
+        if first is None:
+            return DataType(kind)
+        if int(first) < 1:
+            raise DataTypeError(f"VARCHAR length must be positive in {text!r}")
+        return DataType(kind, length=int(first))
+    if first is not None:
+        raise DataTypeError(f"type {name} takes no parameters, got {text!r}")
+    return DataType(kind)
+
+
+@dataclass(frozen=True)
+class Interval:
+    """A SQL INTERVAL: months, days and microseconds kept apart, as in PostgreSQL."""
+
+    months: int
+    days: int
+    micros: int
+
+
+# --- WAL form -> Python form ------------------------------------------------------------
+
+
+def decode_value(data_type: DataType, value: Any) -> Any:
+    """Validate a WAL (JSON) value against ``data_type`` and return its Python form.
+
+    Raises :class:`ValueTypeError` saying what is wrong; ``None`` is SQL NULL.
+    """
+    if value is None:
+        return None
+    decoder = _DECODERS[data_type.kind]
+    return decoder(data_type, value)
+
+
+def _fail(data_type: DataType, value: Any, why: str) -> ValueTypeError:
+    shown = repr(value)
+    if len(shown) > 80:
+        shown = shown[:77] + "..."
+    return ValueTypeError(f"value {shown} is not a valid {data_type}: {why}")
+
+
+def _decode_bool(t: DataType, v: Any) -> bool:
+    if not isinstance(v, bool):
+        raise _fail(t, v, "expected true or false")
+    return v
+
+
+def _decode_int(t: DataType, v: Any) -> int:
+    if isinstance(v, bool) or not isinstance(v, int):
+        raise _fail(t, v, "expected an integer")
+    low, high = _INT_RANGES[t.kind]
+    if not low <= v <= high:
+        raise _fail(t, v, f"out of range [{low}, {high}]")
+    return v
+
+
+_FLOAT_WORDS = {"NaN": math.nan, "Infinity": math.inf, "-Infinity": -math.inf}
+
+
+def _decode_float(t: DataType, v: Any) -> float:
+    if isinstance(v, str):
+        if v not in _FLOAT_WORDS:
+            raise _fail(t, v, 'expected a number or "NaN", "Infinity", "-Infinity"')
+        return _FLOAT_WORDS[v]
+    if isinstance(v, bool) or not isinstance(v, (int, float)):
+        raise _fail(t, v, "expected a number")
+    f = float(v)
+    if math.isinf(f) or math.isnan(f):
+        raise _fail(t, v, 'non-finite numbers are written as strings ("NaN", "Infinity")')
+    if t.kind is TypeKind.REAL:
+        if abs(f) > _FLOAT32_MAX:
+            raise _fail(t, v, "out of range for REAL")
+        f = real_from_float32(struct.unpack("<f", struct.pack("<f", f))[0])
+    return f
+
+
+def real_from_float32(f: float) -> float:
+    """The shortest decimal reading of a float32, as PostgreSQL prints a REAL."""
+    if math.isnan(f) or math.isinf(f):
+        return f
+    packed = struct.pack("<f", f)
+    for digits in range(1, 10):
+        candidate = float(f"{f:.{digits}g}")
+        if struct.pack("<f", candidate) == packed:
+            return candidate
+    return f
+
+
+_DECIMAL_RE = re.compile(r"^[+-]?(\d+(\.\d*)?|\.\d+)([eE][+-]?\d+)?$")
+
+
+def _decode_numeric(t: DataType, v: Any) -> Decimal:
+    if isinstance(v, bool) or not isinstance(v, (str, int)):
+        raise _fail(t, v, 'expected a decimal string such as "12.3400"')
+    text = str(v)
+    if text in ("NaN",):
+        raise _fail(t, v, "NaN is not supported for NUMERIC")
+    if not _DECIMAL_RE.match(text):
+        raise _fail(t, v, "not a decimal number")
+    try:
+        d = Decimal(text)
+    except InvalidOperation as exc:  # pragma: no cover - the regex already filters
+        raise _fail(t, v, "not a decimal number") from exc
+    if t.precision is not None:
+        scale = t.scale or 0
+        with localcontext() as ctx:
+            ctx.prec = 2000
+            d = d.quantize(Decimal(1).scaleb(-scale), rounding=ROUND_HALF_UP)
+        digits = len(d.as_tuple().digits) if d != 0 else 1
+        integer_digits = digits + d.as_tuple().exponent  # type: ignore[operator]
+        if integer_digits > t.precision - scale:
+            raise _fail(t, v, f"needs more than {t.precision} digits with scale {scale}")
+    return d
+
+
+def _decode_text(t: DataType, v: Any) -> str:
+    if not isinstance(v, str):
+        raise _fail(t, v, "expected a string")
+    if "\x00" in v:
+        raise _fail(t, v, "text cannot contain NUL characters")
+    if t.length is not None and len(v) > t.length:
+        raise _fail(t, v, f"longer than {t.length} characters")
+    return v
+
+
+def _decode_bytea(t: DataType, v: Any) -> bytes:
+    if not isinstance(v, str):
+        raise _fail(t, v, "expected a base64 string")
+    try:
+        return base64.b64decode(v, validate=True)
+    except (binascii.Error, ValueError) as exc:
+        raise _fail(t, v, "not valid base64") from exc
+
+
+def _decode_uuid(t: DataType, v: Any) -> uuid.UUID:
+    if not isinstance(v, str):
+        raise _fail(t, v, "expected a UUID string")
+    try:
+        return uuid.UUID(v)
+    except ValueError as exc:
+        raise _fail(t, v, "not a UUID") from exc
+
+
+_DATE_RE = re.compile(r"^\d{4}-\d{2}-\d{2}$")
+_TIME_RE = re.compile(r"^\d{2}:\d{2}:\d{2}(\.\d{1,6})?$")
+_TS_RE = re.compile(r"^\d{4}-\d{2}-\d{2}[T ]\d{2}:\d{2}:\d{2}(\.\d{1,6})?")
+_OFFSET_RE = re.compile(r"(Z|[+-]\d{2}(:?\d{2})?(:?\d{2})?)$")
+
+
+def _decode_date(t: DataType, v: Any) -> dt.date:
+    if not isinstance(v, str) or not _DATE_RE.match(v):
+        raise _fail(t, v, 'expected "YYYY-MM-DD"')
+    try:
+        return dt.date.fromisoformat(v)
+    except ValueError as exc:
+        raise _fail(t, v, str(exc)) from exc
+
+
+def _decode_time(t: DataType, v: Any) -> dt.time:
+    if not isinstance(v, str) or not _TIME_RE.match(v):
+        raise _fail(t, v, 'expected "HH:MM:SS[.ffffff]"')
+    try:
+        return dt.time.fromisoformat(v)
+    except ValueError as exc:
+        raise _fail(t, v, str(exc)) from exc
+
+
+def _decode_timestamp(t: DataType, v: Any) -> dt.datetime:
+    if not isinstance(v, str) or not _TS_RE.match(v) or _has_offset(v):
+        raise _fail(t, v, 'expected "YYYY-MM-DDTHH:MM:SS[.ffffff]" without an offset')
+    try:
+        return dt.datetime.fromisoformat(v)
+    except ValueError as exc:
+        raise _fail(t, v, str(exc)) from exc
+
+
+def _has_offset(text: str) -> bool:
+    time_part = text[10:]
+    return bool(_OFFSET_RE.search(time_part)) and (
+        time_part.endswith("Z") or "+" in time_part or time_part.count("-") > 0
+    )
+
+
+def _decode_timestamptz(t: DataType, v: Any) -> dt.datetime:
+    if not isinstance(v, str) or not _TS_RE.match(v) or not _has_offset(v):
+        raise _fail(t, v, "expected an ISO 8601 timestamp with an offset")
+    try:
+        parsed = dt.datetime.fromisoformat(v)
+    except ValueError as exc:
+        raise _fail(t, v, str(exc)) from exc
+    if parsed.tzinfo is None:  # pragma: no cover - guarded by _has_offset
+        raise _fail(t, v, "missing offset")
+    try:
+        return parsed.astimezone(dt.UTC)
+    except OverflowError as exc:
+        raise _fail(t, v, "out of range once converted to UTC") from exc
+
+
+def _decode_interval(t: DataType, v: Any) -> Interval:
+    if not isinstance(v, dict) or set(v) != {"months", "days", "micros"}:
+        raise _fail(t, v, 'expected {"months": int, "days": int, "micros": int}')
+    parts = []
+    for name, bits in (("months", 32), ("days", 32), ("micros", 64)):
+        part = v[name]
+        if isinstance(part, bool) or not isinstance(part, int):
+            raise _fail(t, v, f"{name} must be an integer")
+        if not -(2 ** (bits - 1)) <= part < 2 ** (bits - 1):
+            raise _fail(t, v, f"{name} out of range")
+        parts.append(part)
+    return Interval(*parts)
+
+
+def _decode_jsonb(t: DataType, v: Any) -> Any:
+    try:
+        json.dumps(v, allow_nan=False)
+    except (TypeError, ValueError) as exc:
+        raise _fail(t, v, f"not a JSON value: {exc}") from exc
+    return v
+
+
+def _decode_array(t: DataType, v: Any) -> list[Any]:
+    if not isinstance(v, list):
+        raise _fail(t, v, "expected a JSON array")
+    assert t.element is not None
+    return [decode_value(t.element, item) for item in v]
+
+
+_DECODERS = {
+    TypeKind.BOOLEAN: _decode_bool,
+    TypeKind.SMALLINT: _decode_int,
+    TypeKind.INTEGER: _decode_int,
+    TypeKind.BIGINT: _decode_int,
+    TypeKind.REAL: _decode_float,
+    TypeKind.DOUBLE: _decode_float,
+    TypeKind.NUMERIC: _decode_numeric,
+    TypeKind.TEXT: _decode_text,
+    TypeKind.VARCHAR: _decode_text,
+    TypeKind.BYTEA: _decode_bytea,
+    TypeKind.UUID: _decode_uuid,
+    TypeKind.DATE: _decode_date,
+    TypeKind.TIME: _decode_time,
+    TypeKind.TIMESTAMP: _decode_timestamp,
+    TypeKind.TIMESTAMPTZ: _decode_timestamptz,
+    TypeKind.INTERVAL: _decode_interval,
+    TypeKind.JSONB: _decode_jsonb,
+    TypeKind.ARRAY: _decode_array,
+}
+
+
+# --- Python form -> WAL form ------------------------------------------------------------
+
+
+def encode_value(data_type: DataType, value: Any) -> Any:
+    """Return the WAL (JSON) form of a Python value of ``data_type``."""
+    if value is None:
+        return None
+    kind = data_type.kind
+    if kind in (TypeKind.REAL, TypeKind.DOUBLE):
+        f = float(value)
+        if math.isnan(f):
+            return "NaN"
+        if math.isinf(f):
+            return "Infinity" if f > 0 else "-Infinity"
+        return f
+    if kind is TypeKind.NUMERIC:
+        return str(value)
+    if kind is TypeKind.BYTEA:
+        return base64.b64encode(bytes(value)).decode("ascii")
+    if kind is TypeKind.UUID:
+        return str(value)
+    if kind in (TypeKind.DATE, TypeKind.TIME, TypeKind.TIMESTAMP, TypeKind.TIMESTAMPTZ):
+        return value.isoformat()
+    if kind is TypeKind.INTERVAL:
+        return {"months": value.months, "days": value.days, "micros": value.micros}
+    if kind is TypeKind.ARRAY:
+        assert data_type.element is not None
+        return [encode_value(data_type.element, item) for item in value]
+    return value
+
+
+# --- Arrow form --------------------------------------------------------------------
+
+INTERVAL_ARROW = pa.struct(
+    [("months", pa.int32()), ("days", pa.int32()), ("micros", pa.int64())]
+)
+
+
+def arrow_type(data_type: DataType) -> pa.DataType:
+    """The lossless Arrow (and Parquet) storage type of ``data_type``."""
+    kind = data_type.kind
+    simple = {
+        TypeKind.BOOLEAN: pa.bool_(),
+        TypeKind.SMALLINT: pa.int16(),
+        TypeKind.INTEGER: pa.int32(),
+        TypeKind.BIGINT: pa.int64(),
+        TypeKind.REAL: pa.float32(),
+        TypeKind.DOUBLE: pa.float64(),
+        TypeKind.TEXT: pa.string(),
+        TypeKind.VARCHAR: pa.string(),
+        TypeKind.BYTEA: pa.binary(),
+        TypeKind.UUID: pa.uuid(),
+        TypeKind.DATE: pa.date32(),
+        TypeKind.TIME: pa.time64("us"),
+        TypeKind.TIMESTAMP: pa.timestamp("us"),
+        TypeKind.TIMESTAMPTZ: pa.timestamp("us", tz="UTC"),
+        TypeKind.INTERVAL: INTERVAL_ARROW,
+        TypeKind.JSONB: pa.json_(),
+    }
+    if kind in simple:
+        return simple[kind]
+    if kind is TypeKind.NUMERIC:
+        if data_type.is_exact_decimal:
+            return pa.decimal128(data_type.precision, data_type.scale or 0)
+        return pa.string()  # exact decimal text: wider than any Arrow decimal DuckDB reads
+    assert data_type.element is not None
+    return pa.list_(arrow_type(data_type.element))
+
+
+def to_arrow_value(data_type: DataType, value: Any) -> Any:
+    """A Python-form value as pyarrow accepts it for ``arrow_type(data_type)``."""
+    if value is None:
+        return None
+    kind = data_type.kind
+    if kind is TypeKind.UUID:
+        return value.bytes
+    if kind is TypeKind.INTERVAL:
+        return {"months": value.months, "days": value.days, "micros": value.micros}
+    if kind is TypeKind.JSONB:
+        return canonical_json(value)
+    if kind is TypeKind.NUMERIC and not data_type.is_exact_decimal:
+        return str(value)
+    if kind is TypeKind.ARRAY:
+        assert data_type.element is not None
+        return [to_arrow_value(data_type.element, item) for item in value]
+    return value
+
+
+def from_arrow_value(data_type: DataType, value: Any) -> Any:
+    """The Python form of a value read back with ``to_pylist`` from ``arrow_type``."""
+    if value is None:
+        return None
+    kind = data_type.kind
+    if kind is TypeKind.UUID:
+        return value if isinstance(value, uuid.UUID) else uuid.UUID(bytes=bytes(value))
+    if kind is TypeKind.INTERVAL:
+        if isinstance(value, dict):
+            return Interval(value["months"], value["days"], value["micros"])
+        return Interval(value.months, value.days, value.nanoseconds // 1000)
+    if kind is TypeKind.JSONB:
+        return json.loads(value) if isinstance(value, str) else value
+    if kind is TypeKind.NUMERIC and not isinstance(value, Decimal):
+        return Decimal(str(value))
+    if kind is TypeKind.TIMESTAMPTZ and isinstance(value, dt.datetime):
+        return value.astimezone(dt.UTC)
+    if kind is TypeKind.REAL:
+        return real_from_float32(value)
+    if kind is TypeKind.ARRAY:
+        assert data_type.element is not None
+        return [from_arrow_value(data_type.element, item) for item in value]
+    return value
+
+
+def canonical_json(value: Any) -> str:
+    """JSON text with sorted keys and no insignificant space (JSONB is normalized)."""
+    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False)

@@ -1,0 +1,190 @@
+"""WAL segments on local disk: their names, their states, and verified reading.
+
+A segment's life is ``open -> sealed -> applied | quarantined``; the state is
+the folder (and suffix) the file sits in::
+
+    <wal_dir>/segments/<id>.open        the one segment the writer appends to
+    <wal_dir>/segments/<id>.sealed      finished, waiting for compaction
+    <wal_dir>/applied/<id>.sealed       compacted (the catalog says so first)
+    <wal_dir>/quarantine/<id>.sealed    refused; <id>.error.json says why
+
+A sealed segment ends with a sealing ``close`` record carrying the count of
+the records before it and the SHA-256 of their bytes, so a torn or flipped
+byte is found before compaction.
+"""
+
+from __future__ import annotations
+
+import enum
+import hashlib
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+from history_pipeline.errors import MalformedRecordError, SegmentCorruptedError
+from history_pipeline.events import Close, Event, SealDigest, event_to_line, parse_line
+
+ID_WIDTH = 20
+
+
+class SegmentState(enum.Enum):
+    OPEN = "open"
+    SEALED = "sealed"
+    APPLIED = "applied"
+    QUARANTINED = "quarantined"
+
+
+@dataclass(frozen=True)
+class SegmentRef:
+    """Where one segment is and what state it is in."""
+
+    segment_id: int
+    state: SegmentState
+    path: Path
+
+    @property
+    def name(self) -> str:
+        return segment_name(self.segment_id)
+
+
+@dataclass(frozen=True)
+class SegmentContents:
+    """The verified events of a sealed segment with their 1-based line numbers."""
+
+    ref: SegmentRef
+    events: tuple[tuple[int, Event], ...]
+    lower: int
+    upper: int
+    size_bytes: int
+
+
+def segment_name(segment_id: int) -> str:
+    """The zero-padded name of a segment id."""
+    return f"{segment_id:0{ID_WIDTH}d}"
+
+
+def segments_dir(wal_dir: Path) -> Path:
+    return wal_dir / "segments"
+
+
+def applied_dir(wal_dir: Path) -> Path:
+    return wal_dir / "applied"
+
+
+def quarantine_dir(wal_dir: Path) -> Path:
+    return wal_dir / "quarantine"
+
+
+def list_segments(wal_dir: Path, state: SegmentState | None = None) -> list[SegmentRef]:
+    """Every segment of a WAL in id order, optionally only those in one state."""
+    found: list[SegmentRef] = []
+    places = (
+        (segments_dir(wal_dir), ".open", SegmentState.OPEN),
+        (segments_dir(wal_dir), ".sealed", SegmentState.SEALED),
+        (applied_dir(wal_dir), ".sealed", SegmentState.APPLIED),
+        (quarantine_dir(wal_dir), ".sealed", SegmentState.QUARANTINED),
+    )
+    for folder, suffix, seg_state in places:
+        if state is not None and seg_state is not state:
+            continue
+        if not folder.is_dir():
+            continue
+        for entry in folder.iterdir():
+            stem, _, ext = entry.name.partition(".")
+            if "." + ext == suffix and stem.isdigit():
+                found.append(SegmentRef(int(stem), seg_state, entry))
+    return sorted(found, key=lambda r: (r.segment_id, r.state.value))
+
+
+def seal_digest(data: bytes) -> SealDigest:
+    """Count and checksum of a segment's bytes before its sealing record."""
+    return SealDigest(records=data.count(b"\n"), sha256=hashlib.sha256(data).hexdigest())
+
+
+def sealing_line(t: int, body: bytes) -> bytes:
+    """The sealing close record for a segment whose bytes so far are ``body``."""
+    return event_to_line(Close(t, seal_digest(body)))
+
+
+def read_segment(ref: SegmentRef) -> SegmentContents:
+    """Read a sealed (or applied/quarantined) segment, verifying count and checksum first.
+
+    Raises :class:`SegmentCorruptedError` if the bytes do not match the seal and
+    :class:`MalformedRecordError` (naming segment and line) for a bad record.
+    """
+    data = ref.path.read_bytes()
+    name = ref.name
+    if not data.endswith(b"\n"):
+        raise SegmentCorruptedError(name, "does not end with a complete sealing record (torn write?)")
+    cut = data.rstrip(b"\n").rfind(b"\n") + 1
+    body, last = data[:cut], data[cut:]
+    try:
+        seal_event = parse_line(last, segment=name, line=body.count(b"\n") + 1)
+    except MalformedRecordError as exc:
+        raise SegmentCorruptedError(name, f"sealing record unreadable ({exc.reason})") from None
+    if not isinstance(seal_event, Close) or seal_event.seal is None:
+        raise SegmentCorruptedError(name, "last record is not a sealing close record")
+    actual = seal_digest(body)
+    if actual.records != seal_event.seal.records:
+        raise SegmentCorruptedError(
+            name, f"holds {actual.records} records before its seal, the seal says {seal_event.seal.records}"
+        )
+    if actual.sha256 != seal_event.seal.sha256:
+        raise SegmentCorruptedError(name, "checksum mismatch: its bytes changed after sealing")
+    events: list[tuple[int, Event]] = []
+    for number, raw in enumerate(body.splitlines(), start=1):
+        events.append((number, parse_line(raw, segment=name, line=number)))
+    if not events or not isinstance(events[0][1], Close):
+        raise SegmentCorruptedError(name, "does not begin with a close record")
+    return SegmentContents(
+        ref=ref,
+        events=tuple(events),
+        lower=events[0][1].t,
+        upper=seal_event.t,
+        size_bytes=len(data),
+    )
+
+
+def move_segment(ref: SegmentRef, state: SegmentState, wal_dir: Path) -> SegmentRef:
+    """Move a sealed segment to the folder of ``state`` (applied or quarantined)."""
+    target_dir = applied_dir(wal_dir) if state is SegmentState.APPLIED else quarantine_dir(wal_dir)
+    target_dir.mkdir(parents=True, exist_ok=True)
+    target = target_dir / f"{ref.name}.sealed"
+    os.replace(ref.path, target)
+    fsync_dir(target_dir)
+    fsync_dir(ref.path.parent)
+    return SegmentRef(ref.segment_id, state, target)
+
+
+def quarantine_segment(ref: SegmentRef, wal_dir: Path, error: str, line: int | None) -> SegmentRef:
+    """Quarantine a sealed segment, recording why beside it."""
+    moved = move_segment(ref, SegmentState.QUARANTINED, wal_dir)
+    reason = {"segment": ref.name, "line": line, "error": error}
+    (quarantine_dir(wal_dir) / f"{ref.name}.error.json").write_text(json.dumps(reason, indent=2))
+    return moved
+
+
+def quarantine_reason(ref: SegmentRef) -> dict[str, object] | None:
+    """Why a quarantined segment was refused (None if no reason was recorded)."""
+    path = ref.path.parent / f"{ref.name}.error.json"
+    if not path.exists():
+        return None
+    return json.loads(path.read_text())
+
+
+def release_segment(ref: SegmentRef, wal_dir: Path) -> SegmentRef:
+    """An operator's act: put a quarantined segment back in line for compaction."""
+    target = segments_dir(wal_dir) / f"{ref.name}.sealed"
+    os.replace(ref.path, target)
+    (ref.path.parent / f"{ref.name}.error.json").unlink(missing_ok=True)
+    return SegmentRef(ref.segment_id, SegmentState.SEALED, target)
+
+
+def fsync_dir(path: Path) -> None:
+    """Make a rename or create in ``path`` durable."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
