@@ -202,7 +202,7 @@ class TransactionLog:
             with self._lock:
                 if self._cached is None or self._cached.txn_id < new_state.txn_id:
                     self._cached = new_state
-            if self.checkpoint_interval and new_state.txn_id % self.checkpoint_interval == 0:
+            if self.checkpoint_interval and new_state.txn_id > 0 and new_state.txn_id % self.checkpoint_interval == 0:
                 self.write_checkpoint(new_state)
             return new_state
         raise CommitConflictError(
