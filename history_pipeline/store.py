@@ -7,9 +7,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import pyarrow as pa
+
 from history_pipeline.catalog import CatalogState, TransactionLog
+from history_pipeline.compaction.compactor import CompactionSummary
 from history_pipeline.errors import HistoryError
 from history_pipeline.io.store import ObjectStore, S3Options, open_store
+from history_pipeline.query.engine import QueryContext
+from history_pipeline.schema import TableDescriptor
 from history_pipeline.wal import SegmentRef, SegmentState, WalWriter, list_segments
 
 _DATABASE_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")
@@ -96,6 +101,44 @@ class HistoryStore:
     def earliest(self) -> int:
         """The smallest answerable as_of (0 until retention purges history)."""
         return self.catalog.latest().earliest
+
+    # --- compaction --------------------------------------------------------------
+
+    def compact(self, spark: Any | None = None, on_step: Any = None) -> CompactionSummary:
+        """Compact every sealed segment (Spark when a session is given, else in-process)."""
+        from history_pipeline.compaction.compactor import compact_pending
+
+        return compact_pending(self, spark, on_step or (lambda step: None))
+
+    # --- queries -----------------------------------------------------------------
+
+    def query_context(self) -> QueryContext:
+        """A frozen view of the newest catalog state (all queries through it agree)."""
+        return QueryContext(self.objects, self.database, self.catalog.latest())
+
+    def load_table(self, table: str, as_of: int) -> pa.Table:
+        """The table as of ``as_of``: synthetic_key then its columns in order, named as then."""
+        return self.query_context().load_table(table, as_of)
+
+    def fetch_row(self, table: str, key: int, as_of: int) -> dict[str, Any] | None:
+        """One row as of ``as_of`` as {column name: value}, or None."""
+        return self.query_context().fetch_row(table, key, as_of)
+
+    def get_catalog(self, as_of: int) -> tuple[TableDescriptor, ...]:
+        """The table descriptors in force as of ``as_of``."""
+        return self.query_context().get_catalog(as_of)
+
+    def sql(self, query: str, as_of: int) -> pa.Table:
+        """Read-only SQL against the database as of ``as_of``."""
+        return self.query_context().sql(query, as_of)
+
+    def row_history(self, table: str, key: int) -> list[dict[str, Any]]:
+        """Every retained version of a key: logical_timestamp, is_deleted, values."""
+        return self.query_context().row_history(table, key)
+
+    def diff(self, table: str, from_: int, to: int) -> dict[str, list[dict[str, Any]]]:
+        """Keys inserted, deleted and changed between two states."""
+        return self.query_context().diff(table, from_, to)
 
     def __repr__(self) -> str:
         return f"HistoryStore({self.objects.uri!r}, database={self.database!r})"

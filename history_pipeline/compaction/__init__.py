@@ -1,0 +1,1 @@
+"""Compaction: sealed WAL segments become supertable versions, snapshots and schema history."""

@@ -1,0 +1,185 @@
+"""SQL CAST between the contract's types, with PostgreSQL's rules, on Python-form values.
+
+Used when a column changes type: rows that exist at the change read their old
+value cast to the new type, and a value that cannot be cast is an error at
+ingest (never at query time).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import math
+from decimal import ROUND_HALF_UP, Decimal, InvalidOperation, localcontext
+from typing import Any
+
+from history_pipeline.errors import ValueTypeError
+from history_pipeline.types import DataType, Interval, TypeKind, decode_value, encode_value
+
+_INTEGERS = (TypeKind.SMALLINT, TypeKind.INTEGER, TypeKind.BIGINT)
+_FLOATS = (TypeKind.REAL, TypeKind.DOUBLE)
+_TEXTS = (TypeKind.TEXT, TypeKind.VARCHAR)
+
+
+class CastFailure(ValueError):
+    """A value cannot be cast; the message says why."""
+
+
+def cast_value(value: Any, source: DataType, target: DataType) -> Any:
+    """CAST(value AS target) for a Python-form ``value`` of type ``source``."""
+    if value is None:
+        return None
+    s, t = source.kind, target.kind
+    try:
+        if t in _TEXTS:
+            return _check(target, to_text(value, source))
+        if s in _TEXTS:
+            return _from_text(value.strip() if t not in _TEXTS else value, target)
+        if s == t and s is not TypeKind.ARRAY:
+            return _check(target, encode_value(source, value))
+        if t in _INTEGERS:
+            return _to_integer(value, s, target)
+        if t in _FLOATS:
+            if s in _INTEGERS or s in _FLOATS or s is TypeKind.NUMERIC:
+                return _check(target, encode_value(_DOUBLE, float(value)))
+        if t is TypeKind.NUMERIC and (s in _INTEGERS or s in _FLOATS):
+            if isinstance(value, float) and (math.isnan(value) or math.isinf(value)):
+                raise CastFailure(f"cannot cast {value} to NUMERIC")
+            return _check(target, str(Decimal(repr(value)) if isinstance(value, float) else Decimal(value)))
+        if t is TypeKind.BOOLEAN and s is TypeKind.INTEGER:
+            return value != 0
+        if t is TypeKind.INTEGER and s is TypeKind.BOOLEAN:  # pragma: no cover - handled in _to_integer
+            return int(value)
+        if t is TypeKind.DATE and s in (TypeKind.TIMESTAMP, TypeKind.TIMESTAMPTZ):
+            return value.date()
+        if t is TypeKind.TIMESTAMP and s is TypeKind.DATE:
+            return dt.datetime.combine(value, dt.time())
+        if t is TypeKind.TIMESTAMPTZ and s is TypeKind.DATE:
+            return dt.datetime.combine(value, dt.time(), dt.UTC)
+        if t is TypeKind.TIMESTAMPTZ and s is TypeKind.TIMESTAMP:
+            return value.replace(tzinfo=dt.UTC)  # session time zone: UTC
+        if t is TypeKind.TIMESTAMP and s is TypeKind.TIMESTAMPTZ:
+            return value.astimezone(dt.UTC).replace(tzinfo=None)
+        if t is TypeKind.TIME and s in (TypeKind.TIMESTAMP, TypeKind.TIMESTAMPTZ):
+            return value.time().replace(tzinfo=None)
+        if t is TypeKind.ARRAY and s is TypeKind.ARRAY:
+            assert source.element is not None and target.element is not None
+            return [cast_value(v, source.element, target.element) for v in value]
+        if t is TypeKind.JSONB and s is not TypeKind.JSONB:
+            raise CastFailure(f"no cast from {source} to JSONB (cast through TEXT)")
+    except ValueTypeError as exc:
+        raise CastFailure(str(exc)) from None
+    raise CastFailure(f"no cast from {source} to {target}")
+
+
+_DOUBLE = DataType(TypeKind.DOUBLE)
+
+
+def _check(target: DataType, wal_value: Any) -> Any:
+    return decode_value(target, wal_value)
+
+
+def _to_integer(value: Any, s: TypeKind, target: DataType) -> int:
+    if s is TypeKind.BOOLEAN:
+        if target.kind is not TypeKind.INTEGER:
+            raise CastFailure(f"no cast from BOOLEAN to {target}")
+        return int(value)
+    if s in _FLOATS:
+        if math.isnan(value) or math.isinf(value):
+            raise CastFailure(f"{value} is out of range for {target}")
+        rounded = round(value)  # PostgreSQL uses rint(): halves go to even
+    elif s is TypeKind.NUMERIC:
+        rounded = int(Decimal(value).quantize(Decimal(1), rounding=ROUND_HALF_UP))
+    elif s in _INTEGERS:
+        rounded = value
+    else:
+        raise CastFailure(f"no cast to {target}")
+    return _check(target, rounded)
+
+
+def _from_text(text: str, target: DataType) -> Any:
+    kind = target.kind
+    if kind in _INTEGERS:
+        try:
+            return _check(target, int(text.replace("_", "x")))
+        except ValueError:
+            raise CastFailure(f'invalid input syntax for {target}: "{text}"') from None
+    if kind in _FLOATS:
+        lowered = text.lower()
+        words = {"nan": "NaN", "infinity": "Infinity", "inf": "Infinity", "-infinity": "-Infinity", "-inf": "-Infinity"}
+        if lowered in words:
+            return _check(target, words[lowered])
+        try:
+            return _check(target, float(text))
+        except ValueError:
+            raise CastFailure(f'invalid input syntax for {target}: "{text}"') from None
+    if kind is TypeKind.NUMERIC:
+        return _check(target, text)
+    if kind is TypeKind.BOOLEAN:
+        lowered = text.lower()
+        if lowered in ("t", "true", "y", "yes", "on", "1"):
+            return True
+        if lowered in ("f", "false", "n", "no", "off", "0"):
+            return False
+        raise CastFailure(f'invalid input syntax for BOOLEAN: "{text}"')
+    if kind is TypeKind.BYTEA:
+        if text.startswith("\\x"):
+            try:
+                return bytes.fromhex(text[2:])
+            except ValueError:
+                raise CastFailure(f'invalid hex in "{text}"') from None
+        return text.encode()
+    if kind is TypeKind.JSONB:
+        try:
+            return json.loads(text)
+        except ValueError:
+            raise CastFailure(f'invalid input syntax for JSONB: "{text}"') from None
+    if kind is TypeKind.TIMESTAMP:
+        return _check(target, text.replace(" ", "T", 1))
+    if kind is TypeKind.TIMESTAMPTZ:
+        candidate = text.replace(" ", "T", 1)
+        try:
+            return _check(target, candidate)
+        except ValueTypeError:
+            return _check(target, candidate + "+00:00")
+    return _check(target, text)
+
+
+def to_text(value: Any, source: DataType) -> str:
+    """PostgreSQL's text output of a value (session time zone UTC)."""
+    kind = source.kind
+    if kind is TypeKind.BOOLEAN:
+        return "true" if value else "false"
+    if kind in _FLOATS:
+        if math.isnan(value):
+            return "NaN"
+        if math.isinf(value):
+            return "Infinity" if value > 0 else "-Infinity"
+        return repr(float(value)).removesuffix(".0") if float(value).is_integer() else repr(float(value))
+    if kind is TypeKind.BYTEA:
+        return "\\x" + bytes(value).hex()
+    if kind is TypeKind.TIMESTAMP:
+        return value.isoformat(sep=" ")
+    if kind is TypeKind.TIMESTAMPTZ:
+        return value.astimezone(dt.UTC).isoformat(sep=" ").replace("+00:00", "+00")
+    if kind is TypeKind.JSONB:
+        return json.dumps(value, ensure_ascii=False)
+    if kind is TypeKind.INTERVAL:
+        return _interval_text(value)
+    if kind is TypeKind.ARRAY:
+        assert source.element is not None
+        return "{" + ",".join("NULL" if v is None else to_text(v, source.element) for v in value) + "}"
+    if kind is TypeKind.NUMERIC:
+        with localcontext() as ctx:
+            ctx.prec = 2000
+            try:
+                return format(Decimal(value), "f")
+            except InvalidOperation:  # pragma: no cover
+                return str(value)
+    if kind is TypeKind.UUID or kind is TypeKind.DATE or kind is TypeKind.TIME:
+        return str(value)
+    return str(value)
+
+
+def _interval_text(value: Interval) -> str:
+    return json.dumps({"months": value.months, "days": value.days, "micros": value.micros})

@@ -1,0 +1,335 @@
+"""Compaction, effectful part: verified segments in, committed Parquet files out, exactly once.
+
+Per sealed segment, in id order:
+
+1. the driver reads and verifies it, and plans it (``plan_segment``);
+2. one task per touched table (run on Spark executors when a session is
+   given) reads the prior images of the keys it touches, folds the mutations,
+   and writes version and snapshot files through the object store;
+3. the driver writes the schema-history file and commits every file, the
+   schema entries, the new frontier and the segment id in one catalog
+   transaction;
+4. only then is the segment moved to ``applied/``.
+
+A crash before step 3 leaves only orphan files (garbage collection removes
+them) and the segment pending; a crash after it leaves a segment the catalog
+already lists as applied, which the next run just moves.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import Any
+
+import pyarrow as pa
+
+from history_pipeline.catalog.model import (
+    AddFile,
+    AddSchemaHistory,
+    AdvanceFrontier,
+    ApplySegments,
+    CatalogState,
+    FileEntry,
+    FileKind,
+)
+from history_pipeline.compaction.plan import SegmentPlan, TablePlan, fold_table, images_from_rows, plan_segment
+from history_pipeline.errors import (
+    HistoryError,
+    MalformedRecordError,
+    SegmentCorruptedError,
+    SegmentQuarantinedError,
+)
+from history_pipeline.io.store import ObjectStore, open_store
+from history_pipeline.query.scan import live_rows
+from history_pipeline.schema import SchemaHistoryEntry, Supercolumn, replay_schema_history
+from history_pipeline.supertable import (
+    FileMetadata,
+    new_file_path,
+    versions_to_arrow,
+    write_parquet,
+)
+from history_pipeline.types import from_arrow_value
+from history_pipeline.wal.segments import (
+    SegmentRef,
+    SegmentState,
+    list_segments,
+    move_segment,
+    quarantine_segment,
+    read_segment,
+)
+
+StepHook = Callable[[str], None]
+
+
+@dataclass(frozen=True)
+class TableTask:
+    """Everything one executor needs to fold and write one table of one segment (picklable)."""
+
+    store_config: dict[str, Any]
+    database: str
+    plan: TablePlan
+    files: tuple[FileEntry, ...]
+    supercolumns_before: tuple[Supercolumn, ...]
+    supercolumns_after: tuple[Supercolumn, ...]
+    prior_as_of: int
+    txn_hint: int
+    segment_id: int
+
+
+@dataclass(frozen=True)
+class TaskOutcome:
+    entries: tuple[FileEntry, ...] = ()
+    versions: int = 0
+    error: tuple[str, str, int | None, str] | None = None  # (class, segment, line, message)
+
+
+def run_table_task(task: TableTask) -> TaskOutcome:
+    """Read prior images, fold, write files. Errors come back as data, not as executor crashes."""
+    try:
+        return _run_table_task(task)
+    except MalformedRecordError as exc:
+        return TaskOutcome(error=(type(exc).__name__, exc.segment or task.plan.segment, exc.line, exc.reason))
+
+
+def _run_table_task(task: TableTask) -> TaskOutcome:
+    store = open_store(task.store_config)
+    plan = task.plan
+    keys = None if plan.needs_all_keys else sorted(plan.touched_keys)
+    prior: dict = {}
+    if task.files and (keys is None or keys):
+        state = CatalogState(files=MappingProxyType({f.path: f for f in task.files}))
+        rows = live_rows(store, state, plan.table_uuid, task.supercolumns_before, task.prior_as_of, keys)
+        types = {s.name: s.data_type for s in task.supercolumns_before}
+        decoded = [
+            {name: (from_arrow_value(types[name], v) if name in types else v) for name, v in row.items()}
+            for row in rows.to_pylist()
+        ]
+        prior = images_from_rows(decoded, types)
+    result = fold_table(plan, prior)
+    entries: list[FileEntry] = []
+    segments = (task.segment_id,)
+    if result.versions:
+        table = versions_to_arrow(result.versions, task.supercolumns_after)
+        entries.append(_write(store, task, table, FileKind.VERSIONS, None, segments))
+    for as_of, rows_then in result.snapshots:
+        table = versions_to_arrow(rows_then, task.supercolumns_after)
+        entries.append(_write(store, task, table, FileKind.SNAPSHOT, as_of, segments))
+    return TaskOutcome(entries=tuple(entries), versions=len(result.versions))
+
+
+def _write(
+    store: ObjectStore,
+    task: TableTask,
+    table: pa.Table,
+    kind: FileKind,
+    snapshot_as_of: int | None,
+    segments: tuple[int, ...],
+) -> FileEntry:
+    meta = FileMetadata(
+        database=task.database,
+        table_uuid=task.plan.table_uuid,
+        kind=kind,
+        txn_id=task.txn_hint,
+        lower=task.prior_as_of,
+        upper=task.plan.mutations[-1].t + 1 if task.plan.mutations else task.prior_as_of,
+        segments=segments,
+        snapshot_as_of=snapshot_as_of,
+    )
+    path = new_file_path(task.database, task.plan.table_uuid, kind, task.txn_hint)
+    return write_parquet(store, path, table, meta)
+
+
+def run_tasks(tasks: Sequence[TableTask], spark: Any | None) -> list[TaskOutcome]:
+    """Run table tasks on Spark executors (one partition each), or in-process without a session."""
+    if not tasks:
+        return []
+    if spark is None:
+        return [run_table_task(t) for t in tasks]
+    rdd = spark.sparkContext.parallelize(list(tasks), numSlices=len(tasks))
+    return rdd.map(run_table_task).collect()
+
+
+# --- the driver ------------------------------------------------------------------
+
+
+@dataclass
+class CompactionSummary:
+    """What a compaction did."""
+
+    segments_applied: list[int] = field(default_factory=list)
+    versions_written: int = 0
+    files_written: int = 0
+    bytes_written: int = 0
+    tables_touched: set[str] = field(default_factory=set)
+    frontier: int = -1
+    schema_changes: int = 0
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "segments_applied": list(self.segments_applied),
+            "versions_written": self.versions_written,
+            "files_written": self.files_written,
+            "bytes_written": self.bytes_written,
+            "tables_touched": sorted(self.tables_touched),
+            "frontier": self.frontier,
+            "schema_changes": self.schema_changes,
+        }
+
+
+def pending_segments(wal_dir: Any, state: CatalogState) -> tuple[list[SegmentRef], SegmentRef | None]:
+    """Sealed segments not yet applied, in order, cut at the first quarantined one before them."""
+    refs = list_segments(wal_dir)
+    quarantined = [r for r in refs if r.state is SegmentState.QUARANTINED]
+    blocker = quarantined[0] if quarantined else None
+    pending = [
+        r
+        for r in refs
+        if r.state is SegmentState.SEALED and (blocker is None or r.segment_id < blocker.segment_id)
+    ]
+    return pending, blocker
+
+
+def compact_segment(
+    store: Any,
+    ref: SegmentRef,
+    spark: Any | None,
+    summary: CompactionSummary,
+    on_step: StepHook = lambda step: None,
+) -> None:
+    """Apply one sealed segment exactly once (see the module docstring)."""
+    state = store.catalog.latest()
+    if ref.segment_id in state.applied_segments:
+        move_segment(ref, SegmentState.APPLIED, store.wal_dir)  # committed earlier; finish the move
+        return
+    try:
+        contents = read_segment(ref)
+        schema = replay_schema_history(state.schema_history)
+        plan = plan_segment(contents, schema)
+        on_step("planned")
+        tasks = _tasks(store, state, plan)
+        outcomes = run_tasks(tasks, spark)
+        failed = next((o.error for o in outcomes if o.error is not None), None)
+        if failed is not None:
+            raise MalformedRecordError(failed[3], segment=failed[1], line=failed[2])
+    except (MalformedRecordError, SegmentCorruptedError) as exc:
+        line = getattr(exc, "line", None)
+        quarantine_segment(ref, store.wal_dir, str(exc), line)
+        raise SegmentQuarantinedError(ref.name, str(exc)) from exc
+    on_step("files_written")
+    entries = [e for o in outcomes for e in o.entries]
+    history_entry = _write_schema_history(store, state, plan)
+    on_step("schema_history_written")
+
+    def build(current: CatalogState) -> list[Any] | None:
+        if plan.segment_id in current.applied_segments:
+            return None
+        if current.schema_history != state.schema_history or current.frontier != state.frontier:
+            raise HistoryError(
+                f"the catalog of {store.database} changed under compaction of segment {plan.segment}; run again"
+            )
+        actions: list[Any] = [AddFile(e) for e in [*entries, history_entry]]
+        if plan.schema_entries:
+            actions.append(AddSchemaHistory(plan.schema_entries))
+        actions.append(AdvanceFrontier(max(plan.upper, current.frontier)))
+        actions.append(ApplySegments((plan.segment_id,)))
+        return actions
+
+    store.catalog.commit(f"compact segment {plan.segment}", build)
+    on_step("committed")
+    move_segment(ref, SegmentState.APPLIED, store.wal_dir)
+    summary.segments_applied.append(plan.segment_id)
+    summary.versions_written += sum(o.versions for o in outcomes)
+    summary.files_written += len(entries) + 1
+    summary.bytes_written += sum(e.size_bytes for e in entries) + history_entry.size_bytes
+    summary.tables_touched.update(t.plan.table_uuid for t in tasks)
+    summary.tables_touched.update(e.table_uuid for e in plan.schema_entries)
+    summary.schema_changes += len(plan.schema_entries)
+    summary.frontier = max(summary.frontier, plan.upper)
+
+
+def _tasks(store: Any, state: CatalogState, plan: SegmentPlan) -> list[TableTask]:
+    tasks = []
+    txn_hint = state.txn_id + 1
+    for table_uuid, table_plan in plan.tables.items():
+        if not table_plan.mutations and not table_plan.backfills:
+            continue
+        tasks.append(
+            TableTask(
+                store_config=store.objects.config(),
+                database=store.database,
+                plan=table_plan,
+                files=tuple(state.files_of(table_uuid)),
+                supercolumns_before=tuple(plan.schema_before.supercolumns.get(table_uuid, ())),
+                supercolumns_after=tuple(plan.schema_after.supercolumns.get(table_uuid, ())),
+                prior_as_of=state.frontier + 1,
+                txn_hint=txn_hint,
+                segment_id=plan.segment_id,
+            )
+        )
+    return tasks
+
+
+SCHEMA_HISTORY_SCHEMA = pa.schema(
+    [
+        pa.field("table_uuid", pa.string(), nullable=False),
+        pa.field("table_name", pa.string(), nullable=False),
+        pa.field("logical_timestamp", pa.int64(), nullable=False),
+        pa.field("schema_descriptor", pa.json_(), nullable=True),
+    ]
+)
+
+
+def schema_history_table(entries: Sequence[SchemaHistoryEntry]) -> pa.Table:
+    """``_history_catalog.schema_history`` rows as Arrow."""
+    return pa.table(
+        {
+            "table_uuid": [e.table_uuid for e in entries],
+            "table_name": [e.table_name for e in entries],
+            "logical_timestamp": [e.logical_timestamp for e in entries],
+            "schema_descriptor": pa.array([e.descriptor_text() for e in entries], pa.json_()),
+        },
+        schema=SCHEMA_HISTORY_SCHEMA,
+    )
+
+
+def _write_schema_history(store: Any, state: CatalogState, plan: SegmentPlan) -> FileEntry:
+    """The commit's own record: its schema entries, segment and frontier, rebuildable from the file."""
+    meta = FileMetadata(
+        database=store.database,
+        table_uuid=None,
+        kind=FileKind.SCHEMA_HISTORY,
+        txn_id=state.txn_id + 1,
+        lower=plan.lower + 1,
+        upper=plan.upper + 1,
+        segments=(plan.segment_id,),
+        frontier=plan.upper,
+    )
+    path = f"{store.database}/_history_catalog/schema_history/{plan.segment_id:020d}-{state.txn_id + 1:010d}.parquet"
+    entry = write_parquet(store.objects, path, schema_history_table(plan.schema_entries), meta)
+    return FileEntry(
+        path=entry.path,
+        kind=FileKind.SCHEMA_HISTORY,
+        table_uuid=None,
+        size_bytes=entry.size_bytes,
+        row_count=entry.row_count,
+        min_t=plan.lower + 1,
+        max_t=plan.upper,
+        segments=(plan.segment_id,),
+    )
+
+
+def compact_pending(store: Any, spark: Any | None = None, on_step: StepHook = lambda s: None) -> CompactionSummary:
+    """Compact every pending sealed segment of ``store`` in order; quarantine stops the line."""
+    summary = CompactionSummary(frontier=store.catalog.latest().frontier)
+    state = store.catalog.latest()
+    pending, blocker = pending_segments(store.wal_dir, state)
+    for ref in pending:
+        compact_segment(store, ref, spark, summary, on_step)
+    if blocker is not None:
+        from history_pipeline.wal.segments import quarantine_reason
+
+        reason = quarantine_reason(blocker) or {}
+        raise SegmentQuarantinedError(blocker.name, str(reason.get("error", "see its .error.json")))
+    return summary

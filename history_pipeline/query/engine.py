@@ -1,0 +1,276 @@
+"""The query operations of DESIGN.md section 5, over one catalog state.
+
+Every operation resolves names and schemas as of ``T`` from the schema
+history, checks ``T`` against the frontier (``T <= frontier + 1``) and the
+purge point, and reads only the files the catalog lists.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import duckdb
+import pyarrow as pa
+import pyarrow.dataset as ds
+
+from history_pipeline.catalog.model import CatalogState, FileKind
+from history_pipeline.errors import (
+    FutureTimestampError,
+    PurgedTimestampError,
+    SandboxViolationError,
+    TableNotFoundError,
+)
+from history_pipeline.io.store import ObjectStore
+from history_pipeline.query.scan import dataset_of, live_rows
+from history_pipeline.schema import (
+    SchemaHistoryEntry,
+    TableDescriptor,
+    replay_schema_history,
+    tables_at,
+)
+from history_pipeline.supertable import DELETED, KEY, LT, supertable_schema
+from history_pipeline.types import INTERVAL_ARROW, DataType, TypeKind, from_arrow_value
+
+
+@dataclass(frozen=True)
+class QueryContext:
+    """A frozen catalog state to answer from."""
+
+    store: ObjectStore
+    database: str
+    state: CatalogState
+
+    # --- guards and resolution ---------------------------------------------------
+
+    def check_as_of(self, as_of: int) -> None:
+        """Refuse as_of beyond the frontier or below the purge point."""
+        if isinstance(as_of, bool) or not isinstance(as_of, int):
+            raise TypeError(f"as_of must be an integer logical timestamp, got {as_of!r}")
+        frontier = self.state.frontier
+        if as_of > frontier + 1:
+            raise FutureTimestampError(
+                f"as_of={as_of} is in the future of the compacted history: the frontier is {frontier}, "
+                f"so as_of must be <= {frontier + 1}; seal and compact newer segments first"
+            )
+        if as_of < self.state.earliest:
+            raise PurgedTimestampError(
+                f"as_of={as_of} is before the purge point: history before {self.state.earliest} was "
+                f"removed by retention; the earliest answerable as_of is {self.state.earliest} "
+                "(load the cold tier to look further back)"
+            )
+        if as_of < 0:
+            raise FutureTimestampError(f"as_of must be >= 0, got {as_of}")
+
+    def resolve(self, table: str, as_of: int) -> TableDescriptor:
+        """A table by name (as of ``as_of``) or by uuid."""
+        tables = tables_at(self.state.schema_history, as_of)
+        for descriptor in tables:
+            if descriptor.table_name == table:
+                return descriptor
+        for descriptor in tables:
+            if descriptor.table_uuid == table:
+                return descriptor
+        names = ", ".join(d.table_name for d in tables) or "none"
+        raise TableNotFoundError(
+            f"no table {table!r} as of {as_of} in database {self.database}; tables then: {names}"
+        )
+
+    def supercolumns(self, table_uuid: str) -> tuple[Any, ...]:
+        return replay_schema_history(self.state.schema_history).supercolumns.get(table_uuid, ())
+
+    # --- operations ----------------------------------------------------------------
+
+    def load_table(self, table: str, as_of: int) -> pa.Table:
+        """The table as of ``as_of``: synthetic_key then its columns in order, named as then."""
+        self.check_as_of(as_of)
+        descriptor = self.resolve(table, as_of)
+        rows = live_rows(
+            self.store,
+            self.state,
+            descriptor.table_uuid,
+            self.supercolumns(descriptor.table_uuid),
+            as_of,
+            columns=[c.supercolumn for c in descriptor.columns],
+        )
+        return project(rows, descriptor)
+
+    def fetch_row(self, table: str, key: int, as_of: int) -> dict[str, Any] | None:
+        """One row as of ``as_of`` as {column name: value}, or None."""
+        self.check_as_of(as_of)
+        descriptor = self.resolve(table, as_of)
+        rows = live_rows(
+            self.store,
+            self.state,
+            descriptor.table_uuid,
+            self.supercolumns(descriptor.table_uuid),
+            as_of,
+            keys=[key],
+            columns=[c.supercolumn for c in descriptor.columns],
+        )
+        if rows.num_rows == 0:
+            return None
+        row = rows.slice(0, 1).to_pylist()[0]
+        return {c.column_name: from_arrow_value(c.data_type, row[c.supercolumn]) for c in descriptor.columns}
+
+    def get_catalog(self, as_of: int) -> tuple[TableDescriptor, ...]:
+        """The table descriptors in force as of ``as_of``."""
+        self.check_as_of(as_of)
+        return tables_at(self.state.schema_history, as_of)
+
+    def row_history(self, table: str, key: int) -> list[dict[str, Any]]:
+        """Every retained version of a key, oldest first, values named as at each version's time."""
+        descriptor = self._resolve_any_time(table)
+        supercolumns = self.supercolumns(descriptor.table_uuid)
+        files = [
+            f
+            for f in self.state.files_of(descriptor.table_uuid, FileKind.VERSIONS)
+            if f.min_key is not None and f.min_key <= key <= (f.max_key if f.max_key is not None else key)
+        ]
+        if not files:
+            return []
+        schema = supertable_schema(supercolumns)
+        table_ = dataset_of(self.store, files, schema).to_table(filter=ds.field(KEY) == key)
+        table_ = table_.sort_by([(LT, "ascending")])
+        history = self.state.schema_history
+        out = []
+        for row in table_.to_pylist():
+            t = row[LT]
+            at = _descriptor_at_uuid(history, descriptor.table_uuid, t + 1)
+            values = None
+            if not row[DELETED] and at is not None:
+                values = {c.column_name: from_arrow_value(c.data_type, row[c.supercolumn]) for c in at.columns}
+            out.append({"logical_timestamp": t, "is_deleted": row[DELETED], "values": values})
+        return out
+
+    def _resolve_any_time(self, table: str) -> TableDescriptor:
+        latest = self.state.frontier + 1
+        try:
+            return self.resolve(table, latest)
+        except TableNotFoundError:
+            for entry in reversed(self.state.schema_history):
+                if entry.descriptor is not None and table in (entry.table_name, entry.table_uuid):
+                    return entry.descriptor
+            raise
+
+    def diff(self, table: str, from_: int, to: int) -> dict[str, list[dict[str, Any]]]:
+        """Keys inserted, deleted and changed between the states as of ``from_`` and ``to``."""
+        self.check_as_of(from_)
+        self.check_as_of(to)
+        before_desc = self._maybe_resolve(table, from_)
+        after_desc = self._maybe_resolve(table, to)
+        if before_desc is None and after_desc is None:
+            self.resolve(table, to)  # raises with the list of tables
+        before = self._rows_by_key(before_desc, from_)
+        after = self._rows_by_key(after_desc, to)
+        inserted = [{"key": k, "after": after[k]} for k in sorted(after.keys() - before.keys())]
+        deleted = [{"key": k, "before": before[k]} for k in sorted(before.keys() - after.keys())]
+        changed = [
+            {"key": k, "before": before[k], "after": after[k]}
+            for k in sorted(before.keys() & after.keys())
+            if before[k] != after[k]
+        ]
+        return {"inserted": inserted, "deleted": deleted, "changed": changed}
+
+    def _maybe_resolve(self, table: str, as_of: int) -> TableDescriptor | None:
+        try:
+            return self.resolve(table, as_of)
+        except TableNotFoundError:
+            return None
+
+    def _rows_by_key(self, descriptor: TableDescriptor | None, as_of: int) -> dict[int, dict[str, Any]]:
+        if descriptor is None:
+            return {}
+        rows = live_rows(
+            self.store,
+            self.state,
+            descriptor.table_uuid,
+            self.supercolumns(descriptor.table_uuid),
+            as_of,
+            columns=[c.supercolumn for c in descriptor.columns],
+        )
+        return {
+            row[KEY]: {c.column_name: from_arrow_value(c.data_type, row[c.supercolumn]) for c in descriptor.columns}
+            for row in rows.to_pylist()
+        }
+
+    def sql(self, query: str, as_of: int) -> pa.Table:
+        """Read-only SQL over every table visible as of ``as_of`` plus _history_catalog.schema_history."""
+        self.check_as_of(as_of)
+        con = duckdb.connect(":memory:")
+        try:
+            statements = con.extract_statements(query)
+            if not statements:
+                raise SandboxViolationError("empty SQL")
+            for statement in statements:
+                if statement.type != duckdb.StatementType.SELECT:
+                    raise SandboxViolationError(
+                        f"only read-only SELECT queries run against history; got a {statement.type.name} statement"
+                    )
+            con.execute("CREATE SCHEMA _history_catalog")
+            history = [e for e in self.state.schema_history if e.logical_timestamp < as_of]
+            con.register("__schema_history", schema_history_arrow(history))
+            con.execute("CREATE VIEW _history_catalog.schema_history AS SELECT * FROM __schema_history")
+            for index, descriptor in enumerate(self.get_catalog(as_of)):
+                data = self.load_table(descriptor.table_name, as_of)
+                raw = f"__table_{index}"
+                con.register(raw, data)
+                con.execute(f"CREATE VIEW {_ident(descriptor.table_name)} AS SELECT {_sql_columns(descriptor)} FROM {raw}")
+            con.execute("SET enable_external_access = false")
+            con.execute("SET lock_configuration = true")
+            try:
+                return con.sql(query).to_arrow_table()
+            except duckdb.PermissionException as exc:
+                raise SandboxViolationError(f"refused by the read-only sandbox: {exc}") from None
+        finally:
+            con.close()
+
+
+def _descriptor_at_uuid(
+    history: Sequence[SchemaHistoryEntry], table_uuid: str, as_of: int
+) -> TableDescriptor | None:
+    state = replay_schema_history(e for e in history if e.logical_timestamp < as_of)
+    return state.tables.get(table_uuid)
+
+
+def project(rows: pa.Table, descriptor: TableDescriptor) -> pa.Table:
+    """Supertable rows to a table as users see it: synthetic_key, then columns under their names."""
+    arrays = [rows.column(KEY)]
+    names = [KEY]
+    for c in descriptor.columns:
+        column = rows.column(c.supercolumn) if c.supercolumn in rows.column_names else pa.nulls(rows.num_rows)
+        arrays.append(_user_array(column, c.data_type))
+        names.append(c.column_name)
+    return pa.table(arrays, names=names)
+
+
+def _user_array(column: Any, data_type: DataType) -> Any:
+    if data_type.kind is TypeKind.INTERVAL and column.type == INTERVAL_ARROW:
+        values = [
+            None if v is None else pa.MonthDayNano([v["months"], v["days"], v["micros"] * 1000])
+            for v in column.to_pylist()
+        ]
+        return pa.array(values, pa.month_day_nano_interval())
+    return column
+
+
+def schema_history_arrow(entries: Sequence[SchemaHistoryEntry]) -> pa.Table:
+    from history_pipeline.compaction.compactor import schema_history_table
+
+    return schema_history_table(entries)
+
+
+def _ident(name: str) -> str:
+    return '"' + name.replace('"', '""') + '"'
+
+
+def _sql_columns(descriptor: TableDescriptor) -> str:
+    parts = [KEY]
+    for c in descriptor.columns:
+        ident = _ident(c.column_name)
+        if c.data_type.kind is TypeKind.NUMERIC and not c.data_type.is_exact_decimal:
+            parts.append(f"CAST({ident} AS DOUBLE) AS {ident}")
+        else:
+            parts.append(ident)
+    return ", ".join(parts)

@@ -1,0 +1,169 @@
+"""Supertable files: their Arrow schema, and writing them as self-describing Parquet.
+
+Every supertable file holds row versions (``synthetic_key``, ``is_deleted``,
+``logical_timestamp`` and supercolumns) sorted by (key, timestamp), in row
+groups small enough that a key lookup reads little. Its footer metadata names
+the database, table, kind, timestamp range and transaction, so the catalog can
+be rebuilt from the files alone.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import uuid
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+
+from history_pipeline.catalog.model import FileEntry, FileKind
+from history_pipeline.io.store import ObjectStore
+from history_pipeline.schema import Supercolumn
+from history_pipeline.types import arrow_type, to_arrow_value
+
+KEY, DELETED, LT = "synthetic_key", "is_deleted", "logical_timestamp"
+RESERVED = (KEY, DELETED, LT)
+ROW_GROUP_ROWS = 16_384
+METADATA_KEY = b"history_pipeline"
+
+
+def supertable_schema(supercolumns: Sequence[Supercolumn]) -> pa.Schema:
+    """Reserved columns first, then every supercolumn (always nullable)."""
+    fields = [
+        pa.field(KEY, pa.int64(), nullable=False),
+        pa.field(DELETED, pa.bool_(), nullable=False),
+        pa.field(LT, pa.int64(), nullable=False),
+    ]
+    fields += [pa.field(s.name, arrow_type(s.data_type), nullable=True) for s in supercolumns]
+    return pa.schema(fields)
+
+
+@dataclass(frozen=True)
+class Version:
+    """One supertable row: a full image (or a delete) of a key at a timestamp."""
+
+    key: int
+    t: int
+    is_deleted: bool
+    values: Mapping[str, Any]
+
+
+def versions_to_arrow(versions: Iterable[Version], supercolumns: Sequence[Supercolumn]) -> pa.Table:
+    """Arrow table of versions, sorted by (key, t)."""
+    ordered = sorted(versions, key=lambda v: (v.key, v.t))
+    columns: dict[str, list[Any]] = {
+        KEY: [v.key for v in ordered],
+        DELETED: [v.is_deleted for v in ordered],
+        LT: [v.t for v in ordered],
+    }
+    for s in supercolumns:
+        columns[s.name] = [to_arrow_value(s.data_type, v.values.get(s.name)) for v in ordered]
+    schema = supertable_schema(supercolumns)
+    return pa.table({name: pa.array(columns[name], type=schema.field(name).type) for name in schema.names}, schema)
+
+
+@dataclass(frozen=True)
+class FileMetadata:
+    """What a file says about itself (enough to rebuild the catalog)."""
+
+    database: str
+    table_uuid: str | None
+    kind: FileKind
+    txn_id: int
+    lower: int | None  # [lower, upper): the timestamp range the file covers
+    upper: int | None
+    segments: tuple[int, ...] = ()
+    snapshot_as_of: int | None = None
+    frontier: int | None = None
+    replaces: tuple[str, ...] = ()
+
+    def to_bytes(self) -> bytes:
+        return json.dumps(
+            {
+                "database": self.database,
+                "table_uuid": self.table_uuid,
+                "kind": self.kind.value,
+                "txn_id": self.txn_id,
+                "lower": self.lower,
+                "upper": self.upper,
+                "segments": list(self.segments),
+                "snapshot_as_of": self.snapshot_as_of,
+                "frontier": self.frontier,
+                "replaces": list(self.replaces),
+            }
+        ).encode()
+
+    @staticmethod
+    def from_bytes(data: bytes) -> FileMetadata:
+        obj = json.loads(data)
+        return FileMetadata(
+            database=obj["database"],
+            table_uuid=obj["table_uuid"],
+            kind=FileKind(obj["kind"]),
+            txn_id=obj["txn_id"],
+            lower=obj["lower"],
+            upper=obj["upper"],
+            segments=tuple(obj["segments"]),
+            snapshot_as_of=obj["snapshot_as_of"],
+            frontier=obj.get("frontier"),
+            replaces=tuple(obj.get("replaces", ())),
+        )
+
+
+def table_dir(database: str, table_uuid: str) -> str:
+    return f"{database}/tables/{table_uuid}"
+
+
+def write_parquet(store: ObjectStore, path: str, table: pa.Table, meta: FileMetadata) -> FileEntry:
+    """Write ``table`` to ``path`` with ``meta`` in its footer; return its catalog entry."""
+    schema = table.schema.with_metadata({**(table.schema.metadata or {}), METADATA_KEY: meta.to_bytes()})
+    table = table.replace_schema_metadata(schema.metadata)
+    buffer = io.BytesIO()
+    pq.write_table(
+        table,
+        buffer,
+        compression="zstd",
+        row_group_size=ROW_GROUP_ROWS,
+        write_statistics=True,
+        store_schema=True,
+    )
+    data = buffer.getvalue()
+    store.put(path, data)
+    return FileEntry(
+        path=path,
+        kind=meta.kind,
+        table_uuid=meta.table_uuid,
+        size_bytes=len(data),
+        row_count=table.num_rows,
+        min_t=_stat(table, LT, "min"),
+        max_t=_stat(table, LT, "max"),
+        min_key=_stat(table, KEY, "min"),
+        max_key=_stat(table, KEY, "max"),
+        segments=meta.segments,
+        snapshot_as_of=meta.snapshot_as_of,
+    )
+
+
+def _stat(table: pa.Table, column: str, which: str) -> int | None:
+    if column not in table.column_names or table.num_rows == 0:
+        return None
+    value = pc.min_max(table.column(column))[which].as_py()
+    return int(value) if value is not None else None
+
+
+def new_file_path(database: str, table_uuid: str, kind: FileKind, txn_hint: int) -> str:
+    """A fresh, never-reused object path for a table's file."""
+    return f"{table_dir(database, table_uuid)}/{kind.value}-{txn_hint:010d}-{uuid.uuid4().hex[:12]}.parquet"
+
+
+def read_file_metadata(store: ObjectStore, path: str) -> tuple[FileMetadata | None, pq.FileMetaData]:
+    """The history_pipeline metadata and Parquet footer of a stored file."""
+    fs, _ = store.arrow_filesystem()
+    with fs.open_input_file(store.full_path(path)) as f:
+        footer = pq.ParquetFile(f).metadata
+    raw = (footer.metadata or {}).get(METADATA_KEY)
+    return (FileMetadata.from_bytes(raw) if raw else None), footer
