@@ -72,3 +72,26 @@ def object_store(request, tmp_path):
         return open_store(tmp_path / "root")
     uri = request.getfixturevalue("s3_bucket")
     return open_store(uri, request.getfixturevalue("s3_options"))
+
+
+@pytest.fixture(scope="session")
+def spark():
+    """The one local SparkSession of the test run (stopped at the end)."""
+    import os
+    import sys
+
+    os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+    os.environ["PYSPARK_PYTHON"] = sys.executable  # executors need this venv's pyarrow
+    from pyspark.sql import SparkSession
+
+    session = (
+        SparkSession.builder.master("local[2]")
+        .appName("history_pipeline_tests")
+        .config("spark.driver.bindAddress", "127.0.0.1")
+        .config("spark.driver.host", "127.0.0.1")
+        .config("spark.sql.shuffle.partitions", "4")
+        .config("spark.ui.enabled", "false")
+        .getOrCreate()
+    )
+    yield session
+    session.stop()

@@ -216,7 +216,8 @@ class QueryContext:
                 data = self.load_table(descriptor.table_name, as_of)
                 raw = f"__table_{index}"
                 con.register(raw, data)
-                con.execute(f"CREATE VIEW {_ident(descriptor.table_name)} AS SELECT {_sql_columns(descriptor)} FROM {raw}")
+                view = _ident(descriptor.table_name)
+                con.execute(f"CREATE VIEW {view} AS SELECT {_sql_columns(descriptor)} FROM {raw}")
             con.execute("SET enable_external_access = false")
             con.execute("SET lock_configuration = true")
             try:
