@@ -1,0 +1,58 @@
+"""The console script, run as a user runs it: exit codes, output formats, one-line errors."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+SCRIPT = str(Path(sys.executable).parent / "history-pipeline")
+
+
+def run(root, *args, stdin=None):
+    return subprocess.run(
+        [SCRIPT, "--root", str(root), "--database", "db", *args],
+        input=stdin,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ},
+    )
+
+
+EVENTS = [
+    {"op": "create_table", "t": 1, "table_uuid": "T", "table_name": "orders",
+     "columns": [{"column_uuid": "a", "column_name": "amount", "data_type": "NUMERIC(10,2)"}]},
+    {"op": "insert", "t": 2, "table_uuid": "T", "key": 1, "values": {"a": "12.50"}},
+    {"op": "update", "t": 3, "table_uuid": "T", "key": 1, "values": {"a": "13.00"}},
+    {"op": "close", "t": 3},
+]
+
+
+def test_append_compact_query_history_diff(tmp_path):
+    lines = "\n".join(json.dumps(e) for e in EVENTS) + "\n"
+    appended = run(tmp_path, "append", "--seal", stdin=lines)
+    assert appended.returncode == 0, appended.stderr
+    assert "appended 4 events" in appended.stdout
+    compacted = run(tmp_path, "compact")
+    assert compacted.returncode == 0 and json.loads(compacted.stdout)["frontier"] == 3
+    out = run(tmp_path, "sql", "SELECT amount FROM orders", "--as-of", "3", "--format", "json")
+    assert [json.loads(line) for line in out.stdout.splitlines()] == [{"amount": "12.50"}]
+    csv = run(tmp_path, "load", "orders", "--as-of", "4", "--format", "csv")
+    assert csv.stdout.splitlines() == ['"synthetic_key","amount"', '"1","13.00"']
+    history = run(tmp_path, "row-history", "orders", "1")
+    assert [json.loads(line)["logical_timestamp"] for line in history.stdout.splitlines()] == [2, 3]
+    diff = json.loads(run(tmp_path, "diff", "orders", "--from", "3", "--to", "4").stdout)
+    assert diff["changed"] == [{"key": 1, "before": {"amount": "12.50"}, "after": {"amount": "13.00"}}]
+
+
+def test_errors_are_one_line_with_exit_code_1(tmp_path):
+    run(tmp_path, "append", "--seal", stdin="\n".join(json.dumps(e) for e in EVENTS) + "\n")
+    run(tmp_path, "compact")
+    result = run(tmp_path, "load", "orders", "--as-of", "99")
+    assert result.returncode == 1
+    assert result.stderr.strip().startswith("error: as_of=99 is in the future")
+    assert len(result.stderr.strip().splitlines()) == 1
+    bad = run(tmp_path, "append", stdin='{"op": "insert", "t": 1}\n')
+    assert bad.returncode == 1 and "missing field" in bad.stderr
+    assert run(tmp_path, "no-such-command").returncode == 2
