@@ -24,7 +24,12 @@ class BaseDatabase:
             return
         if op == "create_table":
             cols = [
-                [c["column_uuid"], c["column_name"], parse_data_type(c["data_type"]), c.get("ordinal_key") or f"{i:08d}"]
+                [
+                    c["column_uuid"],
+                    c["column_name"],
+                    parse_data_type(c["data_type"]),
+                    c.get("ordinal_key") or f"{i:08d}",
+                ]
                 for i, c in enumerate(event["columns"])
             ]
             self.tables[event["table_uuid"]] = {"name": event["table_name"], "columns": cols, "rows": {}}

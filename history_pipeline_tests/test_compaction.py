@@ -54,7 +54,10 @@ def test_rfc_supertable_states(tmp_path):
     store = HistoryStore.open(tmp_path, database="rfc")
     write(store, rfc_events())
     store.compact()
-    rows = [(r["synthetic_key"], r["col1-1"], r["is_deleted"], r["logical_timestamp"]) for r in supertable_rows(store, T1)]
+    rows = [
+        (r["synthetic_key"], r["col1-1"], r["is_deleted"], r["logical_timestamp"])
+        for r in supertable_rows(store, T1)
+    ]
     assert rows == [
         (1, "value1", False, 2),
         (2, "value2", False, 3),
