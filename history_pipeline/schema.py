@@ -180,7 +180,7 @@ def default_ordinal_key(index: int) -> str:
 
 
 def _sorted_columns(columns: Iterable[ColumnDescriptor]) -> tuple[ColumnDescriptor, ...]:
-    return tuple(sorted(columns, key=lambda c: c.ordinal_key))
+    return tuple(sorted(columns, key=lambda c: (c.ordinal_key, c.column_uuid)))
 
 
 def _descriptor_column(spec: ColumnSpec, t: int, ordinal_key: str) -> ColumnDescriptor:

@@ -93,12 +93,12 @@ class BaseDatabase:
     def table_as_of(self, name: str, as_of: int) -> dict[int, dict[str, Any]] | None:
         for table in self.state_as_of(as_of).values():
             if table["name"] == name:
-                cols = sorted(table["columns"], key=lambda c: c[3])
+                cols = sorted(table["columns"], key=lambda c: (c[3], c[0]))
                 return {k: {c[1]: row.get(c[0]) for c in cols} for k, row in table["rows"].items()}
         return None
 
     def column_order(self, name: str, as_of: int) -> list[str] | None:
         for table in self.state_as_of(as_of).values():
             if table["name"] == name:
-                return [c[1] for c in sorted(table["columns"], key=lambda c: c[3])]
+                return [c[1] for c in sorted(table["columns"], key=lambda c: (c[3], c[0]))]
         return None
