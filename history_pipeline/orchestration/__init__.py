@@ -1,0 +1,1 @@
+"""Dagster glue: resources, assets, sensors and schedules wired to the core (which never imports Dagster)."""
