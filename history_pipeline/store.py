@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
 
 from history_pipeline.catalog import CatalogState, TransactionLog
+from history_pipeline.catalog.upkeep import GcReport, Problem, collect_garbage, rebuild, verify
 from history_pipeline.compaction.compactor import CompactionSummary
 from history_pipeline.errors import HistoryError
 from history_pipeline.io.store import ObjectStore, S3Options, open_store
@@ -139,6 +141,20 @@ class HistoryStore:
     def diff(self, table: str, from_: int, to: int) -> dict[str, list[dict[str, Any]]]:
         """Keys inserted, deleted and changed between two states."""
         return self.query_context().diff(table, from_, to)
+
+    # --- upkeep ------------------------------------------------------------------
+
+    def verify(self) -> list[Problem]:
+        """Problems between the catalog, its files and the WAL (empty when consistent)."""
+        return verify(self.catalog.latest(), self.objects, self.wal_dir)
+
+    def rebuild_catalog(self) -> CatalogState:
+        """Rebuild the catalog from the Parquet files alone (the old log is kept aside)."""
+        return rebuild(self.catalog, self.objects, self.database)
+
+    def cleanup(self, grace: timedelta = timedelta(hours=1)) -> GcReport:
+        """Delete tombstoned and orphan files older than ``grace``; prune the log to match."""
+        return collect_garbage(self.catalog, self.objects, self.database, grace.total_seconds())
 
     def __repr__(self) -> str:
         return f"HistoryStore({self.objects.uri!r}, database={self.database!r})"

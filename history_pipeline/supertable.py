@@ -80,6 +80,7 @@ class FileMetadata:
     snapshot_as_of: int | None = None
     frontier: int | None = None
     replaces: tuple[str, ...] = ()
+    earliest: int | None = None  # set by retention: answers exist only for as_of >= earliest
 
     def to_bytes(self) -> bytes:
         return json.dumps(
@@ -94,6 +95,7 @@ class FileMetadata:
                 "snapshot_as_of": self.snapshot_as_of,
                 "frontier": self.frontier,
                 "replaces": list(self.replaces),
+                "earliest": self.earliest,
             }
         ).encode()
 
@@ -111,6 +113,7 @@ class FileMetadata:
             snapshot_as_of=obj["snapshot_as_of"],
             frontier=obj.get("frontier"),
             replaces=tuple(obj.get("replaces", ())),
+            earliest=obj.get("earliest"),
         )
 
 
