@@ -108,6 +108,48 @@ def cmd_segments(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_merge(args: argparse.Namespace) -> int:
+    print(json.dumps(_store(args).merge().as_dict(), indent=2))
+    return 0
+
+
+def cmd_retain(args: argparse.Namespace) -> int:
+    print(json.dumps(_store(args).retain(args.purge_before, cold_tier=args.cold_tier).as_dict(), indent=2))
+    return 0
+
+
+def cmd_export(args: argparse.Namespace) -> int:
+    manifest = _store(args).export(as_of=args.as_of, to=args.to)
+    print(json.dumps({"as_of": manifest["as_of"], "tables": [t["table_name"] for t in manifest["tables"]]}))
+    return 0
+
+
+def cmd_load_cold_tier(args: argparse.Namespace) -> int:
+    print(f"earliest answerable as_of is now {_store(args).load_cold_tier(args.cold_tier)}")
+    return 0
+
+
+def cmd_cleanup(args: argparse.Namespace) -> int:
+    from datetime import timedelta
+
+    print(json.dumps(_store(args).cleanup(grace=timedelta(seconds=args.grace_seconds)).as_dict()))
+    return 0
+
+
+def cmd_verify(args: argparse.Namespace) -> int:
+    problems = _store(args).verify()
+    for problem in problems:
+        print(problem)
+    print(f"{len(problems)} problem(s)")
+    return 1 if problems else 0
+
+
+def cmd_rebuild(args: argparse.Namespace) -> int:
+    state = _store(args).rebuild_catalog()
+    print(f"rebuilt: {len(state.files)} live files, frontier {state.frontier}")
+    return 0
+
+
 def cmd_demo(args: argparse.Namespace) -> int:
     """Write the sample workload into the WAL, compact it, and show some answers."""
     from history_pipeline.sample import sample_events
@@ -174,6 +216,23 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--to", type=int, required=True)
     p.set_defaults(func=cmd_diff)
 
+    sub.add_parser("merge", help="merge small files").set_defaults(func=cmd_merge)
+    p = sub.add_parser("retain", help="purge history before a timestamp")
+    p.add_argument("purge_before", type=int)
+    p.add_argument("--cold-tier", default=None, help="keep the purged files there first (path or s3://)")
+    p.set_defaults(func=cmd_retain)
+    p = sub.add_parser("export", help="export every table as of T")
+    p.add_argument("--as-of", type=int, required=True)
+    p.add_argument("--to", required=True)
+    p.set_defaults(func=cmd_export)
+    p = sub.add_parser("load-cold-tier", help="bring purged history back")
+    p.add_argument("cold_tier")
+    p.set_defaults(func=cmd_load_cold_tier)
+    p = sub.add_parser("cleanup", help="delete tombstoned and orphan files past the grace period")
+    p.add_argument("--grace-seconds", type=float, default=3600)
+    p.set_defaults(func=cmd_cleanup)
+    sub.add_parser("verify", help="check the catalog against its files").set_defaults(func=cmd_verify)
+    sub.add_parser("rebuild-catalog", help="rebuild the catalog from Parquet files").set_defaults(func=cmd_rebuild)
     sub.add_parser("segments", help="list WAL segments and their states").set_defaults(func=cmd_segments)
     sub.add_parser("demo", help="write the sample workload, compact it, query it").set_defaults(func=cmd_demo)
     return parser

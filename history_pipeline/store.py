@@ -15,6 +15,9 @@ from history_pipeline.catalog.upkeep import GcReport, Problem, collect_garbage, 
 from history_pipeline.compaction.compactor import CompactionSummary
 from history_pipeline.errors import HistoryError
 from history_pipeline.io.store import ObjectStore, S3Options, open_store
+from history_pipeline.maintenance.export import export_database
+from history_pipeline.maintenance.merge import MergeSummary, merge
+from history_pipeline.maintenance.retention import RetentionSummary, load_cold_tier, retain
 from history_pipeline.query.engine import QueryContext
 from history_pipeline.schema import TableDescriptor
 from history_pipeline.wal import SegmentRef, SegmentState, WalWriter, list_segments
@@ -45,6 +48,7 @@ class HistoryStore:
         self.database = database
         self.wal_dir = wal_dir
         self.settings = settings
+        self.s3: S3Options | None = None
         self.catalog = TransactionLog(
             objects, f"{database}/_catalog", checkpoint_interval=settings.checkpoint_interval
         )
@@ -72,7 +76,9 @@ class HistoryStore:
                 wal_dir = local / database
             else:
                 wal_dir = Path(root) / database / "wal"
-        return cls(objects, database, Path(wal_dir), settings or StoreSettings())
+        store = cls(objects, database, Path(wal_dir), settings or StoreSettings())
+        store.s3 = s3
+        return store
 
     # --- the WAL ---------------------------------------------------------------
 
@@ -155,6 +161,25 @@ class HistoryStore:
     def cleanup(self, grace: timedelta = timedelta(hours=1)) -> GcReport:
         """Delete tombstoned and orphan files older than ``grace``; prune the log to match."""
         return collect_garbage(self.catalog, self.objects, self.database, grace.total_seconds())
+
+    # --- maintenance ---------------------------------------------------------------
+
+    def merge(self, spark: Any | None = None, **options: Any) -> MergeSummary:
+        """Rewrite small version files into fewer large ones (answers unchanged)."""
+        return merge(self, spark, **options)
+
+    def retain(self, purge_before: int, cold_tier: str | None = None, s3: S3Options | None = None) -> RetentionSummary:
+        """Purge history below ``purge_before``; with ``cold_tier`` the purged files are kept there first."""
+        cold = open_store(cold_tier, s3 or self.s3) if cold_tier else None
+        return retain(self, purge_before, cold)
+
+    def load_cold_tier(self, cold_tier: str, s3: S3Options | None = None) -> int:
+        """Bring purged history back from a cold tier; returns the new earliest answerable as_of."""
+        return load_cold_tier(self, open_store(cold_tier, s3 or self.s3))
+
+    def export(self, as_of: int, to: str, s3: S3Options | None = None) -> dict[str, Any]:
+        """Export every table as of ``as_of`` to ``to`` (a path or s3://bucket/prefix)."""
+        return export_database(self, as_of, open_store(to, s3 or self.s3))
 
     def __repr__(self) -> str:
         return f"HistoryStore({self.objects.uri!r}, database={self.database!r})"

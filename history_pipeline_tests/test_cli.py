@@ -56,3 +56,20 @@ def test_errors_are_one_line_with_exit_code_1(tmp_path):
     bad = run(tmp_path, "append", stdin='{"op": "insert", "t": 1}\n')
     assert bad.returncode == 1 and "missing field" in bad.stderr
     assert run(tmp_path, "no-such-command").returncode == 2
+
+
+def test_maintenance_commands(tmp_path):
+    run(tmp_path, "append", "--seal", stdin="\n".join(json.dumps(e) for e in EVENTS) + "\n")
+    run(tmp_path, "compact")
+    assert run(tmp_path, "verify").returncode == 0
+    exported = run(tmp_path, "export", "--as-of", "4", "--to", str(tmp_path / "backup"))
+    assert exported.returncode == 0 and json.loads(exported.stdout)["tables"] == ["orders"]
+    retained = run(tmp_path, "retain", "3", "--cold-tier", str(tmp_path / "cold"))
+    assert retained.returncode == 0 and json.loads(retained.stdout)["files_removed"] == 1
+    assert run(tmp_path, "load", "orders", "--as-of", "2").returncode == 1
+    assert "earliest answerable as_of is now 0" in run(tmp_path, "load-cold-tier", str(tmp_path / "cold")).stdout
+    assert run(tmp_path, "load", "orders", "--as-of", "3", "--format", "json").stdout.strip() == (
+        '{"synthetic_key": 1, "amount": "12.50"}'
+    )
+    assert "rebuilt" in run(tmp_path, "rebuild-catalog").stdout
+    assert json.loads(run(tmp_path, "cleanup").stdout)["tombstones_deleted"] == 0

@@ -120,7 +120,7 @@ class AddSchemaHistory:
 
 @dataclass(frozen=True)
 class SetEarliest:
-    """Retention: answers exist only for as_of >= earliest."""
+    """Retention (or a cold-tier load-back): answers exist only for as_of >= earliest."""
 
     earliest: int
 
@@ -300,6 +300,7 @@ def apply_transaction(state: CatalogState, txn: Transaction) -> CatalogState:
             if action.entry.path in files:
                 raise CommitConflictError(f"file {action.entry.path} is already live")
             files[action.entry.path] = action.entry
+            tombstones.pop(action.entry.path, None)  # a restored file is live again
         elif isinstance(action, RemoveFile):
             entry = files.pop(action.path, None)
             if entry is None:
@@ -317,7 +318,7 @@ def apply_transaction(state: CatalogState, txn: Transaction) -> CatalogState:
         elif isinstance(action, AddSchemaHistory):
             history.extend(action.entries)
         elif isinstance(action, SetEarliest):
-            earliest = max(earliest, action.earliest)
+            earliest = action.earliest
         elif isinstance(action, ForgetTombstones):
             for path in action.paths:
                 tombstones.pop(path, None)

@@ -1,0 +1,1 @@
+"""Maintenance: merging small files, retention to a purge timestamp, exports and the cold tier."""

@@ -1,0 +1,134 @@
+"""Merge: many small version files of a table become fewer large ones, in one transaction.
+
+Merging only regroups rows (sorted by key, timestamp), so every answer at every
+T is unchanged; the replaced files become tombstones. The merged file's footer
+names the files it replaces, so a catalog rebuilt from files drops them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from history_pipeline.catalog.model import AddFile, CatalogState, FileEntry, FileKind, RemoveFile
+from history_pipeline.io.store import now, open_store
+from history_pipeline.query.scan import dataset_of
+from history_pipeline.schema import Supercolumn, replay_schema_history
+from history_pipeline.supertable import KEY, LT, FileMetadata, new_file_path, supertable_schema, write_parquet
+
+DEFAULT_SMALL_FILE_BYTES = 32 * 1024 * 1024
+DEFAULT_TARGET_ROWS = 2_000_000
+
+
+@dataclass(frozen=True)
+class MergeTask:
+    store_config: dict[str, Any]
+    database: str
+    table_uuid: str
+    files: tuple[FileEntry, ...]
+    supercolumns: tuple[Supercolumn, ...]
+    txn_hint: int
+    target_rows: int
+
+
+@dataclass
+class MergeSummary:
+    tables: list[str] = field(default_factory=list)
+    files_removed: int = 0
+    files_added: int = 0
+    bytes_removed: int = 0
+    bytes_added: int = 0
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "tables": list(self.tables),
+            "files_removed": self.files_removed,
+            "files_added": self.files_added,
+            "bytes_removed": self.bytes_removed,
+            "bytes_added": self.bytes_added,
+        }
+
+
+def merge_table_task(task: MergeTask) -> tuple[FileEntry, ...]:
+    """Read a table's small files, sort by (key, t), write them back as large files."""
+    store = open_store(task.store_config)
+    schema = supertable_schema(task.supercolumns)
+    rows = dataset_of(store, task.files, schema).to_table().sort_by([(KEY, "ascending"), (LT, "ascending")])
+    replaces = tuple(f.path for f in task.files)
+    segments = tuple(sorted({s for f in task.files for s in f.segments}))
+    entries = []
+    for start in range(0, max(rows.num_rows, 1), task.target_rows):
+        part = rows.slice(start, task.target_rows)
+        meta = FileMetadata(
+            database=task.database,
+            table_uuid=task.table_uuid,
+            kind=FileKind.VERSIONS,
+            txn_id=task.txn_hint,
+            lower=min(f.min_t for f in task.files if f.min_t is not None),
+            upper=max(f.max_t for f in task.files if f.max_t is not None) + 1,
+            segments=segments,
+            replaces=replaces,
+        )
+        path = new_file_path(task.database, task.table_uuid, FileKind.VERSIONS, task.txn_hint)
+        entries.append(write_parquet(store, path, part, meta))
+    return tuple(entries)
+
+
+def plan_merges(
+    state: CatalogState, store_config: dict[str, Any], database: str, small_file_bytes: int, target_rows: int
+) -> list[MergeTask]:
+    """One task per table that has at least two small version files."""
+    supers = replay_schema_history(state.schema_history).supercolumns
+    tasks = []
+    for table_uuid in sorted({f.table_uuid for f in state.files.values() if f.table_uuid}):
+        small = [
+            f
+            for f in state.files_of(table_uuid, FileKind.VERSIONS)
+            if f.size_bytes < small_file_bytes and f.row_count > 0
+        ]
+        if len(small) < 2:
+            continue
+        tasks.append(
+            MergeTask(store_config, database, table_uuid, tuple(small), tuple(supers.get(table_uuid, ())),
+                      state.txn_id + 1, target_rows)
+        )
+    return tasks
+
+
+def merge(
+    store: Any,
+    spark: Any | None = None,
+    small_file_bytes: int = DEFAULT_SMALL_FILE_BYTES,
+    target_rows: int = DEFAULT_TARGET_ROWS,
+    on_step: Any = None,
+) -> MergeSummary:
+    """Merge small version files of every table of ``store`` (on Spark when a session is given)."""
+    state = store.catalog.latest()
+    tasks = plan_merges(state, store.objects.config(), store.database, small_file_bytes, target_rows)
+    summary = MergeSummary()
+    if not tasks:
+        return summary
+    if spark is None:
+        results = [merge_table_task(t) for t in tasks]
+    else:
+        results = spark.sparkContext.parallelize(tasks, numSlices=len(tasks)).map(merge_table_task).collect()
+    if on_step:
+        on_step("files_written")
+    removed_at = now()
+
+    def build(current: CatalogState) -> Sequence[Any]:
+        actions: list[Any] = []
+        for task, added in zip(tasks, results, strict=True):
+            actions += [RemoveFile(f.path, removed_at) for f in task.files]  # fails cleanly if gone
+            actions += [AddFile(e) for e in added]
+        return actions
+
+    store.catalog.commit("merge", build)
+    for task, added in zip(tasks, results, strict=True):
+        summary.tables.append(task.table_uuid)
+        summary.files_removed += len(task.files)
+        summary.bytes_removed += sum(f.size_bytes for f in task.files)
+        summary.files_added += len(added)
+        summary.bytes_added += sum(e.size_bytes for e in added)
+    return summary

@@ -1,0 +1,173 @@
+"""Retention to a purge timestamp, with the purged history kept in a cold tier for load-back.
+
+The RFC's rule: delete every version older than ``t_purge`` except the newest
+version of each key as of ``t_purge``, and drop that one too if it is a delete.
+Every answer for ``T >= t_purge`` stays identical; queries below fail with an
+error naming the earliest answerable T. Schema history is kept.
+
+Files are immutable, so retention is copy-on-write in one transaction:
+
+* version files entirely below ``t_purge`` are removed;
+* version files straddling it are rewritten with their rows at or after it;
+* snapshots below ``t_purge`` are removed (a snapshot older than the purge
+  point could resurrect a key deleted before it);
+* the kept versions (the newest live version of each key as of ``t_purge``,
+  with every supercolumn filled as of then) are written as one version file.
+
+Before the commit, every file the transaction removes is copied whole to the
+cold tier with a manifest (written last), so ``load_cold_tier`` can undo the
+purge exactly.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+import pyarrow.dataset as ds
+
+from history_pipeline.catalog.model import (
+    AddFile,
+    CatalogState,
+    FileEntry,
+    FileKind,
+    RemoveFile,
+    SetEarliest,
+)
+from history_pipeline.errors import HistoryError
+from history_pipeline.io.store import ObjectStore, now
+from history_pipeline.query.scan import dataset_of, live_rows
+from history_pipeline.schema import replay_schema_history
+from history_pipeline.supertable import LT, FileMetadata, new_file_path, supertable_schema, write_parquet
+
+
+@dataclass
+class RetentionSummary:
+    purge_before: int
+    files_removed: int = 0
+    files_added: int = 0
+    versions_removed: int = 0
+    bytes_removed: int = 0
+    cold_tier: str | None = None
+    tables: list[str] = field(default_factory=list)
+
+    def as_dict(self) -> dict[str, Any]:
+        return dict(self.__dict__)
+
+
+def retain(
+    store: Any,
+    purge_before: int,
+    cold_tier: ObjectStore | None = None,
+    on_step: Any = None,
+) -> RetentionSummary:
+    """Purge history below ``purge_before`` (see the module docstring)."""
+    step = on_step or (lambda s: None)
+    state: CatalogState = store.catalog.latest()
+    if purge_before > state.frontier + 1:
+        raise HistoryError(
+            f"cannot purge before {purge_before}: the frontier is {state.frontier}, so at most {state.frontier + 1}"
+        )
+    summary = RetentionSummary(purge_before)
+    if purge_before <= state.earliest:
+        return summary
+    supers = replay_schema_history(state.schema_history).supercolumns
+    removed: list[FileEntry] = []
+    added: list[FileEntry] = []
+    txn_hint = state.txn_id + 1
+    for table_uuid in sorted({f.table_uuid for f in state.files.values() if f.table_uuid}):
+        supercolumns = supers.get(table_uuid, ())
+        schema = supertable_schema(supercolumns)
+        versions = state.files_of(table_uuid, FileKind.VERSIONS)
+        snapshots = [
+            f for f in state.files_of(table_uuid, FileKind.SNAPSHOT)
+            if f.snapshot_as_of is not None and f.snapshot_as_of < purge_before
+        ]
+        below = [f for f in versions if f.min_t is not None and f.min_t < purge_before]
+        if not below and not snapshots:
+            continue
+        kept = live_rows(store.objects, state, table_uuid, supercolumns, purge_before)
+        summary.tables.append(table_uuid)
+        meta = FileMetadata(store.database, table_uuid, FileKind.VERSIONS, txn_hint, None, purge_before,
+                            replaces=tuple(f.path for f in below), earliest=purge_before)
+        if kept.num_rows:
+            kept = kept.select(schema.names).cast(schema)
+            path = new_file_path(store.database, table_uuid, FileKind.VERSIONS, txn_hint)
+            added.append(write_parquet(store.objects, path, kept, meta))
+        for f in below:
+            if f.max_t is not None and f.max_t >= purge_before:
+                rest = dataset_of(store.objects, [f], schema).to_table(filter=ds.field(LT) >= purge_before)
+                path = new_file_path(store.database, table_uuid, FileKind.VERSIONS, txn_hint)
+                rest_meta = FileMetadata(store.database, table_uuid, FileKind.VERSIONS, txn_hint, purge_before,
+                                         f.max_t + 1, segments=f.segments, replaces=(f.path,), earliest=purge_before)
+                added.append(write_parquet(store.objects, path, rest, rest_meta))
+        removed += below + snapshots
+        summary.versions_removed += sum(f.row_count for f in below) - kept.num_rows
+    step("files_written")
+    if cold_tier is not None and removed:
+        summary.cold_tier = _export_purged(store, cold_tier, purge_before, removed, added)
+    step("cold_tier_written")
+    removed_at = now()
+
+    def build(current: CatalogState) -> list[Any]:
+        return [*(RemoveFile(f.path, removed_at) for f in removed), *(AddFile(e) for e in added),
+                SetEarliest(purge_before)]
+
+    store.catalog.commit(f"retain before {purge_before}", build)
+    summary.files_removed = len(removed)
+    summary.files_added = len(added)
+    summary.bytes_removed = sum(f.size_bytes for f in removed)
+    return summary
+
+
+def _export_purged(
+    store: Any, cold: ObjectStore, purge_before: int, removed: list[FileEntry], added: list[FileEntry]
+) -> str:
+    prefix = f"{store.database}/purged/before-{purge_before:020d}"
+    for f in removed:
+        cold.put(f"{prefix}/{f.path}", store.objects.get(f.path))
+    manifest = {
+        "database": store.database,
+        "purge_before": purge_before,
+        "previous_earliest": store.catalog.latest().earliest,
+        "removed": [f.to_json() for f in removed],
+        "added": [f.path for f in added],
+    }
+    cold.put(f"{prefix}/manifest.json", json.dumps(manifest).encode())  # last: the export is now visible
+    return f"{cold.uri}/{prefix}"
+
+
+def load_cold_tier(store: Any, cold: ObjectStore, purge_before: int | None = None) -> int:
+    """Bring purged history back from the cold tier, newest purge first; returns the new earliest."""
+    manifests = sorted(
+        (o.path for o in cold.list(f"{store.database}/purged/") if o.path.endswith("/manifest.json")),
+        reverse=True,
+    )
+    if purge_before is not None:
+        manifests = [m for m in manifests if f"before-{purge_before:020d}/" in m]
+    if not manifests:
+        raise HistoryError(f"no purged history of {store.database} in the cold tier {cold.uri}")
+    earliest = store.catalog.latest().earliest
+    for manifest_path in manifests:
+        earliest = _restore(store, cold, manifest_path)
+    return earliest
+
+
+def _restore(store: Any, cold: ObjectStore, manifest_path: str) -> int:
+    """Undo one retention: its removed files come back, the files it added go."""
+    manifest = json.loads(cold.get(manifest_path))
+    prefix = manifest_path.rsplit("/", 1)[0]
+    restored = [FileEntry.from_json(f) for f in manifest["removed"]]
+    for entry in restored:
+        store.objects.put(entry.path, cold.get(f"{prefix}/{entry.path}"))
+    at = now()
+
+    def build(current: CatalogState) -> list[Any]:
+        actions: list[Any] = [RemoveFile(p, at) for p in manifest["added"] if p in current.files]
+        actions += [AddFile(e) for e in restored if e.path not in current.files]
+        actions.append(SetEarliest(manifest["previous_earliest"]))
+        return actions
+
+    store.catalog.commit("load cold tier", build)
+    return manifest["previous_earliest"]
