@@ -18,6 +18,7 @@ from history_pipeline.io.store import ObjectStore, S3Options, open_store
 from history_pipeline.maintenance.export import export_database
 from history_pipeline.maintenance.merge import MergeSummary, merge
 from history_pipeline.maintenance.retention import RetentionSummary, load_cold_tier, retain
+from history_pipeline.maintenance.snapshots import SnapshotSummary, refresh_snapshots
 from history_pipeline.query.engine import QueryContext
 from history_pipeline.schema import TableDescriptor
 from history_pipeline.wal import SegmentRef, SegmentState, WalWriter, list_segments
@@ -32,6 +33,10 @@ class StoreSettings:
     max_segment_bytes: int = 64 * 1024 * 1024
     max_segment_age_s: float = 300.0
     checkpoint_interval: int = 20
+    #: a table gets a new snapshot once this many versions (and ``snapshot_ratio`` x its live rows)
+    #: were written since its last one
+    snapshot_min_versions: int = 200_000
+    snapshot_ratio: float = 1.0
 
 
 class HistoryStore:
@@ -116,7 +121,14 @@ class HistoryStore:
         """Compact every sealed segment (Spark when a session is given, else in-process)."""
         from history_pipeline.compaction.compactor import compact_pending
 
-        return compact_pending(self, spark, on_step or (lambda step: None))
+        summary = compact_pending(self, spark, on_step or (lambda step: None))
+        if summary.segments_applied:
+            self.refresh_snapshots()
+        return summary
+
+    def refresh_snapshots(self, force: bool = False) -> SnapshotSummary:
+        """Snapshot the tables whose history since their last snapshot has grown long."""
+        return refresh_snapshots(self, self.settings.snapshot_min_versions, self.settings.snapshot_ratio, force)
 
     # --- queries -----------------------------------------------------------------
 

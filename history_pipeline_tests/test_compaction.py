@@ -346,3 +346,25 @@ def test_reconstruction_invariant_with_spark(tmp_path, spark):
     write(store, *_split(events, random.Random(1)))
     store.compact(spark=spark)
     check_against_model(store, events)
+
+
+@pytest.mark.parametrize("seed", [5, 6, 7])
+def test_periodic_snapshots_keep_the_invariant_and_bound_reads(tmp_path, seed):
+    from history_pipeline import StoreSettings
+    from history_pipeline.query.scan import select_files
+
+    events = random_history(seed, n_events=90)
+    store = HistoryStore.open(
+        tmp_path, database="db", settings=StoreSettings(snapshot_min_versions=4, snapshot_ratio=0.5)
+    )
+    for batch in _split(events, random.Random(seed)):
+        write(store, batch)
+        store.compact()
+    state = store.catalog_state()
+    snapshots = [f for f in state.files.values() if f.kind is FileKind.SNAPSHOT]
+    assert snapshots
+    check_against_model(store, events)
+    for f in snapshots:
+        selection = select_files(state, f.table_uuid, state.frontier + 1)
+        assert selection.snapshot_as_of is not None
+        assert all(v.max_t >= selection.snapshot_as_of for v in selection.versions)
