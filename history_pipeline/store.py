@@ -39,6 +39,32 @@ class StoreSettings:
     snapshot_ratio: float = 1.0
 
 
+def default_wal_base(root: str | Path) -> Path:
+    """Where WAL segments live for a root: beside the data locally, under ``data/wal`` for S3."""
+    if str(root).startswith("s3://"):
+        return Path("data") / "wal" / str(root)[len("s3://") :].strip("/")
+    return Path(root)
+
+
+def wal_dir_of(root: str | Path, database: str) -> Path:
+    """The WAL directory of one database under ``root``."""
+    base = default_wal_base(root)
+    return base / database / "wal" if not str(root).startswith("s3://") else base / database
+
+
+def discover_databases(root: str | Path) -> list[str]:
+    """Every database that has a WAL under ``root`` (sorted)."""
+    base = default_wal_base(root)
+    if not base.is_dir():
+        return []
+    found = []
+    for entry in sorted(base.iterdir()):
+        wal = wal_dir_of(root, entry.name)
+        if entry.is_dir() and _DATABASE_RE.match(entry.name) and (wal / "segments").is_dir():
+            found.append(entry.name)
+    return found
+
+
 class HistoryStore:
     """The history of one tenant database under a storage root (local path or s3://bucket/prefix)."""
 
@@ -74,14 +100,8 @@ class HistoryStore:
                 f"database name {database!r} is not valid: use letters, digits, '_', '-', '.'"
             )
         objects = open_store(str(root), s3)
-        if wal_dir is None:
-            if str(root).startswith("s3://"):
-                # WAL segments stay on local disk even when the warehouse is on S3.
-                local = Path("data") / "wal" / str(root)[len("s3://") :].strip("/")
-                wal_dir = local / database
-            else:
-                wal_dir = Path(root) / database / "wal"
-        store = cls(objects, database, Path(wal_dir), settings or StoreSettings())
+        wal_dir = Path(wal_dir) if wal_dir is not None else wal_dir_of(root, database)
+        store = cls(objects, database, wal_dir, settings or StoreSettings())
         store.s3 = s3
         return store
 

@@ -1,51 +1,42 @@
-"""The Dagster code location (first cut: the store resource and the compaction assets).
-
-Bodies stay thin: read the resource, call the core, report metadata.
-"""
+"""The Dagster code location of history_pipeline (``workspace.yaml`` loads ``defs``)."""
 
 from __future__ import annotations
 
 import dagster as dg
 
-from history_pipeline.store import HistoryStore
-from history_pipeline.wal import SegmentState
-
-
-class HistoryStoreResource(dg.ConfigurableResource):
-    """Where the history lives: a local path (default ``data``) or ``s3://bucket/prefix``."""
-
-    root: str = "data"
-    database: str = "tenant_a"
-
-    def open(self) -> HistoryStore:
-        return HistoryStore.open(self.root, database=self.database)
-
-
-@dg.asset(description="Sealed WAL segments of the database, by state.")
-def wal_segments(history: HistoryStoreResource) -> dg.MaterializeResult:
-    store = history.open()
-    refs = store.segments()
-    counts = {state.value: sum(1 for r in refs if r.state is state) for state in SegmentState}
-    return dg.MaterializeResult(metadata={f"segments_{k}": v for k, v in counts.items()})
-
-
-@dg.asset(deps=[wal_segments], description="Every sealed segment compacted into supertable batches.")
-def compacted_batches(history: HistoryStoreResource) -> dg.MaterializeResult:
-    summary = history.open().compact()
-    data = summary.as_dict()
-    return dg.MaterializeResult(
-        metadata={
-            "segments_applied": len(data["segments_applied"]),
-            "versions_written": data["versions_written"],
-            "files_written": data["files_written"],
-            "bytes_written": data["bytes_written"],
-            "frontier": data["frontier"],
-            "tables_touched": ", ".join(data["tables_touched"]),
-        }
-    )
-
+from history_pipeline.orchestration.assets import (
+    cold_tier_export,
+    compacted_batches,
+    schema_history,
+    supertables,
+    wal_segments,
+)
+from history_pipeline.orchestration.checks import (
+    catalog_verifies_check,
+    frontier_lag_check,
+    reconstruction_invariant_check,
+)
+from history_pipeline.orchestration.resources import HistoryRootResource, SparkResource
+from history_pipeline.orchestration.schedules import (
+    cleanup_job,
+    cleanup_schedule,
+    cold_tier_export_job,
+    cold_tier_export_schedule,
+    retention_job,
+    retention_schedule,
+)
+from history_pipeline.orchestration.sensors import compact_segment_job, finished_wal_segments_sensor
 
 defs = dg.Definitions(
-    assets=[wal_segments, compacted_batches],
-    resources={"history": HistoryStoreResource()},
+    assets=[wal_segments, compacted_batches, supertables, schema_history, cold_tier_export],
+    asset_checks=[catalog_verifies_check, frontier_lag_check, reconstruction_invariant_check],
+    jobs=[compact_segment_job, retention_job, cleanup_job, cold_tier_export_job],
+    sensors=[finished_wal_segments_sensor],
+    schedules=[retention_schedule, cold_tier_export_schedule, cleanup_schedule],
+    resources={
+        # The embedded default: ``data/`` under the working directory. For S3, deployments set
+        # root="s3://bucket/prefix" and aws_access_key_id=dg.EnvVar("AWS_ACCESS_KEY_ID"), ...
+        "history": HistoryRootResource(root="data"),
+        "spark": SparkResource(),
+    },
 )
