@@ -1,7 +1,8 @@
 VENV ?= .venv
 PY := $(VENV)/bin/python
+export DAGSTER_HOME ?= $(CURDIR)/.dagster_home
 
-.PHONY: setup demo test lint
+.PHONY: setup demo run-dagster test lint bench bench-quick
 
 $(PY):
 	python3.11 -m venv $(VENV) || python3 -m venv $(VENV)
@@ -10,11 +11,22 @@ $(PY):
 setup: $(PY)
 	$(PY) -m pip install -q -e '.[dev]'
 
+# The main job on the embedded default: sample segments into data/, then the Dagster UI and daemon,
+# whose sensor compacts every sealed segment (open http://127.0.0.1:3000 to watch).
 demo: setup
-	$(VENV)/bin/history-pipeline demo --root data
+	$(VENV)/bin/history-pipeline --root data sample
+	mkdir -p $(DAGSTER_HOME) && cp -n dagster.yaml $(DAGSTER_HOME)/ || true
+	$(PY) -c "import os, signal, sys; signal.signal(signal.SIGINT, signal.SIG_DFL); os.execv(sys.argv[1], sys.argv[1:])" \
+		$(VENV)/bin/dagster dev -w workspace.yaml -h 127.0.0.1 -p 3000
 
 test: setup
 	$(VENV)/bin/pytest -q
 
 lint: setup
 	$(VENV)/bin/ruff check .
+
+bench-quick: setup
+	$(PY) -m bench.run --quick
+
+bench: setup
+	$(PY) -m bench.run

@@ -150,11 +150,9 @@ def cmd_rebuild(args: argparse.Namespace) -> int:
     return 0
 
 
-def cmd_demo(args: argparse.Namespace) -> int:
-    """Write the sample workload into the WAL, compact it, and show some answers."""
+def _write_sample(store: HistoryStore) -> None:
     from history_pipeline.sample import sample_events
 
-    store = _store(args)
     if not store.segments() and store.frontier < 0:
         with store.wal_writer() as wal:
             for event in sample_events():
@@ -163,7 +161,19 @@ def cmd_demo(args: argparse.Namespace) -> int:
                     wal.seal()
     print(f"WAL of {store.database} under {store.wal_dir}:")
     for ref in store.segments():
-        print(f"  segment {ref.name}  {ref.state.value}")
+        print(f"  segment {ref.name}  {ref.state.value:8s} {ref.path.stat().st_size:>8d} bytes")
+
+
+def cmd_sample(args: argparse.Namespace) -> int:
+    """Write the sample workload into the WAL (sealed segments) and show what was written."""
+    _write_sample(_store(args))
+    return 0
+
+
+def cmd_demo(args: argparse.Namespace) -> int:
+    """Write the sample workload into the WAL, compact it, and show some answers."""
+    store = _store(args)
+    _write_sample(store)
     summary = store.compact()
     print("compaction:", json.dumps(summary.as_dict()))
     frontier = store.frontier
@@ -234,6 +244,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub.add_parser("verify", help="check the catalog against its files").set_defaults(func=cmd_verify)
     sub.add_parser("rebuild-catalog", help="rebuild the catalog from Parquet files").set_defaults(func=cmd_rebuild)
     sub.add_parser("segments", help="list WAL segments and their states").set_defaults(func=cmd_segments)
+    sub.add_parser("sample", help="write the sample workload into the WAL").set_defaults(func=cmd_sample)
     sub.add_parser("demo", help="write the sample workload, compact it, query it").set_defaults(func=cmd_demo)
     return parser
 
