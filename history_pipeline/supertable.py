@@ -23,7 +23,7 @@ import pyarrow.parquet as pq
 from history_pipeline.catalog.model import FileEntry, FileKind
 from history_pipeline.io.store import ObjectStore
 from history_pipeline.schema import Supercolumn
-from history_pipeline.types import arrow_type, to_arrow_value
+from history_pipeline.types import arrow_native, arrow_type, to_arrow_value
 
 KEY, DELETED, LT = "synthetic_key", "is_deleted", "logical_timestamp"
 RESERVED = (KEY, DELETED, LT)
@@ -61,7 +61,11 @@ def versions_to_arrow(versions: Iterable[Version], supercolumns: Sequence[Superc
         LT: [v.t for v in ordered],
     }
     for s in supercolumns:
-        columns[s.name] = [to_arrow_value(s.data_type, v.values.get(s.name)) for v in ordered]
+        name = s.name
+        if arrow_native(s.data_type):
+            columns[name] = [v.values.get(name) for v in ordered]
+        else:
+            columns[name] = [to_arrow_value(s.data_type, v.values.get(name)) for v in ordered]
     schema = supertable_schema(supercolumns)
     return pa.table({name: pa.array(columns[name], type=schema.field(name).type) for name in schema.names}, schema)
 

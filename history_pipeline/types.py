@@ -473,6 +473,18 @@ def arrow_type(data_type: DataType) -> pa.DataType:
     return pa.list_(arrow_type(data_type.element))
 
 
+_ARROW_NATIVE = {
+    TypeKind.BOOLEAN, TypeKind.SMALLINT, TypeKind.INTEGER, TypeKind.BIGINT, TypeKind.REAL, TypeKind.DOUBLE,
+    TypeKind.TEXT, TypeKind.VARCHAR, TypeKind.BYTEA, TypeKind.DATE, TypeKind.TIME, TypeKind.TIMESTAMP,
+    TypeKind.TIMESTAMPTZ,
+}
+
+
+def arrow_native(data_type: DataType) -> bool:
+    """True when pyarrow takes the Python form as it is (no per-value conversion needed)."""
+    return data_type.kind in _ARROW_NATIVE or data_type.is_exact_decimal
+
+
 def to_arrow_value(data_type: DataType, value: Any) -> Any:
     """A Python-form value as pyarrow accepts it for ``arrow_type(data_type)``."""
     if value is None:

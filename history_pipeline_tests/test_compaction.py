@@ -368,3 +368,17 @@ def test_periodic_snapshots_keep_the_invariant_and_bound_reads(tmp_path, seed):
         selection = select_files(state, f.table_uuid, state.frontier + 1)
         assert selection.snapshot_as_of is not None
         assert all(v.max_t >= selection.snapshot_as_of for v in selection.versions)
+
+
+def test_tables_split_by_key_across_tasks_keep_the_invariant(tmp_path, spark, monkeypatch):
+    from history_pipeline.compaction import compactor
+
+    monkeypatch.setattr(compactor, "SPLIT_THRESHOLD", 1)
+    events = random_history(99, n_events=80)
+    store = HistoryStore.open(tmp_path, database="db")
+    write(store, *_split(events, random.Random(3)))
+    store.compact(spark=spark)
+    check_against_model(store, events)
+    files = store.catalog_state().files_of(events[0]["table_uuid"], FileKind.VERSIONS)
+    per_segment = [f.segments for f in files]
+    assert any(per_segment.count(s) > 1 for s in per_segment)  # a segment's table work ran as several tasks

@@ -249,12 +249,32 @@ def compact_segment(
     summary.frontier = max(summary.frontier, plan.upper)
 
 
+#: a table's mutations are split by key into this many tasks once they are this many
+SPLIT_BUCKETS = 4
+SPLIT_THRESHOLD = 20_000
+
+
+def split_by_key(plan: TablePlan, buckets: int) -> list[TablePlan]:
+    """Independent pieces of a table's work: keys never straddle two (backfills need all keys)."""
+    if plan.backfills or buckets <= 1 or len(plan.mutations) < SPLIT_THRESHOLD:
+        return [plan]
+    pieces = [TablePlan(plan.table_uuid, plan.segment) for _ in range(buckets)]
+    for mutation in plan.mutations:
+        pieces[mutation.key % buckets].mutations.append(mutation)
+    return [p for p in pieces if p.mutations]
+
+
 def _tasks(store: Any, state: CatalogState, plan: SegmentPlan) -> list[TableTask]:
     tasks = []
     txn_hint = state.txn_id + 1
-    for table_uuid, table_plan in plan.tables.items():
-        if not table_plan.mutations and not table_plan.backfills:
-            continue
+    pieces = [
+        piece
+        for table_plan in plan.tables.values()
+        if table_plan.mutations or table_plan.backfills
+        for piece in split_by_key(table_plan, SPLIT_BUCKETS)
+    ]
+    for table_plan in pieces:
+        table_uuid = table_plan.table_uuid
         tasks.append(
             TableTask(
                 store_config=store.objects.config(),

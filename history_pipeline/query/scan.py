@@ -78,28 +78,40 @@ def read_candidates(
     columns: Sequence[str] | None = None,
 ) -> pa.Table:
     """Every version that may be the newest below ``as_of`` (snapshot rows plus later versions)."""
+    base, changes = read_parts(store, selection, supercolumns, as_of, keys, columns)
+    return pa.concat_tables([base, changes])
+
+
+def read_parts(
+    store: ObjectStore,
+    selection: FileSelection,
+    supercolumns: Sequence[Supercolumn],
+    as_of: int,
+    keys: Sequence[int] | None = None,
+    columns: Sequence[str] | None = None,
+) -> tuple[pa.Table, pa.Table]:
+    """(the snapshot's rows, the versions after it and below ``as_of``), both possibly empty."""
     schema = supertable_schema(supercolumns)
     wanted = list(columns) if columns is not None else schema.names
     for reserved in (LT, DELETED, KEY):
         if reserved not in wanted:
             wanted.insert(0, reserved)
-    parts = []
+    empty = schema.empty_table().select(wanted)
+    base, changes = empty, empty
     key_filter = ds.field(KEY).isin(pa.array(sorted(set(keys)), pa.int64())) if keys is not None else None
     if selection.snapshot:
         expr = ds.field(LT) < as_of
         if key_filter is not None:
             expr = expr & key_filter
-        parts.append(dataset_of(store, selection.snapshot, schema).to_table(columns=wanted, filter=expr))
+        base = dataset_of(store, selection.snapshot, schema).to_table(columns=wanted, filter=expr)
     if selection.versions:
         expr = ds.field(LT) < as_of
         if selection.snapshot_as_of is not None:
             expr = expr & (ds.field(LT) >= selection.snapshot_as_of)
         if key_filter is not None:
             expr = expr & key_filter
-        parts.append(dataset_of(store, selection.versions, schema).to_table(columns=wanted, filter=expr))
-    if not parts:
-        return schema.empty_table().select(wanted)
-    return pa.concat_tables(parts)
+        changes = dataset_of(store, selection.versions, schema).to_table(columns=wanted, filter=expr)
+    return base, changes
 
 
 def keep_latest(candidates: pa.Table, *, include_deleted: bool = False) -> pa.Table:
@@ -134,5 +146,22 @@ def live_rows(
 ) -> pa.Table:
     """The live rows of a supertable as of ``as_of``: synthetic_key, logical_timestamp and supercolumns."""
     selection = select_files(state, table_uuid, as_of, keys)
-    candidates = read_candidates(store, selection, supercolumns, as_of, keys, columns)
-    return keep_latest(candidates)
+    base, changes = read_parts(store, selection, supercolumns, as_of, keys, columns)
+    return overlay(base, changes)
+
+
+def overlay(base: pa.Table, changes: pa.Table) -> pa.Table:
+    """Snapshot rows overridden by the newest later version of their key (deletes drop the key).
+
+    Only the changes are sorted; the snapshot (already one live row per key) is filtered by a
+    set lookup, so the cost is the live rows plus the changes, not the history.
+    """
+    if changes.num_rows == 0:
+        return base.filter(pc.invert(base.column(DELETED))) if base.num_rows else base
+    newest = keep_latest(changes, include_deleted=True)
+    if base.num_rows:
+        untouched = base.filter(pc.invert(pc.is_in(base.column(KEY), value_set=newest.column(KEY))))
+        newest = newest.filter(pc.invert(newest.column(DELETED)))
+        merged = pa.concat_tables([untouched, newest.cast(untouched.schema)])
+        return merged.sort_by([(KEY, "ascending")])
+    return newest.filter(pc.invert(newest.column(DELETED)))
