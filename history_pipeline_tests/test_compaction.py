@@ -112,6 +112,7 @@ def test_rfc_schema_history_states(tmp_path):
     assert store.load_table("my_table", 7).to_pylist() == [{"synthetic_key": 1, "mycolumn2": 2}]
     with pytest.raises(Exception, match="no table 'my_table' as of 8"):
         store.load_table("my_table", 8)
+    assert store.row_history(T1, 1) == [{"logical_timestamp": 2, "is_deleted": False, "values": {"column1": 1}}]
 
 
 def test_rename_table_writes_two_entries_and_names_resolve_by_time(tmp_path):

@@ -7,6 +7,7 @@ purge point, and reads only the files the catalog lists.
 
 from __future__ import annotations
 
+import bisect
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -133,11 +134,11 @@ class QueryContext:
         schema = supertable_schema(supercolumns)
         table_ = dataset_of(self.store, files, schema).to_table(filter=ds.field(KEY) == key)
         table_ = table_.sort_by([(LT, "ascending")])
-        history = self.state.schema_history
+        epochs = _descriptor_epochs(self.state.schema_history, descriptor.table_uuid)
         out = []
         for row in table_.to_pylist():
             t = row[LT]
-            at = _descriptor_at_uuid(history, descriptor.table_uuid, t + 1)
+            at = _epoch_at(epochs, t + 1)
             values = None
             if not row[DELETED] and at is not None:
                 values = {c.column_name: from_arrow_value(c.data_type, row[c.supercolumn]) for c in at.columns}
@@ -228,11 +229,24 @@ class QueryContext:
             con.close()
 
 
-def _descriptor_at_uuid(
-    history: Sequence[SchemaHistoryEntry], table_uuid: str, as_of: int
-) -> TableDescriptor | None:
-    state = replay_schema_history(e for e in history if e.logical_timestamp < as_of)
-    return state.tables.get(table_uuid)
+def _descriptor_epochs(
+    history: Sequence[SchemaHistoryEntry], table_uuid: str
+) -> list[tuple[int, TableDescriptor | None]]:
+    """(t of each schema change of a table, its descriptor from t + 1 on), in order."""
+    epochs: list[tuple[int, TableDescriptor | None]] = []
+    for entry in history:
+        if entry.table_uuid == table_uuid:
+            if epochs and epochs[-1][0] == entry.logical_timestamp:
+                epochs[-1] = (entry.logical_timestamp, entry.descriptor or epochs[-1][1])
+            else:
+                epochs.append((entry.logical_timestamp, entry.descriptor))
+    return epochs
+
+
+def _epoch_at(epochs: list[tuple[int, TableDescriptor | None]], as_of: int) -> TableDescriptor | None:
+    """The descriptor in force as of ``as_of`` (changes with t < as_of)."""
+    index = bisect.bisect_left(epochs, as_of, key=lambda epoch: epoch[0]) - 1
+    return epochs[index][1] if index >= 0 else None
 
 
 def project(rows: pa.Table, descriptor: TableDescriptor) -> pa.Table:

@@ -1,0 +1,88 @@
+"""A long supertable history built straight from row versions, for the read benchmarks.
+
+Compaction speed is measured separately (on a WAL workload); here we need histories of 10M and
+40M versions quickly, so versions are generated in Arrow and written with the project's own
+supertable writer, committed to the catalog batch by batch, and snapshotted by the project's own
+snapshot policy, exactly as compaction would leave them.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+
+import pyarrow as pa
+
+from history_pipeline import HistoryStore
+from history_pipeline.catalog import AddFile, AddSchemaHistory, AdvanceFrontier
+from history_pipeline.catalog.model import FileKind
+from history_pipeline.events import CreateTable, parse_event
+from history_pipeline.schema import SchemaState, apply_schema_change
+from history_pipeline.supertable import FileMetadata, new_file_path, supertable_schema, write_parquet
+
+TABLE_UUID = "bench-table"
+HOT_KEY = 0  # a key updated in every batch, for row_history
+
+
+@dataclass(frozen=True)
+class History:
+    live_rows: int
+    versions: int
+    batch: int
+    frontier: int
+
+
+def build_history(store: HistoryStore, live_rows: int, versions: int, batch: int, seed: int = 1,
+                  hot_versions: int = 5_000) -> History:
+    """Write ``versions`` row versions over ``live_rows`` keys (first inserts, then updates)."""
+    create = parse_event({
+        "op": "create_table", "t": 1, "table_uuid": TABLE_UUID, "table_name": "bench",
+        "columns": [
+            {"column_uuid": "qty", "column_name": "qty", "data_type": "BIGINT"},
+            {"column_uuid": "price", "column_name": "price", "data_type": "DOUBLE PRECISION"},
+            {"column_uuid": "name", "column_name": "name", "data_type": "TEXT"},
+        ],
+    })
+    assert isinstance(create, CreateTable)
+    schema_state, entries = apply_schema_change(SchemaState(), create)
+    supercolumns = schema_state.supercolumns[TABLE_UUID]
+    schema = supertable_schema(supercolumns)
+    store.catalog.commit("bench schema", lambda s: [AddSchemaHistory(entries), AdvanceFrontier(1)])
+    rng = random.Random(seed)
+    t = 2
+    written = 0
+    hot_every = max(1, (versions // batch) and batch // max(1, hot_versions // max(1, versions // batch)))
+    while written < versions:
+        n = min(batch, versions - written)
+        if written < live_rows:
+            keys = list(range(written, min(written + n, live_rows)))
+            n = len(keys)
+        else:
+            keys = [rng.randrange(live_rows) for _ in range(n)]
+            for i in range(0, n, hot_every):
+                keys[i] = HOT_KEY
+        keys.sort()
+        # one timestamp per version; a key updated twice in a batch keeps increasing timestamps
+        lts = list(range(t, t + n))
+        table = pa.table(
+            {
+                "synthetic_key": pa.array(keys, pa.int64()),
+                "is_deleted": pa.array([False] * n),
+                "logical_timestamp": pa.array(lts, pa.int64()),
+                "qty-1": pa.array([rng.randrange(1000) for _ in range(n)], pa.int64()),
+                "price-1": pa.array([rng.random() * 100 for _ in range(n)], pa.float64()),
+                "name-1": pa.array([f"name-{k % 1000}" for k in keys], pa.string()),
+            },
+            schema=schema,
+        )
+        table = table.sort_by([("synthetic_key", "ascending"), ("logical_timestamp", "ascending")])
+        state = store.catalog.latest()
+        meta = FileMetadata(store.database, TABLE_UUID, FileKind.VERSIONS, state.txn_id + 1, t, t + n)
+        path = new_file_path(store.database, TABLE_UUID, FileKind.VERSIONS, state.txn_id + 1)
+        entry = write_parquet(store.objects, path, table, meta)
+        frontier = t + n - 1
+        store.catalog.commit("bench batch", lambda s, e=entry, f=frontier: [AddFile(e), AdvanceFrontier(f)])
+        store.refresh_snapshots()
+        t += n
+        written += n
+    return History(live_rows, versions, batch, t - 1)
