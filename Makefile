@@ -2,7 +2,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 export DAGSTER_HOME ?= $(CURDIR)/.dagster_home
 
-.PHONY: setup demo run-dagster test lint bench bench-quick
+.PHONY: setup demo test lint bench bench-quick bench-setup
 
 $(PY):
 	python3.11 -m venv $(VENV) || python3 -m venv $(VENV)
@@ -25,8 +25,11 @@ test: setup
 lint: setup
 	$(VENV)/bin/ruff check .
 
-bench-quick: setup
+bench-setup: setup
+	$(PY) -m pip install -q -e '.[dev,bench]'
+
+bench-quick: bench-setup
 	$(PY) -m bench.run --quick
 
-bench: setup
+bench: bench-setup
 	$(PY) -m bench.run

@@ -105,3 +105,21 @@ def test_frontier_guard_and_unknown_tables(typed_store):
 def test_sandbox_refuses_escapes(typed_store, query):
     with pytest.raises(SandboxViolationError):
         typed_store.sql(query, as_of=3)
+
+
+def test_sql_joins_tables_consistently_and_ignores_identifier_case(tmp_path):
+    store = HistoryStore.open(tmp_path, database="db")
+    with store.wal_writer() as wal:
+        for uuid, name in (("A", "customers"), ("B", "orders")):
+            wal.append({"op": "create_table", "t": 1 if uuid == "A" else 2, "table_uuid": uuid, "table_name": name,
+                        "columns": [{"column_uuid": f"{uuid}v", "column_name": "v", "data_type": "INTEGER"}]})
+        wal.append({"op": "insert", "t": 3, "table_uuid": "A", "key": 1, "values": {"Av": 10}})
+        wal.append({"op": "insert", "t": 3, "table_uuid": "B", "key": 1, "values": {"Bv": 20}})
+        wal.append({"op": "update", "t": 4, "table_uuid": "A", "key": 1, "values": {"Av": 11}})
+        wal.append({"op": "close", "t": 4})
+        wal.seal()
+    store.compact()
+    query = "SELECT c.v AS cv, o.v AS ov FROM Customers c JOIN ORDERS o USING (synthetic_key)"
+    assert store.sql(query, as_of=4).to_pylist() == [{"cv": 10, "ov": 20}]
+    assert store.sql(query, as_of=5).to_pylist() == [{"cv": 11, "ov": 20}]
+    assert store.sql("SELECT count(*) AS n FROM _history_catalog.schema_history", as_of=2).to_pylist() == [{"n": 1}]

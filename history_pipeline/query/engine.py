@@ -213,7 +213,10 @@ class QueryContext:
             history = [e for e in self.state.schema_history if e.logical_timestamp < as_of]
             con.register("__schema_history", schema_history_arrow(history))
             con.execute("CREATE VIEW _history_catalog.schema_history AS SELECT * FROM __schema_history")
+            referenced = _referenced_tables(query)
             for index, descriptor in enumerate(self.get_catalog(as_of)):
+                if referenced is not None and descriptor.table_name.lower() not in referenced:
+                    continue  # only the tables the query names are reconstructed
                 data = self.load_table(descriptor.table_name, as_of)
                 raw = f"__table_{index}"
                 con.register(raw, data)
@@ -227,6 +230,24 @@ class QueryContext:
                 raise SandboxViolationError(f"refused by the read-only sandbox: {exc}") from None
         finally:
             con.close()
+
+
+def _referenced_tables(query: str) -> set[str] | None:
+    """Lower-cased names the query reads (None when DuckDB cannot tell), found inside a sandbox.
+
+    Naming the tables binds table functions, so it runs with external access already off.
+    """
+    probe = duckdb.connect(":memory:")
+    try:
+        probe.execute("SET enable_external_access = false")
+        probe.execute("SET lock_configuration = true")
+        return {name.lower() for name in probe.get_table_names(query)}
+    except duckdb.PermissionException as exc:
+        raise SandboxViolationError(f"refused by the read-only sandbox: {exc}") from None
+    except duckdb.Error:
+        return None
+    finally:
+        probe.close()
 
 
 def _descriptor_epochs(

@@ -1,0 +1,433 @@
+"""Benchmarks of history_pipeline, each beside a baseline measured in the same run.
+
+    python -m bench.run --quick     # about 5 minutes on 2 cores
+    python -m bench.run             # the full sizes of TARGETS.md (long)
+
+Prints a table and writes bench/results/results.json, results.md and PNG plots.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import duckdb
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.json as pajson
+import pyarrow.parquet as pq
+
+from bench.history import HOT_KEY, build_history
+from bench.workload import Workload, write_workload
+from history_pipeline import HistoryStore, StoreSettings
+from history_pipeline.catalog import AddFile, AdvanceFrontier, FileEntry, FileKind, TransactionLog
+from history_pipeline.io.store import LocalStore
+from history_pipeline.wal import SegmentState
+
+RESULTS = Path(__file__).parent / "results"
+
+SIZES = {
+    "quick": {
+        "workload": Workload(tables=2, live_rows=20_000, versions=200_000, segment_events=50_000),
+        "live_rows": 100_000,
+        "histories": [1_000_000, 4_000_000, 16_000_000],
+        "batch": 250_000,
+        "catalog_transactions": 10_000,
+    },
+    "full": {
+        "workload": Workload(tables=2, live_rows=250_000, versions=2_000_000, segment_events=100_000),
+        "live_rows": 1_000_000,
+        "histories": [2_500_000, 10_000_000, 40_000_000],
+        "batch": 1_000_000,
+        "catalog_transactions": 10_000,
+    },
+}
+
+
+def timed(fn: Callable[[], Any]) -> tuple[float, Any]:
+    start = time.perf_counter()
+    result = fn()
+    return time.perf_counter() - start, result
+
+
+def median_time(fn: Callable[[], Any], repeat: int = 3) -> float:
+    return statistics.median(timed(fn)[0] for _ in range(repeat))
+
+
+def dir_bytes(path: Path) -> int:
+    return sum(f.stat().st_size for f in path.rglob("*") if f.is_file())
+
+
+# --- 1. compaction throughput (and 6. storage) -------------------------------------------------
+
+
+def bench_compaction(work: Path, w: Workload, spark: Any) -> dict[str, Any]:
+    store = HistoryStore.open(work / "compaction", database="bench")
+    events = write_workload(store, w)
+    segments = [r.path for r in store.segments(SegmentState.SEALED)]
+    copies = work / "segments"
+    copies.mkdir()
+    for path in segments:
+        shutil.copy(path, copies / path.name)
+    seconds, summary = timed(lambda: store.compact(spark=spark))
+    versions = summary.versions_written
+
+    def pyarrow_json_to_parquet() -> None:
+        out = work / "pyarrow_out"
+        out.mkdir(exist_ok=True)
+        options = pajson.ParseOptions(unexpected_field_behavior="infer")
+        for path in sorted(copies.iterdir()):
+            table = pajson.read_json(path, parse_options=options)
+            pq.write_table(table, out / (path.name + ".parquet"), compression="zstd")
+
+    pyarrow_s = median_time(pyarrow_json_to_parquet, repeat=1)
+    spark_json = [str(p) for p in sorted(copies.iterdir())]
+    spark_s = median_time(
+        lambda: spark.read.json(spark_json).write.mode("overwrite").parquet(str(work / "spark_out")), repeat=1
+    )
+    delta = bench_delta_merge(work, store)
+    ours_bytes = dir_bytes(Path(store.objects.uri) / "bench" / "tables")
+    return {
+        "events": events,
+        "versions": versions,
+        "ours_s": seconds,
+        "ours_versions_per_s": versions / seconds,
+        "pyarrow_json_to_parquet_s": pyarrow_s,
+        "pyarrow_versions_per_s": events / pyarrow_s,
+        "spark_json_to_parquet_s": spark_s,
+        "spark_versions_per_s": events / spark_s,
+        "delta_merge_s": delta["seconds"],
+        "delta_versions_per_s": versions / delta["seconds"] if delta["seconds"] else None,
+        "ours_bytes": ours_bytes,
+        "delta_bytes": delta["bytes"],
+        "ours_bytes_per_version": ours_bytes / max(versions, 1),
+        "delta_bytes_per_version": delta["bytes"] / max(versions, 1),
+    }
+
+
+def bench_delta_merge(work: Path, store: HistoryStore) -> dict[str, Any]:
+    """Delta Lake applying the same changes as MERGE upserts, one MERGE per segment and table."""
+    from deltalake import DeltaTable, write_deltalake
+
+    state = store.catalog_state()
+    total = 0.0
+    root = work / "delta"
+    for table_uuid in sorted({f.table_uuid for f in state.files.values() if f.table_uuid}):
+        path = root / table_uuid
+        batches = sorted(state.files_of(table_uuid, FileKind.VERSIONS), key=lambda f: f.min_t or 0)
+        created = False
+        for entry in batches:
+            source = pq.read_table(store.objects.full_path(entry.path))
+            source = _latest_per_key(source)
+            if not created:
+                start = time.perf_counter()
+                write_deltalake(str(path), source.filter(pc.invert(source["is_deleted"])))
+                total += time.perf_counter() - start
+                created = True
+                continue
+            start = time.perf_counter()
+            (
+                DeltaTable(str(path))
+                .merge(source, predicate="t.synthetic_key = s.synthetic_key", source_alias="s", target_alias="t")
+                .when_matched_delete(predicate="s.is_deleted")
+                .when_matched_update_all(predicate="NOT s.is_deleted")
+                .when_not_matched_insert_all(predicate="NOT s.is_deleted")
+                .execute()
+            )
+            total += time.perf_counter() - start
+    return {"seconds": total, "bytes": dir_bytes(root) if root.exists() else 0}
+
+
+def _latest_per_key(table: pa.Table) -> pa.Table:
+    from history_pipeline.query.scan import keep_latest
+
+    return keep_latest(table, include_deleted=True)
+
+
+# --- 2. as-of load, 3. fetch_row / row_history -----------------------------------------------
+
+
+def bench_as_of(work: Path, live_rows: int, histories: list[int], batch: int) -> list[dict[str, Any]]:
+    rows = []
+    for versions in histories:
+        store = HistoryStore.open(work / f"history_{versions}", database="bench",
+                                  settings=StoreSettings(snapshot_min_versions=live_rows, snapshot_ratio=1.0))
+        build_s, history = timed(lambda s=store, v=versions: build_history(s, live_rows, v, batch))
+        for label, as_of in (("latest", history.frontier + 1), ("middle", history.frontier // 2 + batch // 3)):
+            seconds = median_time(lambda s=store, t=as_of: s.load_table("bench", t))
+            answer = store.load_table("bench", as_of)
+            answer_path = work / f"answer_{versions}_{label}.parquet"
+            pq.write_table(answer, answer_path, compression="zstd")
+            con = duckdb.connect()
+            query = f"SELECT * FROM read_parquet('{answer_path}')"
+            limit = median_time(lambda c=con, q=query: c.sql(q).to_arrow_table())
+            con.close()
+            rows.append({
+                "versions": versions, "live_rows": answer.num_rows, "as_of": label, "ours_s": seconds,
+                "duckdb_answer_file_s": limit, "ratio": seconds / limit, "build_s": build_s,
+            })
+        if versions == histories[1] or len(histories) == 1:
+            rows[-1]["lookups"] = bench_lookups(store, history.frontier + 1, live_rows)
+    return rows
+
+
+def bench_lookups(store: HistoryStore, as_of: int, live_rows: int) -> dict[str, Any]:
+    import random
+
+    rng = random.Random(3)
+    context = store.query_context()  # a warm process: one frozen catalog state
+    context.fetch_row("bench", 1, as_of)
+    samples = []
+    for _ in range(200):
+        key = rng.randrange(live_rows)
+        samples.append(timed(lambda k=key: context.fetch_row("bench", k, as_of))[0])
+    samples.sort()
+    history_times = sorted(timed(lambda: context.row_history("bench", HOT_KEY))[0] for _ in range(5))
+    versions_of_hot_key = len(context.row_history("bench", HOT_KEY))
+    return {
+        "fetch_row_p50_ms": 1000 * samples[len(samples) // 2],
+        "fetch_row_p99_ms": 1000 * samples[int(len(samples) * 0.99) - 1],
+        "row_history_versions": versions_of_hot_key,
+        "row_history_median_ms": 1000 * history_times[len(history_times) // 2],
+    }
+
+
+def bench_delta_time_travel(work: Path, live_rows: int, versions: int, batch: int) -> dict[str, Any]:
+    """Delta's time-travel read of a state equal to ours, on the same synthetic history."""
+    from deltalake import DeltaTable, write_deltalake
+
+    store = HistoryStore.open(work / f"history_{versions}", database="bench")
+    state = store.catalog_state()
+    files = sorted(state.files_of("bench-table", FileKind.VERSIONS), key=lambda f: f.min_t or 0)
+    path = work / "delta_history"
+    for i, entry in enumerate(files):
+        source = _latest_per_key(pq.read_table(store.objects.full_path(entry.path)))
+        if i == 0:
+            write_deltalake(str(path), source)
+        else:
+            (DeltaTable(str(path)).merge(source, predicate="t.synthetic_key = s.synthetic_key",
+                                         source_alias="s", target_alias="t")
+             .when_matched_update_all().when_not_matched_insert_all().execute())
+    version = DeltaTable(str(path)).version()
+    seconds = median_time(lambda: DeltaTable(str(path), version=version).to_pyarrow_table())
+    ours = median_time(lambda: store.load_table("bench", store.frontier + 1))
+    return {"versions": versions, "delta_time_travel_s": seconds, "ours_s": ours,
+            "delta_bytes": dir_bytes(path), "ours_bytes": dir_bytes(Path(store.objects.uri) / "bench" / "tables")}
+
+
+# --- 5. catalog open ---------------------------------------------------------------------
+
+
+def bench_catalog(work: Path, transactions: int) -> dict[str, Any]:
+    results = {}
+    for interval in (100, 0):
+        store = LocalStore(work / f"catalog_{interval}")
+        log = TransactionLog(store, "db/_catalog", checkpoint_interval=interval)
+        for i in range(transactions):
+            entry = FileEntry(f"f{i}", FileKind.VERSIONS, "t", 1, 1, i, i)
+            log.commit("add", lambda s, e=entry, f=i: [AddFile(e), AdvanceFrontier(f)])
+        seconds = median_time(
+            lambda s=store, i=interval: TransactionLog(s, "db/_catalog", checkpoint_interval=i).latest()
+        )
+        results["with_checkpoints_s" if interval else "replay_all_s"] = seconds
+    return results
+
+
+# --- 4. seal to queryable through the daemon ------------------------------------------------
+
+
+def bench_seal_to_queryable(work: Path) -> dict[str, Any]:
+    """Start `dagster dev` with default settings, seal a segment, time until it is queryable."""
+    import signal
+    import socket
+    import urllib.request
+
+    repo = Path(__file__).resolve().parents[1]
+    home = work / "dagster_home"
+    home.mkdir()
+    shutil.copy(repo / "dagster.yaml", home / "dagster.yaml")
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    dagster = str(Path(sys.executable).parent / "dagster")
+    launcher = (
+        "import os, signal, sys; signal.signal(signal.SIGINT, signal.SIG_DFL); os.execv(sys.argv[1], sys.argv[1:])"
+    )
+    env = {**os.environ, "DAGSTER_HOME": str(home)}
+    proc = subprocess.Popen([sys.executable, "-c", launcher, dagster, "dev", "-w", str(repo / "workspace.yaml"),
+                             "-h", "127.0.0.1", "-p", str(port)], cwd=work, env=env,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    try:
+        deadline = time.time() + 120
+        while time.time() < deadline:
+            try:
+                urllib.request.urlopen(f"http://127.0.0.1:{port}/server_info", timeout=2)
+                break
+            except OSError:
+                time.sleep(1)
+        time.sleep(5)  # let the daemon's sensor loop settle, as in steady operation
+        store = HistoryStore.open(work / "data", database="e2e")
+        start = time.time()
+        with store.wal_writer() as wal:
+            wal.append({"op": "create_table", "t": 1, "table_uuid": "t", "table_name": "t",
+                        "columns": [{"column_uuid": "c", "column_name": "c", "data_type": "TEXT"}]})
+            for key in range(1, 5):
+                wal.append({"op": "insert", "t": key + 1, "table_uuid": "t", "key": key, "values": {"c": "x"}})
+            wal.append({"op": "close", "t": 5})
+            wal.seal()
+        while store.frontier < 5 and time.time() - start < 300:
+            time.sleep(0.5)
+        return {"seal_to_queryable_s": time.time() - start, "reached": store.frontier >= 5}
+    finally:
+        os.killpg(proc.pid, signal.SIGTERM)
+        proc.wait(60)
+
+
+# --- report ----------------------------------------------------------------------------------
+
+
+def verdict(value: float | None, target: float, lower_is_better: bool = True) -> str:
+    if value is None:
+        return "n/a"
+    ok = value <= target if lower_is_better else value >= target
+    return "meets target" if ok else "MISSES target"
+
+
+def report(results: dict[str, Any]) -> str:
+    c = results["compaction"]
+    lines = [
+        f"# history_pipeline benchmarks ({results['size']})",
+        "",
+        f"Machine: {results['machine']}; run {results['date']}.",
+        "",
+        "| measure | ours | baseline (same run) | ratio | target | verdict |",
+        "|---|---|---|---|---|---|",
+    ]
+    ratio_spark = c["ours_versions_per_s"] / c["spark_versions_per_s"]
+    lines.append(f"| compaction, versions/s ({c['versions']:,} versions) | {c['ours_versions_per_s']:,.0f} | "
+                 f"Spark JSON→Parquet {c['spark_versions_per_s']:,.0f} | {ratio_spark:.2f}× | ≥ 0.5× | "
+                 f"{verdict(ratio_spark, 0.5, False)} |")
+    ratio_py = c["ours_versions_per_s"] / c["pyarrow_versions_per_s"]
+    lines.append(f"| compaction vs the practical limit | {c['ours_versions_per_s']:,.0f} | "
+                 f"pyarrow JSON→Parquet {c['pyarrow_versions_per_s']:,.0f} | {ratio_py:.2f}× | — | — |")
+    if c["delta_versions_per_s"]:
+        ratio_delta = c["ours_versions_per_s"] / c["delta_versions_per_s"]
+        lines.append(f"| compaction vs Delta MERGE per segment | {c['ours_versions_per_s']:,.0f} | "
+                     f"{c['delta_versions_per_s']:,.0f} | {ratio_delta:.2f}× | ≥ 1× at 40M versions | "
+                     f"{verdict(ratio_delta, 1.0, False)} (at this size) |")
+    for row in results["as_of"]:
+        lines.append(f"| as-of load_table, {row['live_rows']:,} live rows, {row['versions']:,} versions, "
+                     f"T={row['as_of']} | {row['ours_s']:.3f} s | DuckDB reading the answer file "
+                     f"{row['duckdb_answer_file_s']:.3f} s | {row['ratio']:.2f}× | ≤ 2× | "
+                     f"{verdict(row['ratio'], 2.0)} |")
+    lookups = next((r["lookups"] for r in results["as_of"] if "lookups" in r), None)
+    if lookups:
+        lines.append(f"| fetch_row p50 / p99 | {lookups['fetch_row_p50_ms']:.2f} / {lookups['fetch_row_p99_ms']:.2f} ms"
+                     f" | — | — | ≤ 5 / ≤ 10 ms | {verdict(lookups['fetch_row_p50_ms'], 5)} / "
+                     f"{verdict(lookups['fetch_row_p99_ms'], 10)} |")
+        lines.append(f"| row_history of a key with {lookups['row_history_versions']:,} versions | "
+                     f"{lookups['row_history_median_ms']:.1f} ms | — | — | ≤ 50 ms | "
+                     f"{verdict(lookups['row_history_median_ms'], 50)} |")
+    d = results.get("delta_time_travel")
+    if d:
+        lines.append(f"| as-of load vs Delta time travel ({d['versions']:,} versions) | {d['ours_s']:.3f} s | "
+                     f"{d['delta_time_travel_s']:.3f} s | {d['ours_s'] / d['delta_time_travel_s']:.2f}× | — | — |")
+    cat = results["catalog"]
+    lines.append(f"| catalog open, {results['catalog_transactions']:,} transactions | "
+                 f"{cat['with_checkpoints_s']:.3f} s | replaying all {cat['replay_all_s']:.3f} s | "
+                 f"{cat['with_checkpoints_s'] / cat['replay_all_s']:.3f}× | ≤ 0.5 s | "
+                 f"{verdict(cat['with_checkpoints_s'], 0.5)} |")
+    storage = c["ours_bytes"] / max(c["delta_bytes"], 1)
+    lines.append(f"| bytes on disk for the compaction history | {c['ours_bytes']:,} | Delta {c['delta_bytes']:,} | "
+                 f"{storage:.2f}× | ≤ 0.5× | {verdict(storage, 0.5)} |")
+    s2q = results.get("seal_to_queryable")
+    if s2q:
+        lines.append(f"| seal → queryable through the Dagster daemon | {s2q['seal_to_queryable_s']:.1f} s | — | — | "
+                     f"≤ 30 s | {verdict(s2q['seal_to_queryable_s'], 30)} |")
+    return "\n".join(lines) + "\n"
+
+
+def plot(results: dict[str, Any]) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows = [r for r in results["as_of"] if r["as_of"] == "latest"]
+    fig, ax = plt.subplots(figsize=(6, 4))
+    ax.plot([r["versions"] for r in rows], [r["ours_s"] for r in rows], marker="o", label="load_table (ours)")
+    ax.plot([r["versions"] for r in rows], [r["duckdb_answer_file_s"] for r in rows], marker="s",
+            label="DuckDB reading the answer file")
+    ax.set_xscale("log")
+    ax.set_xlabel("versions in history")
+    ax.set_ylabel("seconds")
+    ax.set_title("as-of load vs history length")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(RESULTS / "as_of_scaling.png", dpi=100)
+    c = results["compaction"]
+    fig, ax = plt.subplots(figsize=(6, 4))
+    names = ["ours", "pyarrow JSON→Parquet", "Spark JSON→Parquet", "Delta MERGE"]
+    values = [c["ours_versions_per_s"], c["pyarrow_versions_per_s"], c["spark_versions_per_s"],
+              c["delta_versions_per_s"] or 0]
+    ax.bar(names, values)
+    ax.set_ylabel("versions per second")
+    ax.set_title("compaction throughput")
+    plt.setp(ax.get_xticklabels(), rotation=15)
+    fig.tight_layout()
+    fig.savefig(RESULTS / "compaction_throughput.png", dpi=100)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="small sizes (about 5 minutes)")
+    parser.add_argument("--skip-daemon", action="store_true", help="skip the seal-to-queryable measurement")
+    args = parser.parse_args(argv)
+    size = "quick" if args.quick else "full"
+    config = SIZES[size]
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    from history_pipeline.compaction.spark_session import local_spark
+
+    spark = local_spark("local[2]")
+    results: dict[str, Any] = {
+        "size": size,
+        "machine": f"{platform.platform()}, {os.cpu_count()} cores, Python {platform.python_version()}",
+        "date": time.strftime("%Y-%m-%d %H:%M"),
+        "catalog_transactions": config["catalog_transactions"],
+    }
+    with tempfile.TemporaryDirectory() as tmp:
+        work = Path(tmp)
+        print("1/6 compaction throughput ...", flush=True)
+        results["compaction"] = bench_compaction(work, config["workload"], spark)
+        print("2-3/6 as-of load, fetch_row, row_history ...", flush=True)
+        results["as_of"] = bench_as_of(work, config["live_rows"], config["histories"], config["batch"])
+        print("   Delta time travel ...", flush=True)
+        results["delta_time_travel"] = bench_delta_time_travel(work, config["live_rows"], config["histories"][0],
+                                                               config["batch"])
+        print("5/6 catalog open ...", flush=True)
+        results["catalog"] = bench_catalog(work, config["catalog_transactions"])
+        if not args.skip_daemon:
+            print("4/6 seal to queryable through the daemon ...", flush=True)
+            results["seal_to_queryable"] = bench_seal_to_queryable(work)
+    spark.stop()
+    table = report(results)
+    print(table)
+    (RESULTS / "results.json").write_text(json.dumps(results, indent=2, default=str))
+    (RESULTS / "results.md").write_text(table)
+    plot(results)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
