@@ -38,9 +38,11 @@ class ColumnDescriptor:
     is_nullable: bool
     ordinal_key: str
     supercolumn: str
+    #: WAL form of the column's default (from add_column): what an insert that omits it stores
+    default: Any = None
 
     def to_json(self) -> dict[str, Any]:
-        return {
+        out = {
             "column_uuid": self.column_uuid,
             "column_name": self.column_name,
             "data_type": str(self.data_type),
@@ -48,6 +50,9 @@ class ColumnDescriptor:
             "ordinal_key": self.ordinal_key,
             "supercolumn_name": self.supercolumn,
         }
+        if self.default is not None:
+            out["default"] = self.default
+        return out
 
     @staticmethod
     def from_json(obj: Mapping[str, Any]) -> ColumnDescriptor:
@@ -58,6 +63,7 @@ class ColumnDescriptor:
             obj["is_nullable"],
             obj["ordinal_key"],
             obj["supercolumn_name"],
+            obj.get("default"),
         )
 
 
@@ -268,7 +274,7 @@ def apply_schema_change(
             )
         _check_column_name_free(table, spec.column_name)
         key = spec.ordinal_key or _key_after(table)
-        column = _descriptor_column(spec, t, key)
+        column = replace(_descriptor_column(spec, t, key), default=event.default)
         new_table = replace(table, columns=_sorted_columns(table.columns + (column,)))
         return state.with_table(
             new_table, Supercolumn(column.supercolumn, column.column_uuid, column.data_type, t)
@@ -283,7 +289,10 @@ def apply_schema_change(
         new_table = _replace_column(table, replace(column, column_name=event.new_name))
     elif isinstance(event, ChangeColumnType):
         changed = replace(
-            column, data_type=event.data_type, supercolumn=supercolumn_name(column.column_uuid, t)
+            column,
+            data_type=event.data_type,
+            supercolumn=supercolumn_name(column.column_uuid, t),
+            default=_cast_default(column, event.data_type),
         )
         new_super = Supercolumn(changed.supercolumn, changed.column_uuid, changed.data_type, t)
         new_table = _replace_column(table, changed)
@@ -296,6 +305,20 @@ def apply_schema_change(
     return state.with_table(new_table, new_super), (
         SchemaHistoryEntry(table.table_uuid, table.table_name, t, new_table),
     )
+
+
+def _cast_default(column: ColumnDescriptor, target: DataType) -> Any:
+    """The default carried across a type change (dropped when it does not cast, as a NULL default)."""
+    if column.default is None:
+        return None
+    from history_pipeline.compaction.casts import CastFailure, cast_value
+    from history_pipeline.types import decode_value, encode_value
+
+    try:
+        value = cast_value(decode_value(column.data_type, column.default), column.data_type, target)
+    except CastFailure:
+        return None
+    return encode_value(target, value)
 
 
 def _key_after(table: TableDescriptor) -> str:

@@ -44,6 +44,7 @@ class BaseDatabase:
             key = c.get("ordinal_key") or max(col[3] for col in table["columns"]) + "0"
             table["columns"].append([c["column_uuid"], c["column_name"], dt, key])
             default = decode_value(dt, event.get("default"))
+            table.setdefault("defaults", {})[c["column_uuid"]] = default
             for row in table["rows"].values():
                 row[c["column_uuid"]] = default
         elif op == "drop_column":
@@ -63,6 +64,12 @@ class BaseDatabase:
                     old, c[2] = c[2], new
             for row in table["rows"].values():
                 row[event["column_uuid"]] = cast_value(row.get(event["column_uuid"]), old, new)
+            defaults = table.setdefault("defaults", {})
+            if defaults.get(event["column_uuid"]) is not None:
+                try:
+                    defaults[event["column_uuid"]] = cast_value(defaults[event["column_uuid"]], old, new)
+                except ValueError:
+                    defaults[event["column_uuid"]] = None
         elif op == "reorder_column":
             for c in self.tables[event["table_uuid"]]["columns"]:
                 if c[0] == event["column_uuid"]:
@@ -70,8 +77,10 @@ class BaseDatabase:
         elif op == "insert":
             table = self.tables[event["table_uuid"]]
             types = {c[0]: c[2] for c in table["columns"]}
+            defaults = table.get("defaults", {})
             table["rows"][event["key"]] = {
-                u: decode_value(types[u], event["values"].get(u)) for u in types
+                u: decode_value(types[u], event["values"][u]) if u in event["values"] else defaults.get(u)
+                for u in types
             }
         elif op == "update":
             table = self.tables[event["table_uuid"]]

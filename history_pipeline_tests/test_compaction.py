@@ -289,7 +289,8 @@ def random_history(seed, n_events=60):
                         continue
                     table["keys"].add(key)
                     events.append({"op": "insert", "t": t, "table_uuid": uuid, "key": key,
-                                   "values": {c: _value(rng, ty) for c, ty in table["cols"].items()}})
+                                   "values": {c: _value(rng, ty) for c, ty in table["cols"].items()
+                                              if rng.random() < 0.85}})  # omitted: the column default
                 elif choice < 0.85:
                     key = rng.choice(live)
                     cols = rng.sample(sorted(table["cols"]), rng.randint(1, len(table["cols"])))
