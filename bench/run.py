@@ -364,9 +364,12 @@ def plot(results: dict[str, Any]) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    rows = [r for r in results["as_of"] if r["as_of"] == "latest"]
     fig, ax = plt.subplots(figsize=(6, 4))
-    ax.plot([r["versions"] for r in rows], [r["ours_s"] for r in rows], marker="o", label="load_table (ours)")
+    for label, marker in (("latest", "o"), ("middle", "^")):
+        rows = [r for r in results["as_of"] if r["as_of"] == label]
+        ax.plot([r["versions"] for r in rows], [r["ours_s"] for r in rows], marker=marker,
+                label=f"load_table (ours), T={label}")
+    rows = [r for r in results["as_of"] if r["as_of"] == "middle"]
     ax.plot([r["versions"] for r in rows], [r["duckdb_answer_file_s"] for r in rows], marker="s",
             label="DuckDB reading the answer file")
     ax.set_xscale("log")

@@ -76,7 +76,14 @@ def cmd_compact(args: argparse.Namespace) -> int:
         from history_pipeline.compaction.spark_session import local_spark
 
         spark = local_spark()
-    summary = _store(args).compact(spark=spark)
+    from tqdm import tqdm
+
+    from history_pipeline.wal import SegmentState
+
+    store = _store(args)
+    pending = len(store.segments(SegmentState.SEALED))
+    with tqdm(total=pending, desc="compacting", unit=" segments", disable=not sys.stderr.isatty()) as bar:
+        summary = store.compact(spark=spark, on_step=lambda step: bar.update(1) if step == "committed" else None)
     print(json.dumps(summary.as_dict(), indent=2))
     return 0
 

@@ -157,3 +157,16 @@ def test_schedules_evaluate_and_retention_job_runs(root):
     assert run.success
     assert store.earliest == 4
     assert run.output_for_node("retain_op")["db"]["files_removed"] >= 1
+
+
+def test_quarantined_segment_fails_its_run_with_the_error(root, resources):
+    store = HistoryStore.open(root, database="db")
+    write(store, rfc_events(), [{"op": "delete", "t": 9, "table_uuid": "tbl-rfc", "key": 99}])
+    instance = dg.DagsterInstance.ephemeral()
+    instance.add_dynamic_partitions(segment_partitions.name, ["db.00000000000000000002"])
+    result = dg.materialize([compacted_batches], resources=resources, instance=instance,
+                            partition_key="db.00000000000000000002", raise_on_error=False)
+    assert not result.success
+    failure = next(e for e in result.all_events if e.is_step_failure)
+    assert "delete of key 99, which does not exist" in str(failure.step_failure_data.error)
+    assert store.frontier == 5  # the segment before it was applied

@@ -122,7 +122,9 @@ def keep_latest(candidates: pa.Table, *, include_deleted: bool = False) -> pa.Ta
     """
     if candidates.num_rows == 0:
         return candidates
-    ordered = candidates.sort_by([(KEY, "ascending"), (LT, "ascending")])
+    ordered = candidates if _sorted_by_key_and_t(candidates) else candidates.sort_by(
+        [(KEY, "ascending"), (LT, "ascending")]
+    )
     keys = ordered.column(KEY).combine_chunks()
     if len(keys) > 1:
         last = pc.not_equal(keys.slice(0, len(keys) - 1), keys.slice(1))
@@ -133,6 +135,18 @@ def keep_latest(candidates: pa.Table, *, include_deleted: bool = False) -> pa.Ta
     if not include_deleted:
         latest = latest.filter(pc.invert(latest.column(DELETED)))
     return latest
+
+
+def _sorted_by_key_and_t(table: pa.Table) -> bool:
+    """Already in (key, timestamp) order? (one file's rows are; checking costs less than sorting)."""
+    if table.num_rows < 2:
+        return True
+    keys = table.column(KEY).combine_chunks()
+    lts = table.column(LT).combine_chunks()
+    head_k, tail_k = keys.slice(0, len(keys) - 1), keys.slice(1)
+    head_t, tail_t = lts.slice(0, len(lts) - 1), lts.slice(1)
+    in_order = pc.or_(pc.less(head_k, tail_k), pc.and_(pc.equal(head_k, tail_k), pc.less(head_t, tail_t)))
+    return bool(pc.all(in_order).as_py())
 
 
 def live_rows(
