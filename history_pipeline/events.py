@@ -334,41 +334,69 @@ def _close(r: Mapping[str, Any], op: str, t: int) -> Close:
     return Close(t, SealDigest(seal["records"], seal["sha256"]))
 
 
+def _drop_table(r: Mapping[str, Any], op: str, t: int) -> DropTable:
+    f = _Fields(r, op, {"table_uuid"})
+    return DropTable(t, f.string("table_uuid"))
+
+
+def _rename_table(r: Mapping[str, Any], op: str, t: int) -> RenameTable:
+    f = _Fields(r, op, {"table_uuid", "new_name"})
+    return RenameTable(t, f.string("table_uuid"), f.string("new_name"))
+
+
+def _drop_column(r: Mapping[str, Any], op: str, t: int) -> DropColumn:
+    f = _Fields(r, op, {"table_uuid", "column_uuid"})
+    return DropColumn(t, f.string("table_uuid"), f.string("column_uuid"))
+
+
+def _rename_column(r: Mapping[str, Any], op: str, t: int) -> RenameColumn:
+    f = _Fields(r, op, {"table_uuid", "column_uuid", "new_name"})
+    return RenameColumn(t, f.string("table_uuid"), f.string("column_uuid"), f.string("new_name"))
+
+
+def _change_column_type(r: Mapping[str, Any], op: str, t: int) -> ChangeColumnType:
+    f = _Fields(r, op, {"table_uuid", "column_uuid", "data_type"})
+    return ChangeColumnType(t, f.string("table_uuid"), f.string("column_uuid"), f.data_type("data_type"))
+
+
+def _change_column_nullable(r: Mapping[str, Any], op: str, t: int) -> ChangeColumnNullable:
+    f = _Fields(r, op, {"table_uuid", "column_uuid", "is_nullable"})
+    return ChangeColumnNullable(t, f.string("table_uuid"), f.string("column_uuid"), f.boolean("is_nullable"))
+
+
+def _reorder_column(r: Mapping[str, Any], op: str, t: int) -> ReorderColumn:
+    f = _Fields(r, op, {"table_uuid", "column_uuid", "ordinal_key"})
+    return ReorderColumn(t, f.string("table_uuid"), f.string("column_uuid"), _ordinal_key(f))
+
+
+def _insert(r: Mapping[str, Any], op: str, t: int) -> Insert:
+    f = _Fields(r, op, {"table_uuid", "key", "values"})
+    return Insert(t, f.string("table_uuid"), f.key(), f.values())
+
+
+def _update(r: Mapping[str, Any], op: str, t: int) -> Update:
+    f = _Fields(r, op, {"table_uuid", "key", "values"})
+    return Update(t, f.string("table_uuid"), f.key(), f.values())
+
+
+def _delete(r: Mapping[str, Any], op: str, t: int) -> Delete:
+    f = _Fields(r, op, {"table_uuid", "key"})
+    return Delete(t, f.string("table_uuid"), f.key())
+
+
 _PARSERS: dict[str, Any] = {
     "create_table": _create_table,
-    "drop_table": lambda r, op, t: DropTable(t, _Fields(r, op, {"table_uuid"}).string("table_uuid")),
-    "rename_table": lambda r, op, t: (
-        lambda f: RenameTable(t, f.string("table_uuid"), f.string("new_name"))
-    )(_Fields(r, op, {"table_uuid", "new_name"})),
+    "drop_table": _drop_table,
+    "rename_table": _rename_table,
     "add_column": _add_column,
-    "drop_column": lambda r, op, t: (
-        lambda f: DropColumn(t, f.string("table_uuid"), f.string("column_uuid"))
-    )(_Fields(r, op, {"table_uuid", "column_uuid"})),
-    "rename_column": lambda r, op, t: (
-        lambda f: RenameColumn(t, f.string("table_uuid"), f.string("column_uuid"), f.string("new_name"))
-    )(_Fields(r, op, {"table_uuid", "column_uuid", "new_name"})),
-    "change_column_type": lambda r, op, t: (
-        lambda f: ChangeColumnType(
-            t, f.string("table_uuid"), f.string("column_uuid"), f.data_type("data_type")
-        )
-    )(_Fields(r, op, {"table_uuid", "column_uuid", "data_type"})),
-    "change_column_nullable": lambda r, op, t: (
-        lambda f: ChangeColumnNullable(
-            t, f.string("table_uuid"), f.string("column_uuid"), f.boolean("is_nullable")
-        )
-    )(_Fields(r, op, {"table_uuid", "column_uuid", "is_nullable"})),
-    "reorder_column": lambda r, op, t: (
-        lambda f: ReorderColumn(t, f.string("table_uuid"), f.string("column_uuid"), _ordinal_key(f))
-    )(_Fields(r, op, {"table_uuid", "column_uuid", "ordinal_key"})),
-    "insert": lambda r, op, t: (
-        lambda f: Insert(t, f.string("table_uuid"), f.key(), f.values())
-    )(_Fields(r, op, {"table_uuid", "key", "values"})),
-    "update": lambda r, op, t: (
-        lambda f: Update(t, f.string("table_uuid"), f.key(), f.values())
-    )(_Fields(r, op, {"table_uuid", "key", "values"})),
-    "delete": lambda r, op, t: (
-        lambda f: Delete(t, f.string("table_uuid"), f.key())
-    )(_Fields(r, op, {"table_uuid", "key"})),
+    "drop_column": _drop_column,
+    "rename_column": _rename_column,
+    "change_column_type": _change_column_type,
+    "change_column_nullable": _change_column_nullable,
+    "reorder_column": _reorder_column,
+    "insert": _insert,
+    "update": _update,
+    "delete": _delete,
     "close": _close,
 }
 

@@ -156,6 +156,11 @@ class TransactionLog:
             )
         return self._replay(base, txn_id)
 
+    def forget_cached_state(self) -> None:
+        """Drop the in-memory newest state (after the log was replaced under this object)."""
+        with self._lock:
+            self._cached = None
+
     def transaction_at_timestamp(self, t: int) -> int | None:
         """The newest transaction whose frontier is at or below logical timestamp ``t``."""
         state = self._base_for(0) if self.store.exists(self.transaction_path(0)) else self._base_for(None)

@@ -246,7 +246,7 @@ def rebuild(log: TransactionLog, store: ObjectStore, database: str) -> CatalogSt
     if earliest:
         actions.append(SetEarliest(earliest))
     _move_aside(store, log)
-    log._cached = None  # noqa: SLF001 - the log was moved aside under it
+    log.forget_cached_state()
     state = log.commit("rebuild", lambda current: _fresh(current, actions))
     return state
 
