@@ -81,35 +81,31 @@ class QueryContext:
     def supercolumns(self, table_uuid: str) -> tuple[Any, ...]:
         return replay_schema_history(self.state.schema_history).supercolumns.get(table_uuid, ())
 
+    def _live(self, descriptor: TableDescriptor, as_of: int, keys: Sequence[int] | None = None) -> pa.Table:
+        """Live supertable rows of a table as of ``as_of``, only the supercolumns it shows then."""
+        return live_rows(
+            self.store,
+            self.state,
+            descriptor.table_uuid,
+            self.supercolumns(descriptor.table_uuid),
+            as_of,
+            keys=keys,
+            columns=[c.supercolumn for c in descriptor.columns],
+        )
+
     # --- operations ----------------------------------------------------------------
 
     def load_table(self, table: str, as_of: int) -> pa.Table:
         """The table as of ``as_of``: synthetic_key then its columns in order, named as then."""
         self.check_as_of(as_of)
         descriptor = self.resolve(table, as_of)
-        rows = live_rows(
-            self.store,
-            self.state,
-            descriptor.table_uuid,
-            self.supercolumns(descriptor.table_uuid),
-            as_of,
-            columns=[c.supercolumn for c in descriptor.columns],
-        )
-        return project(rows, descriptor)
+        return project(self._live(descriptor, as_of), descriptor)
 
     def fetch_row(self, table: str, key: int, as_of: int) -> dict[str, Any] | None:
         """One row as of ``as_of`` as {column name: value}, or None."""
         self.check_as_of(as_of)
         descriptor = self.resolve(table, as_of)
-        rows = live_rows(
-            self.store,
-            self.state,
-            descriptor.table_uuid,
-            self.supercolumns(descriptor.table_uuid),
-            as_of,
-            keys=[key],
-            columns=[c.supercolumn for c in descriptor.columns],
-        )
+        rows = self._live(descriptor, as_of, keys=[key])
         if rows.num_rows == 0:
             return None
         row = rows.slice(0, 1).to_pylist()[0]
@@ -183,14 +179,7 @@ class QueryContext:
     def _rows_by_key(self, descriptor: TableDescriptor | None, as_of: int) -> dict[int, dict[str, Any]]:
         if descriptor is None:
             return {}
-        rows = live_rows(
-            self.store,
-            self.state,
-            descriptor.table_uuid,
-            self.supercolumns(descriptor.table_uuid),
-            as_of,
-            columns=[c.supercolumn for c in descriptor.columns],
-        )
+        rows = self._live(descriptor, as_of)
         return {
             row[KEY]: {c.column_name: from_arrow_value(c.data_type, row[c.supercolumn]) for c in descriptor.columns}
             for row in rows.to_pylist()

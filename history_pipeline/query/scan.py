@@ -69,19 +69,6 @@ def dataset_of(store: ObjectStore, files: Iterable[FileEntry], schema: pa.Schema
     return ds.dataset(paths, schema=schema, format="parquet", filesystem=fs)
 
 
-def read_candidates(
-    store: ObjectStore,
-    selection: FileSelection,
-    supercolumns: Sequence[Supercolumn],
-    as_of: int,
-    keys: Sequence[int] | None = None,
-    columns: Sequence[str] | None = None,
-) -> pa.Table:
-    """Every version that may be the newest below ``as_of`` (snapshot rows plus later versions)."""
-    base, changes = read_parts(store, selection, supercolumns, as_of, keys, columns)
-    return pa.concat_tables([base, changes])
-
-
 def read_parts(
     store: ObjectStore,
     selection: FileSelection,
