@@ -111,3 +111,21 @@ class BaseDatabase:
             if table["name"] == name:
                 return [c[1] for c in sorted(table["columns"], key=lambda c: (c[3], c[0]))]
         return None
+
+
+def table_uuid_named(model: BaseDatabase, name: str, as_of: int) -> str | None:
+    for uuid, table in model.state_as_of(as_of).items():
+        if table["name"] == name:
+            return uuid
+    return None
+
+
+def rows_by_uuid(model: BaseDatabase, table_uuid: str, as_of: int) -> dict | None:
+    table = model.state_as_of(as_of).get(table_uuid)
+    return None if table is None else table["rows"]
+
+
+def names_of(model: BaseDatabase, table_uuid: str, as_of: int) -> list[tuple[str, str, object]]:
+    """(column uuid, name, type) in column order."""
+    table = model.state_as_of(as_of)[table_uuid]
+    return [(c[0], c[1], c[2]) for c in sorted(table["columns"], key=lambda c: (c[3], c[0]))]

@@ -123,3 +123,21 @@ def test_sql_joins_tables_consistently_and_ignores_identifier_case(tmp_path):
     assert store.sql(query, as_of=4).to_pylist() == [{"cv": 10, "ov": 20}]
     assert store.sql(query, as_of=5).to_pylist() == [{"cv": 11, "ov": 20}]
     assert store.sql("SELECT count(*) AS n FROM _history_catalog.schema_history", as_of=2).to_pylist() == [{"n": 1}]
+
+
+def test_sql_cannot_read_another_databases_history(tmp_path, typed_store):
+    other = HistoryStore.open(typed_store.objects.uri, database="other_tenant")
+    with other.wal_writer() as wal:
+        wal.append({"op": "create_table", "t": 1, "table_uuid": "S", "table_name": "secrets",
+                    "columns": [{"column_uuid": "s", "column_name": "s", "data_type": "TEXT"}]})
+        wal.append({"op": "insert", "t": 2, "table_uuid": "S", "key": 1, "values": {"s": "hidden"}})
+        wal.append({"op": "close", "t": 2})
+        wal.seal()
+    other.compact()
+    path = next(iter(other.catalog_state().files_of("S")))
+    with pytest.raises(TableNotFoundError):
+        typed_store.sql("SELECT * FROM secrets", as_of=3)
+    with pytest.raises(SandboxViolationError):
+        typed_store.sql(f"SELECT * FROM read_parquet('{other.objects.full_path(path.path)}')", as_of=3)
+    with pytest.raises(SandboxViolationError):
+        typed_store.sql(f"SELECT * FROM glob('{typed_store.objects.uri}/*')", as_of=3)

@@ -20,6 +20,7 @@ from history_pipeline.catalog.model import CatalogState, FileKind
 from history_pipeline.errors import (
     FutureTimestampError,
     PurgedTimestampError,
+    QueryError,
     SandboxViolationError,
     TableNotFoundError,
 )
@@ -152,21 +153,28 @@ class QueryContext:
             raise
 
     def diff(self, table: str, from_: int, to: int) -> dict[str, list[dict[str, Any]]]:
-        """Keys inserted, deleted and changed between the states as of ``from_`` and ``to``."""
+        """Keys inserted, deleted and changed between the states as of ``from_`` and ``to``.
+
+        The table is the one named ``table`` at ``to`` (or at ``from_`` if it is gone by then),
+        followed by uuid across renames. A key is changed when a column it has in both states
+        differs (a column whose type changed in between is compared after casting the old value).
+        """
         self.check_as_of(from_)
         self.check_as_of(to)
-        before_desc = self._maybe_resolve(table, from_)
-        after_desc = self._maybe_resolve(table, to)
-        if before_desc is None and after_desc is None:
-            self.resolve(table, to)  # raises with the list of tables
+        anchor = self._maybe_resolve(table, to) or self._maybe_resolve(table, from_)
+        if anchor is None:
+            self.resolve(table, to)  # raises, listing the tables that exist then
+        assert anchor is not None
+        epochs = _descriptor_epochs(self.state.schema_history, anchor.table_uuid)
+        before_desc, after_desc = _epoch_at(epochs, from_), _epoch_at(epochs, to)
         before = self._rows_by_key(before_desc, from_)
         after = self._rows_by_key(after_desc, to)
-        inserted = [{"key": k, "after": after[k]} for k in sorted(after.keys() - before.keys())]
-        deleted = [{"key": k, "before": before[k]} for k in sorted(before.keys() - after.keys())]
+        inserted = [{"key": k, "after": _named(after[k], after_desc)} for k in sorted(after.keys() - before.keys())]
+        deleted = [{"key": k, "before": _named(before[k], before_desc)} for k in sorted(before.keys() - after.keys())]
         changed = [
-            {"key": k, "before": before[k], "after": after[k]}
+            {"key": k, "before": _named(before[k], before_desc), "after": _named(after[k], after_desc)}
             for k in sorted(before.keys() & after.keys())
-            if before[k] != after[k]
+            if _differs(before[k], after[k], before_desc, after_desc)
         ]
         return {"inserted": inserted, "deleted": deleted, "changed": changed}
 
@@ -177,11 +185,12 @@ class QueryContext:
             return None
 
     def _rows_by_key(self, descriptor: TableDescriptor | None, as_of: int) -> dict[int, dict[str, Any]]:
+        """Rows by key, values by column uuid."""
         if descriptor is None:
             return {}
         rows = self._live(descriptor, as_of)
         return {
-            row[KEY]: {c.column_name: from_arrow_value(c.data_type, row[c.supercolumn]) for c in descriptor.columns}
+            row[KEY]: {c.column_uuid: from_arrow_value(c.data_type, row[c.supercolumn]) for c in descriptor.columns}
             for row in rows.to_pylist()
         }
 
@@ -217,8 +226,43 @@ class QueryContext:
                 return con.sql(query).to_arrow_table()
             except duckdb.PermissionException as exc:
                 raise SandboxViolationError(f"refused by the read-only sandbox: {exc}") from None
+            except duckdb.CatalogException as exc:
+                names = ", ".join(d.table_name for d in self.get_catalog(as_of)) or "none"
+                raise TableNotFoundError(f"{exc} (as of {as_of}, the tables are: {names})") from None
+            except duckdb.Error as exc:
+                raise QueryError(f"the query failed as of {as_of}: {exc}") from None
         finally:
             con.close()
+
+
+def _named(row: dict[str, Any], descriptor: TableDescriptor | None) -> dict[str, Any]:
+    assert descriptor is not None
+    return {c.column_name: row[c.column_uuid] for c in descriptor.columns}
+
+
+def _differs(
+    before: dict[str, Any],
+    after: dict[str, Any],
+    before_desc: TableDescriptor | None,
+    after_desc: TableDescriptor | None,
+) -> bool:
+    from history_pipeline.compaction.casts import CastFailure, cast_value
+
+    assert before_desc is not None and after_desc is not None
+    for column in after_desc.columns:
+        old = before_desc.column(column.column_uuid)
+        if old is None:
+            continue
+        value = before[column.column_uuid]
+        if old.data_type != column.data_type:
+            try:
+                value = cast_value(value, old.data_type, column.data_type)
+            except CastFailure:
+                return True
+        new = after[column.column_uuid]
+        if not (value == new or (value != value and new != new)):  # NaN equals NaN here
+            return True
+    return False
 
 
 def _referenced_tables(query: str) -> set[str] | None:
