@@ -530,5 +530,7 @@ def from_arrow_value(data_type: DataType, value: Any) -> Any:
 
 
 def canonical_json(value: Any) -> str:
-    """JSON text with sorted keys and no insignificant space (JSONB is normalized)."""
-    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+    """JSONB's normalized text, as PostgreSQL prints it (keys by length then bytes)."""
+    from history_pipeline.compaction.casts import jsonb_text
+
+    return jsonb_text(value)

@@ -45,7 +45,9 @@ def cast_value(value: Any, source: DataType, target: DataType) -> Any:
         if t is TypeKind.NUMERIC and (s in _INTEGERS or s in _FLOATS):
             if isinstance(value, float) and (math.isnan(value) or math.isinf(value)):
                 raise CastFailure(f"cannot cast {value} to NUMERIC")
-            return _check(target, str(Decimal(repr(value)) if isinstance(value, float) else Decimal(value)))
+            if isinstance(value, float):  # PostgreSQL keeps DBL_DIG (15) or FLT_DIG (6) significant digits
+                return _check(target, f"{value:.{15 if s is TypeKind.DOUBLE else 6}g}")
+            return _check(target, str(Decimal(value)))
         if t is TypeKind.BOOLEAN and s is TypeKind.INTEGER:
             return value != 0
         if t is TypeKind.INTEGER and s is TypeKind.BOOLEAN:  # pragma: no cover - handled in _to_integer
@@ -155,15 +157,17 @@ def to_text(value: Any, source: DataType) -> str:
             return "NaN"
         if math.isinf(value):
             return "Infinity" if value > 0 else "-Infinity"
-        return repr(float(value)).removesuffix(".0") if float(value).is_integer() else repr(float(value))
+        return _float_text(float(value), 15 if kind is TypeKind.DOUBLE else 6)
     if kind is TypeKind.BYTEA:
         return "\\x" + bytes(value).hex()
     if kind is TypeKind.TIMESTAMP:
-        return value.isoformat(sep=" ")
+        return _trim_fraction(value.isoformat(sep=" "))
     if kind is TypeKind.TIMESTAMPTZ:
-        return value.astimezone(dt.UTC).isoformat(sep=" ").replace("+00:00", "+00")
+        return _trim_fraction(value.astimezone(dt.UTC).replace(tzinfo=None).isoformat(sep=" ")) + "+00"
+    if kind is TypeKind.TIME:
+        return _trim_fraction(value.isoformat())
     if kind is TypeKind.JSONB:
-        return json.dumps(value, ensure_ascii=False)
+        return jsonb_text(value)
     if kind is TypeKind.INTERVAL:
         return _interval_text(value)
     if kind is TypeKind.ARRAY:
@@ -181,5 +185,57 @@ def to_text(value: Any, source: DataType) -> str:
     return str(value)
 
 
+def _float_text(value: float, exponent_from: int) -> str:
+    """PostgreSQL's shortest float output: exponential below 1e-4 or from 10^exponent_from on."""
+    if value == 0:
+        return "-0" if math.copysign(1.0, value) < 0 else "0"
+    shortest = Decimal(repr(value)).normalize()
+    sign, digits, exponent = shortest.as_tuple()
+    assert isinstance(exponent, int)
+    magnitude = len(digits) - 1 + exponent
+    if magnitude < -4 or magnitude >= exponent_from:
+        mantissa = str(digits[0]) + ("." + "".join(map(str, digits[1:])) if len(digits) > 1 else "")
+        return f"{'-' if sign else ''}{mantissa}e{'+' if magnitude >= 0 else '-'}{abs(magnitude):02d}"
+    return format(shortest, "f")
+
+
+def _trim_fraction(text: str) -> str:
+    """Drop trailing zeros of fractional seconds, as PostgreSQL prints them."""
+    if "." not in text:
+        return text
+    head, _, fraction = text.rpartition(".")
+    fraction = fraction.rstrip("0")
+    return f"{head}.{fraction}" if fraction else head
+
+
+def jsonb_text(value: Any) -> str:
+    """PostgreSQL's jsonb text: keys ordered by length then bytes, ', ' and ': ' separators."""
+    return json.dumps(_jsonb_order(value), ensure_ascii=False)
+
+
+def _jsonb_order(value: Any) -> Any:
+    if isinstance(value, dict):
+        keys = sorted(value, key=lambda k: (len(k.encode()), k.encode()))
+        return {k: _jsonb_order(value[k]) for k in keys}
+    if isinstance(value, list):
+        return [_jsonb_order(v) for v in value]
+    return value
+
+
 def _interval_text(value: Interval) -> str:
-    return json.dumps({"months": value.months, "days": value.days, "micros": value.micros})
+    """PostgreSQL's interval output (IntervalStyle postgres), e.g. '1 year 2 mons 3 days 04:05:06.5'."""
+    parts = []
+    years, months = int(value.months / 12), value.months - 12 * int(value.months / 12)
+    for amount, unit in ((years, "year"), (months, "mon"), (value.days, "day")):
+        if amount:
+            parts.append(f"{amount} {unit}{'' if amount == 1 else 's'}")
+    micros = value.micros
+    if micros or not parts:
+        sign = "-" if micros < 0 else ""
+        micros = abs(micros)
+        seconds, fraction = divmod(micros, 1_000_000)
+        hours, rest = divmod(seconds, 3600)
+        minutes, secs = divmod(rest, 60)
+        text = f"{sign}{hours:02d}:{minutes:02d}:{secs:02d}" + (f".{fraction:06d}".rstrip("0") if fraction else "")
+        parts.append(text)
+    return " ".join(parts)
