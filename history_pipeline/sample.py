@@ -8,7 +8,7 @@ from collections.abc import Iterator
 from typing import Any
 
 
-def sample_events(seed: int = 7, customers: int = 300, orders: int = 1500) -> Iterator[dict[str, Any]]:
+def sample_events(seed: int = 7, customers: int = 500, orders: int = 4000) -> Iterator[dict[str, Any]]:
     """The sample stream; a ``close`` closes each batch of work (segments end at closes)."""
     rng = random.Random(seed)
     t = 0
@@ -81,7 +81,7 @@ def sample_events(seed: int = 7, customers: int = 300, orders: int = 1500) -> It
             yield {"op": "delete", "t": ts, "table_uuid": order_uuid, "key": key}
         if n % 400 == 399:
             yield {"op": "close", "t": t}
-        if n == 700:
+        if n == 1800:
             yield {"op": "add_column", "t": tick(), "table_uuid": order_uuid,
                    "column": {"column_uuid": "c0000002-0000-4000-8000-000000000005", "column_name": "priority",
                               "data_type": "INTEGER"}, "default": 0}

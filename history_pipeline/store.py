@@ -200,10 +200,16 @@ class HistoryStore:
         """Rewrite small version files into fewer large ones (answers unchanged)."""
         return merge(self, spark, **options)
 
-    def retain(self, purge_before: int, cold_tier: str | None = None, s3: S3Options | None = None) -> RetentionSummary:
+    def retain(
+        self,
+        purge_before: int,
+        cold_tier: str | None = None,
+        s3: S3Options | None = None,
+        spark: Any | None = None,
+    ) -> RetentionSummary:
         """Purge history below ``purge_before``; with ``cold_tier`` the purged files are kept there first."""
         cold = open_store(cold_tier, s3 or self.s3) if cold_tier else None
-        return retain(self, purge_before, cold)
+        return retain(self, purge_before, cold, spark=spark)
 
     def load_cold_tier(self, cold_tier: str, s3: S3Options | None = None) -> int:
         """Bring purged history back from a cold tier; returns the new earliest answerable as_of."""

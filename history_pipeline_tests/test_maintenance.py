@@ -173,3 +173,14 @@ def test_interrupted_export_leaves_nothing_visible(tmp_path, s3_bucket, s3_optio
     assert list_exports(cold, "db") == []
     with pytest.raises(Exception, match="no complete export"):
         load_export(cold, "db", store.frontier + 1)
+
+
+def test_merge_and_retention_on_spark(tmp_path, spark):
+    store = compacted_random_store(tmp_path / "db", 21)
+    before = all_answers(store)
+    assert store.merge(spark=spark, small_file_bytes=10**9).files_removed > 0
+    assert all_answers(store) == before
+    t_purge = store.frontier // 3
+    summary = store.retain(purge_before=t_purge, spark=spark)
+    assert summary.versions_removed > 0 and summary.tables
+    assert all_answers(store) == {k: v for k, v in before.items() if k[0] >= t_purge}

@@ -15,7 +15,7 @@ from history_pipeline.orchestration.checks import (
 )
 from history_pipeline.orchestration.definitions import defs
 from history_pipeline.orchestration.partitions import segment_partitions
-from history_pipeline.orchestration.resources import HistoryRootResource, SparkResource
+from history_pipeline.orchestration.resources import SparkResource, history_root
 from history_pipeline.orchestration.schedules import (
     cleanup_schedule,
     cold_tier_export_schedule,
@@ -46,7 +46,7 @@ def root(tmp_path):
 
 @pytest.fixture
 def resources(root, spark):
-    return {"history": HistoryRootResource(root=str(root)), "spark": SparkResource(master="local[2]")}
+    return {"history": history_root(str(root)), "spark": SparkResource(master="local[2]")}
 
 
 def _sealed_rfc(root, database="db"):
@@ -101,8 +101,8 @@ def test_supertables_schema_history_and_checks(root, resources):
 
 
 def _evaluate(instance, root):
-    context = dg.build_sensor_context(instance=instance, resources={"history": HistoryRootResource(root=str(root))})
-    result = finished_wal_segments_sensor(context)
+    with dg.build_sensor_context(instance=instance, resources={"history": history_root(str(root))}) as context:
+        result = finished_wal_segments_sensor(context)
     for request in result.dynamic_partitions_requests or []:
         instance.add_dynamic_partitions(request.partitions_def_name, list(request.partition_keys))
     return result
@@ -151,7 +151,7 @@ def test_schedules_evaluate_and_retention_job_runs(root):
         assert len(result.run_requests) == 1
         assert result.run_requests[0].tags["dagster/schedule_name"] == schedule.name
     run = retention_job.execute_in_process(
-        resources={"history": HistoryRootResource(root=str(root))},
+        resources={"history": history_root(str(root))},
         run_config={"ops": {"retain_op": {"config": {"keep_timestamps": 2, "cold_tier": str(root / "cold")}}}},
     )
     assert run.success

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
+from types import MappingProxyType
 from typing import Any
 
 import pyarrow.dataset as ds
@@ -56,13 +57,69 @@ class RetentionSummary:
         return dict(self.__dict__)
 
 
+@dataclass(frozen=True)
+class RetentionTask:
+    """One table's share of a retention (picklable, for Spark executors)."""
+
+    store_config: dict[str, Any]
+    database: str
+    table_uuid: str
+    files: tuple[FileEntry, ...]
+    supercolumns: tuple[Any, ...]
+    purge_before: int
+    txn_hint: int
+
+
+@dataclass(frozen=True)
+class RetentionOutcome:
+    table_uuid: str
+    removed: tuple[FileEntry, ...]
+    added: tuple[FileEntry, ...]
+    versions_removed: int
+
+
+def retain_table_task(task: RetentionTask) -> RetentionOutcome:
+    """Rewrite one table's files for the purge point; nothing is committed here."""
+    from history_pipeline.io.store import open_store
+
+    objects = open_store(task.store_config)
+    purge_before, txn_hint = task.purge_before, task.txn_hint
+    state = CatalogState(files=MappingProxyType({f.path: f for f in task.files}))
+    schema = supertable_schema(task.supercolumns)
+    versions = state.files_of(task.table_uuid, FileKind.VERSIONS)
+    snapshots = [
+        f for f in state.files_of(task.table_uuid, FileKind.SNAPSHOT)
+        if f.snapshot_as_of is not None and f.snapshot_as_of < purge_before
+    ]
+    below = [f for f in versions if f.min_t is not None and f.min_t < purge_before]
+    added: list[FileEntry] = []
+    kept = live_rows(objects, state, task.table_uuid, task.supercolumns, purge_before)
+    if kept.num_rows:
+        kept = kept.select(schema.names).cast(schema)
+        meta = FileMetadata(task.database, task.table_uuid, FileKind.VERSIONS, txn_hint, None, purge_before,
+                            replaces=tuple(f.path for f in below), earliest=purge_before)
+        path = new_file_path(task.database, task.table_uuid, FileKind.VERSIONS, txn_hint)
+        added.append(write_parquet(objects, path, kept, meta))
+    for f in below:
+        if f.max_t is not None and f.max_t >= purge_before:
+            rest = dataset_of(objects, [f], schema).to_table(filter=ds.field(LT) >= purge_before)
+            meta = FileMetadata(task.database, task.table_uuid, FileKind.VERSIONS, txn_hint, purge_before,
+                                f.max_t + 1, segments=f.segments, replaces=(f.path,), earliest=purge_before)
+            path = new_file_path(task.database, task.table_uuid, FileKind.VERSIONS, txn_hint)
+            added.append(write_parquet(objects, path, rest, meta))
+    # every row of the rewritten files is either kept (newest as of the purge point) or at/after it
+    purged = sum(f.row_count for f in below) - sum(e.row_count for e in added)
+    return RetentionOutcome(task.table_uuid, tuple(below + snapshots), tuple(added), purged)
+
+
 def retain(
     store: Any,
     purge_before: int,
     cold_tier: ObjectStore | None = None,
+    spark: Any | None = None,
     on_step: Any = None,
 ) -> RetentionSummary:
-    """Purge history below ``purge_before`` (see the module docstring)."""
+    """Purge history below ``purge_before`` (see the module docstring); table work runs on Spark if given."""
     step = on_step or (lambda s: None)
     state: CatalogState = store.catalog.latest()
     if purge_before > state.frontier + 1:
@@ -73,37 +130,25 @@ def retain(
     if purge_before <= state.earliest:
         return summary
     supers = replay_schema_history(state.schema_history).supercolumns
-    removed: list[FileEntry] = []
-    added: list[FileEntry] = []
-    txn_hint = state.txn_id + 1
+    tasks = []
     for table_uuid in sorted({f.table_uuid for f in state.files.values() if f.table_uuid}):
-        supercolumns = supers.get(table_uuid, ())
-        schema = supertable_schema(supercolumns)
-        versions = state.files_of(table_uuid, FileKind.VERSIONS)
-        snapshots = [
-            f for f in state.files_of(table_uuid, FileKind.SNAPSHOT)
-            if f.snapshot_as_of is not None and f.snapshot_as_of < purge_before
-        ]
-        below = [f for f in versions if f.min_t is not None and f.min_t < purge_before]
-        if not below and not snapshots:
-            continue
-        kept = live_rows(store.objects, state, table_uuid, supercolumns, purge_before)
-        summary.tables.append(table_uuid)
-        meta = FileMetadata(store.database, table_uuid, FileKind.VERSIONS, txn_hint, None, purge_before,
-                            replaces=tuple(f.path for f in below), earliest=purge_before)
-        if kept.num_rows:
-            kept = kept.select(schema.names).cast(schema)
-            path = new_file_path(store.database, table_uuid, FileKind.VERSIONS, txn_hint)
-            added.append(write_parquet(store.objects, path, kept, meta))
-        for f in below:
-            if f.max_t is not None and f.max_t >= purge_before:
-                rest = dataset_of(store.objects, [f], schema).to_table(filter=ds.field(LT) >= purge_before)
-                path = new_file_path(store.database, table_uuid, FileKind.VERSIONS, txn_hint)
-                rest_meta = FileMetadata(store.database, table_uuid, FileKind.VERSIONS, txn_hint, purge_before,
-                                         f.max_t + 1, segments=f.segments, replaces=(f.path,), earliest=purge_before)
-                added.append(write_parquet(store.objects, path, rest, rest_meta))
-        removed += below + snapshots
-        summary.versions_removed += sum(f.row_count for f in below) - kept.num_rows
+        files = tuple(state.files_of(table_uuid))
+        needs = any(
+            (f.kind is FileKind.VERSIONS and f.min_t is not None and f.min_t < purge_before)
+            or (f.kind is FileKind.SNAPSHOT and f.snapshot_as_of is not None and f.snapshot_as_of < purge_before)
+            for f in files
+        )
+        if needs:
+            tasks.append(RetentionTask(store.objects.config(), store.database, table_uuid, files,
+                                       tuple(supers.get(table_uuid, ())), purge_before, state.txn_id + 1))
+    if spark is None or not tasks:
+        outcomes = [retain_table_task(t) for t in tasks]
+    else:
+        outcomes = spark.sparkContext.parallelize(tasks, numSlices=len(tasks)).map(retain_table_task).collect()
+    removed = [f for o in outcomes for f in o.removed]
+    added = [f for o in outcomes for f in o.added]
+    summary.tables = [o.table_uuid for o in outcomes]
+    summary.versions_removed = sum(o.versions_removed for o in outcomes)
     step("files_written")
     if cold_tier is not None and removed:
         summary.cold_tier = _export_purged(store, cold_tier, purge_before, removed, added)

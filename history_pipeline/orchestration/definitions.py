@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dagster as dg
+from dagster_aws.s3 import S3Resource
 
 from history_pipeline.orchestration.assets import (
     cold_tier_export,
@@ -34,9 +35,9 @@ defs = dg.Definitions(
     sensors=[finished_wal_segments_sensor],
     schedules=[retention_schedule, cold_tier_export_schedule, cleanup_schedule],
     resources={
-        # The embedded default: ``data/`` under the working directory. For S3, deployments set
-        # root="s3://bucket/prefix" and aws_access_key_id=dg.EnvVar("AWS_ACCESS_KEY_ID"), ...
-        "history": HistoryRootResource(root="data"),
+        # The embedded default: ``data/`` under the working directory. For S3, a deployment sets
+        # root="s3://bucket/prefix" and S3Resource(aws_access_key_id=dg.EnvVar("AWS_ACCESS_KEY_ID"), ...).
+        "history": HistoryRootResource(root="data", s3=S3Resource()),
         "spark": SparkResource(),
     },
 )

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 import dagster as dg
+from dagster_aws.s3 import S3Resource
 from dagster_pyspark import PySparkResource
 
 from history_pipeline.compaction.spark_session import local_spark
@@ -15,19 +16,17 @@ from history_pipeline.store import HistoryStore, StoreSettings, discover_databas
 class HistoryRootResource(dg.ConfigurableResource):
     """The storage root holding every database: a local path (``data``) or ``s3://bucket/prefix``.
 
-    For S3, set the endpoint and credentials here, secrets through ``dg.EnvVar``; fields left
-    empty fall back to the standard AWS environment.
+    S3 is reached through dagster-aws's ``S3Resource`` (endpoint, region, credentials: secrets
+    through ``dg.EnvVar``); its empty fields fall back to the standard AWS environment.
     """
 
     root: str = "data"
-    s3_endpoint_url: str | None = None
-    s3_region: str | None = None
-    aws_access_key_id: str | None = None
-    aws_secret_access_key: str | None = None
+    s3: S3Resource
     snapshot_min_versions: int = 200_000
 
     def s3_options(self) -> S3Options:
-        return S3Options(self.s3_endpoint_url, self.s3_region, self.aws_access_key_id, self.aws_secret_access_key)
+        s3 = self.s3
+        return S3Options(s3.endpoint_url, s3.region_name, s3.aws_access_key_id, s3.aws_secret_access_key)
 
     def databases(self) -> list[str]:
         return discover_databases(self.root)
@@ -39,6 +38,11 @@ class HistoryRootResource(dg.ConfigurableResource):
             s3=self.s3_options(),
             settings=StoreSettings(snapshot_min_versions=self.snapshot_min_versions),
         )
+
+
+def history_root(root: str = "data", **s3: str) -> HistoryRootResource:
+    """A HistoryRootResource for ``root`` (S3Resource fields as keyword arguments)."""
+    return HistoryRootResource(root=root, s3=S3Resource(**s3))
 
 
 class SparkResource(dg.ConfigurableResource):
