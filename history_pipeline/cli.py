@@ -109,6 +109,14 @@ def cmd_diff(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_release(args: argparse.Namespace) -> int:
+    """An operator's act: put a quarantined segment (after fixing it) back in line for compaction."""
+    store = _store(args)
+    ref = store.release_segment(args.segment_id)
+    print(f"segment {ref.name} is sealed again and waits for compaction")
+    return 0
+
+
 def cmd_segments(args: argparse.Namespace) -> int:
     for ref in _store(args).segments():
         print(f"{ref.name}  {ref.state.value:12s} {ref.path}")
@@ -250,6 +258,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_cleanup)
     sub.add_parser("verify", help="check the catalog against its files").set_defaults(func=cmd_verify)
     sub.add_parser("rebuild-catalog", help="rebuild the catalog from Parquet files").set_defaults(func=cmd_rebuild)
+    p = sub.add_parser("release", help="release a quarantined segment after fixing it")
+    p.add_argument("segment_id", type=int)
+    p.set_defaults(func=cmd_release)
     sub.add_parser("segments", help="list WAL segments and their states").set_defaults(func=cmd_segments)
     sub.add_parser("sample", help="write the sample workload into the WAL").set_defaults(func=cmd_sample)
     sub.add_parser("demo", help="write the sample workload, compact it, query it").set_defaults(func=cmd_demo)

@@ -79,7 +79,7 @@ class SegmentQuarantinedError(HistoryError):
         self.cause = cause
         super().__init__(
             f"segment {segment} is quarantined: {cause}. Later segments of this database wait "
-            "behind it; fix or remove the segment, then release it (history-pipeline release)."
+            "behind it; fix or remove the segment, then release it (history-pipeline release <id>)."
         )
 
 

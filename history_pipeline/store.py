@@ -22,6 +22,7 @@ from history_pipeline.maintenance.snapshots import SnapshotSummary, refresh_snap
 from history_pipeline.query.engine import QueryContext
 from history_pipeline.schema import TableDescriptor
 from history_pipeline.wal import SegmentRef, SegmentState, WalWriter, list_segments
+from history_pipeline.wal.segments import release_segment
 
 _DATABASE_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")
 
@@ -118,6 +119,13 @@ class HistoryStore:
     def segments(self, state: SegmentState | None = None) -> list[SegmentRef]:
         """The database's WAL segments, optionally only those in one state."""
         return list_segments(self.wal_dir, state)
+
+    def release_segment(self, segment_id: int) -> SegmentRef:
+        """Put a quarantined segment back in line for compaction (after an operator fixed it)."""
+        for ref in self.segments(SegmentState.QUARANTINED):
+            if ref.segment_id == segment_id:
+                return release_segment(ref, self.wal_dir)
+        raise HistoryError(f"segment {segment_id} of {self.database} is not quarantined")
 
     # --- the catalog -------------------------------------------------------------
 

@@ -73,3 +73,21 @@ def test_maintenance_commands(tmp_path):
     )
     assert "rebuilt" in run(tmp_path, "rebuild-catalog").stdout
     assert json.loads(run(tmp_path, "cleanup").stdout)["tombstones_deleted"] == 0
+
+
+def test_quarantine_then_release_after_a_fix(tmp_path):
+    bad = EVENTS[:2] + [{"op": "update", "t": 3, "table_uuid": "T", "key": 99, "values": {"a": "1.00"}},
+                        {"op": "close", "t": 3}]
+    run(tmp_path, "append", "--seal", stdin="\n".join(json.dumps(e) for e in bad) + "\n")
+    failed = run(tmp_path, "compact")
+    assert failed.returncode == 1 and "update of key 99, which does not exist" in failed.stderr
+    assert "quarantined" in run(tmp_path, "segments").stdout
+    segment = next(Path(tmp_path).rglob("quarantine/*.sealed"))
+    lines = segment.read_text().splitlines()
+    fixed = [line.replace('"key":99', '"key":1') for line in lines[:-1]]
+    from history_pipeline.wal.segments import sealing_line
+
+    body = ("\n".join(fixed) + "\n").encode()
+    segment.write_bytes(body + sealing_line(3, body))  # the operator's fix, re-sealed
+    assert run(tmp_path, "release", "1").returncode == 0
+    assert json.loads(run(tmp_path, "compact").stdout)["frontier"] == 3
