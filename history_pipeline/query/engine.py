@@ -14,7 +14,6 @@ from typing import Any
 
 import duckdb
 import pyarrow as pa
-import pyarrow.dataset as ds
 
 from history_pipeline.catalog.model import CatalogState, FileKind
 from history_pipeline.errors import (
@@ -25,7 +24,7 @@ from history_pipeline.errors import (
     TableNotFoundError,
 )
 from history_pipeline.io.store import ObjectStore
-from history_pipeline.query.scan import dataset_of, live_rows
+from history_pipeline.query.scan import live_rows, read_key
 from history_pipeline.schema import (
     SchemaHistoryEntry,
     TableDescriptor,
@@ -121,15 +120,9 @@ class QueryContext:
         """Every retained version of a key, oldest first, values named as at each version's time."""
         descriptor = self._resolve_any_time(table)
         supercolumns = self.supercolumns(descriptor.table_uuid)
-        files = [
-            f
-            for f in self.state.files_of(descriptor.table_uuid, FileKind.VERSIONS)
-            if f.min_key is not None and f.min_key <= key <= (f.max_key if f.max_key is not None else key)
-        ]
-        if not files:
-            return []
+        files = self.state.files_of(descriptor.table_uuid, FileKind.VERSIONS)
         schema = supertable_schema(supercolumns)
-        table_ = dataset_of(self.store, files, schema).to_table(filter=ds.field(KEY) == key)
+        table_ = read_key(self.store, files, schema, schema.names, key, None, 2**63 - 1)
         table_ = table_.sort_by([(LT, "ascending")])
         epochs = _descriptor_epochs(self.state.schema_history, descriptor.table_uuid)
         out = []

@@ -9,12 +9,14 @@ with the whole history. Only files the catalog lists are read.
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.dataset as ds
+import pyarrow.parquet as pq
 
 from history_pipeline.catalog.model import CatalogState, FileEntry, FileKind
 from history_pipeline.io.store import ObjectStore
@@ -85,6 +87,11 @@ def read_parts(
             wanted.insert(0, reserved)
     empty = schema.empty_table().select(wanted)
     base, changes = empty, empty
+    if keys is not None and len(set(keys)) == 1:  # a point lookup: cached footers, bisected row groups
+        (key,) = set(keys)
+        base = read_key(store, selection.snapshot, schema, wanted, key, None, as_of)
+        changes = read_key(store, selection.versions, schema, wanted, key, selection.snapshot_as_of, as_of)
+        return base, changes
     key_filter = ds.field(KEY).isin(pa.array(sorted(set(keys)), pa.int64())) if keys is not None else None
     if selection.snapshot:
         expr = ds.field(LT) < as_of
@@ -99,6 +106,82 @@ def read_parts(
             expr = expr & key_filter
         changes = dataset_of(store, selection.versions, schema).to_table(columns=wanted, filter=expr)
     return base, changes
+
+
+@dataclass(frozen=True)
+class Footer:
+    """What a point lookup needs from a file: its footer, its columns, each row group's key range."""
+
+    meta: pq.FileMetaData
+    columns: frozenset[str]
+    key_ranges: tuple[tuple[int, int] | None, ...]
+
+    def row_groups_holding(self, key: int) -> list[int]:
+        return [rg for rg, bounds in enumerate(self.key_ranges) if bounds is None or bounds[0] <= key <= bounds[1]]
+
+
+_FOOTERS: OrderedDict[tuple[str, str], Footer] = OrderedDict()
+_FOOTER_CACHE_SIZE = 4096
+
+
+def footer(store: ObjectStore, path: str) -> Footer:
+    """A file's footer, cached: files are immutable, so a path's footer never changes."""
+    cache_key = (store.uri, path)
+    cached = _FOOTERS.get(cache_key)
+    if cached is None:
+        fs, _ = store.arrow_filesystem()
+        with fs.open_input_file(store.full_path(path)) as handle:
+            meta = pq.read_metadata(handle)
+        arrow_schema = meta.schema.to_arrow_schema()
+        index = arrow_schema.get_field_index(KEY)
+        ranges: list[tuple[int, int] | None] = []
+        for rg in range(meta.num_row_groups):
+            stats = meta.row_group(rg).column(index).statistics
+            ranges.append((stats.min, stats.max) if stats is not None and stats.has_min_max else None)
+        cached = Footer(meta, frozenset(arrow_schema.names), tuple(ranges))
+        _FOOTERS[cache_key] = cached
+        if len(_FOOTERS) > _FOOTER_CACHE_SIZE:
+            _FOOTERS.popitem(last=False)
+    return cached
+
+
+def read_key(
+    store: ObjectStore,
+    files: Sequence[FileEntry],
+    schema: pa.Schema,
+    wanted: Sequence[str],
+    key: int,
+    lower: int | None,
+    upper: int,
+) -> pa.Table:
+    """Every version of one key with ``lower <= t < upper`` in ``files``, reading only its row groups."""
+    parts = []
+    fs, _ = store.arrow_filesystem()
+    for f in files:
+        if f.min_key is not None and f.max_key is not None and not f.min_key <= key <= f.max_key:
+            continue
+        cached = footer(store, f.path)
+        groups = cached.row_groups_holding(key)
+        if not groups:
+            continue
+        with fs.open_input_file(store.full_path(f.path)) as handle:
+            table = pq.ParquetFile(handle, metadata=cached.meta).read_row_groups(
+                groups, columns=[c for c in wanted if c in cached.columns]
+            )
+        mask = pc.equal(table.column(KEY), key)
+        mask = pc.and_(mask, pc.less(table.column(LT), upper))
+        if lower is not None:
+            mask = pc.and_(mask, pc.greater_equal(table.column(LT), lower))
+        table = table.filter(mask)
+        columns = [
+            table.column(c).cast(schema.field(c).type) if c in table.column_names
+            else pa.nulls(table.num_rows, schema.field(c).type)
+            for c in wanted
+        ]
+        parts.append(pa.table(columns, schema=pa.schema([schema.field(c) for c in wanted])))
+    if not parts:
+        return schema.empty_table().select(list(wanted))
+    return pa.concat_tables(parts)
 
 
 def keep_latest(candidates: pa.Table, *, include_deleted: bool = False) -> pa.Table:
