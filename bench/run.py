@@ -193,13 +193,14 @@ def bench_lookups(store: HistoryStore, as_of: int, live_rows: int) -> dict[str, 
         key = rng.randrange(live_rows)
         samples.append(timed(lambda k=key: context.fetch_row("bench", k, as_of))[0])
     samples.sort()
-    history_times = sorted(timed(lambda: context.row_history("bench", HOT_KEY))[0] for _ in range(5))
+    history_times = sorted(timed(lambda: context.row_history("bench", HOT_KEY))[0] for _ in range(25))
     versions_of_hot_key = len(context.row_history("bench", HOT_KEY))
     return {
         "fetch_row_p50_ms": 1000 * samples[len(samples) // 2],
         "fetch_row_p99_ms": 1000 * samples[int(len(samples) * 0.99) - 1],
         "row_history_versions": versions_of_hot_key,
-        "row_history_median_ms": 1000 * history_times[len(history_times) // 2],
+        "row_history_p50_ms": 1000 * history_times[len(history_times) // 2],
+        "row_history_p99_ms": 1000 * history_times[-1],
     }
 
 
@@ -336,9 +337,9 @@ def report(results: dict[str, Any]) -> str:
         lines.append(f"| fetch_row p50 / p99 | {lookups['fetch_row_p50_ms']:.2f} / {lookups['fetch_row_p99_ms']:.2f} ms"
                      f" | — | — | ≤ 5 / ≤ 10 ms | {verdict(lookups['fetch_row_p50_ms'], 5)} / "
                      f"{verdict(lookups['fetch_row_p99_ms'], 10)} |")
-        lines.append(f"| row_history of a key with {lookups['row_history_versions']:,} versions | "
-                     f"{lookups['row_history_median_ms']:.1f} ms | — | — | ≤ 50 ms | "
-                     f"{verdict(lookups['row_history_median_ms'], 50)} |")
+        lines.append(f"| row_history p50 / p99, a key with {lookups['row_history_versions']:,} versions | "
+                     f"{lookups['row_history_p50_ms']:.1f} / {lookups['row_history_p99_ms']:.1f} ms | — | — | "
+                     f"≤ 50 ms | {verdict(lookups['row_history_p50_ms'], 50)} |")
     d = results.get("delta_time_travel")
     if d:
         lines.append(f"| as-of load vs Delta time travel ({d['versions']:,} versions) | {d['ours_s']:.3f} s | "
