@@ -71,11 +71,7 @@ def cmd_append(args: argparse.Namespace) -> int:
 
 
 def cmd_compact(args: argparse.Namespace) -> int:
-    spark = None
-    if args.spark:
-        from history_pipeline.compaction.spark_session import local_spark
-
-        spark = local_spark()
+    spark = False if args.in_process else None  # None: the store's Spark (local[*] by default)
     from tqdm import tqdm
 
     from history_pipeline.wal import SegmentState
@@ -220,7 +216,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_append)
 
     p = sub.add_parser("compact", help="compact every sealed segment")
-    p.add_argument("--spark", action="store_true", help="run on a local SparkSession")
+    p.add_argument("--in-process", action="store_true", help="run the compaction tasks without Spark")
     p.set_defaults(func=cmd_compact)
 
     for name, func, help_text in (("sql", cmd_sql, "run read-only SQL as of T"), ("load", cmd_load, "a table as of T")):

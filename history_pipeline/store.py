@@ -38,6 +38,9 @@ class StoreSettings:
     #: were written since its last one
     snapshot_min_versions: int = 200_000
     snapshot_ratio: float = 1.0
+    #: where compaction, merge and retention run when no session is passed: a Spark master
+    #: (a local session is created once per process), or None to run the same tasks in-process
+    spark_master: str | None = "local[*]"
 
 
 def default_wal_base(root: str | Path) -> Path:
@@ -145,11 +148,23 @@ class HistoryStore:
 
     # --- compaction --------------------------------------------------------------
 
+    def spark(self, spark: Any | None = None) -> Any | None:
+        """The SparkSession work runs on: the one given, else the settings' (False: in-process)."""
+        if spark is False:
+            return None
+        if spark is not None:
+            return spark
+        if self.settings.spark_master is None:
+            return None
+        from history_pipeline.compaction.spark_session import local_spark
+
+        return local_spark(self.settings.spark_master)
+
     def compact(self, spark: Any | None = None, on_step: Any = None) -> CompactionSummary:
-        """Compact every sealed segment (Spark when a session is given, else in-process)."""
+        """Spark compaction of every sealed segment (``spark=False`` runs the same tasks in-process)."""
         from history_pipeline.compaction.compactor import compact_pending
 
-        summary = compact_pending(self, spark, on_step or (lambda step: None))
+        summary = compact_pending(self, self.spark(spark), on_step or (lambda step: None))
         if summary.segments_applied:
             self.refresh_snapshots()
         return summary
@@ -205,8 +220,8 @@ class HistoryStore:
     # --- maintenance ---------------------------------------------------------------
 
     def merge(self, spark: Any | None = None, **options: Any) -> MergeSummary:
-        """Rewrite small version files into fewer large ones (answers unchanged)."""
-        return merge(self, spark, **options)
+        """Rewrite small version files into fewer large ones (answers unchanged), on Spark."""
+        return merge(self, self.spark(spark), **options)
 
     def retain(
         self,
@@ -217,7 +232,7 @@ class HistoryStore:
     ) -> RetentionSummary:
         """Purge history below ``purge_before``; with ``cold_tier`` the purged files are kept there first."""
         cold = open_store(cold_tier, s3 or self.s3) if cold_tier else None
-        return retain(self, purge_before, cold, spark=spark)
+        return retain(self, purge_before, cold, spark=self.spark(spark))
 
     def load_cold_tier(self, cold_tier: str, s3: S3Options | None = None) -> int:
         """Bring purged history back from a cold tier; returns the new earliest answerable as_of."""

@@ -34,7 +34,7 @@ def test_append_compact_query_history_diff(tmp_path):
     appended = run(tmp_path, "append", "--seal", stdin=lines)
     assert appended.returncode == 0, appended.stderr
     assert "appended 4 events" in appended.stdout
-    compacted = run(tmp_path, "compact")
+    compacted = run(tmp_path, "compact")  # the default: Spark, local[*]
     assert compacted.returncode == 0 and json.loads(compacted.stdout)["frontier"] == 3
     out = run(tmp_path, "sql", "SELECT amount FROM orders", "--as-of", "3", "--format", "json")
     assert [json.loads(line) for line in out.stdout.splitlines()] == [{"amount": "12.50"}]
@@ -48,7 +48,7 @@ def test_append_compact_query_history_diff(tmp_path):
 
 def test_errors_are_one_line_with_exit_code_1(tmp_path):
     run(tmp_path, "append", "--seal", stdin="\n".join(json.dumps(e) for e in EVENTS) + "\n")
-    run(tmp_path, "compact")
+    run(tmp_path, "compact", "--in-process")
     result = run(tmp_path, "load", "orders", "--as-of", "99")
     assert result.returncode == 1
     assert result.stderr.strip().startswith("error: as_of=99 is in the future")
@@ -60,7 +60,7 @@ def test_errors_are_one_line_with_exit_code_1(tmp_path):
 
 def test_maintenance_commands(tmp_path):
     run(tmp_path, "append", "--seal", stdin="\n".join(json.dumps(e) for e in EVENTS) + "\n")
-    run(tmp_path, "compact")
+    run(tmp_path, "compact", "--in-process")
     assert run(tmp_path, "verify").returncode == 0
     exported = run(tmp_path, "export", "--as-of", "4", "--to", str(tmp_path / "backup"))
     assert exported.returncode == 0 and json.loads(exported.stdout)["tables"] == ["orders"]
@@ -79,7 +79,7 @@ def test_quarantine_then_release_after_a_fix(tmp_path):
     bad = EVENTS[:2] + [{"op": "update", "t": 3, "table_uuid": "T", "key": 99, "values": {"a": "1.00"}},
                         {"op": "close", "t": 3}]
     run(tmp_path, "append", "--seal", stdin="\n".join(json.dumps(e) for e in bad) + "\n")
-    failed = run(tmp_path, "compact")
+    failed = run(tmp_path, "compact", "--in-process")
     assert failed.returncode == 1 and "update of key 99, which does not exist" in failed.stderr
     assert "quarantined" in run(tmp_path, "segments").stdout
     segment = next(Path(tmp_path).rglob("quarantine/*.sealed"))
@@ -90,4 +90,4 @@ def test_quarantine_then_release_after_a_fix(tmp_path):
     body = ("\n".join(fixed) + "\n").encode()
     segment.write_bytes(body + sealing_line(3, body))  # the operator's fix, re-sealed
     assert run(tmp_path, "release", "1").returncode == 0
-    assert json.loads(run(tmp_path, "compact").stdout)["frontier"] == 3
+    assert json.loads(run(tmp_path, "compact", "--in-process").stdout)["frontier"] == 3

@@ -52,9 +52,10 @@ class SparkResource(dg.ConfigurableResource):
     spark_conf: dict[str, str] = {}
     enabled: bool = True
 
-    def session(self) -> Any | None:
+    def session(self) -> Any:
+        """The session for compaction, merge and retention; False runs their tasks in-process."""
         if not self.enabled:
-            return None
+            return False
         if self.master.startswith("local"):
             return local_spark(self.master, self.spark_conf)
         return PySparkResource(spark_config={"spark.master": self.master, **self.spark_conf}).spark_session
