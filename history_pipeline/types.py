@@ -118,6 +118,26 @@ class DataType:
             return f"VARCHAR({self.length})"
         return self.kind.value
 
+    def __eq__(self, other: object) -> bool:
+        """Equal to another DataType, or to any spelling of it (``"int"`` == INTEGER)."""
+        if isinstance(other, str):
+            try:
+                other = parse_data_type(other)
+            except DataTypeError:
+                return False
+        if not isinstance(other, DataType):
+            return NotImplemented
+        return (self.kind, self.precision, self.scale, self.length, self.element) == (
+            other.kind,
+            other.precision,
+            other.scale,
+            other.length,
+            other.element,
+        )
+
+    def __hash__(self) -> int:
+        return hash((self.kind, self.precision, self.scale, self.length, self.element))
+
     @property
     def is_exact_decimal(self) -> bool:
         """True when values fit Arrow's decimal128 exactly (NUMERIC(p,s) with p <= 38)."""

@@ -128,3 +128,11 @@ def test_type_strings_parse_and_render_canonically():
     for bad in ["", "BLOB", "NUMERIC(2,5)", "INTEGER(3)", "VARCHAR(0)"]:
         with pytest.raises(DataTypeError):
             parse_data_type(bad)
+
+
+def test_data_types_compare_equal_to_their_spellings():
+    assert parse_data_type("int") == "INTEGER" == parse_data_type("INT4")
+    assert parse_data_type("NUMERIC(10,2)") == "numeric(10, 2)"
+    assert parse_data_type("TEXT[]") != "TEXT"
+    assert parse_data_type("TEXT") != "BLOB"
+    assert len({parse_data_type("int"), parse_data_type("INTEGER")}) == 1
