@@ -35,6 +35,7 @@ from history_pipeline.catalog.model import (
     FileKind,
 )
 from history_pipeline.compaction.plan import SegmentPlan, TablePlan, fold_table, images_from_rows, plan_segment
+from history_pipeline.compaction.spark_session import map_tasks
 from history_pipeline.errors import (
     HistoryError,
     MalformedRecordError,
@@ -143,12 +144,7 @@ def _write(
 
 def run_tasks(tasks: Sequence[TableTask], spark: Any | None) -> list[TaskOutcome]:
     """Run table tasks on Spark executors (one partition each), or in-process without a session."""
-    if not tasks:
-        return []
-    if spark is None:
-        return [run_table_task(t) for t in tasks]
-    rdd = spark.sparkContext.parallelize(list(tasks), numSlices=len(tasks))
-    return rdd.map(run_table_task).collect()
+    return map_tasks(spark, run_table_task, tasks)
 
 
 # --- the driver ------------------------------------------------------------------

@@ -4,7 +4,11 @@ from __future__ import annotations
 
 import os
 import sys
-from typing import Any
+from collections.abc import Callable, Sequence
+from typing import Any, TypeVar
+
+T = TypeVar("T")
+R = TypeVar("R")
 
 
 def local_spark(master: str = "local[*]", conf: dict[str, str] | None = None) -> Any:
@@ -24,3 +28,12 @@ def local_spark(master: str = "local[*]", conf: dict[str, str] | None = None) ->
     for key, value in (conf or {}).items():
         builder = builder.config(key, value)
     return builder.getOrCreate()
+
+
+def map_tasks(spark: Any | None, fn: Callable[[T], R], tasks: Sequence[T]) -> list[R]:
+    """``fn`` over picklable tasks: one Spark partition each, or in-process without a session."""
+    if not tasks:
+        return []
+    if spark is None:
+        return [fn(task) for task in tasks]
+    return spark.sparkContext.parallelize(list(tasks), numSlices=len(tasks)).map(fn).collect()

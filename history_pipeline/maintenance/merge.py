@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from history_pipeline.catalog.model import AddFile, CatalogState, FileEntry, FileKind, RemoveFile
+from history_pipeline.compaction.spark_session import map_tasks
 from history_pipeline.io.store import now, open_store
 from history_pipeline.query.scan import dataset_of
 from history_pipeline.schema import Supercolumn, replay_schema_history
@@ -109,10 +110,7 @@ def merge(
     summary = MergeSummary()
     if not tasks:
         return summary
-    if spark is None:
-        results = [merge_table_task(t) for t in tasks]
-    else:
-        results = spark.sparkContext.parallelize(tasks, numSlices=len(tasks)).map(merge_table_task).collect()
+    results = map_tasks(spark, merge_table_task, tasks)
     if on_step:
         on_step("files_written")
     removed_at = now()

@@ -36,6 +36,7 @@ from history_pipeline.catalog.model import (
     RemoveFile,
     SetEarliest,
 )
+from history_pipeline.compaction.spark_session import map_tasks
 from history_pipeline.errors import HistoryError
 from history_pipeline.io.store import ObjectStore, now
 from history_pipeline.query.scan import dataset_of, live_rows
@@ -141,10 +142,7 @@ def retain(
         if needs:
             tasks.append(RetentionTask(store.objects.config(), store.database, table_uuid, files,
                                        tuple(supers.get(table_uuid, ())), purge_before, state.txn_id + 1))
-    if spark is None or not tasks:
-        outcomes = [retain_table_task(t) for t in tasks]
-    else:
-        outcomes = spark.sparkContext.parallelize(tasks, numSlices=len(tasks)).map(retain_table_task).collect()
+    outcomes = map_tasks(spark, retain_table_task, tasks)
     removed = [f for o in outcomes for f in o.removed]
     added = [f for o in outcomes for f in o.added]
     summary.tables = [o.table_uuid for o in outcomes]
