@@ -384,3 +384,17 @@ def test_tables_split_by_key_across_tasks_keep_the_invariant(tmp_path, spark, mo
     files = store.catalog_state().files_of(events[0]["table_uuid"], FileKind.VERSIONS)
     per_segment = [f.segments for f in files]
     assert any(per_segment.count(s) > 1 for s in per_segment)  # a segment's table work ran as several tasks
+
+
+def test_corrupted_segment_is_quarantined_before_anything_is_applied(tmp_path):
+    store = HistoryStore.open(tmp_path, database="db")
+    write(store, rfc_events()[:3], rfc_events()[3:])
+    second = store.segments(SegmentState.SEALED)[1]
+    data = bytearray(second.path.read_bytes())
+    data[data.index(b"value2_prime")] ^= 0x01  # one flipped bit
+    second.path.write_bytes(bytes(data))
+    with pytest.raises(SegmentQuarantinedError, match="checksum") as info:
+        store.compact(spark=False)
+    assert info.value.segment == second.name
+    assert store.frontier == 3  # the good first segment is applied, nothing of the corrupt one
+    assert [s.segment_id for s in store.segments(SegmentState.QUARANTINED)] == [2]
