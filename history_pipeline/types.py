@@ -457,6 +457,44 @@ def encode_value(data_type: DataType, value: Any) -> Any:
 
 # --- Arrow form --------------------------------------------------------------------
 
+class JsonbScalar(pa.ExtensionScalar):
+    """A JSONB value that reads back as the JSON value itself (dict, list, number, ...)."""
+
+    def as_py(self, *args: Any, **kwargs: Any) -> Any:
+        text = self.value
+        return None if text is None else json.loads(text.as_py())
+
+
+class JsonbType(pa.ExtensionType):
+    """JSONB in query results: JSON text whose values read back parsed (``to_pylist``, ``as_py``)."""
+
+    def __init__(self) -> None:
+        super().__init__(pa.string(), "history_pipeline.jsonb")
+
+    def __arrow_ext_serialize__(self) -> bytes:
+        return b""
+
+    @classmethod
+    def __arrow_ext_deserialize__(cls, storage_type: pa.DataType, serialized: bytes) -> JsonbType:
+        return cls()
+
+    def __arrow_ext_scalar_class__(self) -> type:
+        return JsonbScalar
+
+
+JSONB_RESULT = JsonbType()
+pa.register_extension_type(JSONB_RESULT)
+
+
+def jsonb_result_array(column: Any) -> Any:
+    """A stored JSONB column (``arrow.json``) as the result type whose values read back parsed."""
+    storage = column.storage if isinstance(column, pa.ExtensionArray) else column
+    if isinstance(storage, pa.ChunkedArray):
+        chunks = [c.storage if isinstance(c, pa.ExtensionArray) else c for c in storage.chunks]
+        return pa.chunked_array([pa.ExtensionArray.from_storage(JSONB_RESULT, c) for c in chunks], JSONB_RESULT)
+    return pa.ExtensionArray.from_storage(JSONB_RESULT, storage)
+
+
 INTERVAL_ARROW = pa.struct(
     [("months", pa.int32()), ("days", pa.int32()), ("micros", pa.int64())]
 )

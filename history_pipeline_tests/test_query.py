@@ -141,3 +141,11 @@ def test_sql_cannot_read_another_databases_history(tmp_path, typed_store):
         typed_store.sql(f"SELECT * FROM read_parquet('{other.objects.full_path(path.path)}')", as_of=3)
     with pytest.raises(SandboxViolationError):
         typed_store.sql(f"SELECT * FROM glob('{typed_store.objects.uri}/*')", as_of=3)
+
+
+def test_load_table_values_read_back_as_written(typed_store):
+    row = typed_store.load_table("typed", as_of=3).to_pylist()[0]
+    assert row["j"] == {"a": [1, None]}  # JSONB reads back as the JSON value
+    assert row["u"] == uuid.UUID("0b4f6f36-5d1e-4c47-9b8a-2f0f3d6e9a01")
+    assert row["n"] == Decimal("12.34") and row["a"] == [1, None]
+    assert typed_store.sql("SELECT j->'a'->>0 AS first FROM typed", as_of=3).to_pylist() == [{"first": "1"}]

@@ -32,7 +32,7 @@ from history_pipeline.schema import (
     tables_at,
 )
 from history_pipeline.supertable import DELETED, KEY, LT, supertable_schema
-from history_pipeline.types import INTERVAL_ARROW, DataType, TypeKind, from_arrow_value
+from history_pipeline.types import INTERVAL_ARROW, DataType, TypeKind, from_arrow_value, jsonb_result_array
 
 
 @dataclass(frozen=True)
@@ -308,6 +308,8 @@ def project(rows: pa.Table, descriptor: TableDescriptor) -> pa.Table:
 
 
 def _user_array(column: Any, data_type: DataType) -> Any:
+    if data_type.kind is TypeKind.JSONB:
+        return jsonb_result_array(column)
     if data_type.kind is TypeKind.INTERVAL and column.type == INTERVAL_ARROW:
         values = [
             None if v is None else pa.MonthDayNano([v["months"], v["days"], v["micros"] * 1000])
@@ -333,6 +335,8 @@ def _sql_columns(descriptor: TableDescriptor) -> str:
         ident = _ident(c.column_name)
         if c.data_type.kind is TypeKind.NUMERIC and not c.data_type.is_exact_decimal:
             parts.append(f"CAST({ident} AS DOUBLE) AS {ident}")
+        elif c.data_type.kind is TypeKind.JSONB:
+            parts.append(f"CAST({ident} AS JSON) AS {ident}")
         else:
             parts.append(ident)
     return ", ".join(parts)
