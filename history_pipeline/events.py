@@ -272,7 +272,47 @@ def _parse_t(record: Mapping[str, Any], op: str) -> int:
     return t
 
 
+_ROW_FIELDS = {"op", "t", "table_uuid", "key", "values"}
+
+
+def _parse_row_fast(record: dict[str, Any]) -> Event | None:
+    """The common case (a well-formed insert, update or delete) without the general checks;
+    None sends anything unusual to the general parser, which explains what is wrong."""
+    op = record.get("op")
+    if op == "delete":
+        if len(record) != 4:
+            return None
+        allowed = True
+    elif op == "insert" or op == "update":
+        allowed = len(record) == 5
+    else:
+        return None
+    if not allowed or not record.keys() <= _ROW_FIELDS:
+        return None
+    t, key, table_uuid = record.get("t"), record.get("key"), record.get("table_uuid")
+    if (
+        type(t) is not int
+        or not 0 <= t <= MAX_T
+        or type(key) is not int
+        or not MIN_KEY <= key <= MAX_KEY
+        or type(table_uuid) is not str
+        or not table_uuid
+    ):
+        return None
+    if op == "delete":
+        return Delete(t, table_uuid, key)
+    values = record.get("values")
+    if type(values) is not dict or not all(type(k) is str and k for k in values):
+        return None
+    proxy = MappingProxyType(dict(values))
+    return Insert(t, table_uuid, key, proxy) if op == "insert" else Update(t, table_uuid, key, proxy)
+
+
 def _parse(record: Any) -> Event:
+    if isinstance(record, dict):
+        fast = _parse_row_fast(record)
+        if fast is not None:
+            return fast
     if not isinstance(record, dict):
         raise ValueError("a record must be a JSON object")
     op = record.get("op")

@@ -102,12 +102,14 @@ def plan_segment(contents: SegmentContents, schema: SchemaState) -> SegmentPlan:
     tables: dict[str, TablePlan] = {}
     state = schema
     columns_cache: dict[str, tuple[str, ...]] = {}
+    by_uuid_cache: dict[str, dict[str, Any]] = {}
     for line, event in contents.events:
         if isinstance(event, Close):
             continue
         if is_schema_change(event):
             state = _apply_schema(state, event, segment, line, entries, tables)
             columns_cache.clear()
+            by_uuid_cache.clear()
             continue
         assert isinstance(event, (Insert, Update, Delete))
         table = state.tables.get(event.table_uuid)
@@ -121,9 +123,13 @@ def plan_segment(contents: SegmentContents, schema: SchemaState) -> SegmentPlan:
         if isinstance(event, Delete):
             plan.mutations.append(Mutation(event.t, line, "delete", event.key, {}, columns))
             continue
+        by_uuid = by_uuid_cache.get(table.table_uuid)
+        if by_uuid is None:
+            by_uuid = {c.column_uuid: c for c in table.columns}
+            by_uuid_cache[table.table_uuid] = by_uuid
         values: dict[str, Any] = {}
         for column_uuid, raw in event.values.items():
-            column = table.column(column_uuid)
+            column = by_uuid.get(column_uuid)
             if column is None:
                 raise _conflict(
                     f"table {table.table_name} has no column {column_uuid} at t={event.t}", segment, line
