@@ -164,7 +164,9 @@ class HistoryStore:
         """Spark compaction of every sealed segment (``spark=False`` runs the same tasks in-process)."""
         from history_pipeline.compaction.compactor import compact_pending
 
-        summary = compact_pending(self, self.spark(spark), on_step or (lambda step: None))
+        # a session is started only when there is work for it
+        session = self.spark(spark) if self.segments(SegmentState.SEALED) else None
+        summary = compact_pending(self, session, on_step or (lambda step: None))
         if summary.segments_applied:
             self.refresh_snapshots()
         return summary
