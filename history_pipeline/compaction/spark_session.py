@@ -11,21 +11,29 @@ T = TypeVar("T")
 R = TypeVar("R")
 
 
+def spark_config(master: str = "local[*]", conf: dict[str, str] | None = None) -> dict[str, str]:
+    """Spark settings for ``master``: loopback binding and few shuffle partitions when local."""
+    settings = {"spark.master": master, "spark.app.name": "history_pipeline", "spark.ui.enabled": "false"}
+    if master.startswith("local"):
+        os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+        os.environ.setdefault("PYSPARK_PYTHON", sys.executable)  # executors need this interpreter's packages
+        settings.update(
+            {
+                "spark.driver.bindAddress": "127.0.0.1",
+                "spark.driver.host": "127.0.0.1",
+                "spark.sql.shuffle.partitions": "4",
+            }
+        )
+    settings.update(conf or {})
+    return settings
+
+
 def local_spark(master: str = "local[*]", conf: dict[str, str] | None = None) -> Any:
-    """Create (or reuse) a SparkSession bound to loopback, executors on this interpreter."""
-    os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
-    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    """Create (or reuse) a SparkSession: bound to loopback, executors on this interpreter when local."""
     from pyspark.sql import SparkSession
 
-    builder = (
-        SparkSession.builder.master(master)
-        .appName("history_pipeline")
-        .config("spark.driver.bindAddress", "127.0.0.1")
-        .config("spark.driver.host", "127.0.0.1")
-        .config("spark.sql.shuffle.partitions", "4")
-        .config("spark.ui.enabled", "false")
-    )
-    for key, value in (conf or {}).items():
+    builder = SparkSession.builder
+    for key, value in spark_config(master, conf).items():
         builder = builder.config(key, value)
     return builder.getOrCreate()
 

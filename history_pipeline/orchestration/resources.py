@@ -8,7 +8,7 @@ import dagster as dg
 from dagster_aws.s3 import S3Resource
 from dagster_pyspark import PySparkResource
 
-from history_pipeline.compaction.spark_session import local_spark
+from history_pipeline.compaction.spark_session import spark_config
 from history_pipeline.io.store import S3Options
 from history_pipeline.store import HistoryStore, StoreSettings, discover_databases
 
@@ -46,7 +46,8 @@ def history_root(root: str = "data", **s3: str) -> HistoryRootResource:
 
 
 class SparkResource(dg.ConfigurableResource):
-    """Spark for compaction and merges: ``local[*]`` by default, any master by configuration."""
+    """Spark for compaction, merge and retention, through dagster-pyspark: ``local[*]`` by
+    default, any master and Spark conf by configuration."""
 
     master: str = "local[*]"
     spark_conf: dict[str, str] = {}
@@ -56,6 +57,4 @@ class SparkResource(dg.ConfigurableResource):
         """The session for compaction, merge and retention; False runs their tasks in-process."""
         if not self.enabled:
             return False
-        if self.master.startswith("local"):
-            return local_spark(self.master, self.spark_conf)
-        return PySparkResource(spark_config={"spark.master": self.master, **self.spark_conf}).spark_session
+        return PySparkResource(spark_config=spark_config(self.master, self.spark_conf)).spark_session
