@@ -38,8 +38,11 @@ class ColumnDescriptor:
     is_nullable: bool
     ordinal_key: str
     supercolumn: str
-    #: WAL form of the column's default (from add_column): what an insert that omits it stores
+    #: the column's default (from add_column), in WAL form and in the type it was declared with:
+    #: an insert that omits the column stores it, cast to the column's type then (as PostgreSQL
+    #: keeps a default expression and coerces it on use)
     default: Any = None
+    default_type: DataType | None = None
 
     def to_json(self) -> dict[str, Any]:
         out = {
@@ -52,6 +55,7 @@ class ColumnDescriptor:
         }
         if self.default is not None:
             out["default"] = self.default
+            out["default_type"] = str(self.default_type or self.data_type)
         return out
 
     @staticmethod
@@ -64,7 +68,21 @@ class ColumnDescriptor:
             obj["ordinal_key"],
             obj["supercolumn_name"],
             obj.get("default"),
+            parse_data_type(obj["default_type"]) if obj.get("default_type") else None,
         )
+
+    def default_value(self) -> Any:
+        """The Python value an insert that omits this column stores (None: NULL)."""
+        if self.default is None:
+            return None
+        from history_pipeline.compaction.casts import CastFailure, cast_value
+        from history_pipeline.types import decode_value
+
+        declared = self.default_type or self.data_type
+        try:
+            return cast_value(decode_value(declared, self.default), declared, self.data_type)
+        except CastFailure:
+            return None
 
 
 @dataclass(frozen=True)
@@ -274,7 +292,11 @@ def apply_schema_change(
             )
         _check_column_name_free(table, spec.column_name)
         key = spec.ordinal_key or _key_after(table)
-        column = replace(_descriptor_column(spec, t, key), default=event.default)
+        column = replace(
+            _descriptor_column(spec, t, key),
+            default=event.default,
+            default_type=spec.data_type if event.default is not None else None,
+        )
         new_table = replace(table, columns=_sorted_columns(table.columns + (column,)))
         return state.with_table(
             new_table, Supercolumn(column.supercolumn, column.column_uuid, column.data_type, t)
@@ -292,8 +314,9 @@ def apply_schema_change(
             column,
             data_type=event.data_type,
             supercolumn=supercolumn_name(column.column_uuid, t),
-            default=_cast_default(column, event.data_type),
         )
+        if _cast_default(column, event.data_type) is None:
+            changed = replace(changed, default=None, default_type=None)
         new_super = Supercolumn(changed.supercolumn, changed.column_uuid, changed.data_type, t)
         new_table = _replace_column(table, changed)
     elif isinstance(event, ChangeColumnNullable):
@@ -308,17 +331,17 @@ def apply_schema_change(
 
 
 def _cast_default(column: ColumnDescriptor, target: DataType) -> Any:
-    """The default carried across a type change (dropped when it does not cast, as a NULL default)."""
+    """The default as the new type would store it, or None when it does not cast (it is dropped)."""
     if column.default is None:
         return None
     from history_pipeline.compaction.casts import CastFailure, cast_value
-    from history_pipeline.types import decode_value, encode_value
+    from history_pipeline.types import decode_value
 
+    declared = column.default_type or column.data_type
     try:
-        value = cast_value(decode_value(column.data_type, column.default), column.data_type, target)
+        return cast_value(decode_value(declared, column.default), declared, target)
     except CastFailure:
         return None
-    return encode_value(target, value)
 
 
 def _key_after(table: TableDescriptor) -> str:

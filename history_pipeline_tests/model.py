@@ -44,7 +44,8 @@ class BaseDatabase:
             key = c.get("ordinal_key") or max(col[3] for col in table["columns"]) + "0"
             table["columns"].append([c["column_uuid"], c["column_name"], dt, key])
             default = decode_value(dt, event.get("default"))
-            table.setdefault("defaults", {})[c["column_uuid"]] = default
+            # a default keeps its declared type and is cast to the column's type when used
+            table.setdefault("defaults", {})[c["column_uuid"]] = None if default is None else (dt, default)
             for row in table["rows"].values():
                 row[c["column_uuid"]] = default
         elif op == "drop_column":
@@ -66,10 +67,11 @@ class BaseDatabase:
                 row[event["column_uuid"]] = cast_value(row.get(event["column_uuid"]), old, new)
             defaults = table.setdefault("defaults", {})
             if defaults.get(event["column_uuid"]) is not None:
+                declared, value = defaults[event["column_uuid"]]
                 try:
-                    defaults[event["column_uuid"]] = cast_value(defaults[event["column_uuid"]], old, new)
+                    cast_value(value, declared, new)
                 except ValueError:
-                    defaults[event["column_uuid"]] = None
+                    defaults[event["column_uuid"]] = None  # a default that cannot become the new type is dropped
         elif op == "reorder_column":
             for c in self.tables[event["table_uuid"]]["columns"]:
                 if c[0] == event["column_uuid"]:
@@ -78,8 +80,15 @@ class BaseDatabase:
             table = self.tables[event["table_uuid"]]
             types = {c[0]: c[2] for c in table["columns"]}
             defaults = table.get("defaults", {})
+
+            def default(u):
+                if defaults.get(u) is None:
+                    return None
+                declared, value = defaults[u]
+                return cast_value(value, declared, types[u])
+
             table["rows"][event["key"]] = {
-                u: decode_value(types[u], event["values"][u]) if u in event["values"] else defaults.get(u)
+                u: decode_value(types[u], event["values"][u]) if u in event["values"] else default(u)
                 for u in types
             }
         elif op == "update":

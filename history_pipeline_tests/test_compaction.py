@@ -211,17 +211,29 @@ def test_crash_at_any_step_applies_exactly_once(tmp_path, step):
 
 # --- property test: random histories against the in-memory model -------------------------
 
-TYPES = ["INTEGER", "TEXT", "NUMERIC(8,2)", "BOOLEAN"]
+TYPES = ["INTEGER", "TEXT", "NUMERIC(8,2)", "BOOLEAN", "DOUBLE PRECISION"]
+#: type changes whose casts always succeed on the values _value makes (PostgreSQL agrees)
+CASTABLE = {
+    "INTEGER": ["BIGINT", "NUMERIC(12,2)", "TEXT", "DOUBLE PRECISION"],
+    "BIGINT": ["INTEGER", "TEXT"],
+    "NUMERIC(8,2)": ["INTEGER", "TEXT", "DOUBLE PRECISION", "NUMERIC(12,2)"],
+    "NUMERIC(12,2)": ["INTEGER", "TEXT"],
+    "BOOLEAN": ["TEXT", "INTEGER"],
+    "DOUBLE PRECISION": ["TEXT", "NUMERIC(12,2)", "INTEGER"],
+    "TEXT": ["TEXT"],
+}
 
 
 def _value(rng, data_type):
     if rng.random() < 0.15:
         return None
-    if data_type == "INTEGER":
+    if data_type in ("INTEGER", "BIGINT"):
         return rng.randint(-1000, 1000)
+    if data_type == "DOUBLE PRECISION":
+        return round(rng.uniform(-1000, 1000), rng.choice([0, 1, 3, 6]))
     if data_type == "TEXT":
         return rng.choice(["a", "b", "ü", "12", "-7", ""])
-    if data_type == "NUMERIC(8,2)":
+    if data_type in ("NUMERIC(8,2)", "NUMERIC(12,2)"):
         return f"{rng.randint(-99999, 99999) / 100:.2f}"
     return rng.random() < 0.5
 
@@ -265,7 +277,7 @@ def random_history(seed, n_events=60):
                            "new_name": f"r{t}_{c}"})
         elif roll < 0.19:
             c = rng.choice(sorted(table["cols"]))
-            new = "TEXT" if table["cols"][c] != "TEXT" else "TEXT"
+            new = rng.choice(CASTABLE[table["cols"][c]])
             table["cols"][c] = new
             events.append({"op": "change_column_type", "t": t, "table_uuid": uuid, "column_uuid": c,
                            "data_type": new})

@@ -150,7 +150,7 @@ def plan_segment(contents: SegmentContents, schema: SchemaState) -> SegmentPlan:
         if isinstance(event, Insert):
             for column in table.columns:
                 if column.column_uuid not in event.values and column.default is not None:
-                    values[column.supercolumn] = decode_value(column.data_type, column.default)
+                    values[column.supercolumn] = column.default_value()
                 if not column.is_nullable and values.get(column.supercolumn) is None:
                     raise _conflict(
                         f"insert into {table.table_name} leaves NOT NULL column {column.column_name} empty",
