@@ -149,3 +149,12 @@ def test_load_table_values_read_back_as_written(typed_store):
     assert row["u"] == uuid.UUID("0b4f6f36-5d1e-4c47-9b8a-2f0f3d6e9a01")
     assert row["n"] == Decimal("12.34") and row["a"] == [1, None]
     assert typed_store.sql("SELECT j->'a'->>0 AS first FROM typed", as_of=3).to_pylist() == [{"first": "1"}]
+
+
+def test_sql_follows_postgresql_where_duckdb_differs(typed_store):
+    result = typed_store.sql("SELECT 7 / 2 AS q, 7.0 / 2 AS r", as_of=3).to_pylist()
+    assert result == [{"q": 3, "r": Decimal("3.5")}] or result == [{"q": 3, "r": 3.5}]
+    ordered = typed_store.sql("SELECT x FROM (VALUES (1), (NULL), (3)) t(x) ORDER BY x DESC", as_of=3)
+    assert ordered.column("x").to_pylist() == [None, 3, 1]
+    ordered = typed_store.sql("SELECT x FROM (VALUES (1), (NULL), (3)) t(x) ORDER BY x", as_of=3)
+    assert ordered.column("x").to_pylist() == [1, 3, None]

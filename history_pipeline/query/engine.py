@@ -213,6 +213,10 @@ class QueryContext:
                 con.register(raw, data)
                 view = _ident(descriptor.table_name)
                 con.execute(f"CREATE VIEW {view} AS SELECT {_sql_columns(descriptor)} FROM {raw}")
+            # PostgreSQL's semantics where DuckDB differs by default: integer / integer is integer,
+            # and NULLs sort last ascending but first descending
+            con.execute("SET integer_division = true")
+            con.execute("SET default_null_order = 'nulls_last_on_asc_first_on_desc'")
             con.execute("SET enable_external_access = false")
             con.execute("SET lock_configuration = true")
             try:
