@@ -12,6 +12,7 @@ import socket
 import subprocess
 import tempfile
 import time
+from decimal import Decimal
 from pathlib import Path
 
 import pytest
@@ -194,3 +195,29 @@ def test_answers_equal_postgresql_at_every_timestamp(tmp_path, postgres, seed):
         for name, rows in expected.items():
             answer = {r.pop("synthetic_key"): r for r in store.load_table(name, as_of).to_pylist()}
             assert answer == rows, (name, as_of)
+            assert _aggregates(store.sql, name, as_of, replayer) == _aggregates(None, name, as_of, replayer), (
+                name,
+                as_of,
+            )
+
+
+EXACT = ("INTEGER", "BIGINT", "NUMERIC(8,2)", "NUMERIC(12,2)")
+
+
+def _aggregates(sql_of_store, name, as_of, replayer):
+    """count(*), and count and sum of every exact numeric column: through history_pipeline's SQL
+    (``sql_of_store``) or through PostgreSQL (None)."""
+    table = next(t for t in replayer.tables.values() if t["name"] == name)
+    parts = ["count(*) AS n"] + [
+        f"count({_q(c)}) AS {_q('count_' + c)}, sum({_q(c)}) AS {_q('sum_' + c)}"
+        for c, ty in table["cols"].values()
+        if ty in EXACT
+    ]
+    query = f"SELECT {', '.join(parts)} FROM {_q(name)}"
+    if sql_of_store is not None:
+        row = sql_of_store(query, as_of=as_of).to_pylist()[0]
+    else:
+        cur = replayer.conn.cursor()
+        cur.execute(query)
+        row = dict(zip([d.name for d in cur.description], cur.fetchone(), strict=True))
+    return {k: (None if v is None else Decimal(v)) for k, v in row.items()}
