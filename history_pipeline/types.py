@@ -486,13 +486,51 @@ JSONB_RESULT = JsonbType()
 pa.register_extension_type(JSONB_RESULT)
 
 
-def jsonb_result_array(column: Any) -> Any:
-    """A stored JSONB column (``arrow.json``) as the result type whose values read back parsed."""
+class NumericScalar(pa.ExtensionScalar):
+    """An exact NUMERIC kept as decimal text, read back as ``Decimal``."""
+
+    def as_py(self, *args: Any, **kwargs: Any) -> Any:
+        text = self.value
+        return None if text is None else Decimal(text.as_py())
+
+
+class NumericTextType(pa.ExtensionType):
+    """NUMERIC without a precision that fits Arrow's decimals: exact text that reads back as Decimal."""
+
+    def __init__(self) -> None:
+        super().__init__(pa.string(), "history_pipeline.numeric")
+
+    def __arrow_ext_serialize__(self) -> bytes:
+        return b""
+
+    @classmethod
+    def __arrow_ext_deserialize__(cls, storage_type: pa.DataType, serialized: bytes) -> NumericTextType:
+        return cls()
+
+    def __arrow_ext_scalar_class__(self) -> type:
+        return NumericScalar
+
+
+NUMERIC_RESULT = NumericTextType()
+pa.register_extension_type(NUMERIC_RESULT)
+
+
+def _as_extension(column: Any, ext: pa.ExtensionType) -> Any:
     storage = column.storage if isinstance(column, pa.ExtensionArray) else column
     if isinstance(storage, pa.ChunkedArray):
         chunks = [c.storage if isinstance(c, pa.ExtensionArray) else c for c in storage.chunks]
-        return pa.chunked_array([pa.ExtensionArray.from_storage(JSONB_RESULT, c) for c in chunks], JSONB_RESULT)
-    return pa.ExtensionArray.from_storage(JSONB_RESULT, storage)
+        return pa.chunked_array([pa.ExtensionArray.from_storage(ext, c) for c in chunks], ext)
+    return pa.ExtensionArray.from_storage(ext, storage)
+
+
+def numeric_result_array(column: Any) -> Any:
+    """A stored wide NUMERIC column (decimal text) as the result type whose values read back as Decimal."""
+    return _as_extension(column, NUMERIC_RESULT)
+
+
+def jsonb_result_array(column: Any) -> Any:
+    """A stored JSONB column (``arrow.json``) as the result type whose values read back parsed."""
+    return _as_extension(column, JSONB_RESULT)
 
 
 INTERVAL_ARROW = pa.struct(

@@ -3,7 +3,6 @@ property test of the Reconstruction Invariant against an independent in-memory m
 
 from __future__ import annotations
 
-import json
 import random
 
 import pyarrow.parquet as pq
@@ -95,7 +94,7 @@ def test_rfc_schema_history_states(tmp_path):
             None
             if h["schema_descriptor"] is None
             else [(c["column_name"], c["data_type"], c["supercolumn_name"])
-                  for c in json.loads(h["schema_descriptor"])["column_descriptors"]],
+                  for c in h["schema_descriptor"]["column_descriptors"]],
         )
         for h in history
     ]

@@ -74,8 +74,11 @@ def _q(name: str) -> str:
 def _literal(conn, data_type: str, raw):
     """A WAL value as a SQL literal of its column type (psycopg quotes it)."""
     from psycopg import sql
+    from psycopg.types.json import Jsonb
 
     value = decode_value(parse_data_type(data_type), raw)
+    if parse_data_type(data_type) == "JSONB" and value is not None:
+        value = Jsonb(value)
     return sql.SQL("CAST({} AS {})").format(sql.Literal(value), sql.SQL(data_type))
 
 
@@ -221,3 +224,76 @@ def _aggregates(sql_of_store, name, as_of, replayer):
         cur.execute(query)
         row = dict(zip([d.name for d in cur.description], cur.fetchone(), strict=True))
     return {k: (None if v is None else Decimal(v)) for k, v in row.items()}
+
+
+TYPED = [
+    ("b", "BOOLEAN", [True, False]),
+    ("s", "SMALLINT", [-32768, 32767]),
+    ("i", "INTEGER", [-(2**31), 7]),
+    ("g", "BIGINT", [2**63 - 1, -5]),
+    ("r", "REAL", [0.1, 3.4e38]),
+    ("d", "DOUBLE PRECISION", [0.1, -1e308]),
+    ("n", "NUMERIC(10,2)", ["12.34", "-0.50"]),
+    ("w", "NUMERIC", ["123456789012345678901234567890123456789", "12.3400"]),
+    ("t", "TEXT", ["héllo ✓", ""]),
+    ("v", "VARCHAR(5)", ["abcde", "x"]),
+    ("y", "BYTEA", ["AAEC/w==", ""]),
+    ("u", "UUID", ["0b4f6f36-5d1e-4c47-9b8a-2f0f3d6e9a01", "00000000-0000-0000-0000-000000000000"]),
+    ("dd", "DATE", ["2024-02-29", "1999-12-31"]),
+    ("tm", "TIME", ["12:30:00.5", "00:00:00"]),
+    ("ts", "TIMESTAMP", ["2024-01-02T03:04:05.123456", "1970-01-01T00:00:00"]),
+    ("tz", "TIMESTAMPTZ", ["2024-01-02T03:04:05+05:30", "2000-06-01T12:00:00Z"]),
+    ("j", "JSONB", [{"b": [1, None], "a": "x"}, [1, 2]]),
+    ("a", "INTEGER[]", [[1, None, 3], []]),
+    ("ta", "TEXT[]", [["a", "b c"], ["ü"]]),
+]
+
+
+def test_every_type_equals_postgresql(tmp_path, postgres):
+    postgres.cursor().execute("DROP SCHEMA public CASCADE; CREATE SCHEMA public")
+    events = [{"op": "create_table", "t": 1, "table_uuid": "T", "table_name": "typed",
+               "columns": [{"column_uuid": c, "column_name": c, "data_type": ty} for c, ty, _ in TYPED]}]
+    for key in (0, 1):
+        events.append({"op": "insert", "t": 2, "table_uuid": "T", "key": key,
+                       "values": {c: values[key] for c, _, values in TYPED}})
+    events.append({"op": "update", "t": 3, "table_uuid": "T", "key": 1,
+                   "values": {c: values[0] for c, _, values in TYPED[::2]}})
+    events.append({"op": "insert", "t": 4, "table_uuid": "T", "key": 2, "values": {}})  # all NULL
+    store = HistoryStore.open(tmp_path, database="db")
+    write(store, events)
+    store.compact(spark=False)
+    replayer = Replayer(postgres)
+    for as_of, upto in ((3, 3), (5, 5)):
+        for e in events:
+            if upto - 2 <= e["t"] < upto or (as_of == 3 and e["t"] < 3):
+                replayer.apply(e)
+        expected = replayer.state()["typed"]
+        got = {r.pop("synthetic_key"): r for r in store.load_table("typed", as_of).to_pylist()}
+        assert set(got) == set(expected)
+        for key, row in expected.items():
+            for column, value in row.items():
+                assert got[key][column] == value, (as_of, key, column, got[key][column], value)
+            assert store.fetch_row("typed", key, as_of) == row
+
+
+def test_sql_select_of_every_type_equals_postgresql(tmp_path, postgres):
+    """The same table read through store.sql and through PostgreSQL gives the same Python values
+    (INTERVAL aside: drivers disagree on how to represent it)."""
+    postgres.cursor().execute("DROP SCHEMA public CASCADE; CREATE SCHEMA public")
+    events = [{"op": "create_table", "t": 1, "table_uuid": "T", "table_name": "typed",
+               "columns": [{"column_uuid": c, "column_name": c, "data_type": ty} for c, ty, _ in TYPED]},
+              {"op": "insert", "t": 2, "table_uuid": "T", "key": 0, "values": {c: v[0] for c, _, v in TYPED}}]
+    store = HistoryStore.open(tmp_path, database="db")
+    write(store, events)
+    store.compact(spark=False)
+    replayer = Replayer(postgres)
+    for e in events:
+        replayer.apply(e)
+    exact = [c for c, ty, _ in TYPED if ty != "NUMERIC"]  # SQL sees unconstrained NUMERIC as DOUBLE
+    query = "SELECT " + ", ".join(_q(c) for c in exact) + " FROM typed"
+    ours = store.sql(query, as_of=3).to_pylist()[0]
+    cur = postgres.cursor()
+    cur.execute(query)
+    theirs = dict(zip([d.name for d in cur.description], cur.fetchone(), strict=True))
+    for column in exact:
+        assert ours[column] == theirs[column], (column, ours[column], theirs[column])

@@ -14,6 +14,7 @@ from typing import Any
 
 import duckdb
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from history_pipeline.catalog.model import CatalogState, FileKind
 from history_pipeline.errors import (
@@ -32,7 +33,14 @@ from history_pipeline.schema import (
     tables_at,
 )
 from history_pipeline.supertable import DELETED, KEY, LT, supertable_schema
-from history_pipeline.types import INTERVAL_ARROW, DataType, TypeKind, from_arrow_value, jsonb_result_array
+from history_pipeline.types import (
+    INTERVAL_ARROW,
+    DataType,
+    TypeKind,
+    from_arrow_value,
+    jsonb_result_array,
+    numeric_result_array,
+)
 
 
 @dataclass(frozen=True)
@@ -220,7 +228,8 @@ class QueryContext:
             con.execute("SET enable_external_access = false")
             con.execute("SET lock_configuration = true")
             try:
-                return con.sql(query).to_arrow_table()
+                relation = con.sql(query)
+                return _restore_types(relation.to_arrow_table(), [str(t) for t in relation.types])
             except duckdb.PermissionException as exc:
                 raise SandboxViolationError(f"refused by the read-only sandbox: {exc}") from None
             except duckdb.CatalogException as exc:
@@ -260,6 +269,21 @@ def _differs(
         if not (value == new or (value != value and new != new)):  # NaN equals NaN here
             return True
     return False
+
+
+def _restore_types(table: pa.Table, duckdb_types: list[str]) -> pa.Table:
+    """DuckDB hands UUID and JSON results over as text: give them back their own types."""
+    import uuid as uuidlib
+
+    columns = []
+    for column, type_name in zip(table.columns, duckdb_types, strict=True):
+        if type_name == "UUID" and pa.types.is_string(column.type):
+            values = [None if v is None else uuidlib.UUID(v).bytes for v in column.to_pylist()]
+            column = pa.array(values, pa.uuid())
+        elif type_name == "JSON" and pa.types.is_string(column.type):
+            column = jsonb_result_array(column)
+        columns.append(column)
+    return pa.table(columns, names=table.column_names)
 
 
 def _referenced_tables(query: str) -> set[str] | None:
@@ -314,6 +338,12 @@ def project(rows: pa.Table, descriptor: TableDescriptor) -> pa.Table:
 def _user_array(column: Any, data_type: DataType) -> Any:
     if data_type.kind is TypeKind.JSONB:
         return jsonb_result_array(column)
+    if data_type.kind is TypeKind.NUMERIC and not data_type.is_exact_decimal:
+        return numeric_result_array(column)
+    if data_type.kind is TypeKind.REAL:
+        # a REAL reads back as the shortest decimal that names it (0.1, not 0.10000000149...),
+        # as PostgreSQL prints it: through Arrow's shortest float32 formatting
+        return pc.cast(pc.cast(column, pa.string()), pa.float64())
     if data_type.kind is TypeKind.INTERVAL and column.type == INTERVAL_ARROW:
         values = [
             None if v is None else pa.MonthDayNano([v["months"], v["days"], v["micros"] * 1000])
