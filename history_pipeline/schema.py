@@ -315,7 +315,7 @@ def apply_schema_change(
             data_type=event.data_type,
             supercolumn=supercolumn_name(column.column_uuid, t),
         )
-        if _cast_default(column, event.data_type) is None:
+        if not _default_survives(column, event.data_type):
             changed = replace(changed, default=None, default_type=None)
         new_super = Supercolumn(changed.supercolumn, changed.column_uuid, changed.data_type, t)
         new_table = _replace_column(table, changed)
@@ -330,18 +330,18 @@ def apply_schema_change(
     )
 
 
-def _cast_default(column: ColumnDescriptor, target: DataType) -> Any:
-    """The default as the new type would store it, or None when it does not cast (it is dropped)."""
+def _default_survives(column: ColumnDescriptor, target: DataType) -> bool:
+    """Can the column's default still be stored once the column is of type ``target``?"""
     if column.default is None:
-        return None
+        return False
     from history_pipeline.compaction.casts import CastFailure, cast_value
     from history_pipeline.types import decode_value
 
     declared = column.default_type or column.data_type
     try:
-        return cast_value(decode_value(declared, column.default), declared, target)
+        return cast_value(decode_value(declared, column.default), declared, target) is not None
     except CastFailure:
-        return None
+        return False
 
 
 def _key_after(table: TableDescriptor) -> str:
