@@ -8,7 +8,8 @@ purge point, and reads only the files the catalog lists.
 from __future__ import annotations
 
 import bisect
-from collections.abc import Sequence
+import functools
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -86,8 +87,13 @@ class QueryContext:
             f"no table {table!r} as of {as_of} in database {self.database}; tables then: {names}"
         )
 
+    @functools.cached_property
+    def _all_supercolumns(self) -> Mapping[str, tuple[Any, ...]]:
+        # replayed once per frozen state, not once per table read
+        return replay_schema_history(self.state.schema_history).supercolumns
+
     def supercolumns(self, table_uuid: str) -> tuple[Any, ...]:
-        return replay_schema_history(self.state.schema_history).supercolumns.get(table_uuid, ())
+        return self._all_supercolumns.get(table_uuid, ())
 
     def _live(self, descriptor: TableDescriptor, as_of: int, keys: Sequence[int] | None = None) -> pa.Table:
         """Live supertable rows of a table as of ``as_of``, only the supercolumns it shows then."""
