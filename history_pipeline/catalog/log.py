@@ -29,6 +29,7 @@ from history_pipeline.catalog.model import (
     Transaction,
     apply_transaction,
 )
+from history_pipeline.catalog.records import list_record_ids, records_prefix_for, write_record
 from history_pipeline.errors import (
     CatalogError,
     CommitConflictError,
@@ -72,10 +73,14 @@ class TransactionLog:
         prefix: str,
         *,
         checkpoint_interval: int = DEFAULT_CHECKPOINT_INTERVAL,
+        records_prefix: str | None = "",
     ):
         self.store = store
         self.prefix = prefix.rstrip("/")
         self.checkpoint_interval = checkpoint_interval
+        #: where commit records are written after each commit ("": beside the data of
+        #: ``<database>/_catalog``; None: nowhere)
+        self.records_prefix = records_prefix_for(self.prefix) if records_prefix == "" else records_prefix
         self._cached: CatalogState | None = None
         self._lock = threading.Lock()
 
@@ -204,6 +209,10 @@ class TransactionLog:
                 self.store.put_if_absent(self.transaction_path(txn.txn_id), encode_document(txn.to_json()))
             except ObjectExistsError:
                 continue  # another writer took this id: refresh and rebuild
+            if self.records_prefix is not None:
+                # after the commit point, so a record proves its commit; a crash before this
+                # line leaves a gap that repair_records() fills from the log
+                write_record(self.store, self.records_prefix, txn)
             with self._lock:
                 if self._cached is None or self._cached.txn_id < new_state.txn_id:
                     self._cached = new_state
@@ -213,6 +222,27 @@ class TransactionLog:
         raise CommitConflictError(
             f"gave up committing {operation!r} after {max_attempts} lost races; try again"
         )
+
+    def repair_records(self) -> bool:
+        """Write the commit record of every retained transaction that lacks one.
+
+        Returns True when the whole retained log was read (so the records now mirror it).
+        """
+        if self.records_prefix is None:
+            return False
+        present = set(list_record_ids(self.store, self.records_prefix).records)
+        ids = self.transaction_ids()
+        complete = True
+        for txn_id in ids:
+            if txn_id in present:
+                continue
+            try:
+                write_record(self.store, self.records_prefix, self.read_transaction(txn_id))
+            except (CorruptTransactionError, TransactionNotFoundError, CatalogError):
+                complete = False  # an unreadable transaction: rebuild falls back to the files
+        if ids and ids != list(range(ids[0], ids[-1] + 1)):
+            complete = False
+        return complete
 
     def write_checkpoint(self, state: CatalogState) -> None:
         """Write the full state at ``state.txn_id`` beside the log."""

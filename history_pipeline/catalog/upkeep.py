@@ -12,14 +12,18 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable
-from dataclasses import dataclass, field
+import random
+import uuid
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
+import duckdb
+import pyarrow as pa
 import pyarrow.parquet as pq
 
-from history_pipeline.catalog.log import TransactionLog
+from history_pipeline.catalog.log import TransactionLog, encode_document
 from history_pipeline.catalog.model import (
+    Action,
     AddFile,
     AddSchemaHistory,
     AdvanceFrontier,
@@ -28,12 +32,16 @@ from history_pipeline.catalog.model import (
     FileEntry,
     FileKind,
     ForgetTombstones,
-    SetEarliest,
+    RemoveFile,
+    Transaction,
+    apply_transaction,
 )
-from history_pipeline.errors import CatalogError, HistoryError
+from history_pipeline.catalog.records import list_record_ids, records_after, write_base
+from history_pipeline.errors import CatalogError, HistoryError, ObjectExistsError
 from history_pipeline.io.store import ObjectStore, now
+from history_pipeline.query.scan import dataset_of
 from history_pipeline.schema import SchemaHistoryEntry
-from history_pipeline.supertable import KEY, LT, FileMetadata, read_file_metadata
+from history_pipeline.supertable import DELETED, KEY, LT, FileMetadata, read_file_metadata
 from history_pipeline.wal.segments import SegmentState, list_segments
 
 DATA_PREFIXES = ("tables/", "_history_catalog/")
@@ -93,6 +101,7 @@ def collect_garbage(
     state = log.latest()
     if state.txn_id < 0:
         return report
+    log.repair_records()  # before anything is pruned or deleted: the records must cover every commit
     log.write_checkpoint(state)  # so a later run can prune up to here
     old_checkpoints = []
     for checkpoint in log.checkpoint_ids():
@@ -176,11 +185,19 @@ def verify_file(store: ObjectStore, entry: FileEntry) -> list[Problem]:
     return problems
 
 
-def verify(state: CatalogState, store: ObjectStore, wal_dir: Path | None = None) -> list[Problem]:
+def verify(
+    state: CatalogState,
+    store: ObjectStore,
+    wal_dir: Path | None = None,
+    snapshot_samples: int = 2,
+    seed: int | None = None,
+) -> list[Problem]:
     """Every problem between the catalog, its files and the WAL (empty when consistent)."""
     problems: list[Problem] = []
     for entry in state.files.values():
         problems += verify_file(store, entry)
+    if any(p.kind in ("missing_file", "unreadable_file") for p in problems):
+        return problems  # the data checks below would only fail on the same files
     data_max = max((f.max_t for f in state.files.values() if f.max_t is not None and f.kind is FileKind.VERSIONS),
                    default=None)
     if data_max is not None and data_max > state.frontier:
@@ -195,66 +212,198 @@ def verify(state: CatalogState, store: ObjectStore, wal_dir: Path | None = None)
                 problems.append(
                     Problem("segment_applied_on_disk_only", str(ref.path), "in applied/ but not in the catalog")
                 )
+    problems += verify_data(state, store, snapshot_samples, seed)
     return problems
 
 
+_RESERVED_SCHEMA = pa.schema([pa.field(KEY, pa.int64()), pa.field(DELETED, pa.bool_()), pa.field(LT, pa.int64())])
+
+
+def verify_data(state: CatalogState, store: ObjectStore, snapshot_samples: int = 2,
+                seed: int | None = None) -> list[Problem]:
+    """What the rows say, checked by DuckDB over the live files of each table.
+
+    * ``(synthetic_key, logical_timestamp)`` is unique among the live version files;
+    * the purge point matches the files: no snapshot below it, below it at most one
+      version per key and no delete (what retention keeps), and no file written by a
+      retention to a later purge point than the catalog says;
+    * a sample of snapshots (the newest of each table, and random others up to
+      ``snapshot_samples``) hold exactly the newest live version of each key that the
+      version files give as of the snapshot.
+    """
+    rng = random.Random(seed)
+    problems: list[Problem] = []
+    for entry in state.files.values():
+        if entry.kind is FileKind.VERSIONS:
+            meta, _ = read_file_metadata(store, entry.path)
+            if meta is not None and meta.earliest is not None and meta.earliest > state.earliest:
+                problems.append(Problem("purge_point_mismatch", entry.path,
+                                        f"written by a retention to {meta.earliest}, "
+                                        f"but the catalog's earliest is {state.earliest}"))
+        if entry.kind is FileKind.SNAPSHOT and entry.snapshot_as_of is not None \
+                and entry.snapshot_as_of < state.earliest:
+            problems.append(Problem("purge_point_mismatch", entry.path,
+                                    f"snapshot as of {entry.snapshot_as_of} is below the earliest {state.earliest}"))
+    con = duckdb.connect(":memory:")
+    try:
+        for table_uuid in sorted({f.table_uuid for f in state.files.values() if f.table_uuid}):
+            versions = state.files_of(table_uuid, FileKind.VERSIONS)
+            if not versions:
+                continue
+            con.register("v", dataset_of(store, versions, _RESERVED_SCHEMA))
+            duplicates = con.execute(
+                f"SELECT {KEY}, {LT}, count(*) FROM v GROUP BY ALL HAVING count(*) > 1 ORDER BY ALL LIMIT 3"
+            ).fetchall()
+            for key, t, count in duplicates:
+                problems.append(Problem("duplicate_version", None,
+                                        f"table {table_uuid}: key {key} at t {t} is in {count} live rows"))
+            if state.earliest > 0:
+                below = con.execute(
+                    f"SELECT {KEY}, count(*), bool_or({DELETED}) FROM v WHERE {LT} < ? GROUP BY ALL "
+                    f"HAVING count(*) > 1 OR bool_or({DELETED}) ORDER BY ALL LIMIT 3", [state.earliest]
+                ).fetchall()
+                for key, count, deleted in below:
+                    problems.append(Problem("purge_point_mismatch", None,
+                                            f"table {table_uuid}: key {key} has {count} version(s) below the "
+                                            f"earliest {state.earliest}{' and a delete' if deleted else ''}"))
+            snapshots = state.files_of(table_uuid, FileKind.SNAPSHOT)
+            for snapshot in _sample_snapshots(snapshots, snapshot_samples, rng):
+                con.register("s", dataset_of(store, [snapshot], _RESERVED_SCHEMA))
+                differ = con.execute(
+                    f"""WITH expected AS (
+                          SELECT {KEY}, max({LT}) AS t, arg_max({DELETED}, {LT}) AS gone
+                          FROM v WHERE {LT} < ? GROUP BY {KEY})
+                        SELECT coalesce(e.{KEY}, s.{KEY}) FROM (SELECT * FROM expected WHERE NOT gone) e
+                        FULL OUTER JOIN s ON e.{KEY} = s.{KEY}
+                        WHERE e.t IS DISTINCT FROM s.{LT} OR s.{DELETED} ORDER BY 1 LIMIT 3""",
+                    [snapshot.snapshot_as_of],
+                ).fetchall()
+                for (key,) in differ:
+                    problems.append(Problem("snapshot_mismatch", snapshot.path,
+                                            f"key {key} differs from the versions as of {snapshot.snapshot_as_of}"))
+                con.unregister("s")
+            con.unregister("v")
+    finally:
+        con.close()
+    return problems
+
+
+def _sample_snapshots(snapshots: list[FileEntry], samples: int, rng: random.Random) -> list[FileEntry]:
+    """The newest snapshot and random others, ``samples`` in all."""
+    if samples <= 0 or not snapshots:
+        return []
+    ordered = sorted(snapshots, key=lambda f: (f.snapshot_as_of or 0, f.path))
+    rest = ordered[:-1]
+    return [ordered[-1], *rng.sample(rest, min(samples - 1, len(rest)))]
+
+
 def rebuild(log: TransactionLog, store: ObjectStore, database: str) -> CatalogState:
-    """A fresh catalog from the Parquet files alone (the old log is moved aside first)."""
-    files: list[tuple[str, FileMetadata, pq.FileMetaData, int]] = []
-    for path, _, size in data_paths(store, database):
-        meta, footer = read_file_metadata(store, path)
-        if meta is None or meta.database != database:
-            continue
-        files.append((path, meta, footer, size))
-    commits = {(m.segments, m.txn_id) for _, m, _, _ in files if m.kind is FileKind.SCHEMA_HISTORY}
-    committed_segments = {segments for segments, _ in commits}
-    replaced = {r for _, m, _, _ in files for r in m.replaces}
-    keep: list[tuple[str, FileMetadata, pq.FileMetaData, int]] = []
-    for path, meta, footer, size in files:
-        if path in replaced:
-            continue
-        if meta.kind is FileKind.SCHEMA_HISTORY or meta.replaces:
-            keep.append((path, meta, footer, size))
-        elif (meta.segments, meta.txn_id) in commits:
-            keep.append((path, meta, footer, size))
-        elif meta.segments and meta.segments not in committed_segments:
-            continue  # an orphan of an attempt that never wrote its commit record
-    history: list[tuple[int, int, SchemaHistoryEntry]] = []
-    actions: list[object] = []
-    frontier, segments, earliest = -1, set(), 0
-    for path, meta, footer, size in sorted(keep, key=lambda item: (item[1].txn_id, item[0])):
-        actions.append(AddFile(_entry_from_footer(path, meta, footer, size)))
-        if meta.kind is FileKind.SCHEMA_HISTORY:
-            frontier = max(frontier, meta.frontier if meta.frontier is not None else -1)
-            segments.update(meta.segments)
-            table = pq.read_table(store.full_path(path), filesystem=store.arrow_filesystem()[0])
-            for order, row in enumerate(table.to_pylist()):
-                descriptor = row["schema_descriptor"]
-                history.append(
-                    (
-                        row["logical_timestamp"],
-                        order,
-                        SchemaHistoryEntry.from_json(
-                            {**row, "schema_descriptor": None if descriptor is None else json.loads(descriptor)}
-                        ),
-                    )
-                )
-        if meta.earliest is not None:
-            earliest = max(earliest, meta.earliest)
-    entries = tuple(e for _, _, e in sorted(history, key=lambda h: (h[0], h[1])))
-    actions += [AddSchemaHistory(entries), AdvanceFrontier(frontier), ApplySegments(tuple(sorted(segments)))]
-    if earliest:
-        actions.append(SetEarliest(earliest))
+    """A fresh catalog from what commits made durable (the old log is moved aside first).
+
+    The commit records (one per committed transaction, see ``catalog.records``)
+    are replayed from the newest base. Only when they may not cover every commit
+    (the old log is gone or unreadable, or a record is missing) are compaction
+    commits beyond them recovered from the files: a schema-history file is
+    compaction's own record, and it brings the version and snapshot files of its
+    attempt. Files of merge, retention or load-back without a record are orphans.
+    The rebuilt state continues the transaction numbering (a checkpoint at the
+    next id), so records stay ordered across rebuilds.
+    """
+    if log.records_prefix is None:
+        raise CatalogError(f"the catalog at {log.prefix} keeps no commit records, so it cannot be rebuilt")
+    old_ids = log.transaction_ids() + log.checkpoint_ids()
+    log_complete = log.repair_records() and bool(old_ids)
+    base, records = records_after(store, log.records_prefix)
+    state = base if base is not None else CatalogState()
+    start = state.txn_id + 1
+    contiguous = [r.txn_id for r in records] == list(range(start, start + len(records)))
+    for txn in records:
+        state = _fold_leniently(state, txn)
+    if not (log_complete and contiguous):
+        state = _adopt_compactions(state, store, database)
+    present = list_record_ids(store, log.records_prefix)
+    new_id = max([state.txn_id, *old_ids, *present.records, *present.bases]) + 1
+    rebuilt = replace(state, txn_id=new_id, txn_uuid=str(uuid.uuid4()), committed_at=now())
+    write_base(store, log.records_prefix, rebuilt)  # first: a crash from here on rebuilds the same
     _move_aside(store, log)
-    log.forget_cached_state()
-    state = log.commit("rebuild", lambda current: _fresh(current, actions))
-    return state
-
-
-def _fresh(current: CatalogState, actions: Iterable[object]) -> list[object]:
-    if current.txn_id >= 0:
+    try:
+        store.put_if_absent(log.checkpoint_path(new_id), encode_document(rebuilt.to_json()))
+    except ObjectExistsError:
+        raise CatalogError("the catalog was written to while it was being rebuilt; run rebuild again") from None
+    if log.transaction_ids():
         raise CatalogError("the catalog was written to while it was being rebuilt; run rebuild again")
-    return list(actions)
+    log.forget_cached_state()
+    return log.latest()
+
+
+def _fold_leniently(state: CatalogState, txn: Transaction) -> CatalogState:
+    """Apply a recorded transaction, skipping what no longer applies (after a gap in the records)."""
+    kept: list[Action] = []
+    files, applied = set(state.files), set(state.applied_segments)
+    for action in txn.actions:
+        if isinstance(action, RemoveFile):
+            if action.path not in files:
+                continue
+            files.discard(action.path)
+        elif isinstance(action, AddFile):
+            if action.entry.path in files:
+                continue
+            files.add(action.entry.path)
+        elif isinstance(action, ApplySegments):
+            action = ApplySegments(tuple(s for s in action.segments if s not in applied))
+            applied.update(action.segments)
+        elif isinstance(action, AdvanceFrontier) and action.frontier < state.frontier:
+            continue
+        kept.append(action)
+    chained = replace(state, txn_id=txn.txn_id - 1, txn_uuid=txn.previous_uuid)
+    return apply_transaction(chained, replace(txn, actions=tuple(kept)))
+
+
+def _adopt_compactions(state: CatalogState, store: ObjectStore, database: str) -> CatalogState:
+    """Add the compaction commits the records do not cover, from the files' own metadata.
+
+    A schema-history file of a segment not yet applied, written for a transaction after
+    the last recorded one, is adopted with the version and snapshot files of the same
+    attempt (same segments and transaction id); of several attempts of a segment the
+    newest wins. Nothing else is adopted.
+    """
+    known = set(state.files) | set(state.tombstones)
+    found: list[tuple[str, FileMetadata, pq.FileMetaData, int]] = []
+    for path, _, size in data_paths(store, database):
+        if path in known:
+            continue
+        meta, footer = read_file_metadata(store, path)
+        if meta is not None and meta.database == database:
+            found.append((path, meta, footer, size))
+    attempts: dict[tuple[int, ...], tuple[str, FileMetadata, pq.FileMetaData, int]] = {}
+    for item in found:
+        meta = item[1]
+        if (meta.kind is FileKind.SCHEMA_HISTORY and meta.txn_id > state.txn_id and meta.segments
+                and not set(meta.segments) & state.applied_segments):
+            if meta.segments not in attempts or attempts[meta.segments][1].txn_id < meta.txn_id:
+                attempts[meta.segments] = item
+    for path, meta, footer, size in sorted(attempts.values(), key=lambda item: item[1].txn_id):
+        actions: list[Action] = [AddFile(_entry_from_footer(path, meta, footer, size))]
+        actions += [
+            AddFile(_entry_from_footer(p, m, f, s))
+            for p, m, f, s in sorted(found, key=lambda item: item[0])
+            if m.kind is not FileKind.SCHEMA_HISTORY and m.segments == meta.segments and m.txn_id == meta.txn_id
+            and not m.replaces
+        ]
+        table = pq.read_table(store.full_path(path), filesystem=store.arrow_filesystem()[0])
+        entries = []
+        for row in table.to_pylist():
+            descriptor = row["schema_descriptor"]
+            entries.append(SchemaHistoryEntry.from_json(
+                {**row, "schema_descriptor": None if descriptor is None else json.loads(descriptor)}))
+        if entries:
+            actions.append(AddSchemaHistory(tuple(entries)))
+        if meta.frontier is not None:
+            actions.append(AdvanceFrontier(max(meta.frontier, state.frontier)))
+        actions.append(ApplySegments(meta.segments))
+        txn = Transaction(state.txn_id + 1, str(uuid.uuid4()), state.txn_uuid, now(), "rebuild", tuple(actions))
+        state = apply_transaction(state, txn)
+    return state
 
 
 def _entry_from_footer(path: str, meta: FileMetadata, footer: pq.FileMetaData, size: int) -> FileEntry:
