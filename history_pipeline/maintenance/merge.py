@@ -2,7 +2,7 @@
 
 Merging only regroups rows (sorted by key, timestamp), so every answer at every
 T is unchanged; the replaced files become tombstones. The merged file's footer
-names the files it replaces, so a catalog rebuilt from files drops them.
+names the files it replaces (for the record; a rebuild follows the commit records).
 """
 
 from __future__ import annotations
@@ -16,7 +16,15 @@ from history_pipeline.compaction.spark_session import map_tasks
 from history_pipeline.io.store import now, open_store
 from history_pipeline.query.scan import dataset_of
 from history_pipeline.schema import Supercolumn, replay_schema_history
-from history_pipeline.supertable import KEY, LT, FileMetadata, new_file_path, supertable_schema, write_parquet
+from history_pipeline.supertable import (
+    KEY,
+    LT,
+    FileMetadata,
+    new_file_path,
+    read_file_metadata,
+    supertable_schema,
+    write_parquet,
+)
 
 DEFAULT_SMALL_FILE_BYTES = 32 * 1024 * 1024
 DEFAULT_TARGET_ROWS = 2_000_000
@@ -58,6 +66,8 @@ def merge_table_task(task: MergeTask) -> tuple[FileEntry, ...]:
     rows = dataset_of(store, task.files, schema).to_table().sort_by([(KEY, "ascending"), (LT, "ascending")])
     replaces = tuple(f.path for f in task.files)
     segments = tuple(sorted({s for f in task.files for s in f.segments}))
+    # rows a retention kept stay marked with its purge point (verify compares it with the catalog)
+    purges = [m.earliest for m, _ in (read_file_metadata(store, f.path) for f in task.files) if m and m.earliest]
     entries = []
     for start in range(0, max(rows.num_rows, 1), task.target_rows):
         part = rows.slice(start, task.target_rows)
@@ -70,6 +80,7 @@ def merge_table_task(task: MergeTask) -> tuple[FileEntry, ...]:
             upper=max(f.max_t for f in task.files if f.max_t is not None) + 1,
             segments=segments,
             replaces=replaces,
+            earliest=max(purges, default=None),
         )
         path = new_file_path(task.database, task.table_uuid, FileKind.VERSIONS, task.txn_hint)
         entries.append(write_parquet(store, path, part, meta))

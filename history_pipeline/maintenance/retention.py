@@ -26,6 +26,8 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any
 
+import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.dataset as ds
 
 from history_pipeline.catalog.model import (
@@ -41,7 +43,7 @@ from history_pipeline.errors import HistoryError
 from history_pipeline.io.store import ObjectStore, now
 from history_pipeline.query.scan import dataset_of, live_rows
 from history_pipeline.schema import replay_schema_history
-from history_pipeline.supertable import LT, FileMetadata, new_file_path, supertable_schema, write_parquet
+from history_pipeline.supertable import KEY, LT, FileMetadata, new_file_path, supertable_schema, write_parquet
 
 
 @dataclass
@@ -197,20 +199,102 @@ def load_cold_tier(store: Any, cold: ObjectStore, purge_before: int | None = Non
     return earliest
 
 
+@dataclass(frozen=True)
+class UnpurgeTask:
+    """One table's share of a load-back: drop the rows retention synthesized (picklable)."""
+
+    store_config: dict[str, Any]
+    database: str
+    table_uuid: str
+    restored: tuple[FileEntry, ...]  # the purged version files coming back
+    candidates: tuple[FileEntry, ...]  # live version files that may hold synthesized rows
+    supercolumns: tuple[Any, ...]
+    txn_hint: int
+
+
+def unpurge_table_task(task: UnpurgeTask) -> tuple[tuple[str, ...], tuple[FileEntry, ...]]:
+    """Rewrite the live files without any version whose (key, t) the restored files hold.
+
+    Retention's kept rows and rewritten straddling rows are copies of versions of the
+    purged files, wherever a merge has moved them since; identity is (key, t), never
+    the file name. Returns (paths to remove, files added in their place).
+    """
+    from history_pipeline.io.store import open_store
+
+    objects = open_store(task.store_config)
+    schema = supertable_schema(task.supercolumns)
+    restored = dataset_of(objects, task.restored, schema).to_table(columns=[KEY, LT])
+    if restored.num_rows == 0:
+        return (), ()
+    identities = _identities(restored)
+    low, high = pc.min_max(restored.column(LT)).values()
+    removed: list[str] = []
+    added: list[FileEntry] = []
+    for f in task.candidates:
+        if f.min_t is None or f.max_t is None or f.max_t < low.as_py() or f.min_t > high.as_py():
+            continue
+        rows = dataset_of(objects, [f], schema).to_table()
+        duplicate = pc.is_in(_identities(rows), value_set=identities)
+        if not pc.any(duplicate).as_py():
+            continue
+        removed.append(f.path)
+        rest = rows.filter(pc.invert(duplicate))
+        if rest.num_rows:
+            meta = FileMetadata(task.database, task.table_uuid, FileKind.VERSIONS, task.txn_hint, f.min_t,
+                                f.max_t + 1, segments=f.segments)
+            path = new_file_path(task.database, task.table_uuid, FileKind.VERSIONS, task.txn_hint)
+            added.append(write_parquet(objects, path, rest, meta))
+    return tuple(removed), tuple(added)
+
+
+def _identities(rows: pa.Table) -> Any:
+    """One comparable value per (synthetic_key, logical_timestamp)."""
+    return pc.binary_join_element_wise(
+        pc.cast(rows.column(KEY), pa.string()), pc.cast(rows.column(LT), pa.string()), ":"
+    )
+
+
 def _restore(store: Any, cold: ObjectStore, manifest_path: str) -> int:
-    """Undo one retention: its removed files come back, the files it added go."""
+    """Undo one retention: its removed files come back, the versions it synthesized go."""
     manifest = json.loads(cold.get(manifest_path))
     prefix = manifest_path.rsplit("/", 1)[0]
+    purge_before, previous = manifest["purge_before"], manifest["previous_earliest"]
+    earliest = store.catalog.latest().earliest
+    if earliest < purge_before:
+        return earliest  # this purge was undone already (or never committed): nothing to restore
+    if earliest > purge_before:
+        raise HistoryError(
+            f"history of {store.database} is purged up to {earliest}, after this export's purge point "
+            f"{purge_before}: load the newer purged history first (load_cold_tier without purge_before)"
+        )
     restored = [FileEntry.from_json(f) for f in manifest["removed"]]
     for entry in restored:
         store.objects.put(entry.path, cold.get(f"{prefix}/{entry.path}"))
+    state: CatalogState = store.catalog.latest()
+    supers = replay_schema_history(state.schema_history).supercolumns
+    back = {e.path for e in restored}
+    tasks = []
+    for table_uuid in sorted({e.table_uuid for e in restored if e.table_uuid and e.kind is FileKind.VERSIONS}):
+        tasks.append(UnpurgeTask(
+            store.objects.config(), store.database, table_uuid,
+            tuple(e for e in restored if e.table_uuid == table_uuid and e.kind is FileKind.VERSIONS),
+            tuple(f for f in state.files_of(table_uuid, FileKind.VERSIONS) if f.path not in back),
+            tuple(supers.get(table_uuid, ())), state.txn_id + 1,
+        ))
+    outcomes = map_tasks(None, unpurge_table_task, tasks)
+    replaced = [p for removed, _ in outcomes for p in removed]
+    rewritten = [e for _, added in outcomes for e in added]
     at = now()
 
     def build(current: CatalogState) -> list[Any]:
-        actions: list[Any] = [RemoveFile(p, at) for p in manifest["added"] if p in current.files]
+        # a file rewritten here must still be live (RemoveFile fails cleanly otherwise)
+        actions: list[Any] = [RemoveFile(p, at) for p in replaced]
+        actions += [AddFile(e) for e in rewritten]
         actions += [AddFile(e) for e in restored if e.path not in current.files]
-        actions.append(SetEarliest(manifest["previous_earliest"]))
+        if current.earliest != purge_before:
+            raise HistoryError(f"the purge point of {store.database} changed during the load-back; run it again")
+        actions.append(SetEarliest(previous))
         return actions
 
     store.catalog.commit("load cold tier", build)
-    return manifest["previous_earliest"]
+    return store.catalog.latest().earliest

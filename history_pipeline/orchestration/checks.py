@@ -34,12 +34,20 @@ def frontier_lag_check(history: HistoryRootResource) -> dg.AssetCheckResult:
 
 @dg.asset_check(asset=supertables, description="A few keys re-derived from the retained WAL match the store.")
 def reconstruction_invariant_check(history: HistoryRootResource) -> dg.AssetCheckResult:
-    checked, mismatches = 0, []
+    checked, mismatches, unchecked = 0, [], {}
     for database in history.databases():
         sample = sample_reconstruction(history.open(database), samples=5)
         checked += sample.checked
         mismatches += [f"{database}: {m}" for m in sample.mismatches]
-    return dg.AssetCheckResult(
-        passed=not mismatches,
-        metadata={"states_checked": checked, "mismatches": dg.MetadataValue.json(mismatches[:20])},
-    )
+        if not sample.checked:
+            unchecked[database] = sample.reason
+    metadata = {"states_checked": checked, "mismatches": dg.MetadataValue.json(mismatches[:20]),
+                "databases_unchecked": dg.MetadataValue.json(unchecked)}
+    if not checked:
+        # nothing was compared: say so, never pass vacuously
+        return dg.AssetCheckResult(
+            passed=False, severity=dg.AssetCheckSeverity.WARN, metadata=metadata,
+            description="checked nothing: " + ("; ".join(f"{d}: {r}" for d, r in unchecked.items())
+                                               or "no database under the root"),
+        )
+    return dg.AssetCheckResult(passed=not mismatches, metadata=metadata)

@@ -22,6 +22,7 @@ from history_pipeline.wal.segments import SegmentState, list_segments, read_segm
 class InvariantSample:
     checked: int
     mismatches: tuple[str, ...]
+    reason: str = ""  # why nothing was checked, when ``checked`` is 0
 
 
 def sample_reconstruction(store: Any, samples: int = 5, seed: int | None = None) -> InvariantSample:
@@ -77,7 +78,12 @@ def sample_reconstruction(store: Any, samples: int = 5, seed: int | None = None)
                 actual = got[column.column_name]
                 if not _equal(expected, actual):
                     mismatches.append(f"{where}: {column.column_name} is {actual!r}, the WAL says {expected!r}")
-    return InvariantSample(checked, tuple(mismatches))
+    reason = ""
+    if not checked:
+        reason = ("no key's whole life (insert onwards) is in the retained WAL segments at or after the "
+                  f"earliest answerable as_of {context.state.earliest}" if not whole else
+                  "no sampled state is answerable yet")
+    return InvariantSample(checked, tuple(mismatches), reason)
 
 
 def _descriptor(context: Any, table_uuid: str, as_of: int) -> Any:
