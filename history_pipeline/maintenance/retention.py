@@ -150,7 +150,7 @@ def retain(
     summary.tables = [o.table_uuid for o in outcomes]
     summary.versions_removed = sum(o.versions_removed for o in outcomes)
     step("files_written")
-    if cold_tier is not None and removed:
+    if cold_tier is not None:  # even when no file goes, load-back must be able to undo the purge point
         summary.cold_tier = _export_purged(store, cold_tier, purge_before, removed, added)
     step("cold_tier_written")
     removed_at = now()
