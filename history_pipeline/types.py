@@ -395,11 +395,51 @@ def _decode_jsonb(t: DataType, v: Any) -> Any:
     return v
 
 
+#: PostgreSQL's limit on array dimensions (MAXDIM)
+MAX_ARRAY_DIMENSIONS = 6
+
+
+def array_base(data_type: DataType) -> DataType:
+    """The element type under every ``[]``: PostgreSQL's ``INTEGER[]`` and ``INTEGER[][]`` are one type."""
+    while data_type.kind is TypeKind.ARRAY:
+        assert data_type.element is not None
+        data_type = data_type.element
+    return data_type
+
+
+def array_shape(value: list[Any]) -> tuple[int, ...]:
+    """The dimensions of a rectangular nested list (``()`` for the empty array); ValueError otherwise."""
+    if not value:
+        return ()
+    nested = [isinstance(item, list) for item in value]
+    if not any(nested):
+        return (len(value),)
+    if not all(nested):
+        raise ValueError("sub-arrays and elements are mixed at one level (or a sub-array is null)")
+    shapes = {array_shape(item) for item in value}
+    if len(shapes) != 1 or () in shapes:
+        raise ValueError("multidimensional arrays must have sub-arrays with matching dimensions")
+    return (len(value), *shapes.pop())
+
+
+def map_leaves(value: list[Any], function: Any) -> list[Any]:
+    """The nested list with ``function`` applied to every non-list element (nulls included)."""
+    return [map_leaves(item, function) if isinstance(item, list) else function(item) for item in value]
+
+
 def _decode_array(t: DataType, v: Any) -> list[Any]:
+    # as in PostgreSQL, the declared number of [] does not bind: any rectangular array of the
+    # element type is a value, up to six dimensions; an empty array has none
     if not isinstance(v, list):
         raise _fail(t, v, "expected a JSON array")
-    assert t.element is not None
-    return [decode_value(t.element, item) for item in v]
+    try:
+        shape = array_shape(v)
+    except ValueError as exc:
+        raise _fail(t, v, str(exc)) from None
+    if len(shape) > MAX_ARRAY_DIMENSIONS:
+        raise _fail(t, v, f"{len(shape)} dimensions exceed the maximum of {MAX_ARRAY_DIMENSIONS}")
+    base = array_base(t)
+    return map_leaves(v, lambda item: decode_value(base, item))
 
 
 _DECODERS = {
@@ -450,8 +490,8 @@ def encode_value(data_type: DataType, value: Any) -> Any:
     if kind is TypeKind.INTERVAL:
         return {"months": value.months, "days": value.days, "micros": value.micros}
     if kind is TypeKind.ARRAY:
-        assert data_type.element is not None
-        return [encode_value(data_type.element, item) for item in value]
+        base = array_base(data_type)
+        return map_leaves(value, lambda item: encode_value(base, item))
     return value
 
 
@@ -565,8 +605,9 @@ def arrow_type(data_type: DataType) -> pa.DataType:
         if data_type.is_exact_decimal:
             return pa.decimal128(data_type.precision, data_type.scale or 0)
         return pa.string()  # exact decimal text: wider than any Arrow decimal DuckDB reads
-    assert data_type.element is not None
-    return pa.list_(arrow_type(data_type.element))
+    # an array column holds values of any depth row by row (as in PostgreSQL), which no Arrow
+    # or DuckDB list type can: arrays are stored exactly as JSON of their WAL form
+    return pa.json_()
 
 
 _ARROW_NATIVE = {
@@ -595,9 +636,13 @@ def to_arrow_value(data_type: DataType, value: Any) -> Any:
     if kind is TypeKind.NUMERIC and not data_type.is_exact_decimal:
         return str(value)
     if kind is TypeKind.ARRAY:
-        assert data_type.element is not None
-        return [to_arrow_value(data_type.element, item) for item in value]
+        return array_json(data_type, value)
     return value
+
+
+def array_json(data_type: DataType, value: list[Any]) -> str:
+    """The stored form of an array: compact JSON of its WAL form."""
+    return json.dumps(encode_value(data_type, value), separators=(",", ":"), ensure_ascii=False)
 
 
 def from_arrow_value(data_type: DataType, value: Any) -> Any:
@@ -620,9 +665,73 @@ def from_arrow_value(data_type: DataType, value: Any) -> Any:
     if kind is TypeKind.REAL:
         return real_from_float32(value)
     if kind is TypeKind.ARRAY:
-        assert data_type.element is not None
+        if isinstance(value, str):
+            return decode_value(data_type, json.loads(value))
+        assert data_type.element is not None  # a result column already in list form
         return [from_arrow_value(data_type.element, item) for item in value]
     return value
+
+
+#: element kinds whose Arrow storage type reads back equal inside a list result
+_LIST_RESULT_KINDS = _ARROW_NATIVE - {TypeKind.REAL} | {TypeKind.UUID}
+
+
+def array_result_array(column: Any, data_type: DataType) -> Any:
+    """A stored array column (JSON) as query results give it.
+
+    When every value has the same depth, an Arrow (and so DuckDB) nested list of the
+    element type, which SQL indexes, unnests and compares naturally; otherwise (or for
+    element types whose values a list cannot give back equal) a result type whose values
+    read back as the nested lists.
+    """
+    storage = column.storage if isinstance(column, pa.ExtensionArray) else column
+    if isinstance(storage, pa.ChunkedArray):
+        storage = pa.concat_arrays([c.storage if isinstance(c, pa.ExtensionArray) else c for c in storage.chunks]) \
+            if storage.num_chunks else pa.array([], pa.string())
+    texts = storage.cast(pa.string()).to_pylist()
+    values = [None if text is None else decode_value(data_type, json.loads(text)) for text in texts]
+    base = array_base(data_type)
+    depths = {len(array_shape(v)) for v in values if v}
+    if len(depths) <= 1 and (base.kind in _LIST_RESULT_KINDS or base.is_exact_decimal or base.kind is TypeKind.REAL):
+        leaf = pa.float64() if base.kind is TypeKind.REAL else arrow_type(base)
+        list_type = leaf
+        for _ in range(max(depths, default=1)):
+            list_type = pa.list_(list_type)
+        convert = (lambda item: item) if base.kind is TypeKind.REAL else (lambda item: to_arrow_value(base, item))
+        return pa.array([None if v is None else map_leaves(v, convert) for v in values], list_type)
+    return pa.ExtensionArray.from_storage(ArrayResultType(str(base)), pa.array(texts, pa.string()))
+
+
+class ArrayScalar(pa.ExtensionScalar):
+    """An array whose depth varies by row, read back as nested lists of its element type."""
+
+    def as_py(self, *args: Any, **kwargs: Any) -> Any:
+        text = self.value
+        if text is None:
+            return None
+        base = parse_data_type(self.type.element)
+        return decode_value(DataType(TypeKind.ARRAY, element=base), json.loads(text.as_py()))
+
+
+class ArrayResultType(pa.ExtensionType):
+    """Arrays in query results when no one list type holds them: JSON text that reads back as lists."""
+
+    def __init__(self, element: str) -> None:
+        self.element = element
+        super().__init__(pa.string(), "history_pipeline.array")
+
+    def __arrow_ext_serialize__(self) -> bytes:
+        return self.element.encode()
+
+    @classmethod
+    def __arrow_ext_deserialize__(cls, storage_type: pa.DataType, serialized: bytes) -> ArrayResultType:
+        return cls(serialized.decode())
+
+    def __arrow_ext_scalar_class__(self) -> type:
+        return ArrayScalar
+
+
+pa.register_extension_type(ArrayResultType("TEXT"))
 
 
 def canonical_json(value: Any) -> str:

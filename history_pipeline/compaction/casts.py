@@ -14,7 +14,15 @@ from decimal import ROUND_HALF_UP, Decimal, InvalidOperation, localcontext
 from typing import Any
 
 from history_pipeline.errors import ValueTypeError
-from history_pipeline.types import DataType, Interval, TypeKind, decode_value, encode_value
+from history_pipeline.types import (
+    DataType,
+    Interval,
+    TypeKind,
+    array_base,
+    decode_value,
+    encode_value,
+    map_leaves,
+)
 
 _INTEGERS = (TypeKind.SMALLINT, TypeKind.INTEGER, TypeKind.BIGINT)
 _FLOATS = (TypeKind.REAL, TypeKind.DOUBLE)
@@ -65,8 +73,8 @@ def cast_value(value: Any, source: DataType, target: DataType) -> Any:
         if t is TypeKind.TIME and s in (TypeKind.TIMESTAMP, TypeKind.TIMESTAMPTZ):
             return value.time().replace(tzinfo=None)
         if t is TypeKind.ARRAY and s is TypeKind.ARRAY:
-            assert source.element is not None and target.element is not None
-            return [cast_value(v, source.element, target.element) for v in value]
+            low, high = array_base(source), array_base(target)  # element-wise, whatever the depth
+            return map_leaves(value, lambda v: cast_value(v, low, high))
         if t is TypeKind.JSONB and s is not TypeKind.JSONB:
             raise CastFailure(f"no cast from {source} to JSONB (cast through TEXT)")
     except ValueTypeError as exc:
@@ -171,8 +179,9 @@ def to_text(value: Any, source: DataType) -> str:
     if kind is TypeKind.INTERVAL:
         return _interval_text(value)
     if kind is TypeKind.ARRAY:
-        assert source.element is not None
-        return "{" + ",".join("NULL" if v is None else to_text(v, source.element) for v in value) + "}"
+        base = array_base(source)
+        return "{" + ",".join("NULL" if v is None else to_text(v, source if isinstance(v, list) else base)
+                              for v in value) + "}"
     if kind is TypeKind.NUMERIC:
         with localcontext() as ctx:
             ctx.prec = 2000

@@ -36,8 +36,10 @@ from history_pipeline.schema import (
 from history_pipeline.supertable import DELETED, KEY, LT, supertable_schema
 from history_pipeline.types import (
     INTERVAL_ARROW,
+    ArrayResultType,
     DataType,
     TypeKind,
+    array_result_array,
     from_arrow_value,
     jsonb_result_array,
     numeric_result_array,
@@ -226,7 +228,8 @@ class QueryContext:
                 raw = f"__table_{index}"
                 con.register(raw, data)
                 view = _ident(descriptor.table_name)
-                con.execute(f"CREATE VIEW {view} AS SELECT {_sql_columns(descriptor)} FROM {raw}")
+                texts = frozenset(f.name for f in data.schema if isinstance(f.type, ArrayResultType))
+                con.execute(f"CREATE VIEW {view} AS SELECT {_sql_columns(descriptor, texts)} FROM {raw}")
             # PostgreSQL's semantics where DuckDB differs by default: integer / integer is integer,
             # and NULLs sort last ascending but first descending
             con.execute("SET integer_division = true")
@@ -342,6 +345,8 @@ def project(rows: pa.Table, descriptor: TableDescriptor) -> pa.Table:
 
 
 def _user_array(column: Any, data_type: DataType) -> Any:
+    if data_type.kind is TypeKind.ARRAY:
+        return array_result_array(column, data_type)
     if data_type.kind is TypeKind.JSONB:
         return jsonb_result_array(column)
     if data_type.kind is TypeKind.NUMERIC and not data_type.is_exact_decimal:
@@ -369,7 +374,7 @@ def _ident(name: str) -> str:
     return '"' + name.replace('"', '""') + '"'
 
 
-def _sql_columns(descriptor: TableDescriptor) -> str:
+def _sql_columns(descriptor: TableDescriptor, array_texts: frozenset[str] = frozenset()) -> str:
     parts = [KEY]
     for c in descriptor.columns:
         ident = _ident(c.column_name)
@@ -377,6 +382,8 @@ def _sql_columns(descriptor: TableDescriptor) -> str:
             parts.append(f"CAST({ident} AS DOUBLE) AS {ident}")
         elif c.data_type.kind is TypeKind.JSONB:
             parts.append(f"CAST({ident} AS JSON) AS {ident}")
+        elif c.data_type.kind is TypeKind.ARRAY and c.column_name in array_texts:
+            parts.append(f"CAST({ident} AS JSON) AS {ident}")  # depths vary by row: no one list type holds them
         else:
             parts.append(ident)
     return ", ".join(parts)
