@@ -8,6 +8,8 @@ found none of it.
 
 from __future__ import annotations
 
+import time
+
 import pytest
 
 from history_pipeline import HistoryStore, PurgedTimestampError
@@ -224,3 +226,26 @@ def test_reconstruction_check_does_not_pass_when_it_checked_nothing(tmp_path):
     result = reconstruction_invariant_check(dg.build_op_context(), HistoryRootResource(root=str(root), s3=S3Resource()))
     assert not result.passed and result.metadata["states_checked"].value == 0
     assert "checked nothing" in result.description
+
+
+def test_cleanup_prunes_commit_records_behind_a_base_and_rebuild_still_agrees(tmp_path):
+    from history_pipeline.catalog.records import list_record_ids
+    from history_pipeline.catalog.upkeep import collect_garbage
+
+    store = open_store(tmp_path)
+    history(store)
+    store.retain(purge_before=6, spark=False)
+    more_history(store)
+    before, state = answers(store), store.catalog_state()
+    prefix = store.catalog.records_prefix
+    assert list_record_ids(store.objects, prefix).records == tuple(range(state.txn_id + 1))
+    report = collect_garbage(store.catalog, store.objects, "db", 3600.0, at=time.time() + 7200.0)
+    ids = list_record_ids(store.objects, prefix)
+    assert report.records_pruned == state.txn_id + 1 and ids.bases == (state.txn_id,)
+    assert max(ids.records) > state.txn_id  # the cleanup's own commit is recorded after the base
+    for obj in store.objects.list("db/_catalog/"):
+        store.objects.delete(obj.path)
+    store.catalog.forget_cached_state()
+    rebuilt = store.rebuild_catalog()
+    assert set(rebuilt.files) == set(store.catalog_state().files) and rebuilt.earliest == 6
+    assert answers(store) == before and store.verify() == []

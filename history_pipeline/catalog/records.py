@@ -13,7 +13,6 @@ the transaction log (rebuild and garbage collection call it first).
 
 from __future__ import annotations
 
-from collections.abc import Iterable
 from dataclasses import dataclass
 
 from history_pipeline.catalog.model import CatalogState, Transaction
@@ -107,6 +106,22 @@ def records_after(store: ObjectStore, prefix: str) -> tuple[CatalogState | None,
     return base, [read_record(store, prefix, i) for i in ids.records if i > start]
 
 
-def missing(present: Iterable[int], wanted: Iterable[int]) -> list[int]:
-    have = set(present)
-    return [i for i in wanted if i not in have]
+def prune_records(store: ObjectStore, prefix: str, upto: int) -> int:
+    """Delete the records that the newest base at or below ``upto`` supersedes (and older bases).
+
+    Returns how many records went; the base itself is kept, so replay starts from it.
+    """
+    ids = list_record_ids(store, prefix)
+    covers = [b for b in ids.bases if b <= upto]
+    if not covers:
+        return 0
+    cover = covers[-1]
+    removed = 0
+    for txn_id in ids.records:
+        if txn_id <= cover:
+            store.delete(record_path(prefix, txn_id))
+            removed += 1
+    for txn_id in ids.bases:
+        if txn_id < cover:
+            store.delete(base_path(prefix, txn_id))
+    return removed

@@ -36,7 +36,7 @@ from history_pipeline.catalog.model import (
     Transaction,
     apply_transaction,
 )
-from history_pipeline.catalog.records import list_record_ids, records_after, write_base
+from history_pipeline.catalog.records import list_record_ids, prune_records, records_after, write_base
 from history_pipeline.errors import CatalogError, HistoryError, ObjectExistsError
 from history_pipeline.io.store import ObjectStore, now
 from history_pipeline.query.scan import dataset_of
@@ -60,6 +60,7 @@ def data_paths(store: ObjectStore, database: str) -> list[tuple[str, float, int]
 @dataclass
 class GcReport:
     transactions_pruned: int = 0
+    records_pruned: int = 0
     tombstones_deleted: list[str] = field(default_factory=list)
     orphans_deleted: list[str] = field(default_factory=list)
     bytes_freed: int = 0
@@ -67,6 +68,7 @@ class GcReport:
     def as_dict(self) -> dict[str, object]:
         return {
             "transactions_pruned": self.transactions_pruned,
+            "records_pruned": self.records_pruned,
             "tombstones_deleted": len(self.tombstones_deleted),
             "orphans_deleted": len(self.orphans_deleted),
             "bytes_freed": self.bytes_freed,
@@ -101,14 +103,20 @@ def collect_garbage(
     state = log.latest()
     if state.txn_id < 0:
         return report
-    log.repair_records()  # before anything is pruned or deleted: the records must cover every commit
+    # before anything is pruned or deleted: the records must cover every commit
+    mirrored = log.repair_records()
     log.write_checkpoint(state)  # so a later run can prune up to here
+    if mirrored and log.records_prefix is not None:
+        write_base(store, log.records_prefix, state)  # the records' own checkpoint
     old_checkpoints = []
     for checkpoint in log.checkpoint_ids():
         if log.read_checkpoint(checkpoint).committed_at <= cutoff:
             old_checkpoints.append(checkpoint)
     if old_checkpoints:
         report.transactions_pruned = log.prune(old_checkpoints[-1])
+        if log.records_prefix is not None:
+            # records are pruned like the log: only behind a base older than the grace period
+            report.records_pruned = prune_records(store, log.records_prefix, old_checkpoints[-1])
     referenced = referenced_paths(log)
     expired = [
         path
