@@ -486,6 +486,28 @@ def _sql_columns(descriptor: TableDescriptor, numeric_scales: Mapping[str, int |
     return ", ".join(parts)
 
 
+def exact_decimal_array(column: Any) -> Any | None:
+    """A column of unconstrained NUMERIC text as decimal128(38, s), s fitted to its values; None
+    when some value needs more than 38 digits (the text then stays the exact form)."""
+    storage = column.storage if isinstance(column, pa.ExtensionArray) else column
+    if isinstance(column, pa.ChunkedArray):
+        storage = pa.chunked_array(
+            [c.storage if isinstance(c, pa.ExtensionArray) else c for c in column.chunks], pa.string()
+        )
+    con = duckdb.connect(":memory:")
+    try:
+        con.register("__numeric", pa.table({"v": storage}))
+        int_digits, scale = con.execute(
+            f"SELECT {_NUMERIC_INT_DIGITS.format(c='v')}, {_NUMERIC_SCALE.format(c='v')} FROM __numeric"
+        ).fetchall()[0]
+        int_digits, scale = int_digits or 0, scale or 0
+        if int_digits + scale > 38:
+            return None
+        return con.sql(f"SELECT CAST(v AS DECIMAL(38, {scale})) AS v FROM __numeric").to_arrow_table().column("v")
+    finally:
+        con.close()
+
+
 def _sql_list(items: Sequence[str]) -> str:
     return "[" + ", ".join("'" + item.replace("'", "''") + "'" for item in items) + "]"
 
