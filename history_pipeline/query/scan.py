@@ -322,7 +322,8 @@ def live_view(
         )
         parts.append(f"SELECT * FROM {_quote(newest)} WHERE NOT {DELETED}")
     if selection.snapshot:
-        base = f"SELECT * FROM ({source(selection.snapshot, 'snapshot')}) WHERE NOT {DELETED} AND {LT} < {as_of}"
+        # a snapshot holds the state as of its snapshot_as_of <= as_of: every row is below as_of
+        base = f"SELECT * FROM ({source(selection.snapshot, 'snapshot')}) WHERE NOT {DELETED}"
         if selection.versions:
             base = f"SELECT s.* FROM ({base}) s ANTI JOIN {_quote(newest)} n USING ({KEY})"
         parts.insert(0, base)
