@@ -398,6 +398,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--tpch-orders", type=int, default=15_000)
     parser.add_argument("--cycles", type=int, default=4)
     parser.add_argument("--delta", action="store_true", help="also write the history to Delta Lake for storage")
+    parser.add_argument("--out", default="read_path", help="results file name (under bench/results/)")
     args = parser.parse_args(argv)
     if args.quick:
         args.live_rows, args.histories, args.batch, args.tpch_orders, args.cycles = 50_000, [500_000], 50_000, 3000, 3
@@ -407,8 +408,8 @@ def main(argv: list[str] | None = None) -> int:
                       args.delta)
     table = report(results)
     print(table)
-    (RESULTS / "read_path.json").write_text(json.dumps(results, indent=2, default=str))
-    (RESULTS / "read_path.md").write_text(table)
+    (RESULTS / f"{args.out}.json").write_text(json.dumps(results, indent=2, default=str))
+    (RESULTS / f"{args.out}.md").write_text(table)
     return 0
 
 

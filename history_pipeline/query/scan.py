@@ -237,18 +237,40 @@ def live_rows(
 def overlay(base: pa.Table, changes: pa.Table) -> pa.Table:
     """Snapshot rows overridden by the newest later version of their key (deletes drop the key).
 
-    Only the changes are sorted; the snapshot (already one live row per key) is filtered by a
-    set lookup, so the cost is the live rows plus the changes, not the history.
+    Works on indices: the changes' keys and timestamps are sorted (not their rows), the snapshot
+    (already one live row per key) is filtered by a set lookup, and the rows are gathered once,
+    in key order. The cost is the live rows plus the changes, not the history.
     """
     if changes.num_rows == 0:
         return base.filter(pc.invert(base.column(DELETED))) if base.num_rows else base
-    newest = keep_latest(changes, include_deleted=True)
-    if base.num_rows:
-        untouched = base.filter(pc.invert(pc.is_in(base.column(KEY), value_set=newest.column(KEY))))
-        newest = newest.filter(pc.invert(newest.column(DELETED)))
-        merged = pa.concat_tables([untouched, newest.cast(untouched.schema)])
-        return merged.sort_by([(KEY, "ascending")])
-    return newest.filter(pc.invert(newest.column(DELETED)))
+    order = pc.sort_indices(
+        pa.table({"k": changes.column(KEY), "t": changes.column(LT)}),
+        sort_keys=[("k", "ascending"), ("t", "ascending")],
+    )
+    keys = pc.take(changes.column(KEY), order).combine_chunks()
+    if len(keys) > 1:
+        last = pa.concat_arrays([pc.not_equal(keys.slice(0, len(keys) - 1), keys.slice(1)), pa.array([True])])
+    else:
+        last = pa.array([True])
+    newest = order.filter(last)
+    alive = pc.invert(_contiguous(pc.take(changes.column(DELETED), newest)))
+    newest_alive = _contiguous(newest.filter(alive)).cast(pa.int64())
+    if not base.num_rows:
+        return changes.take(newest_alive)
+    keep = pc.and_(
+        pc.invert(pc.is_in(base.column(KEY), value_set=keys.filter(last))), pc.invert(base.column(DELETED))
+    ).combine_chunks()
+    rows = pa.concat_arrays([
+        _contiguous(pc.indices_nonzero(keep)).cast(pa.int64()),
+        _contiguous(pc.add(newest_alive, pa.scalar(base.num_rows, pa.int64()))),
+    ])
+    combined = pa.concat_tables([base, changes.cast(base.schema)])
+    in_key_order = pc.take(rows, pc.sort_indices(pc.take(combined.column(KEY), rows)))
+    return combined.take(in_key_order)
+
+
+def _contiguous(values: pa.Array | pa.ChunkedArray) -> pa.Array:
+    return values.combine_chunks() if isinstance(values, pa.ChunkedArray) else values
 
 
 # --- DuckDB views: the same reconstruction, planned and run by DuckDB ---------------------------
