@@ -68,6 +68,9 @@ def bench_load_table(work: Path, live_rows: int, versions: int, batch: int, delt
     snapshot_bytes = sum(f.size_bytes for f in state.files_of(TABLE_UUID, FileKind.SNAPSHOT))
     delta_bytes = _delta_bytes(work, store) if delta else None
     context = store.query_context()
+    from bench.run import bench_lookups  # the same fetch_row / row_history measure as bench/run.py
+
+    lookups = bench_lookups(store, history.frontier + 1, live_rows)
     rows = []
     for label, as_of in (("latest", history.frontier + 1), ("middle", history.frontier // 2 + batch // 3),
                          ("worst (just before a snapshot)", worst)):
@@ -80,6 +83,7 @@ def bench_load_table(work: Path, live_rows: int, versions: int, batch: int, delt
         limit = median_time(lambda c=con, p=path: c.sql(f"SELECT * FROM read_parquet('{p}')").to_arrow_table())
         con.close()
         rows.append({"versions": versions, "live_rows": answer.num_rows, "as_of": label, "t": as_of,
+                     "lookups": lookups if label == "latest" else None,
                      "ours_s": ours, "reader_s": streamed, "duckdb_answer_file_s": limit, "ratio": ours / limit,
                      "version_bytes": version_bytes, "snapshot_bytes": snapshot_bytes, "delta_bytes": delta_bytes})
     return rows
@@ -351,6 +355,15 @@ def report(results: dict[str, Any]) -> str:
                      f"T={row['as_of']} | {row['ours_s']:.3f} s (streamed {row['reader_s']:.3f} s) | DuckDB reading "
                      f"the answer file {row['duckdb_answer_file_s']:.3f} s | {row['ratio']:.2f}× | ≤ 2× | "
                      f"{verdict(row['ratio'], 2.0)} |")
+    for row in results.get("load_table", []):
+        if row.get("lookups"):
+            lk = row["lookups"]
+            lines.append(f"| fetch_row p50 / p99, {row['versions']:,} versions | {lk['fetch_row_p50_ms']:.2f} / "
+                         f"{lk['fetch_row_p99_ms']:.2f} ms | — | — | ≤ 5 / ≤ 10 ms | "
+                         f"{verdict(lk['fetch_row_p50_ms'], 5)} / {verdict(lk['fetch_row_p99_ms'], 10)} |")
+            lines.append(f"| row_history p50, a key with {lk['row_history_versions']:,} versions | "
+                         f"{lk['row_history_p50_ms']:.1f} ms | — | — | ≤ 50 ms | "
+                         f"{verdict(lk['row_history_p50_ms'], 50)} |")
     seen = set()
     for row in results.get("load_table", []):
         if row["versions"] in seen:
