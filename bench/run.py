@@ -397,6 +397,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="small sizes (about 5 minutes)")
     parser.add_argument("--skip-daemon", action="store_true", help="skip the seal-to-queryable measurement")
+    parser.add_argument("--skip-read-path", action="store_true", help="skip bench/read_path.py (worst T, TPC-H SQL)")
     args = parser.parse_args(argv)
     size = "quick" if args.quick else "full"
     config = SIZES[size]
@@ -424,8 +425,19 @@ def main(argv: list[str] | None = None) -> int:
         if not args.skip_daemon:
             print("4/6 seal to queryable through the daemon ...", flush=True)
             results["seal_to_queryable"] = bench_seal_to_queryable(work)
+        if not args.skip_read_path:
+            from bench import read_path
+
+            print("7/7 read path: worst T, TPC-H-style SQL as of T ...", flush=True)
+            (work / "read_path").mkdir()
+            results["read_path"] = read_path.run(work / "read_path", config["live_rows"], config["histories"][1:],
+                                                 config["batch"], config["live_rows"] // 20, 4, delta=False)
     spark.stop()
     table = report(results)
+    if "read_path" in results:
+        from bench import read_path
+
+        table += "\n" + read_path.report(results["read_path"])
     print(table)
     (RESULTS / "results.json").write_text(json.dumps(results, indent=2, default=str))
     (RESULTS / "results.md").write_text(table)

@@ -133,6 +133,10 @@ class PurgedTimestampError(QueryError):
     """as_of is below the earliest answerable timestamp after retention."""
 
 
+class NegativeTimestampError(QueryError, ValueError):
+    """as_of is negative: logical timestamps start at 0."""
+
+
 class TableNotFoundError(QueryError):
     """No table with this name or uuid exists at the requested time."""
 

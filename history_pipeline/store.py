@@ -185,6 +185,10 @@ class HistoryStore:
         """The table as of ``as_of``: synthetic_key then its columns in order, named as then."""
         return self.query_context().load_table(table, as_of)
 
+    def load_table_reader(self, table: str, as_of: int, batch_size: int = 100_000) -> pa.RecordBatchReader:
+        """``load_table`` streamed as record batches in key order (for tables larger than memory)."""
+        return self.query_context().load_table_reader(table, as_of, batch_size)
+
     def fetch_row(self, table: str, key: int, as_of: int) -> dict[str, Any] | None:
         """One row as of ``as_of`` as {column name: value}, or None."""
         return self.query_context().fetch_row(table, key, as_of)
@@ -196,6 +200,10 @@ class HistoryStore:
     def sql(self, query: str, as_of: int) -> pa.Table:
         """Read-only SQL against the database as of ``as_of``."""
         return self.query_context().sql(query, as_of)
+
+    def sql_reader(self, query: str, as_of: int, batch_size: int = 100_000) -> pa.RecordBatchReader:
+        """``sql`` streamed as record batches (for results larger than memory)."""
+        return self.query_context().sql_reader(query, as_of, batch_size)
 
     def row_history(self, table: str, key: int) -> list[dict[str, Any]]:
         """Every retained version of a key: logical_timestamp, is_deleted, values."""

@@ -31,7 +31,7 @@ def export_database(store: Any, as_of: int, target: ObjectStore, on_table: Any =
     prefix = export_prefix(store.database, as_of)
     written = []
     for index, descriptor in enumerate(tables):
-        data = context.load_table(descriptor.table_name, as_of)
+        data = _exact_numerics(context.load_table(descriptor.table_name, as_of), descriptor)
         buffer = io.BytesIO()
         pq.write_table(data, buffer, compression="zstd")
         path = f"{prefix}/tables/{index:04d}-{descriptor.table_uuid}.parquet"
@@ -45,6 +45,21 @@ def export_database(store: Any, as_of: int, target: ObjectStore, on_table: Any =
     manifest = {"database": store.database, "as_of": as_of, "frontier": context.state.frontier, "tables": written}
     target.put(f"{prefix}/{MANIFEST}", json.dumps(manifest, indent=2).encode())
     return manifest
+
+
+def _exact_numerics(data: pa.Table, descriptor: Any) -> pa.Table:
+    """Unconstrained NUMERIC columns as DECIMAL(38, s) when every value fits (any reader sums them
+    exactly); otherwise they stay exact decimal text, never a float."""
+    from history_pipeline.query.engine import exact_decimal_array
+    from history_pipeline.types import TypeKind
+
+    for column in descriptor.columns:
+        if column.data_type.kind is TypeKind.NUMERIC and not column.data_type.is_exact_decimal:
+            index = data.column_names.index(column.column_name)
+            fitted = exact_decimal_array(data.column(index))
+            if fitted is not None:
+                data = data.set_column(index, column.column_name, fitted)
+    return data
 
 
 def list_exports(target: ObjectStore, database: str) -> list[int]:

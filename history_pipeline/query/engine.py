@@ -8,7 +8,9 @@ purge point, and reads only the files the catalog lists.
 from __future__ import annotations
 
 import bisect
+import contextlib
 import functools
+import threading
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -20,13 +22,14 @@ import pyarrow.compute as pc
 from history_pipeline.catalog.model import CatalogState, FileKind
 from history_pipeline.errors import (
     FutureTimestampError,
+    NegativeTimestampError,
     PurgedTimestampError,
     QueryError,
     SandboxViolationError,
     TableNotFoundError,
 )
 from history_pipeline.io.store import ObjectStore
-from history_pipeline.query.scan import live_rows, read_key
+from history_pipeline.query.scan import live_rows, live_view, read_key
 from history_pipeline.schema import (
     SchemaHistoryEntry,
     TableDescriptor,
@@ -60,6 +63,12 @@ class QueryContext:
         """Refuse as_of beyond the frontier or below the purge point."""
         if isinstance(as_of, bool) or not isinstance(as_of, int):
             raise TypeError(f"as_of must be an integer logical timestamp, got {as_of!r}")
+        if as_of < 0:
+            # checked first: a negative as_of is malformed whatever retention did
+            raise NegativeTimestampError(
+                f"as_of={as_of} is negative: logical timestamps start at 0, so as_of must be >= 0 "
+                "(as_of=0 is the empty state before the first event)"
+            )
         frontier = self.state.frontier
         if as_of > frontier + 1:
             raise FutureTimestampError(
@@ -72,8 +81,6 @@ class QueryContext:
                 f"removed by retention; the earliest answerable as_of is {self.state.earliest} "
                 "(load the cold tier to look further back)"
             )
-        if as_of < 0:
-            raise FutureTimestampError(f"as_of must be >= 0, got {as_of}")
 
     def resolve(self, table: str, as_of: int) -> TableDescriptor:
         """A table by name (as of ``as_of``) or by uuid."""
@@ -116,6 +123,37 @@ class QueryContext:
         self.check_as_of(as_of)
         descriptor = self.resolve(table, as_of)
         return project(self._live(descriptor, as_of), descriptor)
+
+    def load_table_reader(self, table: str, as_of: int, batch_size: int = 100_000) -> pa.RecordBatchReader:
+        """``load_table`` as a stream of record batches in key order, for tables larger than memory.
+
+        DuckDB reads the catalog's files for ``as_of`` (no user SQL runs here, so no sandbox);
+        the connection closes when the reader is exhausted or closed.
+        """
+        self.check_as_of(as_of)
+        descriptor = self.resolve(table, as_of)
+        supercolumns = self.supercolumns(descriptor.table_uuid)
+        con = duckdb.connect(":memory:")
+        try:
+            con.execute("SET arrow_lossless_conversion = true")  # UUID and JSON keep their Arrow types
+            view = live_view(con, self.store, self.state, descriptor.table_uuid, supercolumns, as_of,
+                             [c.supercolumn for c in descriptor.columns], "__live")
+            source = con.sql(f"SELECT * FROM {_ident(view.name)} ORDER BY {KEY}").to_arrow_reader(batch_size)
+            stored = supertable_schema(supercolumns)
+            wanted = pa.schema([stored.field(name) for name in source.schema.names])
+            schema = project(wanted.empty_table(), descriptor).schema
+        except BaseException:
+            con.close()
+            raise
+
+        def batches() -> Any:
+            try:
+                for batch in source:
+                    yield from project(pa.Table.from_batches([batch]).cast(wanted), descriptor).to_batches()
+            finally:
+                con.close()
+
+        return pa.RecordBatchReader.from_batches(schema, batches())
 
     def fetch_row(self, table: str, key: int, as_of: int) -> dict[str, Any] | None:
         """One row as of ``as_of`` as {column name: value}, or None."""
@@ -205,50 +243,139 @@ class QueryContext:
 
     def sql(self, query: str, as_of: int) -> pa.Table:
         """Read-only SQL over every table visible as of ``as_of`` plus _history_catalog.schema_history."""
+        with self.sql_reader(query, as_of) as reader:
+            return reader.read_all()
+
+    def sql_reader(self, query: str, as_of: int, batch_size: int = 100_000) -> pa.RecordBatchReader:
+        """``sql`` as a stream of record batches, for results larger than memory.
+
+        The DuckDB connection behind it closes when the reader is exhausted or closed.
+        """
         self.check_as_of(as_of)
         con = duckdb.connect(":memory:")
         try:
-            statements = con.extract_statements(query)
-            if not statements:
-                raise SandboxViolationError("empty SQL")
-            for statement in statements:
-                if statement.type != duckdb.StatementType.SELECT:
-                    raise SandboxViolationError(
-                        f"only read-only SELECT queries run against history; got a {statement.type.name} statement"
-                    )
-            con.execute("CREATE SCHEMA _history_catalog")
-            history = [e for e in self.state.schema_history if e.logical_timestamp < as_of]
-            con.register("__schema_history", schema_history_arrow(history))
-            con.execute("CREATE VIEW _history_catalog.schema_history AS SELECT * FROM __schema_history")
+            _check_read_only(con, query)
             referenced = _referenced_tables(query)
-            for index, descriptor in enumerate(self.get_catalog(as_of)):
-                if referenced is not None and descriptor.table_name.lower() not in referenced:
-                    continue  # only the tables the query names are reconstructed
-                data = self.load_table(descriptor.table_name, as_of)
-                raw = f"__table_{index}"
-                con.register(raw, data)
-                view = _ident(descriptor.table_name)
-                texts = frozenset(f.name for f in data.schema if isinstance(f.type, ArrayResultType))
-                con.execute(f"CREATE VIEW {view} AS SELECT {_sql_columns(descriptor, texts)} FROM {raw}")
+            tables = [
+                d for d in self.get_catalog(as_of) if referenced is None or d.table_name.lower() in referenced
+            ]
+            paths = self._create_views(con, tables, as_of)
             # PostgreSQL's semantics where DuckDB differs by default: integer / integer is integer,
             # and NULLs sort last ascending but first descending
             con.execute("SET integer_division = true")
             con.execute("SET default_null_order = 'nulls_last_on_asc_first_on_desc'")
+            # the sandbox: the views' own files stay readable, nothing else; then the settings lock
+            con.execute("SET allowed_paths = " + _sql_list(paths))
             con.execute("SET enable_external_access = false")
             con.execute("SET lock_configuration = true")
-            try:
+            wide = self._expose_numerics(con, tables, as_of)
+            with self._sql_errors(as_of, wide):
                 relation = con.sql(query)
-                return _restore_types(relation.to_arrow_table(), [str(t) for t in relation.types])
-            except duckdb.PermissionException as exc:
-                raise SandboxViolationError(f"refused by the read-only sandbox: {exc}") from None
-            except duckdb.CatalogException as exc:
-                names = ", ".join(d.table_name for d in self.get_catalog(as_of)) or "none"
-                raise TableNotFoundError(f"{exc} (as of {as_of}, the tables are: {names})") from None
-            except duckdb.Error as exc:
-                raise QueryError(f"the query failed as of {as_of}: {exc}") from None
+                duck_types = [str(t) for t in relation.types]
+                source = relation.to_arrow_reader(batch_size)
+            schema = _restore_types(source.schema.empty_table(), duck_types).schema
+        except BaseException:
+            con.close()
+            raise
+        return pa.RecordBatchReader.from_batches(schema, self._batches(con, source, duck_types, as_of, wide))
+
+    def _batches(self, con: Any, source: Any, duck_types: list[str], as_of: int, wide: list[str]) -> Any:
+        try:
+            with self._sql_errors(as_of, wide):
+                for batch in source:
+                    yield from _restore_types(pa.Table.from_batches([batch]), duck_types).to_batches()
         finally:
             con.close()
 
+    @contextlib.contextmanager
+    def _sql_errors(self, as_of: int, wide: list[str]) -> Any:
+        """DuckDB's errors as the typed errors of this package."""
+        try:
+            yield
+        except duckdb.PermissionException as exc:
+            raise SandboxViolationError(f"refused by the read-only sandbox: {exc}") from None
+        except duckdb.CatalogException as exc:
+            names = ", ".join(d.table_name for d in self.get_catalog(as_of)) or "none"
+            raise TableNotFoundError(f"{exc} (as of {as_of}, the tables are: {names})") from None
+        except duckdb.Error as exc:
+            hint = ""
+            if wide:
+                hint = (f"; note: {', '.join(wide)} hold NUMERIC values wider than DECIMAL(38) as of {as_of}, "
+                        "so SQL sees them as exact text (cast them, e.g. to DOUBLE, to compute approximately)")
+            raise QueryError(f"the query failed as of {as_of}: {exc}{hint}") from None
+
+    def _create_views(self, con: Any, tables: Sequence[TableDescriptor], as_of: int) -> list[str]:
+        """One view per table (its live rows read from its files), plus the schema history; the paths read."""
+        con.execute("CREATE SCHEMA _history_catalog")
+        history = [e for e in self.state.schema_history if e.logical_timestamp < as_of]
+        con.register("__schema_history", schema_history_arrow(history))
+        con.execute("CREATE VIEW _history_catalog.schema_history AS SELECT * FROM __schema_history")
+        paths: list[str] = []
+        for index, descriptor in enumerate(tables):
+            view = live_view(
+                con, self.store, self.state, descriptor.table_uuid, self.supercolumns(descriptor.table_uuid),
+                as_of, [c.supercolumn for c in descriptor.columns], f"__live_{index}",
+            )
+            paths.extend(view.paths)
+        return paths
+
+    def _expose_numerics(self, con: Any, tables: Sequence[TableDescriptor], as_of: int) -> list[str]:
+        """Create the user views; unconstrained NUMERIC as DECIMAL(38, s) fitted to the live values.
+
+        Returns the columns whose values do not fit DECIMAL(38, s) (exposed as exact text).
+        """
+        wide = []
+        for index, descriptor in enumerate(tables):
+            if any(c.data_type.kind is TypeKind.ARRAY for c in descriptor.columns):
+                wide.extend(self._expose_materialized(con, descriptor, as_of, index))
+                continue
+            raw = f"__live_{index}"
+            fits: dict[str, int | None] = {}
+            unconstrained = [c for c in descriptor.columns
+                             if c.data_type.kind is TypeKind.NUMERIC and not c.data_type.is_exact_decimal]
+            if unconstrained:
+                probe = ", ".join(f"{_NUMERIC_INT_DIGITS.format(c=_ident(c.supercolumn))}, "
+                                  f"{_NUMERIC_SCALE.format(c=_ident(c.supercolumn))}" for c in unconstrained)
+                row = con.execute(f"SELECT {probe} FROM {raw}").fetchall()[0]
+                for n, c in enumerate(unconstrained):
+                    int_digits, scale = row[2 * n] or 0, row[2 * n + 1] or 0
+                    fits[c.supercolumn] = scale if int_digits + scale <= 38 else None
+                    if fits[c.supercolumn] is None:
+                        wide.append(f"{descriptor.table_name}.{c.column_name}")
+            con.execute(f"CREATE VIEW {_ident(descriptor.table_name)} AS SELECT {_sql_columns(descriptor, fits)} "
+                        f"FROM {raw}")
+        return wide
+
+
+    def _expose_materialized(self, con: Any, descriptor: TableDescriptor, as_of: int, index: int) -> list[str]:
+        """A table with array columns is exposed from its reconstructed Arrow table: arrays are stored
+        as JSON whose depth may vary by row, so only the reconstruction knows their SQL type (a list
+        when uniform, JSON otherwise). Returns the NUMERIC columns too wide for DECIMAL(38, s)."""
+        data = self.load_table(descriptor.table_name, as_of)
+        wide: list[str] = []
+        for c in descriptor.columns:
+            if c.data_type.kind is TypeKind.NUMERIC and not c.data_type.is_exact_decimal:
+                position = data.schema.get_field_index(c.column_name)
+                exact = exact_decimal_array(data.column(position))
+                if exact is None:
+                    wide.append(f"{descriptor.table_name}.{c.column_name}")
+                    column = data.column(position)
+                    exact = pa.chunked_array(
+                        [k.storage if isinstance(k, pa.ExtensionArray) else k for k in column.chunks], pa.string()
+                    )
+                data = data.set_column(position, c.column_name, exact)
+        raw = f"__table_{index}"
+        con.register(raw, data)
+        parts = [KEY]
+        for c in descriptor.columns:
+            ident = _ident(c.column_name)
+            field = data.schema.field(c.column_name)
+            if c.data_type.kind is TypeKind.JSONB or isinstance(field.type, ArrayResultType):
+                parts.append(f"CAST({ident} AS JSON) AS {ident}")  # array depths vary by row: JSON holds them
+            else:
+                parts.append(ident)
+        con.execute(f"CREATE VIEW {_ident(descriptor.table_name)} AS SELECT {', '.join(parts)} FROM {raw}")
+        return wide
 
 def _named(row: dict[str, Any], descriptor: TableDescriptor | None) -> dict[str, Any]:
     assert descriptor is not None
@@ -295,15 +422,29 @@ def _restore_types(table: pa.Table, duckdb_types: list[str]) -> pa.Table:
     return pa.table(columns, names=table.column_names)
 
 
+_PROBE: list[Any] = []
+_PROBE_LOCK = threading.Lock()
+
+
+def _probe_cursor() -> Any:
+    """A cursor on one process-wide empty database with external access off and its settings
+    locked: it only names tables (nothing is ever created in it), and a connection costs ~50 ms."""
+    with _PROBE_LOCK:
+        if not _PROBE:
+            database = duckdb.connect(":memory:")
+            database.execute("SET enable_external_access = false")
+            database.execute("SET lock_configuration = true")
+            _PROBE.append(database)
+        return _PROBE[0].cursor()
+
+
 def _referenced_tables(query: str) -> set[str] | None:
     """Lower-cased names the query reads (None when DuckDB cannot tell), found inside a sandbox.
 
     Naming the tables binds table functions, so it runs with external access already off.
     """
-    probe = duckdb.connect(":memory:")
+    probe = _probe_cursor()
     try:
-        probe.execute("SET enable_external_access = false")
-        probe.execute("SET lock_configuration = true")
         return {name.lower() for name in probe.get_table_names(query)}
     except duckdb.PermissionException as exc:
         raise SandboxViolationError(f"refused by the read-only sandbox: {exc}") from None
@@ -374,16 +515,71 @@ def _ident(name: str) -> str:
     return '"' + name.replace('"', '""') + '"'
 
 
-def _sql_columns(descriptor: TableDescriptor, array_texts: frozenset[str] = frozenset()) -> str:
+def _sql_columns(descriptor: TableDescriptor, numeric_scales: Mapping[str, int | None]) -> str:
+    """The view's select list: supercolumns under their names as of T, in the types SQL sees."""
     parts = [KEY]
     for c in descriptor.columns:
-        ident = _ident(c.column_name)
-        if c.data_type.kind is TypeKind.NUMERIC and not c.data_type.is_exact_decimal:
-            parts.append(f"CAST({ident} AS DOUBLE) AS {ident}")
-        elif c.data_type.kind is TypeKind.JSONB:
-            parts.append(f"CAST({ident} AS JSON) AS {ident}")
-        elif c.data_type.kind is TypeKind.ARRAY and c.column_name in array_texts:
-            parts.append(f"CAST({ident} AS JSON) AS {ident}")  # depths vary by row: no one list type holds them
+        source, ident = _ident(c.supercolumn), _ident(c.column_name)
+        kind = c.data_type.kind
+        if kind is TypeKind.NUMERIC and not c.data_type.is_exact_decimal:
+            scale = numeric_scales.get(c.supercolumn)
+            expr = source if scale is None else f"CAST({source} AS DECIMAL(38, {scale}))"
+        elif kind is TypeKind.JSONB:
+            expr = f"CAST({source} AS JSON)"
+        elif kind is TypeKind.REAL:
+            # the shortest decimal that names the float32, as PostgreSQL prints a REAL
+            expr = f"CAST(CAST({source} AS VARCHAR) AS DOUBLE)"
+        elif kind is TypeKind.INTERVAL:
+            expr = (f"to_months({source}.months) + to_days({source}.days) + "
+                    f"to_microseconds({source}.micros)")
         else:
-            parts.append(ident)
+            expr = source
+        parts.append(f"{expr} AS {ident}")
     return ", ".join(parts)
+
+
+def exact_decimal_array(column: Any) -> Any | None:
+    """A column of unconstrained NUMERIC text as decimal128(38, s), s fitted to its values; None
+    when some value needs more than 38 digits (the text then stays the exact form)."""
+    storage = column.storage if isinstance(column, pa.ExtensionArray) else column
+    if isinstance(column, pa.ChunkedArray):
+        storage = pa.chunked_array(
+            [c.storage if isinstance(c, pa.ExtensionArray) else c for c in column.chunks], pa.string()
+        )
+    con = duckdb.connect(":memory:")
+    try:
+        con.register("__numeric", pa.table({"v": storage}))
+        int_digits, scale = con.execute(
+            f"SELECT {_NUMERIC_INT_DIGITS.format(c='v')}, {_NUMERIC_SCALE.format(c='v')} FROM __numeric"
+        ).fetchall()[0]
+        int_digits, scale = int_digits or 0, scale or 0
+        if int_digits + scale > 38:
+            return None
+        return con.sql(f"SELECT CAST(v AS DECIMAL(38, {scale})) AS v FROM __numeric").to_arrow_table().column("v")
+    finally:
+        con.close()
+
+
+def _sql_list(items: Sequence[str]) -> str:
+    return "[" + ", ".join("'" + item.replace("'", "''") + "'" for item in items) + "]"
+
+
+def _check_read_only(con: Any, query: str) -> None:
+    statements = con.extract_statements(query)
+    if not statements:
+        raise SandboxViolationError("empty SQL")
+    for statement in statements:
+        if statement.type != duckdb.StatementType.SELECT:
+            raise SandboxViolationError(
+                f"only read-only SELECT queries run against history; got a {statement.type.name} statement"
+            )
+
+
+# Decimal text as written by Python's str(Decimal): "-12.3400", "1.5E-7", "1.2345E+7".
+# Integer digits and scale of each value (over-estimated, never under), to pick DECIMAL(38, s).
+_MANTISSA = "split_part(lower({c}), 'e', 1)"
+_EXPONENT = "coalesce(TRY_CAST(nullif(split_part(lower({c}), 'e', 2), '') AS INTEGER), 0)"
+_NUMERIC_INT_DIGITS = (
+    "max(greatest(0, length(ltrim(split_part(" + _MANTISSA + ", '.', 1), '-+0')) + " + _EXPONENT + "))"
+)
+_NUMERIC_SCALE = "max(greatest(0, length(split_part(" + _MANTISSA + ", '.', 2)) - " + _EXPONENT + "))"
