@@ -18,11 +18,13 @@ import fcntl
 import json
 import os
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from history_pipeline.errors import (
+    InputRecordError,
     MalformedRecordError,
     SealError,
     TimestampOrderError,
@@ -125,6 +127,25 @@ class WalWriter:
         self._position = position
         if isinstance(parsed, Close) and self._rotation_due():
             self.seal()
+
+    def append_all(self, lines: Iterable[str | bytes], *, source: str, seal: bool = False) -> int:
+        """Append every JSON line of an input, or none: all are parsed and checked against the
+        ordering rules first (an :class:`InputRecordError` names ``source`` and the line), and
+        only then written. With ``seal`` the segment is sealed afterwards (checked first too)."""
+        self._check_usable()
+        events = parse_input(lines, source, self._position)
+        if seal and events and not isinstance(events[-1], Close):
+            raise SealError(
+                f"{source}: cannot seal after its last record, which is not a close; "
+                "end the input with {\"op\": \"close\", \"t\": ...} or drop --seal; nothing was written"
+            )
+        if seal and not events and not self._position.last_record_is_close:
+            raise SealError("cannot seal: the open segment's last record is not a close; nothing was written")
+        for event in events:
+            self.append(event)
+        if seal:
+            self.seal()
+        return len(events)
 
     def append_line(self, text: str) -> None:
         """Append one JSON line (as read from a file or stdin)."""
@@ -269,6 +290,23 @@ class WalWriter:
             fcntl.flock(self._lock_fd, fcntl.LOCK_UN)
             os.close(self._lock_fd)
             self._lock_fd = None
+
+
+def parse_input(lines: Iterable[str | bytes], source: str, position: WalPosition) -> list[Event]:
+    """Every event of an input, checked in order from ``position``; blank lines are skipped."""
+    events: list[Event] = []
+    for number, raw in enumerate(lines, start=1):
+        if not raw.strip():
+            continue
+        try:
+            event = parse_line(raw)
+            if isinstance(event, Close) and event.seal is not None:
+                raise MalformedRecordError("a sealing close record cannot be appended; the writer seals")
+            position = position.admit(event)
+        except MalformedRecordError as exc:
+            raise InputRecordError(source, number, exc.reason) from None
+        events.append(event)
+    return events
 
 
 def _sealed_upper(ref: SegmentRef) -> int:
