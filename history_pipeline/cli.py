@@ -98,9 +98,9 @@ def cmd_append(args: argparse.Namespace) -> int:
     # the writer then checks it again from its real position before writing anything
     from history_pipeline.wal.writer import WalPosition, parse_input
 
-    parse_input(lines, source, WalPosition())
+    parse_input(lines, source, WalPosition(), require_uuids=True)
     with _store(args, create=True).wal_writer() as wal:
-        count = wal.append_all(lines, source=source, seal=args.seal)
+        count = wal.append_all(lines, source=source, seal=args.seal, require_uuids=True)
     print(f"appended {count} events" + (" and sealed the segment" if args.seal else ""))
     return 0
 

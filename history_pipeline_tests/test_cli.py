@@ -20,11 +20,13 @@ def run(root, *args, stdin=None):
     )
 
 
+T = "7d6c0c1e-0000-4000-8000-00000000000a"  # identifiers are UUIDs
+A = "c0000001-0000-4000-8000-00000000000a"
 EVENTS = [
-    {"op": "create_table", "t": 1, "table_uuid": "T", "table_name": "orders",
-     "columns": [{"column_uuid": "a", "column_name": "amount", "data_type": "NUMERIC(10,2)"}]},
-    {"op": "insert", "t": 2, "table_uuid": "T", "key": 1, "values": {"a": "12.50"}},
-    {"op": "update", "t": 3, "table_uuid": "T", "key": 1, "values": {"a": "13.00"}},
+    {"op": "create_table", "t": 1, "table_uuid": T, "table_name": "orders",
+     "columns": [{"column_uuid": A, "column_name": "amount", "data_type": "NUMERIC(10,2)"}]},
+    {"op": "insert", "t": 2, "table_uuid": T, "key": 1, "values": {A: "12.50"}},
+    {"op": "update", "t": 3, "table_uuid": T, "key": 1, "values": {A: "13.00"}},
     {"op": "close", "t": 3},
 ]
 
@@ -80,7 +82,7 @@ def test_maintenance_commands(tmp_path):
 
 
 def test_quarantine_then_release_after_a_fix(tmp_path):
-    bad = EVENTS[:2] + [{"op": "update", "t": 3, "table_uuid": "T", "key": 99, "values": {"a": "1.00"}},
+    bad = EVENTS[:2] + [{"op": "update", "t": 3, "table_uuid": T, "key": 99, "values": {A: "1.00"}},
                         {"op": "close", "t": 3}]
     run(tmp_path, "append", "--seal", stdin="\n".join(json.dumps(e) for e in bad) + "\n")
     failed = run(tmp_path, "compact", "--in-process")
@@ -109,8 +111,8 @@ def test_quarantine_then_release_after_a_fix(tmp_path):
 
 
 def test_repair_refuses_bad_corrections_and_skip_keeps_an_audit_record(tmp_path):
-    bad = EVENTS[:2] + [{"op": "delete", "t": 3, "table_uuid": "T", "key": 99}, {"op": "close", "t": 3}]
-    later = [{"op": "insert", "t": 4, "table_uuid": "T", "key": 2, "values": {"a": "2.00"}}, {"op": "close", "t": 4}]
+    bad = EVENTS[:2] + [{"op": "delete", "t": 3, "table_uuid": T, "key": 99}, {"op": "close", "t": 3}]
+    later = [{"op": "insert", "t": 4, "table_uuid": T, "key": 2, "values": {A: "2.00"}}, {"op": "close", "t": 4}]
     run(tmp_path, "append", "--seal", stdin="\n".join(json.dumps(e) for e in EVENTS[:1] + [{"op": "close", "t": 1}]))
     run(tmp_path, "append", "--seal", stdin="\n".join(json.dumps(e) for e in bad[1:]) + "\n")
     run(tmp_path, "append", "--seal", stdin="\n".join(json.dumps(e) for e in later) + "\n")
@@ -123,7 +125,8 @@ def test_repair_refuses_bad_corrections_and_skip_keeps_an_audit_record(tmp_path)
     refused = run(tmp_path, "compact", "--in-process", "--segment", "3")
     assert refused.returncode == 1 and "quarantined" in refused.stderr
     wrong = tmp_path / "wrong.jsonl"
-    wrong.write_text('{"op": "insert", "t": 2, "table_uuid": "T", "key": 1, "values": {}}\n{"op": "close", "t": 0}\n')
+    wrong.write_text(json.dumps({"op": "insert", "t": 2, "table_uuid": T, "key": 1, "values": {}})
+                     + '\n{"op": "close", "t": 0}\n')
     out = run(tmp_path, "repair", "2", "--events", str(wrong))
     assert out.returncode == 1 and f"{wrong}, line 2:" in out.stderr and len(out.stderr.strip().splitlines()) == 1
     not_quarantined = run(tmp_path, "repair", "3", "--events", str(wrong))
@@ -140,8 +143,8 @@ def test_repair_refuses_bad_corrections_and_skip_keeps_an_audit_record(tmp_path)
 
 def test_append_is_all_or_nothing_and_names_file_and_line(tmp_path):
     events = tmp_path / "events.jsonl"
-    events.write_text("\n".join(json.dumps(e) for e in EVENTS[:2]) + '\n{"op": "insert", "t": 1, "table_uuid": "T",'
-                      ' "key": 2, "values": {}}\n')
+    events.write_text("\n".join(json.dumps(e) for e in EVENTS[:2]) + "\n"
+                      + json.dumps({"op": "insert", "t": 1, "table_uuid": T, "key": 2, "values": {}}) + "\n")
     failed = run(tmp_path, "append", str(events))
     assert failed.returncode == 1
     assert failed.stderr.strip() == (f"error: {events}, line 3: t=1 goes backwards (last event had t=2); "
@@ -150,10 +153,12 @@ def test_append_is_all_or_nothing_and_names_file_and_line(tmp_path):
     events.write_text("\n".join(json.dumps(e) for e in EVENTS[:2]) + "\n")
     assert run(tmp_path, "append", str(events)).returncode == 0
     typo = tmp_path / "typo.jsonl"
-    typo.write_text('{"op": "update", "t": 3, "table_uuid": "T", "key": 1, "valeus": {}}\n')
+    typo.write_text(json.dumps({"op": "update", "t": 3, "table_uuid": T, "key": 1, "valeus": {}}) + "\n")
     out = run(tmp_path, "append", str(typo))
     assert out.returncode == 1 and "line 1" in out.stderr
     assert "expected fields: op, t, key, table_uuid, values" in out.stderr
+    not_uuid = run(tmp_path, "append", stdin=json.dumps({**EVENTS[1], "table_uuid": "T", "t": 5}) + "\n")
+    assert not_uuid.returncode == 1 and "<stdin>, line 1: table_uuid 'T' is not a UUID" in not_uuid.stderr
     sealing = run(tmp_path, "append", "--seal", str(events.parent / "typo.jsonl"))
     assert sealing.returncode == 1
     segment = next(Path(tmp_path).rglob("segments/*.open"))
@@ -212,7 +217,7 @@ def test_tables_status_history_and_sql_statements(tmp_path):
     run(tmp_path, "compact", "--in-process")
     tables = run(tmp_path, "tables", "--as-of", "2", "--format", "json")
     assert [json.loads(line) for line in tables.stdout.splitlines()] == [
-        {"name": "orders", "table_uuid": "T", "columns": 1}]
+        {"name": "orders", "table_uuid": T, "columns": 1}]
     assert run(tmp_path, "tables", "--as-of", "1", "--format", "json").stdout == ""  # created at t=1
     described = run(tmp_path, "sql", "DESCRIBE orders", "--format", "json")
     column = json.loads(described.stdout.splitlines()[0])
@@ -241,7 +246,7 @@ def test_shell_reads_statements_as_of_t(tmp_path):
     shell = run(tmp_path, "shell", "--format", "json", stdin=script)
     assert shell.returncode == 0
     assert shell.stdout.splitlines() == ['{"amount": "13.00"}', "as_of = 3", '{"amount": "12.50"}',
-                                         '{"name": "orders", "table_uuid": "T", "columns": 1}']
+                                         json.dumps({"name": "orders", "table_uuid": T, "columns": 1})]
     errors = shell.stderr.strip().splitlines()
     assert len(errors) == 3
     assert errors[0].startswith("error: SQL syntax error") and "only read-only" in errors[1]

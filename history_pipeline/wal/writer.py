@@ -17,6 +17,7 @@ from __future__ import annotations
 import fcntl
 import json
 import os
+import re
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -34,6 +35,8 @@ from history_pipeline.events import (
     GENESIS_T,
     Close,
     Event,
+    Insert,
+    Update,
     event_to_line,
     is_schema_change,
     parse_event,
@@ -128,12 +131,14 @@ class WalWriter:
         if isinstance(parsed, Close) and self._rotation_due():
             self.seal()
 
-    def append_all(self, lines: Iterable[str | bytes], *, source: str, seal: bool = False) -> int:
+    def append_all(
+        self, lines: Iterable[str | bytes], *, source: str, seal: bool = False, require_uuids: bool = False
+    ) -> int:
         """Append every JSON line of an input, or none: all are parsed and checked against the
         ordering rules first (an :class:`InputRecordError` names ``source`` and the line), and
         only then written. With ``seal`` the segment is sealed afterwards (checked first too)."""
         self._check_usable()
-        events = parse_input(lines, source, self._position)
+        events = parse_input(lines, source, self._position, require_uuids=require_uuids)
         if seal and events and not isinstance(events[-1], Close):
             raise SealError(
                 f"{source}: cannot seal after its last record, which is not a close; "
@@ -292,8 +297,35 @@ class WalWriter:
             self._lock_fd = None
 
 
-def parse_input(lines: Iterable[str | bytes], source: str, position: WalPosition) -> list[Event]:
-    """Every event of an input, checked in order from ``position``; blank lines are skipped."""
+_UUID_RE = re.compile(r"^[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}$")
+
+
+def check_identifiers(event: Event) -> None:
+    """``table_uuid`` and ``column_uuid`` fields must be canonical UUIDs (8-4-4-4-12 hex digits)."""
+    found: list[tuple[str, str]] = []
+    if hasattr(event, "table_uuid"):
+        found.append(("table_uuid", event.table_uuid))
+    if hasattr(event, "column_uuid"):
+        found.append(("column_uuid", event.column_uuid))
+    for column in getattr(event, "columns", ()):
+        found.append(("column_uuid", column.column_uuid))
+    if hasattr(event, "column"):
+        found.append(("column_uuid", event.column.column_uuid))
+    if isinstance(event, (Insert, Update)):
+        found += [("values key", name) for name in event.values]
+    for field, value in found:
+        if not _UUID_RE.match(value):
+            raise MalformedRecordError(
+                f"{field} {value!r} is not a UUID: identifiers are canonical UUIDs such as "
+                "'7d6c0c1e-0000-4000-8000-000000000001'"
+            )
+
+
+def parse_input(
+    lines: Iterable[str | bytes], source: str, position: WalPosition, *, require_uuids: bool = False
+) -> list[Event]:
+    """Every event of an input, checked in order from ``position``; blank lines are skipped.
+    ``require_uuids`` also checks that identifiers are UUIDs (:func:`check_identifiers`)."""
     events: list[Event] = []
     for number, raw in enumerate(lines, start=1):
         if not raw.strip():
@@ -302,6 +334,8 @@ def parse_input(lines: Iterable[str | bytes], source: str, position: WalPosition
             event = parse_line(raw)
             if isinstance(event, Close) and event.seal is not None:
                 raise MalformedRecordError("a sealing close record cannot be appended; the writer seals")
+            if require_uuids:
+                check_identifiers(event)
             position = position.admit(event)
         except MalformedRecordError as exc:
             raise InputRecordError(source, number, exc.reason) from None
