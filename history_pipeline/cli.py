@@ -224,6 +224,12 @@ def cmd_status(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_frontier(args: argparse.Namespace) -> int:
+    """The frontier alone, for scripts (``status`` shows the rest)."""
+    print(_store(args).frontier)
+    return 0
+
+
 def cmd_history(args: argparse.Namespace) -> int:
     commits = _store(args).history(limit=args.limit)
     table = pa.table(
@@ -310,7 +316,10 @@ def cmd_shell(args: argparse.Namespace) -> int:
 def cmd_segments(args: argparse.Namespace) -> int:
     from history_pipeline.wal.segments import quarantine_reason
 
-    for ref in _store(args).segments():
+    segments = _store(args).segments()
+    if not segments:
+        print("(no segments)")
+    for ref in segments:
         why = ""
         if ref.state.value == "quarantined":
             reason = quarantine_reason(ref) or {}
@@ -520,6 +529,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = _command(sub, "status", cmd_status, "frontier, earliest, pending and quarantined segments, last compaction")
     _format_option(p, ["text", "json"])
+
+    _command(sub, "frontier", cmd_frontier, "print the frontier: the largest compacted close timestamp (-1: none)")
 
     p = _command(sub, "history", cmd_history, "catalog commits, newest first (like DESCRIBE HISTORY)")
     p.add_argument("--limit", type=int, default=None, help="show only the newest N commits; omitted: all retained")

@@ -228,6 +228,7 @@ def test_tables_status_history_and_sql_statements(tmp_path):
     status = json.loads(run(tmp_path, "status", "--format", "json").stdout)
     assert status["frontier"] == 3 and status["earliest"] == 0 and status["pending_segments"] == []
     assert status["last_compaction"]["operation"] == "compact segment 00000000000000000001"
+    assert run(tmp_path, "frontier").stdout == "3\n"
     text_status = run(tmp_path, "status").stdout
     assert "frontier:" in text_status and "quarantined_segments:  none" in text_status
     run(tmp_path, "retain", "3")
