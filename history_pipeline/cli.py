@@ -214,8 +214,7 @@ def cmd_status(args: argparse.Namespace) -> int:
         return 0
     for key, value in status.items():
         if key == "quarantined_segments":
-            value = "none" if not value else "; ".join(
-                f"{q['segment']} (line {q['line']}: {q['error']})" for q in value)
+            value = "none" if not value else "; ".join(f"{q['segment']}: {q['error']}" for q in value)
         elif key == "last_compaction" and value is not None:
             value = f"{value['operation']} (catalog version {value['txn_id']}, {value['at']})"
         elif isinstance(value, list):

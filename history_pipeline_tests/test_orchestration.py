@@ -221,7 +221,7 @@ def test_sensor_reports_quarantine_waits_behind_it_and_runs_the_repaired_segment
     assert first.run_requests == []  # segment 3 waits behind the quarantined segment 2
     skipped = first.skip_reason.skip_message
     assert "db.00000000000000000002 is quarantined (segment 00000000000000000002, line 2" in skipped
-    assert "1 sealed segment(s) wait behind" in skipped
+    assert "1 sealed segment(s) wait behind it; repair or skip it" in skipped
     assert set(first.dynamic_partitions_requests[0].partition_keys) == {
         "db.00000000000000000002", "db.00000000000000000003"}
     with dg.build_sensor_context(instance=instance, resources={"history": history_root(str(root))},

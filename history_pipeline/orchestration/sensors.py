@@ -87,7 +87,7 @@ def plan_tick(segments: Iterable[SegmentView], known: set[str], reported: set[st
         if blocked:
             skip += "; " + "; ".join(
                 f"{b.key} is quarantined ({b.reason or 'no reason recorded'})" for b in blocked.values()
-            ) + f"; {waiting} sealed segment(s) wait behind; repair or skip it"
+            ) + (f"; {waiting} sealed segment(s) wait behind it" if waiting else "") + "; repair or skip it"
         skip += ")"
     return TickPlan(add, delete, tuple(runs), report, tuple(sorted(v.version for v in quarantined)), skip)
 
@@ -119,6 +119,8 @@ def finished_wal_segments_sensor(context: dg.SensorEvaluationContext, history: H
     known = set(context.instance.get_dynamic_partitions(segment_partitions.name))
     reported = set(json.loads(context.cursor)) if context.cursor else set()
     plan = plan_tick(_views(history), known, reported)
+    if plan.skip_reason:
+        context.log.info(plan.skip_reason)  # in the tick's logs too, beside the tick's skip reason
     requests = [
         dg.RunRequest(run_key=v.version, partition_key=v.key, tags={DATABASE_TAG: v.database}) for v in plan.runs
     ]
