@@ -74,33 +74,45 @@ def _when(seconds: float) -> str:
     return datetime.fromtimestamp(seconds, UTC).isoformat(timespec="seconds")
 
 
-def _read_input(path: str) -> list[bytes]:
-    """The lines of ``path`` (``-``: stdin), or an :class:`InputFileError` saying why not."""
+def _input_lines(path: str, spool: Path) -> Any:
+    """The lines of ``path`` (``-``: stdin, spooled to ``spool`` so it can be read twice), or an
+    :class:`InputFileError` saying why not."""
+    from history_pipeline.wal.writer import InputLines
+
     if path == "-":
-        return sys.stdin.buffer.read().splitlines()
+        with open(spool, "wb") as f:
+            while chunk := sys.stdin.buffer.read(1 << 20):
+                f.write(chunk)
+        return InputLines(spool)
+    target = Path(path)
+    if target.is_dir():
+        raise InputFileError(f"{path} is a folder, not a JSON-lines file of events")
     try:
-        return Path(path).read_bytes().splitlines()
+        with open(target, "rb"):
+            pass
     except FileNotFoundError:
         raise InputFileError(f"no such file: {path} (give a JSON-lines file of events, or - for stdin)") from None
-    except IsADirectoryError:
-        raise InputFileError(f"{path} is a folder, not a JSON-lines file of events") from None
     except OSError as exc:
         raise InputFileError(f"cannot read {path}: {exc.strerror or exc}") from None
+    return InputLines(target)
 
 
 # --- commands ----------------------------------------------------------------------------
 
 
 def cmd_append(args: argparse.Namespace) -> int:
-    lines = _read_input(args.file)
-    source = "<stdin>" if args.file == "-" else args.file
-    # a bad input must not bring a database (or root) into being: check it as a new WAL would, first;
-    # the writer then checks it again from its real position before writing anything
-    from history_pipeline.wal.writer import WalPosition, parse_input
+    import tempfile
 
-    parse_input(lines, source, WalPosition(), require_uuids=True)
-    with _store(args, create=True).wal_writer() as wal:
-        count = wal.append_all(lines, source=source, seal=args.seal, require_uuids=True)
+    from history_pipeline.wal.writer import WalPosition, check_input
+
+    source = "<stdin>" if args.file == "-" else args.file
+    with tempfile.TemporaryDirectory(prefix="history-pipeline-append-") as scratch:
+        lines = _input_lines(args.file, Path(scratch) / "stdin.jsonl")
+        # a bad input must not bring a database (or root) into being: check it as a new WAL would,
+        # first; the writer then checks it again from its real position before writing anything
+        check_input(lines, source, WalPosition(), require_uuids=True)
+        with _store(args, create=True).wal_writer() as wal:
+            count = wal.append_all(lines, source=source, seal=args.seal, require_uuids=True)
     print(f"appended {count} events" + (" and sealed the segment" if args.seal else ""))
     return 0
 
@@ -182,7 +194,7 @@ def status_of(store: HistoryStore) -> dict[str, Any]:
 
     state = store.catalog_state()
     segments = store.segments()
-    last = next((c for c in store.history() if c.operation.startswith("compact")), None)
+    last = next((c for c in store.commits() if c.operation.startswith("compact")), None)
     quarantined = []
     for ref in segments:
         if ref.state is SegmentState.QUARANTINED:

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import itertools
 import re
+from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
@@ -261,25 +263,24 @@ class HistoryStore:
 
     def history(self, limit: int | None = None) -> list[CommitInfo]:
         """The catalog's retained commits, newest first (like Delta's ``DESCRIBE HISTORY``)."""
+        return list(itertools.islice(self.commits(), limit))
+
+    def commits(self) -> Iterator[CommitInfo]:
+        """The retained commits, newest first, each read only when asked for."""
         from history_pipeline.catalog.model import AddFile, AdvanceFrontier, RemoveFile
 
-        commits = []
-        ids = self.catalog.transaction_ids()
-        for txn_id in reversed(ids[-limit:] if limit else ids):
+        for txn_id in reversed(self.catalog.transaction_ids()):
             txn = self.catalog.read_transaction(txn_id)
             frontiers = [a.frontier for a in txn.actions if isinstance(a, AdvanceFrontier)]
-            commits.append(
-                CommitInfo(
-                    txn_id=txn.txn_id,
-                    committed_at=txn.committed_at,
-                    operation=txn.operation,
-                    files_added=sum(isinstance(a, AddFile) for a in txn.actions),
-                    files_removed=sum(isinstance(a, RemoveFile) for a in txn.actions),
-                    rows_added=sum(a.entry.row_count for a in txn.actions if isinstance(a, AddFile)),
-                    frontier=frontiers[-1] if frontiers else None,
-                )
+            yield CommitInfo(
+                txn_id=txn.txn_id,
+                committed_at=txn.committed_at,
+                operation=txn.operation,
+                files_added=sum(isinstance(a, AddFile) for a in txn.actions),
+                files_removed=sum(isinstance(a, RemoveFile) for a in txn.actions),
+                rows_added=sum(a.entry.row_count for a in txn.actions if isinstance(a, AddFile)),
+                frontier=frontiers[-1] if frontiers else None,
             )
-        return commits
 
     def catalog_state(self) -> CatalogState:
         """The newest catalog state."""

@@ -19,7 +19,7 @@ import json
 import os
 import re
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -136,21 +136,30 @@ class WalWriter:
     ) -> int:
         """Append every JSON line of an input, or none: all are parsed and checked against the
         ordering rules first (an :class:`InputRecordError` names ``source`` and the line), and
-        only then written. With ``seal`` the segment is sealed afterwards (checked first too)."""
+        only then written. With ``seal`` the segment is sealed afterwards (checked first too).
+
+        ``lines`` is read twice (check, then write), so no input is held in memory whole: pass a
+        re-iterable such as :class:`InputLines` or a list."""
         self._check_usable()
-        events = parse_input(lines, source, self._position, require_uuids=require_uuids)
-        if seal and events and not isinstance(events[-1], Close):
+        checked = check_input(lines, source, self._position, require_uuids=require_uuids)
+        if seal and checked.events and not checked.position.last_record_is_close:
             raise SealError(
                 f"{source}: cannot seal after its last record, which is not a close; "
                 "end the input with {\"op\": \"close\", \"t\": ...} or drop --seal; nothing was written"
             )
-        if seal and not events and not self._position.last_record_is_close:
+        if seal and not checked.events and not self._position.last_record_is_close:
             raise SealError("cannot seal: the open segment's last record is not a close; nothing was written")
-        for event in events:
-            self.append(event)
+        written = 0
+        for raw in lines:
+            if raw.strip():
+                self.append(parse_line(raw))
+                written += 1
+        if written != checked.events:  # the input changed between the two passes
+            raise InputRecordError(source, written, f"the input changed while being appended ({written} lines "
+                                   f"written, {checked.events} checked)")
         if seal:
             self.seal()
-        return len(events)
+        return written
 
     def append_line(self, text: str) -> None:
         """Append one JSON line (as read from a file or stdin)."""
@@ -321,12 +330,21 @@ def check_identifiers(event: Event) -> None:
             )
 
 
-def parse_input(
+@dataclass(frozen=True)
+class CheckedInput:
+    """What checking an input found: how many events, and the log's position after them."""
+
+    events: int
+    position: WalPosition
+
+
+def check_input(
     lines: Iterable[str | bytes], source: str, position: WalPosition, *, require_uuids: bool = False
-) -> list[Event]:
-    """Every event of an input, checked in order from ``position``; blank lines are skipped.
+) -> CheckedInput:
+    """Check every event of an input in order from ``position`` (blank lines are skipped) without
+    keeping them; the first bad line is an :class:`InputRecordError` naming ``source`` and the line.
     ``require_uuids`` also checks that identifiers are UUIDs (:func:`check_identifiers`)."""
-    events: list[Event] = []
+    count = 0
     for number, raw in enumerate(lines, start=1):
         if not raw.strip():
             continue
@@ -339,8 +357,19 @@ def parse_input(
             position = position.admit(event)
         except MalformedRecordError as exc:
             raise InputRecordError(source, number, exc.reason) from None
-        events.append(event)
-    return events
+        count += 1
+    return CheckedInput(count, position)
+
+
+class InputLines:
+    """The lines of a file, re-readable (each iteration opens it again)."""
+
+    def __init__(self, path: Path | str):
+        self.path = Path(path)
+
+    def __iter__(self) -> Iterator[bytes]:
+        with open(self.path, "rb") as f:
+            yield from f
 
 
 def _sealed_upper(ref: SegmentRef) -> int:
