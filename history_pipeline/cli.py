@@ -463,12 +463,21 @@ def _global_options(parser: argparse.ArgumentParser, *, top: bool) -> None:
                        help="show the full stack trace of an error (default: off)")
 
 
+class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
+    """Shows an option's default after its help, unless there is none to show (None, a flag's off)."""
+
+    def _get_help_string(self, action: argparse.Action) -> str | None:
+        if action.default in (None, False, argparse.SUPPRESS) or "default" in (action.help or ""):
+            return action.help
+        return super()._get_help_string(action)
+
+
 class CommandParser(argparse.ArgumentParser):
     """The parser of every subcommand (also those other modules register): global options
     anywhere, defaults shown in ``--help``."""
 
     def __init__(self, *args: Any, **kwargs: Any):
-        kwargs.setdefault("formatter_class", argparse.ArgumentDefaultsHelpFormatter)
+        kwargs.setdefault("formatter_class", HelpFormatter)
         super().__init__(*args, **kwargs)
         _global_options(self, top=False)
 
@@ -494,7 +503,7 @@ def build_parser() -> argparse.ArgumentParser:
     """The ``history-pipeline`` parser. Other modules add commands with one line each:
     ``register_<name>(sub)`` taking the subparsers object below."""
     parser = argparse.ArgumentParser(prog="history-pipeline", description=__doc__.splitlines()[0],
-                                     formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+                                     formatter_class=HelpFormatter)
     _global_options(parser, top=True)
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND", parser_class=CommandParser)
 

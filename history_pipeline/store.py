@@ -173,7 +173,9 @@ class HistoryStore:
         if not is_s3:
             local = Path(root_text.removeprefix("file://"))
             if local.exists() and not local.is_dir():
-                raise StorageRootError(f"storage root {root_text} is a file, not a folder: pass a folder or s3://bucket/prefix")
+                raise StorageRootError(
+                    f"storage root {root_text} is a file, not a folder: pass a folder or s3://bucket/prefix"
+                )
             if not create and not local.exists():
                 raise DatabaseNotFoundError(
                     f"no database {database!r}: the storage root {root_text} does not exist "
