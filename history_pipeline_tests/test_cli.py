@@ -225,6 +225,8 @@ def test_tables_status_history_and_sql_statements(tmp_path):
     plan = run(tmp_path, "sql", "EXPLAIN SELECT sum(amount) FROM orders", "--format", "json")
     assert plan.returncode == 0 and "physical_plan" in plan.stdout
     assert run(tmp_path, "sql", "EXPLAIN DELETE FROM orders").returncode == 1
+    catalog_plan = run(tmp_path, "sql", "EXPLAIN SELECT count(*) FROM _history_catalog.schema_history")
+    assert catalog_plan.returncode == 0 and "physical_plan" in catalog_plan.stdout
     status = json.loads(run(tmp_path, "status", "--format", "json").stdout)
     assert status["frontier"] == 3 and status["earliest"] == 0 and status["pending_segments"] == []
     assert status["last_compaction"]["operation"] == "compact segment 00000000000000000001"

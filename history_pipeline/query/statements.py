@@ -110,6 +110,9 @@ def explain(context: Any, select: str, as_of: int, analyze: bool = False) -> pa.
             raw = f"__explain_{index}"
             con.register(raw, context.load_table(descriptor.table_name, as_of))
             con.execute(f"CREATE VIEW {_ident(descriptor.table_name)} AS SELECT * FROM {raw}")
+        con.execute("CREATE SCHEMA _history_catalog")
+        con.register("__explain_schema_history", _schema_history(context, as_of))
+        con.execute("CREATE VIEW _history_catalog.schema_history AS SELECT * FROM __explain_schema_history")
         con.execute("SET enable_external_access = false")
         con.execute("SET lock_configuration = true")
         try:
@@ -144,6 +147,19 @@ def missing_table_error(context: Any, exc: TableNotFoundError, as_of: int) -> Ta
             f" (and _history_catalog.schema_history){hint}"
         )
     return TableNotFoundError(text)
+
+
+def _schema_history(context: Any, as_of: int) -> pa.Table:
+    """``_history_catalog.schema_history`` as of ``as_of`` (its columns, for planning)."""
+    entries = [e for e in context.state.schema_history if e.logical_timestamp < as_of]
+    return pa.table(
+        {
+            "table_uuid": pa.array([e.table_uuid for e in entries], pa.string()),
+            "table_name": pa.array([e.table_name for e in entries], pa.string()),
+            "logical_timestamp": pa.array([e.logical_timestamp for e in entries], pa.int64()),
+            "schema_descriptor": pa.array([e.descriptor_text() for e in entries], pa.string()),
+        }
+    )
 
 
 def _referenced(select: str) -> set[str] | None:
