@@ -200,6 +200,9 @@ def test_quarantined_segment_fails_its_run_with_the_error(root, resources):
     assert all(o.partition == "db.00000000000000000002" and o.metadata["state"].value == "quarantined"
                for o in observed)
     assert "delete of key 99" in observed[0].metadata["reason"].value
+    # the sensor does not report the same quarantine again
+    with dg.build_sensor_context(instance=instance, resources={"history": history_root(str(root))}) as context:
+        assert finished_wal_segments_sensor(context).asset_events == []
 
 
 def _fix_delete(store):

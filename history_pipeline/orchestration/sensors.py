@@ -107,6 +107,20 @@ def _views(history: HistoryRootResource) -> list[SegmentView]:
     return views
 
 
+def _already_observed(instance: dg.DagsterInstance, view: SegmentView) -> bool:
+    """True when the partition's newest observation already says it is quarantined for this reason."""
+    records = instance.fetch_observations(
+        dg.AssetRecordsFilter(asset_key=compacted_batches.key, asset_partitions=[view.key]), limit=1
+    ).records
+    if not records or records[0].asset_observation is None:
+        return False
+    metadata = records[0].asset_observation.metadata
+    return (
+        getattr(metadata.get("state"), "value", None) == "quarantined"
+        and getattr(metadata.get("reason"), "value", None) == (view.reason or "no reason recorded")
+    )
+
+
 @dg.sensor(job=compact_segment_job, minimum_interval_seconds=5, default_status=dg.DefaultSensorStatus.RUNNING)
 def finished_wal_segments_sensor(context: dg.SensorEvaluationContext, history: HistoryRootResource) -> dg.SensorResult:
     """Register every sealed segment as a partition and request one run per segment, in id order.
@@ -118,7 +132,11 @@ def finished_wal_segments_sensor(context: dg.SensorEvaluationContext, history: H
     """
     known = set(context.instance.get_dynamic_partitions(segment_partitions.name))
     reported = set(json.loads(context.cursor)) if context.cursor else set()
-    plan = plan_tick(_views(history), known, reported)
+    views = _views(history)
+    # quarantines the run itself already reported on the partition are not reported twice
+    reported |= {v.version for v in views if v.state is SegmentState.QUARANTINED and v.version not in reported
+                 and v.key in known and _already_observed(context.instance, v)}
+    plan = plan_tick(views, known, reported)
     if plan.skip_reason:
         context.log.info(plan.skip_reason)  # in the tick's logs too, beside the tick's skip reason
     requests = [
