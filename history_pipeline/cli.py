@@ -1,7 +1,8 @@
 """``history-pipeline``: the main operations from a terminal.
 
-Exit codes: 0 success, 1 a HistoryError (one clear line on stderr; ``--debug``
-for the stack trace), 2 bad usage.
+Exit codes: 0 success, 1 an error (one clear line on stderr saying what to do; ``--debug``,
+accepted anywhere on the line, shows the stack trace), 2 bad usage. Read commands never create
+anything: on a database that does not exist they say so and list the databases found.
 """
 
 from __future__ import annotations
@@ -9,17 +10,30 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
 
-from history_pipeline.errors import HistoryError
+from history_pipeline.errors import HistoryError, InputFileError
 from history_pipeline.store import HistoryStore
 
+FORMATS = ["table", "csv", "json", "parquet"]
 
-def _store(args: argparse.Namespace) -> HistoryStore:
-    return HistoryStore.open(args.root, database=args.database)
+
+# --- helpers ---------------------------------------------------------------------------
+
+
+def _store(args: argparse.Namespace, create: bool = False) -> HistoryStore:
+    """The store of ``--root``/``--database``: readers need it to exist, writers create it."""
+    return HistoryStore.open(args.root, database=args.database, create=create)
+
+
+def _as_of(store: HistoryStore, value: int | None) -> int:
+    """``--as-of`` or, when omitted, the newest answerable state (frontier + 1)."""
+    return store.frontier + 1 if value is None else value
 
 
 def _print_table(table: pa.Table, fmt: str) -> None:
@@ -51,22 +65,55 @@ def _stringify(table: pa.Table) -> pa.Table:
 
 
 def _cell(value: Any) -> str:
-    return "NULL" if value is None else str(value)
+    if value is None:
+        return "NULL"
+    return "\\n".join(str(value).splitlines()) if "\n" in str(value) else str(value)
+
+
+def _when(seconds: float) -> str:
+    return datetime.fromtimestamp(seconds, UTC).isoformat(timespec="seconds")
+
+
+def _input_lines(path: str, spool: Path) -> Any:
+    """The lines of ``path`` (``-``: stdin, spooled to ``spool`` so it can be read twice), or an
+    :class:`InputFileError` saying why not."""
+    from history_pipeline.wal.writer import InputLines
+
+    if path == "-":
+        with open(spool, "wb") as f:
+            while chunk := sys.stdin.buffer.read(1 << 20):
+                f.write(chunk)
+        return InputLines(spool)
+    target = Path(path)
+    if target.is_dir():
+        raise InputFileError(f"{path} is a folder, not a JSON-lines file of events")
+    try:
+        with open(target, "rb"):
+            pass
+    except FileNotFoundError:
+        raise InputFileError(f"no such file: {path} (give a JSON-lines file of events, or - for stdin)") from None
+    except OSError as exc:
+        raise InputFileError(f"cannot read {path}: {exc.strerror or exc}") from None
+    return InputLines(target)
+
+
+# --- commands ----------------------------------------------------------------------------
 
 
 def cmd_append(args: argparse.Namespace) -> int:
-    from tqdm import tqdm
+    import tempfile
 
-    source = open(args.file, encoding="utf-8") if args.file != "-" else sys.stdin
-    count = 0
-    with _store(args).wal_writer() as wal:
-        for line in tqdm(source, desc="appending", unit=" events", disable=not sys.stderr.isatty()):
-            if line.strip():
-                wal.append_line(line)
-                count += 1
-        if args.seal:
-            wal.seal()
-    print(f"appended {count} events")
+    from history_pipeline.wal.writer import WalPosition, check_input
+
+    source = "<stdin>" if args.file == "-" else args.file
+    with tempfile.TemporaryDirectory(prefix="history-pipeline-append-") as scratch:
+        lines = _input_lines(args.file, Path(scratch) / "stdin.jsonl")
+        # a bad input must not bring a database (or root) into being: check it as a new WAL would,
+        # first; the writer then checks it again from its real position before writing anything
+        check_input(lines, source, WalPosition(), require_uuids=True)
+        with _store(args, create=True).wal_writer() as wal:
+            count = wal.append_all(lines, source=source, seal=args.seal, require_uuids=True)
+    print(f"appended {count} events" + (" and sealed the segment" if args.seal else ""))
     return 0
 
 
@@ -77,45 +124,240 @@ def cmd_compact(args: argparse.Namespace) -> int:
     from history_pipeline.wal import SegmentState
 
     store = _store(args)
-    pending = len(store.segments(SegmentState.SEALED))
+    pending = 1 if args.segment is not None else len(store.segments(SegmentState.SEALED))
     with tqdm(total=pending, desc="compacting", unit=" segments", disable=not sys.stderr.isatty()) as bar:
-        summary = store.compact(spark=spark, on_step=lambda step: bar.update(1) if step == "committed" else None)
+        summary = store.compact(
+            spark=spark,
+            on_step=lambda step: bar.update(1) if step == "committed" else None,
+            only_segment=args.segment,
+        )
     print(json.dumps(summary.as_dict(), indent=2))
     return 0
 
 
 def cmd_sql(args: argparse.Namespace) -> int:
-    _print_table(_store(args).sql(args.query, as_of=args.as_of), args.format)
+    store = _store(args)
+    _print_table(store.sql(args.query, as_of=_as_of(store, args.as_of)), args.format)
     return 0
 
 
 def cmd_load(args: argparse.Namespace) -> int:
-    _print_table(_store(args).load_table(args.table, as_of=args.as_of), args.format)
+    store = _store(args)
+    _print_table(store.load_table(args.table, as_of=_as_of(store, args.as_of)), args.format)
+    return 0
+
+
+def cmd_tables(args: argparse.Namespace) -> int:
+    store = _store(args)
+    _print_table(store.sql("SHOW TABLES", as_of=_as_of(store, args.as_of)), args.format)
     return 0
 
 
 def cmd_row_history(args: argparse.Namespace) -> int:
-    for version in _store(args).row_history(args.table, args.key):
+    store = _store(args)
+    versions = store.row_history(args.table, args.key)
+    if not versions:
+        raise HistoryError(
+            f"key {args.key} of table {args.table} has no version in the retained history of {store.database} "
+            f"(frontier {store.frontier}, earliest {store.earliest}); check the key"
+        )
+    for version in versions:
         print(json.dumps(version, default=str))
     return 0
 
 
 def cmd_diff(args: argparse.Namespace) -> int:
-    print(json.dumps(_store(args).diff(args.table, from_=args.from_, to=args.to), default=str, indent=2))
+    diff = _store(args).diff(args.table, from_=args.from_, to=args.to)
+    counts = {kind: len(diff[kind]) for kind in ("inserted", "deleted", "changed")}
+    summary = (
+        f"{counts['inserted']} inserted, {counts['deleted']} deleted, {counts['changed']} changed "
+        f"in {args.table} between as_of {args.from_} and {args.to}"
+    )
+    if args.format == "json":
+        print(json.dumps({**diff, "summary": counts}, default=str, indent=2))
+        return 0
+    for item in diff["inserted"]:
+        print(f"+ key {item['key']}: {json.dumps(item['after'], default=str)}")
+    for item in diff["deleted"]:
+        print(f"- key {item['key']}: {json.dumps(item['before'], default=str)}")
+    for item in diff["changed"]:
+        print(f"~ key {item['key']}: {json.dumps(item['before'], default=str)} -> "
+              f"{json.dumps(item['after'], default=str)}")
+    print(summary)
     return 0
 
 
-def cmd_release(args: argparse.Namespace) -> int:
-    """An operator's act: put a quarantined segment (after fixing it) back in line for compaction."""
+def status_of(store: HistoryStore) -> dict[str, Any]:
+    """Frontier, earliest, segments by state (quarantined with why) and the last compaction."""
+    from history_pipeline.wal import SegmentState
+    from history_pipeline.wal.segments import quarantine_reason
+
+    state = store.catalog_state()
+    segments = store.segments()
+    last = next((c for c in store.commits() if c.operation.startswith("compact")), None)
+    quarantined = []
+    for ref in segments:
+        if ref.state is SegmentState.QUARANTINED:
+            reason = quarantine_reason(ref) or {}
+            quarantined.append({"segment": ref.segment_id, "line": reason.get("line"),
+                                "error": reason.get("error")})
+    return {
+        "database": store.database,
+        "root": store.objects.uri,
+        "frontier": state.frontier,
+        "earliest": state.earliest,
+        "answerable_as_of": f"[{state.earliest}, {state.frontier + 1}]",
+        "tables": len(store.get_catalog(state.frontier + 1)) if state.frontier >= state.earliest - 1 else 0,
+        "live_files": len(state.files),
+        "open_segment": next((r.segment_id for r in segments if r.state is SegmentState.OPEN), None),
+        "pending_segments": [r.segment_id for r in segments if r.state is SegmentState.SEALED],
+        "applied_segments": sum(r.state is SegmentState.APPLIED for r in segments),
+        "quarantined_segments": quarantined,
+        "last_compaction": None if last is None else {
+            "txn_id": last.txn_id, "at": _when(last.committed_at), "operation": last.operation},
+        "catalog_version": state.txn_id,
+    }
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    status = status_of(_store(args))
+    if args.format == "json":
+        print(json.dumps(status, indent=2, default=str))
+        return 0
+    for key, value in status.items():
+        if key == "quarantined_segments":
+            value = "none" if not value else "; ".join(f"{q['segment']}: {q['error']}" for q in value)
+        elif key == "last_compaction" and value is not None:
+            value = f"{value['operation']} (catalog version {value['txn_id']}, {value['at']})"
+        elif isinstance(value, list):
+            value = ", ".join(map(str, value)) or "none"
+        print(f"{key + ':':22s} {'none' if value is None else value}")
+    return 0
+
+
+def cmd_frontier(args: argparse.Namespace) -> int:
+    """The frontier alone, for scripts (``status`` shows the rest)."""
+    print(_store(args).frontier)
+    return 0
+
+
+def cmd_history(args: argparse.Namespace) -> int:
+    commits = _store(args).history(limit=args.limit)
+    table = pa.table(
+        {
+            "version": pa.array([c.txn_id for c in commits], pa.int64()),
+            "timestamp": pa.array([_when(c.committed_at) for c in commits], pa.string()),
+            "operation": pa.array([c.operation for c in commits], pa.string()),
+            "files_added": pa.array([c.files_added for c in commits], pa.int64()),
+            "files_removed": pa.array([c.files_removed for c in commits], pa.int64()),
+            "rows_added": pa.array([c.rows_added for c in commits], pa.int64()),
+            "frontier": pa.array([c.frontier for c in commits], pa.int64()),
+        }
+    )
+    _print_table(table, args.format)
+    return 0
+
+
+SHELL_HELP = """Statements end with ';' and may span lines. Read-only: SELECT, SHOW TABLES, DESCRIBE <table>,
+EXPLAIN <select>. Commands: .as_of [T] (show or change T), .tables, .status, .help, .quit"""
+
+
+def cmd_shell(args: argparse.Namespace) -> int:
+    """A read-only SQL prompt over the database as of T; reads statements from stdin."""
     store = _store(args)
-    ref = store.release_segment(args.segment_id)
-    print(f"segment {ref.name} is sealed again and waits for compaction")
+    as_of = _as_of(store, args.as_of)
+    interactive = sys.stdin.isatty()
+    if interactive:
+        try:
+            import readline  # noqa: F401  (line editing and history at the prompt)
+        except ImportError:
+            pass
+        print(f"{store.database} as of {as_of} (frontier {store.frontier}); .help for help, .quit to leave")
+    buffer: list[str] = []
+    while True:
+        try:
+            line = input("… " if buffer else f"{store.database}@{as_of}> ") if interactive else sys.stdin.readline()
+        except EOFError:
+            break
+        if not interactive and line == "":
+            break
+        text = line.strip()
+        if not buffer and text.startswith("."):
+            command, _, argument = text.partition(" ")
+            if command in (".quit", ".exit"):
+                break
+            try:
+                if command == ".as_of":
+                    if argument.strip():
+                        candidate = int(argument)
+                        store.query_context().check_as_of(candidate)
+                        as_of = candidate
+                    print(f"as_of = {as_of}")
+                elif command == ".tables":
+                    _print_table(store.sql("SHOW TABLES", as_of), "table")
+                elif command == ".status":
+                    print(json.dumps(status_of(store), indent=2, default=str))
+                elif command == ".help":
+                    print(SHELL_HELP)
+                else:
+                    print(f"error: unknown command {command}; .help lists them", file=sys.stderr)
+            except ValueError:
+                print(f"error: .as_of takes an integer logical timestamp, got {argument.strip()!r}", file=sys.stderr)
+            except HistoryError as exc:
+                print(f"error: {_one_line(exc)}", file=sys.stderr)
+            continue
+        if text:
+            buffer.append(line.rstrip("\n"))
+        if buffer and text.endswith(";"):
+            query = "\n".join(buffer)
+            buffer = []
+            try:
+                _print_table(store.sql(query, as_of), args.format)
+            except HistoryError as exc:
+                print(f"error: {_one_line(exc)}", file=sys.stderr)
+            sys.stdout.flush()
+    if buffer:
+        try:
+            _print_table(store.sql("\n".join(buffer), as_of), args.format)
+        except HistoryError as exc:
+            print(f"error: {_one_line(exc)}", file=sys.stderr)
     return 0
 
 
 def cmd_segments(args: argparse.Namespace) -> int:
-    for ref in _store(args).segments():
-        print(f"{ref.name}  {ref.state.value:12s} {ref.path}")
+    from history_pipeline.wal.segments import quarantine_reason
+
+    segments = _store(args).segments()
+    if not segments:
+        print("(no segments)")
+    for ref in segments:
+        why = ""
+        if ref.state.value == "quarantined":
+            reason = quarantine_reason(ref) or {}
+            why = f"  ({_one_line(reason.get('error', 'no reason recorded'))})"
+        print(f"{ref.name}  {ref.state.value:12s} {ref.path}{why}")
+    return 0
+
+
+def cmd_release(args: argparse.Namespace) -> int:
+    """An operator's act: put a quarantined segment back in line unchanged (the cause was elsewhere)."""
+    ref = _store(args).release_segment(args.segment_id)
+    print(f"segment {ref.name} is sealed again and waits for compaction")
+    return 0
+
+
+def cmd_repair(args: argparse.Namespace) -> int:
+    record = _store(args).repair_segment(args.segment_id, args.events, reason=args.reason)
+    print(f"segment {record.segment} repaired: {record.new_records} records re-sealed"
+          f" (sha256 {record.new_sha256[:12]}…),"
+          f" waiting for compaction; the original is kept in {record.audit_dir}")
+    return 0
+
+
+def cmd_skip(args: argparse.Namespace) -> int:
+    record = _store(args).skip_segment(args.segment_id, reason=args.reason)
+    print(f"segment {record.segment} skipped: its events are dropped, its bounds [{record.lower}, {record.upper}] "
+          f"kept; the original and the audit record are in {record.audit_dir}")
     return 0
 
 
@@ -177,13 +419,13 @@ def _write_sample(store: HistoryStore) -> None:
 
 def cmd_sample(args: argparse.Namespace) -> int:
     """Write the sample workload into the WAL (sealed segments) and show what was written."""
-    _write_sample(_store(args))
+    _write_sample(_store(args, create=True))
     return 0
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
     """Write the sample workload into the WAL, compact it, and show some answers."""
-    store = _store(args)
+    store = _store(args, create=True)
     _write_sample(store)
     summary = store.compact()
     print("compaction:", json.dumps(summary.as_dict()))
@@ -203,75 +445,186 @@ def cmd_demo(args: argparse.Namespace) -> int:
     return 0
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="history-pipeline", description=__doc__.splitlines()[0])
-    parser.add_argument("--root", default="data", help="storage root: a path or s3://bucket/prefix")
-    parser.add_argument("--database", default="tenant_a")
-    parser.add_argument("--debug", action="store_true", help="show stack traces")
-    sub = parser.add_subparsers(dest="command", required=True)
+# --- the parser --------------------------------------------------------------------------
 
-    p = sub.add_parser("append", help="append events from a JSON-lines file or stdin")
-    p.add_argument("file", nargs="?", default="-")
-    p.add_argument("--seal", action="store_true", help="seal the segment afterwards")
-    p.set_defaults(func=cmd_append)
 
-    p = sub.add_parser("compact", help="compact every sealed segment")
-    p.add_argument("--in-process", action="store_true", help="run the compaction tasks without Spark")
-    p.set_defaults(func=cmd_compact)
+def _global_options(parser: argparse.ArgumentParser, *, top: bool) -> None:
+    """--root, --database and --debug, accepted before or after the command.
 
-    for name, func, help_text in (("sql", cmd_sql, "run read-only SQL as of T"), ("load", cmd_load, "a table as of T")):
-        p = sub.add_parser(name, help=help_text)
-        p.add_argument("query" if name == "sql" else "table")
-        p.add_argument("--as-of", type=int, required=True)
-        p.add_argument("--format", choices=["table", "csv", "json", "parquet"], default="table")
-        p.set_defaults(func=func)
+    On commands the defaults are suppressed, so a value given before the command is kept
+    unless the same option is given again after it."""
+    default: Callable[[Any], Any] = (lambda value: value) if top else (lambda value: argparse.SUPPRESS)
+    group = parser.add_argument_group("global options (before or after the command)")
+    group.add_argument("--root", default=default("data"),
+                       help="storage root: a local folder or s3://bucket/prefix (default: data)")
+    group.add_argument("--database", default=default("tenant_a"),
+                       help="the tenant database to work on (default: tenant_a)")
+    group.add_argument("--debug", action="store_true", default=default(False),
+                       help="show the full stack trace of an error (default: off)")
 
-    p = sub.add_parser("row-history", help="every version of a row")
-    p.add_argument("table")
-    p.add_argument("key", type=int)
-    p.set_defaults(func=cmd_row_history)
 
-    p = sub.add_parser("diff", help="keys inserted, deleted and changed between two timestamps")
-    p.add_argument("table")
-    p.add_argument("--from", dest="from_", type=int, required=True)
-    p.add_argument("--to", type=int, required=True)
-    p.set_defaults(func=cmd_diff)
+class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
+    """Shows an option's default after its help, unless there is none to show (None, a flag's off)."""
 
-    sub.add_parser("merge", help="merge small files").set_defaults(func=cmd_merge)
-    p = sub.add_parser("retain", help="purge history before a timestamp")
-    p.add_argument("purge_before", type=int)
-    p.add_argument("--cold-tier", default=None, help="keep the purged files there first (path or s3://)")
-    p.set_defaults(func=cmd_retain)
-    p = sub.add_parser("export", help="export every table as of T")
-    p.add_argument("--as-of", type=int, required=True)
-    p.add_argument("--to", required=True)
-    p.set_defaults(func=cmd_export)
-    p = sub.add_parser("load-cold-tier", help="bring purged history back")
-    p.add_argument("cold_tier")
-    p.set_defaults(func=cmd_load_cold_tier)
-    p = sub.add_parser("cleanup", help="delete tombstoned and orphan files past the grace period")
-    p.add_argument("--grace-seconds", type=float, default=3600)
-    p.set_defaults(func=cmd_cleanup)
-    sub.add_parser("verify", help="check the catalog against its files").set_defaults(func=cmd_verify)
-    sub.add_parser("rebuild-catalog", help="rebuild the catalog from Parquet files").set_defaults(func=cmd_rebuild)
-    p = sub.add_parser("release", help="release a quarantined segment after fixing it")
-    p.add_argument("segment_id", type=int)
-    p.set_defaults(func=cmd_release)
-    sub.add_parser("segments", help="list WAL segments and their states").set_defaults(func=cmd_segments)
-    sub.add_parser("sample", help="write the sample workload into the WAL").set_defaults(func=cmd_sample)
-    sub.add_parser("demo", help="write the sample workload, compact it, query it").set_defaults(func=cmd_demo)
+    def _get_help_string(self, action: argparse.Action) -> str | None:
+        if action.default in (None, False, argparse.SUPPRESS) or "default" in (action.help or ""):
+            return action.help
+        return super()._get_help_string(action)
+
+
+class CommandParser(argparse.ArgumentParser):
+    """The parser of every subcommand (also those other modules register): global options
+    anywhere, defaults shown in ``--help``."""
+
+    def __init__(self, *args: Any, **kwargs: Any):
+        kwargs.setdefault("formatter_class", HelpFormatter)
+        super().__init__(*args, **kwargs)
+        _global_options(self, top=False)
+
+
+def _command(sub: Any, name: str, func: Callable[[argparse.Namespace], int], help_text: str,
+             description: str | None = None) -> argparse.ArgumentParser:
+    parser = sub.add_parser(name, help=help_text, description=description or help_text)
+    parser.set_defaults(func=func)
     return parser
 
 
+def _as_of_option(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--as-of", type=int, default=None, metavar="T",
+                        help="the state produced by every event with t < T; omitted: the newest (frontier + 1)")
+
+
+def _format_option(parser: argparse.ArgumentParser, choices: Sequence[str] = FORMATS) -> None:
+    parser.add_argument("--format", choices=list(choices), default=choices[0],
+                        help="output: a readable table, or csv/json lines/parquet (to stdout) for scripts")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The ``history-pipeline`` parser. Other modules add commands with one line each:
+    ``register_<name>(sub)`` taking the subparsers object below."""
+    parser = argparse.ArgumentParser(prog="history-pipeline", description=__doc__.splitlines()[0],
+                                     formatter_class=HelpFormatter)
+    _global_options(parser, top=True)
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND", parser_class=CommandParser)
+
+    p = _command(sub, "append", cmd_append, "append events (JSON lines) to the WAL, all or nothing",
+                 "Append events of the WAL contract (docs/wal-format.md), one JSON object per line. Every "
+                 "line is checked first; one bad line (named with its number) writes nothing. Creates the "
+                 "database on first use.")
+    p.add_argument("file", nargs="?", default="-", help="JSON-lines file of events; - reads stdin")
+    p.add_argument("--seal", action="store_true", help="seal the open segment afterwards (the input must end "
+                   "with a close record)")
+
+    p = _command(sub, "compact", cmd_compact, "compact sealed segments into supertables (Spark)")
+    p.add_argument("--in-process", action="store_true", help="run the compaction tasks without Spark")
+    p.add_argument("--segment", type=int, default=None, metavar="ID",
+                   help="compact only this segment (refused while an earlier one is pending); omitted: every "
+                        "pending segment in order")
+
+    p = _command(sub, "sql", cmd_sql, "run read-only SQL as of T",
+                 "Read-only SQL (DuckDB dialect) over the tables as they were as of T: SELECT, SHOW TABLES, "
+                 "DESCRIBE <table>, EXPLAIN <select>; _history_catalog.schema_history too.")
+    p.add_argument("query", help="the SQL statement")
+    _as_of_option(p)
+    _format_option(p)
+
+    p = _command(sub, "load", cmd_load, "a whole table as of T")
+    p.add_argument("table", help="table name (as of T) or table uuid")
+    _as_of_option(p)
+    _format_option(p)
+
+    p = _command(sub, "tables", cmd_tables, "the tables as of T (name, uuid, column count)")
+    _as_of_option(p)
+    _format_option(p)
+
+    p = _command(sub, "row-history", cmd_row_history, "every version of a row, one JSON object per line")
+    p.add_argument("table", help="table name or uuid")
+    p.add_argument("key", type=int, help="the row's synthetic key")
+
+    p = _command(sub, "diff", cmd_diff, "keys inserted, deleted and changed between two timestamps")
+    p.add_argument("table", help="table name (as of --to, else --from) or uuid")
+    p.add_argument("--from", dest="from_", type=int, required=True, metavar="T1", help="the earlier as_of")
+    p.add_argument("--to", type=int, required=True, metavar="T2", help="the later as_of (>= T1)")
+    _format_option(p, ["text", "json"])
+
+    p = _command(sub, "status", cmd_status, "frontier, earliest, pending and quarantined segments, last compaction")
+    _format_option(p, ["text", "json"])
+
+    _command(sub, "frontier", cmd_frontier, "print the frontier: the largest compacted close timestamp (-1: none)")
+
+    p = _command(sub, "history", cmd_history, "catalog commits, newest first (like DESCRIBE HISTORY)")
+    p.add_argument("--limit", type=int, default=None, help="show only the newest N commits; omitted: all retained")
+    _format_option(p)
+
+    p = _command(sub, "shell", cmd_shell, "interactive read-only SQL prompt as of T",
+                 "An interactive read-only SQL prompt as of T (statements end with ';'; .help inside). "
+                 "Reads stdin, so it also runs scripts: history-pipeline shell < queries.sql")
+    _as_of_option(p)
+    _format_option(p)
+
+    _command(sub, "merge", cmd_merge, "merge small files into fewer large ones (answers unchanged)")
+    p = _command(sub, "retain", cmd_retain, "purge history before a timestamp")
+    p.add_argument("purge_before", type=int, help="as_of below this is no longer answerable")
+    p.add_argument("--cold-tier", default=None, help="keep the purged files there first (path or s3://)")
+    p = _command(sub, "export", cmd_export, "export every table as of T (Parquet + manifest)")
+    p.add_argument("--as-of", type=int, required=True, metavar="T", help="the state to export")
+    p.add_argument("--to", required=True, help="destination folder or s3://bucket/prefix")
+    p = _command(sub, "load-cold-tier", cmd_load_cold_tier, "bring purged history back from a cold tier")
+    p.add_argument("cold_tier", help="the cold tier given to retain (path or s3://)")
+    p = _command(sub, "cleanup", cmd_cleanup, "delete tombstoned and orphan files past the grace period")
+    p.add_argument("--grace-seconds", type=float, default=3600, help="only files removed/written longer ago")
+    _command(sub, "verify", cmd_verify, "check the catalog against its files and the WAL (exit 1 on problems)")
+    _command(sub, "rebuild-catalog", cmd_rebuild, "rebuild the catalog from the Parquet files alone")
+    _command(sub, "segments", cmd_segments, "list WAL segments and their states (quarantined: why)")
+
+    p = _command(sub, "repair", cmd_repair, "replace a quarantined segment's events by corrected ones",
+                 "Replace a quarantined segment's events by corrected ones: they are checked first, "
+                 "re-sealed with a new checksum and put back in line for compaction; the original and an "
+                 "audit record are kept under the WAL's audit/ folder.")
+    p.add_argument("segment_id", type=int, help="the quarantined segment's id (see `segments`)")
+    p.add_argument("--events", required=True, metavar="FILE",
+                   help="corrected events (JSON lines): an edited copy of the segment, or only its events")
+    p.add_argument("--reason", default="", help="why, for the audit record")
+    p = _command(sub, "skip", cmd_skip, "drop a quarantined segment's events, with an audit record",
+                 "Drop a quarantined segment's events: its bounds stay so later segments apply; the original "
+                 "and an audit record are kept under the WAL's audit/ folder.")
+    p.add_argument("segment_id", type=int, help="the quarantined segment's id (see `segments`)")
+    p.add_argument("--reason", required=True, help="why its events are dropped, for the audit record")
+    p = _command(sub, "release", cmd_release, "release a quarantined segment unchanged (its cause was elsewhere)")
+    p.add_argument("segment_id", type=int, help="the quarantined segment's id")
+
+    _command(sub, "sample", cmd_sample, "write the sample workload into the WAL (creates the database)")
+    _command(sub, "demo", cmd_demo, "write the sample workload, compact it, query it")
+    return parser
+
+
+def _one_line(exc: BaseException | str) -> str:
+    return " ".join(str(exc).split())
+
+
 def main(argv: Sequence[str] | None = None) -> int:
+    """Run one command; every error a user can cause is one line on stderr and exit code 1."""
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
         return args.func(args)
-    except HistoryError as exc:
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+    except BrokenPipeError:
+        return 0
+    except Exception as exc:
         if args.debug:
             raise
-        print(f"error: {exc}", file=sys.stderr)
+        if isinstance(exc, HistoryError):
+            message = _one_line(exc)
+        elif isinstance(exc, OSError):
+            where = f" ({exc.filename})" if getattr(exc, "filename", None) else ""
+            message = f"{exc.strerror or _one_line(exc)}{where}"
+        else:
+            message = (f"unexpected {type(exc).__name__}: {_one_line(exc)} "
+                       "(rerun with --debug for the stack trace and report it)")
+        print(f"error: {message}", file=sys.stderr)
         return 1
 
 

@@ -79,7 +79,8 @@ class SegmentQuarantinedError(HistoryError):
         self.cause = cause
         super().__init__(
             f"segment {segment} is quarantined: {cause}. Later segments of this database wait "
-            "behind it; fix or remove the segment, then release it (history-pipeline release <id>)."
+            "behind it; give corrected events with `history-pipeline repair <id> --events FILE` "
+            "or drop its events with `history-pipeline skip <id> --reason TEXT`."
         )
 
 
@@ -153,3 +154,39 @@ def _where(segment: str | None, line: int | None) -> str:
     if segment is None:
         return f"line {line}: "
     return f"segment {segment}, line {line}: "
+
+
+# --- opening a store ---------------------------------------------------------------
+
+
+class StorageRootError(ObjectStoreError):
+    """The storage root cannot be used: a file where a folder is expected, S3 unreachable or
+    without credentials, a bucket that does not exist."""
+
+
+class DatabaseNotFoundError(HistoryError):
+    """A read was asked of a database that does not exist under the root."""
+
+
+class SegmentNotFoundError(WalError):
+    """No WAL segment with this id (in the state the command needs)."""
+
+
+class InputFileError(HistoryError):
+    """A file named on the command line cannot be read."""
+
+
+class SegmentOrderError(WalError):
+    """A segment cannot be compacted yet: an earlier segment of its database is still pending."""
+
+
+class InputRecordError(MalformedRecordError):
+    """A line of an input file (``append``, ``repair``) is not a valid event; names file and line."""
+
+    def __init__(self, source: str, line: int, reason: str):
+        super().__init__(reason, line=line)
+        self.source = source
+        self.args = (f"{source}, line {line}: {reason}; nothing was written",)
+
+    def __str__(self) -> str:
+        return str(self.args[0])

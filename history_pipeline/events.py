@@ -205,7 +205,9 @@ class _Fields:
     def __init__(self, record: Mapping[str, Any], op: str, allowed: set[str]):
         unknown = set(record) - allowed - {"op", "t"}
         if unknown:
-            raise ValueError(f"{op}: unknown field(s) {sorted(unknown)}")
+            expected = ", ".join(["op", "t", *sorted(allowed - {"op", "t"})])
+            raise ValueError(f"{op}: unknown field(s) {sorted(unknown)}; expected fields: {expected} "
+                             "(see docs/wal-format.md)")
         self.record = record
         self.op = op
 

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import itertools
 import re
+from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
@@ -13,7 +15,16 @@ import pyarrow as pa
 from history_pipeline.catalog import CatalogState, TransactionLog
 from history_pipeline.catalog.upkeep import GcReport, Problem, collect_garbage, rebuild, verify
 from history_pipeline.compaction.compactor import CompactionSummary
-from history_pipeline.errors import HistoryError
+from history_pipeline.errors import (
+    DatabaseNotFoundError,
+    HistoryError,
+    InputFileError,
+    QueryError,
+    SegmentNotFoundError,
+    SegmentOrderError,
+    SegmentQuarantinedError,
+    StorageRootError,
+)
 from history_pipeline.io.store import ObjectStore, S3Options, open_store
 from history_pipeline.maintenance.export import export_database
 from history_pipeline.maintenance.merge import MergeSummary, merge
@@ -22,7 +33,8 @@ from history_pipeline.maintenance.snapshots import SnapshotSummary, refresh_snap
 from history_pipeline.query.engine import QueryContext
 from history_pipeline.schema import TableDescriptor
 from history_pipeline.wal import SegmentRef, SegmentState, WalWriter, list_segments
-from history_pipeline.wal.segments import release_segment
+from history_pipeline.wal.repair import RepairRecord, repair_records, repair_segment, skip_segment
+from history_pipeline.wal.segments import quarantine_reason, read_segment, release_segment
 
 _DATABASE_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")
 
@@ -69,6 +81,51 @@ def discover_databases(root: str | Path) -> list[str]:
     return found
 
 
+@dataclass(frozen=True)
+class CommitInfo:
+    """One catalog commit as ``history`` shows it."""
+
+    txn_id: int
+    committed_at: float  # seconds since the epoch
+    operation: str
+    files_added: int
+    files_removed: int
+    rows_added: int
+    frontier: int | None  # the frontier this commit set, if it moved it
+
+
+def discover_all_databases(root: str | Path, objects: ObjectStore | None = None) -> list[str]:
+    """Databases with a WAL under ``root`` or (local roots) a catalog in it, sorted."""
+    found = set(discover_databases(root))
+    local = Path(str(root).removeprefix("file://"))
+    if objects is not None and not str(root).startswith("s3://") and local.is_dir():
+        found.update(e.name for e in local.iterdir() if _DATABASE_RE.match(e.name) and (e / "_catalog").is_dir())
+    return sorted(found)
+
+
+def _probe_s3(store: HistoryStore) -> None:
+    """One listing up front, so missing credentials or a missing bucket are one clear error."""
+    try:
+        from botocore.exceptions import BotoCoreError, ClientError, NoCredentialsError
+    except ImportError:  # pragma: no cover - boto3 is a dependency
+        return
+    uri = store.objects.uri
+    try:
+        store.objects.list(f"{store.database}/_catalog/")
+    except NoCredentialsError:
+        raise StorageRootError(
+            f"no S3 credentials for {uri}: set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY "
+            "(and AWS_ENDPOINT_URL for a non-AWS endpoint)"
+        ) from None
+    except ClientError as exc:
+        code = exc.response.get("Error", {}).get("Code", "")
+        if code == "NoSuchBucket":
+            raise StorageRootError(f"the bucket of {uri} does not exist: create it first") from None
+        raise StorageRootError(f"S3 refused access to {uri} ({code}): check the credentials and bucket") from None
+    except BotoCoreError as exc:
+        raise StorageRootError(f"cannot reach S3 for {uri}: {exc}") from None
+
+
 class HistoryStore:
     """The history of one tenant database under a storage root (local path or s3://bucket/prefix)."""
 
@@ -97,17 +154,55 @@ class HistoryStore:
         wal_dir: str | Path | None = None,
         s3: S3Options | None = None,
         settings: StoreSettings | None = None,
+        create: bool = True,
     ) -> HistoryStore:
-        """Open (creating if needed) the history of ``database`` under ``root``."""
+        """Open the history of ``database`` under ``root``.
+
+        With ``create=True`` (writers) the database comes into being on first write; with
+        ``create=False`` (readers) a database that does not exist is a
+        :class:`DatabaseNotFoundError` naming the databases found under the root, and nothing is
+        created. A root that cannot be used (a file, S3 without credentials) is a
+        :class:`StorageRootError` either way.
+        """
         if not _DATABASE_RE.match(database):
             raise HistoryError(
                 f"database name {database!r} is not valid: use letters, digits, '_', '-', '.'"
             )
-        objects = open_store(str(root), s3)
+        root_text = str(root)
+        is_s3 = root_text.startswith("s3://")
+        if not is_s3:
+            local = Path(root_text.removeprefix("file://"))
+            if local.exists() and not local.is_dir():
+                raise StorageRootError(
+                    f"storage root {root_text} is a file, not a folder: pass a folder or s3://bucket/prefix"
+                )
+            if not create and not local.exists():
+                raise DatabaseNotFoundError(
+                    f"no database {database!r}: the storage root {root_text} does not exist "
+                    "(check --root; `append` creates a database)"
+                )
+        objects = open_store(root_text, s3)
         wal_dir = Path(wal_dir) if wal_dir is not None else wal_dir_of(root, database)
         store = cls(objects, database, wal_dir, settings or StoreSettings())
         store.s3 = s3
+        if is_s3:
+            _probe_s3(store)
+        if not create and not store.exists():
+            found = discover_all_databases(root_text, objects)
+            listed = ", ".join(found) if found else "none"
+            raise DatabaseNotFoundError(
+                f"no database {database!r} under {root_text} (databases found there: {listed}); "
+                "check --root and --database (`append` creates a database)"
+            )
         return store
+
+    def exists(self) -> bool:
+        """True once the database has a WAL or anything in its catalog or warehouse."""
+        if (self.wal_dir / "segments").is_dir():
+            return True
+        if self.objects.list(f"{self.database}/_catalog/"):
+            return True
+        return bool(self.objects.list(f"{self.database}/"))
 
     # --- the WAL ---------------------------------------------------------------
 
@@ -128,9 +223,66 @@ class HistoryStore:
         for ref in self.segments(SegmentState.QUARANTINED):
             if ref.segment_id == segment_id:
                 return release_segment(ref, self.wal_dir)
-        raise HistoryError(f"segment {segment_id} of {self.database} is not quarantined")
+        raise SegmentNotFoundError(self._not_quarantined(segment_id))
+
+    def _quarantined(self, segment_id: int) -> SegmentRef:
+        for ref in self.segments(SegmentState.QUARANTINED):
+            if ref.segment_id == segment_id:
+                return ref
+        raise SegmentNotFoundError(self._not_quarantined(segment_id))
+
+    def repair_segment(self, segment_id: int, events: Path | str, reason: str = "") -> RepairRecord:
+        """Replace a quarantined segment's events by the corrected ones in the file ``events``
+        (checked first), re-seal it, keep the original for audit, and put it back in line."""
+        path = Path(events)
+        try:
+            lines = path.read_bytes().splitlines()
+        except OSError as exc:
+            raise InputFileError(f"cannot read the corrected events {path}: {exc.strerror or exc}") from None
+        _, record = repair_segment(self._quarantined(segment_id), self.wal_dir, lines, source=str(path),
+                                   reason=reason)
+        return record
+
+    def skip_segment(self, segment_id: int, reason: str) -> RepairRecord:
+        """Drop a quarantined segment's events (its bounds stay), keep the original for audit, release it."""
+        if not reason.strip():
+            raise HistoryError("skipping a segment needs a reason for the audit record (--reason TEXT)")
+        _, record = skip_segment(self._quarantined(segment_id), self.wal_dir, reason=reason)
+        return record
+
+    def repairs(self) -> list[RepairRecord]:
+        """The audit records of every repaired or skipped segment."""
+        return repair_records(self.wal_dir)
+
+    def _not_quarantined(self, segment_id: int) -> str:
+        quarantined = [r.segment_id for r in self.segments(SegmentState.QUARANTINED)]
+        return (
+            f"segment {segment_id} of {self.database} is not quarantined "
+            f"(quarantined segments: {', '.join(map(str, quarantined)) or 'none'}; see `history-pipeline segments`)"
+        )
 
     # --- the catalog -------------------------------------------------------------
+
+    def history(self, limit: int | None = None) -> list[CommitInfo]:
+        """The catalog's retained commits, newest first (like Delta's ``DESCRIBE HISTORY``)."""
+        return list(itertools.islice(self.commits(), limit))
+
+    def commits(self) -> Iterator[CommitInfo]:
+        """The retained commits, newest first, each read only when asked for."""
+        from history_pipeline.catalog.model import AddFile, AdvanceFrontier, RemoveFile
+
+        for txn_id in reversed(self.catalog.transaction_ids()):
+            txn = self.catalog.read_transaction(txn_id)
+            frontiers = [a.frontier for a in txn.actions if isinstance(a, AdvanceFrontier)]
+            yield CommitInfo(
+                txn_id=txn.txn_id,
+                committed_at=txn.committed_at,
+                operation=txn.operation,
+                files_added=sum(isinstance(a, AddFile) for a in txn.actions),
+                files_removed=sum(isinstance(a, RemoveFile) for a in txn.actions),
+                rows_added=sum(a.entry.row_count for a in txn.actions if isinstance(a, AddFile)),
+                frontier=frontiers[-1] if frontiers else None,
+            )
 
     def catalog_state(self) -> CatalogState:
         """The newest catalog state."""
@@ -160,13 +312,54 @@ class HistoryStore:
 
         return local_spark(self.settings.spark_master)
 
-    def compact(self, spark: Any | None = None, on_step: Any = None) -> CompactionSummary:
-        """Spark compaction of every sealed segment (``spark=False`` runs the same tasks in-process)."""
+    def compact(
+        self, spark: Any | None = None, on_step: Any = None, only_segment: int | None = None
+    ) -> CompactionSummary:
+        """Spark compaction of every sealed segment (``spark=False`` runs the same tasks in-process).
+
+        ``only_segment`` compacts exactly that segment, refusing while an earlier one of the
+        database is pending (:class:`SegmentOrderError`) or when it is quarantined.
+        """
+        if only_segment is not None:
+            return self._compact_one(only_segment, spark, on_step or (lambda step: None))
         from history_pipeline.compaction.compactor import compact_pending
 
         # a session is started only when there is work for it
         session = self.spark(spark) if self.segments(SegmentState.SEALED) else None
         summary = compact_pending(self, session, on_step or (lambda step: None))
+        if summary.segments_applied:
+            self.refresh_snapshots()
+        return summary
+
+    def _compact_one(self, segment_id: int, spark: Any | None, on_step: Any) -> CompactionSummary:
+        from history_pipeline.compaction.compactor import compact_segment
+
+        state = self.catalog.latest()
+        summary = CompactionSummary(frontier=state.frontier)
+        refs = self.segments()
+        target = next((r for r in refs if r.segment_id == segment_id and r.state is not SegmentState.OPEN), None)
+        if target is None:
+            raise SegmentNotFoundError(
+                f"no sealed segment {segment_id} in the WAL of {self.database} at {self.wal_dir}"
+            )
+        if target.state is SegmentState.QUARANTINED:
+            reason = quarantine_reason(target) or {}
+            raise SegmentQuarantinedError(target.name, str(reason.get("error", "see its .error.json")))
+        if target.state is SegmentState.APPLIED:
+            return summary
+        waiting = [
+            r for r in refs
+            if r.segment_id < segment_id
+            and r.state in (SegmentState.SEALED, SegmentState.QUARANTINED)
+            and r.segment_id not in state.applied_segments
+        ]
+        if waiting:
+            first = waiting[0]
+            raise SegmentOrderError(
+                f"segment {target.name} of {self.database} waits for the earlier segment {first.name} "
+                f"({first.state.value}): segments apply in order; compact (or repair) that one first"
+            )
+        compact_segment(self, target, self.spark(spark), summary, on_step)
         if summary.segments_applied:
             self.refresh_snapshots()
         return summary
@@ -198,8 +391,11 @@ class HistoryStore:
         return self.query_context().get_catalog(as_of)
 
     def sql(self, query: str, as_of: int) -> pa.Table:
-        """Read-only SQL against the database as of ``as_of``."""
-        return self.query_context().sql(query, as_of)
+        """Read-only SQL against the database as of ``as_of``: SELECT, and SHOW TABLES, DESCRIBE <table>,
+        EXPLAIN <select> (see :mod:`history_pipeline.query.statements`)."""
+        from history_pipeline.query.statements import run_sql
+
+        return run_sql(self.query_context(), query, as_of)
 
     def sql_reader(self, query: str, as_of: int, batch_size: int = 100_000) -> pa.RecordBatchReader:
         """``sql`` streamed as record batches (for results larger than memory)."""
@@ -210,14 +406,32 @@ class HistoryStore:
         return self.query_context().row_history(table, key)
 
     def diff(self, table: str, from_: int, to: int) -> dict[str, list[dict[str, Any]]]:
-        """Keys inserted, deleted and changed between two states."""
+        """Keys inserted, deleted and changed between two states (``from_ <= to``)."""
+        if from_ > to:
+            raise QueryError(f"diff from {from_} to {to}: --from must not be after --to (swap them)")
         return self.query_context().diff(table, from_, to)
 
     # --- upkeep ------------------------------------------------------------------
 
     def verify(self) -> list[Problem]:
         """Problems between the catalog, its files and the WAL (empty when consistent)."""
-        return verify(self.catalog.latest(), self.objects, self.wal_dir)
+        return verify(self.catalog.latest(), self.objects, self.wal_dir) + self.wal_problems()
+
+    def wal_problems(self) -> list[Problem]:
+        """Quarantined segments, and pending segments whose bytes no longer match their seal."""
+        problems = []
+        for ref in self.segments():
+            if ref.state is SegmentState.QUARANTINED:
+                reason = quarantine_reason(ref) or {}
+                problems.append(Problem("quarantined segment", str(ref.path), str(reason.get("error", "no reason"))
+                                        + f"; repair or skip it (history-pipeline repair|skip {ref.segment_id})"))
+            elif ref.state is SegmentState.SEALED:
+                try:
+                    read_segment(ref)
+                except (HistoryError, OSError) as exc:
+                    problems.append(Problem("unverifiable segment", str(ref.path),
+                                            f"{exc}; compaction will quarantine it"))
+        return problems
 
     def rebuild_catalog(self) -> CatalogState:
         """Rebuild the catalog from the Parquet files alone (the old log is kept aside)."""

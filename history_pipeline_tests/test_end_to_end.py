@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from history_pipeline import HistoryStore
+from history_pipeline.wal import SegmentState
 from history_pipeline_tests.test_compaction import rfc_events, write
 
 REPO = Path(__file__).resolve().parents[1]
@@ -104,3 +105,17 @@ def test_sealed_segment_becomes_queryable_through_the_daemon(dagster_dev):
     entries = {e["label"]: e.get("intValue") for e in event["metadataEntries"]}
     assert entries["frontier"] == 5 and entries["versions_written"] == 4
     print(f"seal to queryable through the daemon: {seal_to_queryable:.1f}s")
+
+    # a segment the daemon quarantines, repaired by an operator, then applied by the daemon
+    write(store, [{"op": "delete", "t": 9, "table_uuid": "tbl-rfc", "key": 99},
+                  {"op": "insert", "t": 9, "table_uuid": "tbl-rfc", "key": 3, "values": {"col1": "three"}}])
+    _wait(lambda: store.segments(SegmentState.QUARANTINED), 120, "the daemon to quarantine the bad segment")
+    quarantined = store.segments(SegmentState.QUARANTINED)[0]
+    fixed = workdir / "fixed.jsonl"
+    fixed.write_text("".join(line for line in quarantined.path.read_text().splitlines(keepends=True)
+                             if '"key":99' not in line))
+    store.repair_segment(quarantined.segment_id, fixed, reason="no such key")
+    _wait(lambda: store.frontier == 9, 120, "the daemon to apply the repaired segment")
+    assert store.fetch_row("my_table", 3, 10) == {"column1": "three"}
+    _wait(lambda: any(e["partition"] == "tenant_e2e.00000000000000000002" for e in materialized()), 60,
+          "the repaired partition's materialization")

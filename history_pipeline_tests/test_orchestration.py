@@ -35,8 +35,9 @@ def test_definitions_load_with_the_contract_names():
         "wal_segments", "compacted_batches", "supertables", "schema_history", "cold_tier_export",
     }
     assert defs.resolve_sensor_def("finished_wal_segments_sensor")
-    for name in ("retention_schedule", "cold_tier_export_schedule", "cleanup_schedule"):
-        assert defs.resolve_schedule_def(name)
+    for name in ("supertables_schedule", "retention_schedule", "cold_tier_export_schedule", "cleanup_schedule"):
+        # on by default: `make demo` shows them working without a click
+        assert defs.resolve_schedule_def(name).default_status == dg.DefaultScheduleStatus.RUNNING
 
 
 @pytest.fixture
@@ -60,17 +61,29 @@ def test_materialize_a_segment_partition_on_spark(root, resources):
     store = _sealed_rfc(root)
     instance = dg.DagsterInstance.ephemeral()
     instance.add_dynamic_partitions(segment_partitions.name, ["db.00000000000000000002", "db.00000000000000000001"])
-    result = dg.materialize(
-        [wal_segments, compacted_batches], resources=resources, instance=instance,
-        partition_key="db.00000000000000000002",
-    )
-    assert result.success
-    verified = result.asset_materializations_for_node("wal_segments")[0].metadata
+    # exactly its partition's segment: the second is refused while the first is pending
+    refused = dg.materialize([compacted_batches], resources=resources, instance=instance,
+                             partition_key="db.00000000000000000002", raise_on_error=False)
+    assert not refused.success
+    failure = next(e for e in refused.all_events if e.is_step_failure)
+    assert "waits for the earlier segment 00000000000000000001 (sealed)" in str(failure.step_failure_data.error)
+    assert store.frontier == -1
+    per_partition = {}
+    for key in ("db.00000000000000000001", "db.00000000000000000002"):
+        result = dg.materialize([wal_segments, compacted_batches], resources=resources, instance=instance,
+                                partition_key=key)
+        assert result.success
+        per_partition[key] = (result.asset_materializations_for_node("wal_segments")[0].metadata,
+                              result.asset_materializations_for_node("compacted_batches")[0].metadata)
+    verified, compacted = per_partition["db.00000000000000000002"]
     assert verified["records"].value == 4 and verified["upper"].value == 5
-    compacted = result.asset_materializations_for_node("compacted_batches")[0].metadata
-    # the earlier segment of the database is applied first: order is kept
-    assert compacted["segments_applied"].value == [1, 2]
-    assert compacted["frontier"].value == 5 and compacted["versions_written"].value == 4
+    assert "| delete | 1 |" in verified["records_by_kind"].value  # readable, not a JSON blob
+    # each partition's metadata describes its own work
+    assert compacted["segment"].value == "00000000000000000002" and compacted["versions_written"].value == 2
+    assert compacted["timestamp_range"].value == "[4, 6)" and compacted["frontier"].value == 5
+    first = per_partition["db.00000000000000000001"][1]
+    assert first["versions_written"].value == 2 and first["schema_changes"].value == 1
+    assert first["tables_touched"].value == "my_table"
     assert "value2_prime" in compacted["preview"].value
     assert store.fetch_row("my_table", 2, 6) == {"column1": "value2_prime"}
     again = dg.materialize([compacted_batches], resources=resources, instance=instance,
@@ -103,8 +116,12 @@ def test_supertables_schema_history_and_checks(root, resources):
 def _evaluate(instance, root):
     with dg.build_sensor_context(instance=instance, resources={"history": history_root(str(root))}) as context:
         result = finished_wal_segments_sensor(context)
-    for request in result.dynamic_partitions_requests or []:
-        instance.add_dynamic_partitions(request.partitions_def_name, list(request.partition_keys))
+    for request in result.dynamic_partitions_requests or []:  # as the daemon applies them
+        if isinstance(request, dg.DeleteDynamicPartitionsRequest):
+            for key in request.partition_keys:
+                instance.delete_dynamic_partition(request.partitions_def_name, key)
+        else:
+            instance.add_dynamic_partitions(request.partitions_def_name, list(request.partition_keys))
     return result
 
 
@@ -151,7 +168,7 @@ def test_schedules_evaluate_and_retention_job_runs(root):
         assert len(result.run_requests) == 1
         assert result.run_requests[0].tags["dagster/schedule_name"] == schedule.name
     run = retention_job.execute_in_process(
-        resources={"history": history_root(str(root))},
+        resources={"history": history_root(str(root)), "spark": SparkResource(enabled=False)},
         run_config={"ops": {"retain_op": {"config": {"keep_timestamps": 2, "cold_tier": str(root / "cold")}}}},
     )
     assert run.success
@@ -163,10 +180,128 @@ def test_quarantined_segment_fails_its_run_with_the_error(root, resources):
     store = HistoryStore.open(root, database="db")
     write(store, rfc_events(), [{"op": "delete", "t": 9, "table_uuid": "tbl-rfc", "key": 99}])
     instance = dg.DagsterInstance.ephemeral()
-    instance.add_dynamic_partitions(segment_partitions.name, ["db.00000000000000000002"])
+    instance.add_dynamic_partitions(segment_partitions.name, ["db.00000000000000000001", "db.00000000000000000002"])
     result = dg.materialize([compacted_batches], resources=resources, instance=instance,
                             partition_key="db.00000000000000000002", raise_on_error=False)
     assert not result.success
     failure = next(e for e in result.all_events if e.is_step_failure)
-    assert "delete of key 99, which does not exist" in str(failure.step_failure_data.error)
+    assert "waits for the earlier segment 00000000000000000001" in str(failure.step_failure_data.error)
+    dg.materialize([compacted_batches], resources=resources, instance=instance,
+                   partition_key="db.00000000000000000001")
     assert store.frontier == 5  # the segment before it was applied
+    result = dg.materialize([compacted_batches], resources=resources, instance=instance,
+                            partition_key="db.00000000000000000002", raise_on_error=False)
+    failure = next(e for e in result.all_events if e.is_step_failure)
+    assert "delete of key 99, which does not exist" in str(failure.step_failure_data.error)
+    # the partition itself says quarantined and why
+    observed = [record.asset_observation for key in ("wal_segments", "compacted_batches")
+                for record in instance.fetch_observations(dg.AssetKey(key), limit=5).records]
+    assert {o.asset_key.to_user_string() for o in observed} == {"wal_segments", "compacted_batches"}
+    assert all(o.partition == "db.00000000000000000002" and o.metadata["state"].value == "quarantined"
+               for o in observed)
+    assert "delete of key 99" in observed[0].metadata["reason"].value
+    # the sensor does not report the same quarantine again
+    with dg.build_sensor_context(instance=instance, resources={"history": history_root(str(root))}) as context:
+        assert finished_wal_segments_sensor(context).asset_events == []
+
+
+def _fix_delete(store):
+    """An operator's corrected events for the quarantined segment 2: the delete of key 99 removed."""
+    ref = store.segments(SegmentState.QUARANTINED)[0]
+    fixed = ref.path.parent.parent / "fixed.jsonl"
+    fixed.write_text("".join(line for line in ref.path.read_text().splitlines(keepends=True) if '"key":99' not in line))
+    return fixed
+
+
+def test_sensor_reports_quarantine_waits_behind_it_and_runs_the_repaired_segment(root, resources):
+    store = HistoryStore.open(root, database="db")
+    write(store, rfc_events(), [{"op": "delete", "t": 9, "table_uuid": "tbl-rfc", "key": 99}],
+          [{"op": "insert", "t": 10, "table_uuid": "tbl-rfc", "key": 7, "values": {"col1": "x"}}])
+    with pytest.raises(Exception, match="quarantined"):
+        store.compact(spark=False)
+    instance = dg.DagsterInstance.ephemeral()
+    first = _evaluate(instance, root)
+    assert first.run_requests == []  # segment 3 waits behind the quarantined segment 2
+    skipped = first.skip_reason.skip_message
+    assert "db.00000000000000000002 is quarantined (segment 00000000000000000002, line 2" in skipped
+    assert "1 sealed segment(s) wait behind it; repair or skip it" in skipped
+    assert set(first.dynamic_partitions_requests[0].partition_keys) == {
+        "db.00000000000000000002", "db.00000000000000000003"}
+    with dg.build_sensor_context(instance=instance, resources={"history": history_root(str(root))},
+                                 cursor=None) as context:
+        second = finished_wal_segments_sensor(context)
+    assert [(o.partition, o.metadata["state"].value) for o in second.asset_events] == [
+        ("db.00000000000000000002", "quarantined")] * 2
+    assert "delete of key 99" in second.asset_events[0].metadata["reason"].value
+    with dg.build_sensor_context(instance=instance, resources={"history": history_root(str(root))},
+                                 cursor=second.cursor) as context:
+        assert finished_wal_segments_sensor(context).asset_events == []  # reported once
+    store.repair_segment(2, _fix_delete(store), reason="no such key")
+    after = _evaluate(instance, root)
+    assert [r.partition_key for r in after.run_requests] == ["db.00000000000000000002", "db.00000000000000000003"]
+    for request in after.run_requests:  # the repaired partition turns green, then the one behind it
+        result = dg.materialize([wal_segments, compacted_batches], resources=resources, instance=instance,
+                                partition_key=request.partition_key)
+        assert result.success
+    assert store.frontier == 10 and store.fetch_row("my_table", 7, 11) == {"column1": "x"}
+    assert _evaluate(instance, root).skip_reason.skip_message == "no sealed segment is waiting (3 applied)"
+
+
+def test_sensor_removes_partitions_of_segments_gone_from_the_wal(root):
+    import shutil
+
+    _sealed_rfc(root, "db_a")
+    _sealed_rfc(root, "db_b")
+    instance = dg.DagsterInstance.ephemeral()
+    _evaluate(instance, root)
+    shutil.rmtree(root / "db_b")  # a database removed from the root
+    result = _evaluate(instance, root)
+    assert list(result.dynamic_partitions_requests[0].partition_keys) == [
+        "db_b.00000000000000000001", "db_b.00000000000000000002"]
+    assert set(instance.get_dynamic_partitions(segment_partitions.name)) == {
+        "db_a.00000000000000000001", "db_a.00000000000000000002"}
+
+
+def test_an_edited_segment_is_quarantined_by_dagster_as_by_the_cli(root, resources):
+    store = _sealed_rfc(root)
+    sealed = store.segments(SegmentState.SEALED)[0]
+    sealed.path.write_text(sealed.path.read_text().replace("my_table", "my_tabel"))  # breaks the seal
+    assert any("unverifiable segment" in str(p) for p in store.verify())
+    instance = dg.DagsterInstance.ephemeral()
+    instance.add_dynamic_partitions(segment_partitions.name, ["db.00000000000000000001"])
+    result = dg.materialize([wal_segments, compacted_batches], resources=resources, instance=instance,
+                            partition_key="db.00000000000000000001", raise_on_error=False)
+    assert not result.success
+    assert [r.segment_id for r in store.segments(SegmentState.QUARANTINED)] == [1]
+    assert any("checksum mismatch" in str(p) for p in store.verify())
+    store.repair_segment(1, store.segments(SegmentState.QUARANTINED)[0].path, reason="renamed by mistake")
+    ok = dg.materialize([wal_segments, compacted_batches], resources=resources, instance=instance,
+                        partition_key="db.00000000000000000001")
+    assert ok.success and store.get_catalog(store.frontier + 1)[0].table_name == "my_tabel"
+
+
+def test_supertables_job_runs_its_checks_with_readable_metadata(root, resources):
+    from history_pipeline.orchestration.assets import schema_history
+    from history_pipeline.orchestration.schedules import supertables_job, supertables_schedule
+
+    store = _sealed_rfc(root)
+    store.compact(spark=False)
+    local = dg.Definitions(
+        assets=[supertables, schema_history],
+        asset_checks=[catalog_verifies_check, frontier_lag_check, reconstruction_invariant_check],
+        jobs=[supertables_job], schedules=[supertables_schedule], resources=resources,
+    )
+    assert local.resolve_schedule_def("supertables_schedule").job_name == "supertables_job"
+    result = local.resolve_job_def("supertables_job").execute_in_process()
+    assert result.success
+    evaluations = {e.check_name: e for e in result.get_asset_check_evaluations()}
+    assert set(evaluations) == {"catalog_verifies_check", "frontier_lag_check", "reconstruction_invariant_check"}
+    verified = evaluations["catalog_verifies_check"]
+    assert verified.passed and verified.metadata["problems"].value == 0
+    assert verified.metadata["details"].value == "no problem found"
+    lag = evaluations["frontier_lag_check"].metadata
+    assert lag["most_pending_segments"].value == 0 and "| db | 5 | 0 | 0 |" in lag["by_database"].value
+    for evaluation in (verified, evaluations["frontier_lag_check"]):
+        assert not any(isinstance(v, dg.JsonMetadataValue) for v in evaluation.metadata.values())
+    merged = result.asset_materializations_for_node("supertables")[0].metadata
+    assert "| db | 5 |" in merged["by_database"].value

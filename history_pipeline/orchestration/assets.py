@@ -7,13 +7,14 @@ from typing import Any
 
 import dagster as dg
 
-from history_pipeline.errors import HistoryError
+from history_pipeline.errors import SegmentNotFoundError, SegmentQuarantinedError
+from history_pipeline.events import OP_NAMES
 from history_pipeline.io.store import open_store
 from history_pipeline.maintenance.export import export_database
+from history_pipeline.orchestration.metadata import md_table
 from history_pipeline.orchestration.partitions import parse_segment_partition_key, segment_partitions
 from history_pipeline.orchestration.resources import HistoryRootResource, SparkResource
-from history_pipeline.wal import SegmentState, read_segment
-from history_pipeline.wal.segments import segment_name
+from history_pipeline.wal.segments import segment_name, verify_or_quarantine
 
 GROUP = "history"
 
@@ -24,16 +25,43 @@ def _segment_ref(history: HistoryRootResource, partition_key: str) -> tuple[Any,
     for ref in store.segments():
         if ref.segment_id == segment_id:
             return store, ref
-    raise HistoryError(f"segment {segment_name(segment_id)} of {database} is not in {store.wal_dir}")
+    raise SegmentNotFoundError(
+        f"segment {segment_name(segment_id)} of {database} is not in {store.wal_dir} (removed from the WAL?)"
+    )
+
+
+def _report_quarantine(context: dg.AssetExecutionContext, exc: SegmentQuarantinedError) -> None:
+    """Say on the partition itself that its segment is quarantined and why, before the run fails."""
+    for key in (dg.AssetKey("wal_segments"), dg.AssetKey("compacted_batches")):
+        # written to the instance at once: events logged by a step that then fails are not kept
+        context.instance.report_runless_asset_event(
+            dg.AssetObservation(
+                asset_key=key,
+                partition=context.partition_key,
+                metadata={
+                    "state": "quarantined",
+                    "reason": dg.MetadataValue.text(exc.cause),
+                    "what to do": dg.MetadataValue.text(
+                        f"history-pipeline repair {int(exc.segment)} --events FILE, or skip {int(exc.segment)} "
+                        "--reason TEXT; the sensor then compacts it again"
+                    ),
+                },
+            )
+        )
 
 
 @dg.asset(partitions_def=segment_partitions, group_name=GROUP, description="A sealed WAL segment, verified.")
 def wal_segments(context: dg.AssetExecutionContext, history: HistoryRootResource) -> dg.MaterializeResult:
     store, ref = _segment_ref(history, context.partition_key)
-    contents = read_segment(ref)  # verifies count and checksum
+    try:
+        # the same rule as compaction: a segment that does not verify is quarantined, with why
+        contents = verify_or_quarantine(ref, store.wal_dir)
+    except SegmentQuarantinedError as exc:
+        _report_quarantine(context, exc)
+        raise
     ops: dict[str, int] = {}
     for _, event in contents.events:
-        name = type(event).__name__
+        name = OP_NAMES[type(event)]
         ops[name] = ops.get(name, 0) + 1
     return dg.MaterializeResult(
         metadata={
@@ -44,7 +72,7 @@ def wal_segments(context: dg.AssetExecutionContext, history: HistoryRootResource
             "bytes": contents.size_bytes,
             "lower": contents.lower,
             "upper": contents.upper,
-            "records_by_kind": dg.MetadataValue.json(ops),
+            "records_by_kind": md_table(["op", "records"], sorted(ops.items())),
         }
     )
 
@@ -53,35 +81,49 @@ def wal_segments(context: dg.AssetExecutionContext, history: HistoryRootResource
     partitions_def=segment_partitions,
     deps=[wal_segments],
     group_name=GROUP,
-    description="The segment compacted on Spark into supertable batches (segments of a database apply in order).",
+    description="Exactly this segment compacted on Spark into supertable batches; refused while an earlier "
+    "segment of its database is pending (segments apply in order).",
 )
 def compacted_batches(
     context: dg.AssetExecutionContext, history: HistoryRootResource, spark: SparkResource
 ) -> dg.MaterializeResult:
     store, ref = _segment_ref(history, context.partition_key)
     frontier_before = store.frontier
-    if ref.state is SegmentState.APPLIED and ref.segment_id in store.catalog_state().applied_segments:
+    try:
+        summary = store.compact(
+            spark=spark.session(),
+            on_step=lambda step: context.log.info(f"compaction of {ref.name}: {step}"),
+            only_segment=ref.segment_id,
+        )
+    except SegmentQuarantinedError as exc:
+        _report_quarantine(context, exc)
+        raise
+    if not summary.segments_applied:
         context.log.info(f"segment {ref.name} was already applied")
-        summary_dict = {"segments_applied": [], "versions_written": 0, "files_written": 0, "bytes_written": 0,
-                        "tables_touched": [], "frontier": store.frontier}
-    else:
-        summary = store.compact(spark=spark.session(), on_step=lambda step: context.log.info(f"compaction: {step}"))
-        summary_dict = summary.as_dict()
     state = store.catalog_state()
     preview = _preview(store, state.frontier + 1)
     return dg.MaterializeResult(
         metadata={
             "database": store.database,
-            "segments_applied": dg.MetadataValue.json(summary_dict["segments_applied"]),
-            "versions_written": summary_dict["versions_written"],
-            "files_written": summary_dict["files_written"],
-            "bytes_written": summary_dict["bytes_written"],
+            "segment": ref.name,
+            "state": "applied",
+            "newly_applied": bool(summary.segments_applied),
+            "versions_written": summary.versions_written,
+            "files_written": summary.files_written,
+            "bytes_written": summary.bytes_written,
+            "schema_changes": summary.schema_changes,
             "timestamp_range": f"[{frontier_before + 1}, {state.frontier + 1})",
             "frontier": state.frontier,
-            "tables_touched": ", ".join(summary_dict["tables_touched"]),
+            "tables_touched": ", ".join(_table_names(store, summary.tables_touched)) or "none",
             "preview": dg.MetadataValue.md(preview),
         }
     )
+
+
+def _table_names(store: Any, table_uuids: Any) -> list[str]:
+    """Names (as of the frontier) of the touched tables; a uuid when the table is gone."""
+    names = {d.table_uuid: d.table_name for d in store.get_catalog(store.frontier + 1)}
+    return sorted(names.get(u, u) for u in table_uuids)
 
 
 def _preview(store: Any, as_of: int, rows: int = 5) -> str:
@@ -119,7 +161,11 @@ def supertables(context: dg.AssetExecutionContext, history: HistoryRootResource,
             "files_merged": sum(r["merge"]["files_removed"] for r in report.values()),
             "snapshots_written": sum(len(r["snapshots"]["tables"]) for r in report.values()),
             "live_bytes": sum(r["live_bytes"] for r in report.values()),
-            "report": dg.MetadataValue.json(report),
+            "by_database": md_table(
+                ["database", "frontier", "live files", "live bytes", "files merged", "snapshots"],
+                [(db, r["frontier"], r["live_files"], r["live_bytes"], r["merge"]["files_removed"],
+                  len(r["snapshots"]["tables"])) for db, r in sorted(report.items())],
+            ),
         }
     )
 
@@ -128,16 +174,19 @@ def supertables(context: dg.AssetExecutionContext, history: HistoryRootResource,
           description="_history_catalog.schema_history of every database.")
 def schema_history(history: HistoryRootResource) -> dg.MaterializeResult:
     summary = {}
-    rows = []
+    rows: list[tuple[Any, ...]] = []
     for database in history.databases():
         state = history.open(database).catalog_state()
         summary[database] = len(state.schema_history)
         for e in state.schema_history[-10:]:
             columns = "dropped" if e.descriptor is None else len(e.descriptor.columns)
-            rows.append(f"| {database} | {e.logical_timestamp} | {e.table_name} | {columns} |")
-    table = "| database | t | table | columns |\n|---|---|---|---|\n" + "\n".join(rows)
+            rows.append((database, e.logical_timestamp, e.table_name, columns))
     return dg.MaterializeResult(
-        metadata={"schema_changes": dg.MetadataValue.json(summary), "latest": dg.MetadataValue.md(table)}
+        metadata={
+            "schema_changes": sum(summary.values()),
+            "by_database": md_table(["database", "schema changes"], sorted(summary.items())),
+            "latest": md_table(["database", "t", "table", "columns"], rows),
+        }
     )
 
 
@@ -166,7 +215,11 @@ def cold_tier_export(
     return dg.MaterializeResult(
         metadata={
             "destination": config.destination,
-            "exports": dg.MetadataValue.json(exported),
+            "databases_exported": len(exported),
+            "exports": md_table(
+                ["database", "as_of", "tables", "rows", "bytes"],
+                [(d, e["as_of"], e["tables"], e["rows"], e["bytes"]) for d, e in sorted(exported.items())],
+            ),
             "bytes": sum(e["bytes"] for e in exported.values()),
         }
     )

@@ -4,6 +4,7 @@
 import dagster as dg
 
 from history_pipeline.orchestration.assets import supertables
+from history_pipeline.orchestration.metadata import md_table
 from history_pipeline.orchestration.resources import HistoryRootResource
 from history_pipeline.query.invariant import sample_reconstruction
 from history_pipeline.wal import SegmentState
@@ -11,24 +12,44 @@ from history_pipeline.wal import SegmentState
 MAX_PENDING_SEGMENTS = 3
 
 
-@dg.asset_check(asset=supertables, description="Every live file exists, reads, and matches its statistics.")
+@dg.asset_check(
+    asset=supertables,
+    blocking=True,  # exports wait while the catalog and its files disagree
+    description="Every live file exists, reads, and matches its statistics; the WAL has no quarantined or "
+    "unverifiable segment.",
+)
 def catalog_verifies_check(history: HistoryRootResource) -> dg.AssetCheckResult:
     problems = {db: [str(p) for p in history.open(db).verify()] for db in history.databases()}
     count = sum(len(p) for p in problems.values())
+    listed = [(db, problem) for db, found in sorted(problems.items()) for problem in found[:20]]
     return dg.AssetCheckResult(
-        passed=count == 0, metadata={"problems": count, "details": dg.MetadataValue.json(problems)}
+        passed=count == 0,
+        metadata={
+            "problems": count,
+            "databases_checked": len(problems),
+            "details": md_table(["database", "problem"], listed, empty="no problem found"),
+        },
     )
 
 
-@dg.asset_check(asset=supertables, description="No database has more than a few sealed segments waiting.")
+@dg.asset_check(asset=supertables, description="No database has more than a few sealed segments waiting, "
+                "and none is blocked by a quarantined segment.")
 def frontier_lag_check(history: HistoryRootResource) -> dg.AssetCheckResult:
-    pending = {db: len(history.open(db).segments(SegmentState.SEALED)) for db in history.databases()}
-    quarantined = {db: len(history.open(db).segments(SegmentState.QUARANTINED)) for db in history.databases()}
-    worst = max(pending.values(), default=0)
+    rows = []
+    for db in history.databases():
+        store = history.open(db)
+        rows.append((db, store.frontier, len(store.segments(SegmentState.SEALED)),
+                     len(store.segments(SegmentState.QUARANTINED))))
+    worst = max((r[2] for r in rows), default=0)
+    quarantined = sum(r[3] for r in rows)
     return dg.AssetCheckResult(
-        passed=worst <= MAX_PENDING_SEGMENTS and not any(quarantined.values()),
-        metadata={"pending_segments": dg.MetadataValue.json(pending),
-                  "quarantined_segments": dg.MetadataValue.json(quarantined)},
+        passed=worst <= MAX_PENDING_SEGMENTS and quarantined == 0,
+        metadata={
+            "most_pending_segments": worst,
+            "allowed_pending_segments": MAX_PENDING_SEGMENTS,
+            "quarantined_segments": quarantined,
+            "by_database": md_table(["database", "frontier", "pending", "quarantined"], rows),
+        },
     )
 
 

@@ -36,7 +36,8 @@ class HistoryRootResource(dg.ConfigurableResource):
             self.root,
             database=database,
             s3=self.s3_options(),
-            settings=StoreSettings(snapshot_min_versions=self.snapshot_min_versions),
+            # no Spark of its own: work that needs Spark gets the session of the Spark resource
+            settings=StoreSettings(snapshot_min_versions=self.snapshot_min_versions, spark_master=None),
         )
 
 

@@ -188,3 +188,17 @@ def fsync_dir(path: Path) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
+
+
+def verify_or_quarantine(ref: SegmentRef, wal_dir: Path) -> SegmentContents:
+    """Read a sealed segment; one that does not verify (torn, edited, a malformed line) is
+    quarantined with its reason, exactly as compaction does, and :class:`SegmentQuarantinedError`
+    is raised. Every path that reads a pending segment uses this rule."""
+    from history_pipeline.errors import SegmentQuarantinedError
+
+    try:
+        return read_segment(ref)
+    except (SegmentCorruptedError, MalformedRecordError) as exc:
+        if ref.state is SegmentState.SEALED:
+            quarantine_segment(ref, wal_dir, str(exc), getattr(exc, "line", None))
+        raise SegmentQuarantinedError(ref.name, str(exc)) from exc

@@ -17,12 +17,15 @@ from __future__ import annotations
 import fcntl
 import json
 import os
+import re
 import time
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from history_pipeline.errors import (
+    InputRecordError,
     MalformedRecordError,
     SealError,
     TimestampOrderError,
@@ -32,6 +35,8 @@ from history_pipeline.events import (
     GENESIS_T,
     Close,
     Event,
+    Insert,
+    Update,
     event_to_line,
     is_schema_change,
     parse_event,
@@ -125,6 +130,36 @@ class WalWriter:
         self._position = position
         if isinstance(parsed, Close) and self._rotation_due():
             self.seal()
+
+    def append_all(
+        self, lines: Iterable[str | bytes], *, source: str, seal: bool = False, require_uuids: bool = False
+    ) -> int:
+        """Append every JSON line of an input, or none: all are parsed and checked against the
+        ordering rules first (an :class:`InputRecordError` names ``source`` and the line), and
+        only then written. With ``seal`` the segment is sealed afterwards (checked first too).
+
+        ``lines`` is read twice (check, then write), so no input is held in memory whole: pass a
+        re-iterable such as :class:`InputLines` or a list."""
+        self._check_usable()
+        checked = check_input(lines, source, self._position, require_uuids=require_uuids)
+        if seal and checked.events and not checked.position.last_record_is_close:
+            raise SealError(
+                f"{source}: cannot seal after its last record, which is not a close; "
+                "end the input with {\"op\": \"close\", \"t\": ...} or drop --seal; nothing was written"
+            )
+        if seal and not checked.events and not self._position.last_record_is_close:
+            raise SealError("cannot seal: the open segment's last record is not a close; nothing was written")
+        written = 0
+        for raw in lines:
+            if raw.strip():
+                self.append(parse_line(raw))
+                written += 1
+        if written != checked.events:  # the input changed between the two passes
+            raise InputRecordError(source, written, f"the input changed while being appended ({written} lines "
+                                   f"written, {checked.events} checked)")
+        if seal:
+            self.seal()
+        return written
 
     def append_line(self, text: str) -> None:
         """Append one JSON line (as read from a file or stdin)."""
@@ -269,6 +304,72 @@ class WalWriter:
             fcntl.flock(self._lock_fd, fcntl.LOCK_UN)
             os.close(self._lock_fd)
             self._lock_fd = None
+
+
+_UUID_RE = re.compile(r"^[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}$")
+
+
+def check_identifiers(event: Event) -> None:
+    """``table_uuid`` and ``column_uuid`` fields must be canonical UUIDs (8-4-4-4-12 hex digits)."""
+    found: list[tuple[str, str]] = []
+    if hasattr(event, "table_uuid"):
+        found.append(("table_uuid", event.table_uuid))
+    if hasattr(event, "column_uuid"):
+        found.append(("column_uuid", event.column_uuid))
+    for column in getattr(event, "columns", ()):
+        found.append(("column_uuid", column.column_uuid))
+    if hasattr(event, "column"):
+        found.append(("column_uuid", event.column.column_uuid))
+    if isinstance(event, (Insert, Update)):
+        found += [("values key", name) for name in event.values]
+    for field, value in found:
+        if not _UUID_RE.match(value):
+            raise MalformedRecordError(
+                f"{field} {value!r} is not a UUID: identifiers are canonical UUIDs such as "
+                "'7d6c0c1e-0000-4000-8000-000000000001'"
+            )
+
+
+@dataclass(frozen=True)
+class CheckedInput:
+    """What checking an input found: how many events, and the log's position after them."""
+
+    events: int
+    position: WalPosition
+
+
+def check_input(
+    lines: Iterable[str | bytes], source: str, position: WalPosition, *, require_uuids: bool = False
+) -> CheckedInput:
+    """Check every event of an input in order from ``position`` (blank lines are skipped) without
+    keeping them; the first bad line is an :class:`InputRecordError` naming ``source`` and the line.
+    ``require_uuids`` also checks that identifiers are UUIDs (:func:`check_identifiers`)."""
+    count = 0
+    for number, raw in enumerate(lines, start=1):
+        if not raw.strip():
+            continue
+        try:
+            event = parse_line(raw)
+            if isinstance(event, Close) and event.seal is not None:
+                raise MalformedRecordError("a sealing close record cannot be appended; the writer seals")
+            if require_uuids:
+                check_identifiers(event)
+            position = position.admit(event)
+        except MalformedRecordError as exc:
+            raise InputRecordError(source, number, exc.reason) from None
+        count += 1
+    return CheckedInput(count, position)
+
+
+class InputLines:
+    """The lines of a file, re-readable (each iteration opens it again)."""
+
+    def __init__(self, path: Path | str):
+        self.path = Path(path)
+
+    def __iter__(self) -> Iterator[bytes]:
+        with open(self.path, "rb") as f:
+            yield from f
 
 
 def _sealed_upper(ref: SegmentRef) -> int:
