@@ -14,7 +14,9 @@ from typing import Any
 
 import pyarrow as pa
 
+from history_pipeline.capture.cli import register_capture
 from history_pipeline.errors import HistoryError
+from history_pipeline.lsn import as_of_argument
 from history_pipeline.store import HistoryStore
 
 
@@ -222,7 +224,7 @@ def build_parser() -> argparse.ArgumentParser:
     for name, func, help_text in (("sql", cmd_sql, "run read-only SQL as of T"), ("load", cmd_load, "a table as of T")):
         p = sub.add_parser(name, help=help_text)
         p.add_argument("query" if name == "sql" else "table")
-        p.add_argument("--as-of", type=int, required=True)
+        p.add_argument("--as-of", type=as_of_argument, required=True)
         p.add_argument("--format", choices=["table", "csv", "json", "parquet"], default="table")
         p.set_defaults(func=func)
 
@@ -233,8 +235,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("diff", help="keys inserted, deleted and changed between two timestamps")
     p.add_argument("table")
-    p.add_argument("--from", dest="from_", type=int, required=True)
-    p.add_argument("--to", type=int, required=True)
+    p.add_argument("--from", dest="from_", type=as_of_argument, required=True)
+    p.add_argument("--to", type=as_of_argument, required=True)
     p.set_defaults(func=cmd_diff)
 
     sub.add_parser("merge", help="merge small files").set_defaults(func=cmd_merge)
@@ -243,7 +245,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--cold-tier", default=None, help="keep the purged files there first (path or s3://)")
     p.set_defaults(func=cmd_retain)
     p = sub.add_parser("export", help="export every table as of T")
-    p.add_argument("--as-of", type=int, required=True)
+    p.add_argument("--as-of", type=as_of_argument, required=True)
     p.add_argument("--to", required=True)
     p.set_defaults(func=cmd_export)
     p = sub.add_parser("load-cold-tier", help="bring purged history back")
@@ -260,6 +262,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub.add_parser("segments", help="list WAL segments and their states").set_defaults(func=cmd_segments)
     sub.add_parser("sample", help="write the sample workload into the WAL").set_defaults(func=cmd_sample)
     sub.add_parser("demo", help="write the sample workload, compact it, query it").set_defaults(func=cmd_demo)
+    register_capture(sub)
     return parser
 
 

@@ -1,0 +1,333 @@
+"""The capture loop: a PostgreSQL database's changes -> the history store's WAL (effectful).
+
+Row changes come from a logical replication slot with the built-in ``pgoutput`` plugin, read
+through the SQL interface (``pg_logical_slot_peek_binary_changes``); schema changes from rows
+that the capture's event triggers write into ``history_capture.ddl_log`` (same stream, so in
+commit order). One batch is: peek, append every new transaction's events and its ``close`` to the
+WAL, fsync, save the capture state beside the WAL, then advance the slot to the last written
+commit. A crash anywhere in between loses nothing (the slot still holds the transactions) and
+duplicates nothing (transactions at or below the WAL's closed timestamp are not written again).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from history_pipeline.capture.model import (
+    CAPTURE_SCHEMA,
+    CaptureOptions,
+    CaptureState,
+    split_transactions,
+    transaction_events,
+)
+from history_pipeline.capture.pgoutput import Relation, decode_message
+from history_pipeline.capture.values import SESSION_SETTINGS
+from history_pipeline.errors import HistoryError
+from history_pipeline.lsn import format_lsn, parse_lsn
+from history_pipeline.store import HistoryStore
+
+SETUP_SQL = f"""
+CREATE SCHEMA IF NOT EXISTS {CAPTURE_SCHEMA};
+CREATE TABLE IF NOT EXISTS {CAPTURE_SCHEMA}.ddl_log (
+    id bigserial PRIMARY KEY,
+    relid oid NOT NULL,
+    dropped boolean NOT NULL DEFAULT false,
+    description jsonb
+);
+-- attnum 0 names the table itself; a UUID is assigned once and kept while the object lives
+CREATE TABLE IF NOT EXISTS {CAPTURE_SCHEMA}.ids (
+    relid oid NOT NULL,
+    attnum int2 NOT NULL,
+    id uuid NOT NULL,
+    PRIMARY KEY (relid, attnum)
+);
+-- the capture commits here when caught up, so that the LSNs users read are closed (answerable) too
+CREATE TABLE IF NOT EXISTS {CAPTURE_SCHEMA}.heartbeat (id int PRIMARY KEY, at timestamptz NOT NULL);
+CREATE OR REPLACE FUNCTION {CAPTURE_SCHEMA}.id_of(r oid, n int2) RETURNS uuid LANGUAGE plpgsql AS $$
+DECLARE found uuid;
+BEGIN
+    SELECT id INTO found FROM {CAPTURE_SCHEMA}.ids WHERE relid = r AND attnum = n;
+    IF found IS NULL THEN
+        found := gen_random_uuid();
+        INSERT INTO {CAPTURE_SCHEMA}.ids VALUES (r, n, found);
+    END IF;
+    RETURN found;
+END $$;
+CREATE OR REPLACE FUNCTION {CAPTURE_SCHEMA}.describe(r oid) RETURNS jsonb LANGUAGE sql AS $$
+    SELECT jsonb_build_object(
+        'schema', n.nspname,
+        'name', c.relname,
+        'table_uuid', {CAPTURE_SCHEMA}.id_of(r, 0::int2),
+        'key', (SELECT to_jsonb(conkey) FROM pg_constraint WHERE conrelid = r AND contype = 'p'),
+        'columns', (
+            SELECT coalesce(jsonb_agg(jsonb_build_object(
+                'attnum', a.attnum, 'name', a.attname, 'type_oid', a.atttypid::bigint, 'typmod', a.atttypmod,
+                'type_name', format_type(a.atttypid, a.atttypmod), 'not_null', a.attnotnull,
+                'column_uuid', {CAPTURE_SCHEMA}.id_of(r, a.attnum), 'has_default', a.atthasdef,
+                'missing', CASE WHEN a.atthasmissing THEN (a.attmissingval::text::text[])[1] END
+            ) ORDER BY a.attnum), '[]'::jsonb)
+            FROM pg_attribute a
+            WHERE a.attrelid = r AND a.attnum > 0 AND NOT a.attisdropped AND a.attgenerated = ''
+        ))
+    FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
+    WHERE c.oid = r
+$$;
+CREATE OR REPLACE FUNCTION {CAPTURE_SCHEMA}.on_ddl_end() RETURNS event_trigger LANGUAGE plpgsql AS $$
+DECLARE r oid; nonempty boolean;
+BEGIN
+    FOR r IN
+        SELECT DISTINCT d.objid FROM pg_event_trigger_ddl_commands() d JOIN pg_class k ON k.oid = d.objid
+        WHERE d.classid = 'pg_class'::regclass AND k.relkind IN ('r', 'p')
+          AND d.schema_name IS DISTINCT FROM '{CAPTURE_SCHEMA}'
+    LOOP
+        EXECUTE format('SELECT EXISTS (SELECT 1 FROM %s)', r::regclass) INTO nonempty;
+        INSERT INTO {CAPTURE_SCHEMA}.ddl_log (relid, description)
+        VALUES (r, {CAPTURE_SCHEMA}.describe(r) || jsonb_build_object('has_rows', nonempty));
+    END LOOP;
+END $$;
+CREATE OR REPLACE FUNCTION {CAPTURE_SCHEMA}.on_drop() RETURNS event_trigger LANGUAGE plpgsql AS $$
+DECLARE o record;
+BEGIN
+    FOR o IN
+        SELECT * FROM pg_event_trigger_dropped_objects()
+        WHERE object_type = 'table' AND schema_name IS DISTINCT FROM '{CAPTURE_SCHEMA}'
+    LOOP
+        INSERT INTO {CAPTURE_SCHEMA}.ddl_log (relid, dropped) VALUES (o.objid, true);
+        DELETE FROM {CAPTURE_SCHEMA}.ids WHERE relid = o.objid;
+    END LOOP;
+END $$;
+DROP EVENT TRIGGER IF EXISTS history_capture_ddl;
+CREATE EVENT TRIGGER history_capture_ddl ON ddl_command_end EXECUTE FUNCTION {CAPTURE_SCHEMA}.on_ddl_end();
+DROP EVENT TRIGGER IF EXISTS history_capture_drop;
+CREATE EVENT TRIGGER history_capture_drop ON sql_drop EXECUTE FUNCTION {CAPTURE_SCHEMA}.on_drop();
+"""
+
+
+class CaptureSetupError(HistoryError):
+    """The database cannot be captured as configured (settings, privileges, connection)."""
+
+
+@dataclass(frozen=True)
+class CaptureConfig:
+    """Where to capture from and how."""
+
+    dsn: str
+    slot: str = "history_capture"
+    publication: str = "history_capture"
+    options: CaptureOptions = field(default_factory=CaptureOptions)
+    #: most decoded messages read per batch (a batch always ends at a transaction boundary)
+    batch_messages: int = 10_000
+    poll_interval_s: float = 0.5
+    #: when caught up, commit a heartbeat this often so the frontier reaches the server's current LSN
+    heartbeat_interval_s: float = 10.0
+
+
+@dataclass(frozen=True)
+class CaptureProgress:
+    """Where a capture run stands."""
+
+    batches: int = 0
+    transactions: int = 0
+    records: int = 0
+    last_t: int = -1
+    lag_bytes: int | None = None
+
+    def line(self) -> str:
+        """One line for a terminal."""
+        last = format_lsn(self.last_t) if self.last_t >= 0 else "-"
+        lag = "?" if self.lag_bytes is None else f"{self.lag_bytes} bytes"
+        return (f"captured {self.transactions} transactions ({self.records} WAL records) in {self.batches} batches;"
+                f" last commit {last}; lag {lag}")
+
+
+def default_slot_name(database: str) -> str:
+    """A replication slot name for a history database (slot names allow [a-z0-9_])."""
+    return "history_" + re.sub(r"[^a-z0-9_]", "_", database.lower())[:50]
+
+
+def state_path(store: HistoryStore, slot: str) -> Path:
+    """Where the capture state of ``slot`` is kept: beside the WAL it writes."""
+    return store.wal_dir / "capture" / f"{slot}.json"
+
+
+def load_state(path: Path) -> CaptureState:
+    """The saved capture state, or the empty state before the first batch."""
+    return CaptureState.from_json(path.read_text()) if path.exists() else CaptureState()
+
+
+def save_state(path: Path, state: CaptureState) -> None:
+    """Write the state durably (temp file, fsync, rename, fsync the folder)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    with open(tmp, "w", encoding="utf-8") as f:
+        f.write(state.to_json())
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+    fd = os.open(path.parent, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def connect(dsn: str) -> Any:
+    """An autocommit connection whose text output is what the value parsers read."""
+    import psycopg
+
+    try:
+        conn = psycopg.connect(dsn, autocommit=True)
+    except psycopg.OperationalError as exc:
+        raise CaptureSetupError(f"cannot connect to PostgreSQL ({exc}); check --dsn") from None
+    for name, value in SESSION_SETTINGS.items():
+        conn.execute("SELECT set_config(%s, %s, false)", (name, value))
+    return conn
+
+
+def setup(conn: Any, config: CaptureConfig) -> None:
+    """Install the DDL capture, the publication and the slot (idempotent; needs a superuser)."""
+    import psycopg
+
+    level = conn.execute("SHOW wal_level").fetchone()[0]
+    if level != "logical":
+        raise CaptureSetupError(
+            f"the server runs with wal_level={level}; capture needs wal_level=logical (and max_replication_slots "
+            ">= 1): set them in postgresql.conf and restart the server"
+        )
+    try:
+        conn.execute(SETUP_SQL)
+        exists = conn.execute("SELECT 1 FROM pg_publication WHERE pubname = %s", (config.publication,)).fetchone()
+        if not exists:
+            conn.execute(f'CREATE PUBLICATION "{config.publication}" FOR ALL TABLES')
+        slot = conn.execute(
+            "SELECT plugin, database = current_database() FROM pg_replication_slots WHERE slot_name = %s",
+            (config.slot,),
+        ).fetchone()
+        if slot is None:
+            conn.execute("SELECT pg_create_logical_replication_slot(%s, 'pgoutput')", (config.slot,))
+        elif slot != ("pgoutput", True):
+            raise CaptureSetupError(
+                f"replication slot {config.slot!r} exists but is not a pgoutput slot of this database; "
+                "choose another --slot"
+            )
+    except psycopg.errors.InsufficientPrivilege as exc:
+        raise CaptureSetupError(f"capture setup needs a superuser: {exc}") from None
+
+
+def _peek(conn: Any, config: CaptureConfig) -> list[Any]:
+    rows = conn.execute(
+        "SELECT data FROM pg_logical_slot_peek_binary_changes(%s, NULL, %s, "
+        "'proto_version', '1', 'publication_names', %s)",
+        (config.slot, config.batch_messages, config.publication),
+    ).fetchall()
+    return [decode_message(bytes(row[0])) for row in rows]
+
+
+def _heartbeat(conn: Any) -> None:
+    # A commit after every LSN read so far: once captured, its close makes those LSNs answerable.
+    conn.execute(
+        f"INSERT INTO {CAPTURE_SCHEMA}.heartbeat VALUES (1, now()) ON CONFLICT (id) DO UPDATE SET at = now()"
+    )
+
+
+def _lag_bytes(conn: Any, slot: str) -> int | None:
+    row = conn.execute(
+        "SELECT (pg_current_wal_lsn() - confirmed_flush_lsn)::bigint FROM pg_replication_slots WHERE slot_name = %s",
+        (slot,),
+    ).fetchone()
+    return None if row is None or row[0] is None else int(row[0])
+
+
+def run_capture(
+    store: HistoryStore,
+    config: CaptureConfig,
+    *,
+    once: bool = False,
+    max_seconds: float | None = None,
+    max_transactions: int | None = None,
+    on_progress: Callable[[CaptureProgress], None] | None = None,
+    on_step: Callable[[str], None] | None = None,
+) -> CaptureProgress:
+    """Capture until stopped (Ctrl-C), or until caught up (``once``), a time or a transaction count.
+
+    ``on_step`` is told "written" (WAL fsynced), "saved" (state saved) and "advanced" (slot moved)
+    after each batch: the points a crash can fall between.
+    """
+    step = on_step or (lambda name: None)
+    conn = connect(config.dsn)
+    started = time.monotonic()
+    progress = CaptureProgress()
+    path = state_path(store, config.slot)
+    try:
+        setup(conn, config)
+        state = load_state(path)
+        with store.wal_writer() as wal:
+            last_seal = time.monotonic()
+            last_heartbeat = -float("inf")
+            heartbeat_pending = False
+            while True:
+                messages = _peek(conn, config)
+                transactions, _ = split_transactions(messages)
+                relations: dict[int, Relation] = {}
+                written = records = 0
+                for txn in transactions:
+                    if txn.commit_lsn <= state.last_t:  # in the saved state already; the slot was not advanced
+                        relations.update({m.relid: m for m in txn.messages if isinstance(m, Relation)})
+                        continue
+                    decoded = transaction_events(state, txn, relations, config.options)
+                    state, relations = decoded.state, dict(decoded.relations)
+                    if txn.commit_lsn <= wal.closed_t:  # written before a crash: the WAL has it
+                        continue
+                    for record in decoded.records:
+                        wal.append(record)
+                    written += 1
+                    records += len(decoded.records)
+                if transactions:
+                    wal.flush()
+                    step("written")
+                    save_state(path, state)
+                    step("saved")
+                    target = max(t.end_lsn for t in transactions)
+                    conn.execute(
+                        "SELECT pg_replication_slot_advance(%s, %s::pg_lsn)", (config.slot, format_lsn(target))
+                    )
+                    step("advanced")
+                progress = CaptureProgress(
+                    progress.batches + (1 if transactions else 0),
+                    progress.transactions + written,
+                    progress.records + records,
+                    state.last_t,
+                    _lag_bytes(conn, config.slot),
+                )
+                if transactions and on_progress:
+                    on_progress(progress)
+                if time.monotonic() - last_seal >= store.settings.max_segment_age_s:
+                    wal.seal()  # age-based sealing also while the database is idle
+                    last_seal = time.monotonic()
+                if max_transactions is not None and progress.transactions >= max_transactions:
+                    break
+                if max_seconds is not None and time.monotonic() - started >= max_seconds:
+                    break
+                if not transactions:
+                    if once and heartbeat_pending:
+                        break  # caught up, and the heartbeat that closes the current LSN is written
+                    if once or time.monotonic() - last_heartbeat >= config.heartbeat_interval_s:
+                        _heartbeat(conn)
+                        last_heartbeat, heartbeat_pending = time.monotonic(), True
+                    else:
+                        time.sleep(config.poll_interval_s)
+            wal.seal()  # the last record is a close: what was captured can be compacted now
+    finally:
+        conn.close()
+    return progress
+
+
+def current_lsn(conn: Any) -> int:
+    """``pg_current_wal_lsn()`` as an integer timestamp."""
+    return parse_lsn(conn.execute("SELECT pg_current_wal_lsn()::text").fetchone()[0])
