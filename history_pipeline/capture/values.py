@@ -200,7 +200,11 @@ def wal_value(data_type: str, text: str | None) -> Any:
         return None
     if data_type.endswith("[]"):
         element = data_type[:-2]
-        return _map_nested(parse_array(text), lambda item: wal_value(element, item))
+        items = parse_array(text)
+        if not element.endswith("[]") and any(isinstance(i, list) for i in items):
+            # PostgreSQL's array types do not fix their dimensions; the contract's T[] does
+            raise ValueError("a multi-dimensional array in a column the contract types as one-dimensional")
+        return _map_nested(items, lambda item: wal_value(element, item))
     return _PARSERS[_base_name(data_type)](text)
 
 
