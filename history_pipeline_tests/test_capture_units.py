@@ -276,8 +276,9 @@ def test_key_changes_unknown_tables_truncate_and_keyless_tables():
     state, _ = _run(_txn(1000, DDL, _ddl(_describe())))
     _, records = _run(_txn(2000, T, UpdateMessage(100, ("1", None), ("9", "x"))), state=state)
     assert [(r["op"], r["key"]) for r in records[:-1]] == [("delete", 1), ("insert", 9)]
-    with pytest.raises(CaptureError, match="existed before capture"):
-        _run(_txn(2000, T, InsertMessage(100, ("1", "a"))))
+    # a table not described yet (it existed before capture): its rows come with its snapshot
+    _, records = _run(_txn(2000, T, InsertMessage(100, ("1", "a"))))
+    assert records == [{"op": "close", "t": 2000}]
     with pytest.raises(CaptureError, match="TRUNCATE"):
         _run(_txn(2000, TruncateMessage((100,))), state=state)
     keyless, _ = _run(_txn(1000, DDL, _ddl(_describe(key=None))))
@@ -288,6 +289,25 @@ def test_key_changes_unknown_tables_truncate_and_keyless_tables():
     assert records[0]["key"] == 1
     _, records = _run(_txn(3000, DDL, _ddl(dropped=True)), state=state)
     assert records[0] == {"op": "drop_table", "table_uuid": "T1", "t": 3000}
+
+
+def test_a_snapshot_describes_the_table_then_inserts_its_rows():
+    snap = Relation(9001, "history_capture", "snapshot_rows", "d", (
+        RelationColumn("id", 20, -1, True), RelationColumn("relid", 26, -1, False),
+        RelationColumn("vals", 1009, -1, False),
+    ))
+    _, records = _run(_txn(1000, DDL, _ddl(_describe(snapshot=True)), snap,
+                           InsertMessage(9001, ("1", "100", '{7,"x, y"}')),
+                           InsertMessage(9001, ("2", "100", "{8,NULL}")),
+                           InsertMessage(9001, ("3", "555", "{1}"))))
+    assert [(r["op"], r["t"], r.get("key"), r.get("values")) for r in records] == [
+        ("create_table", 999, None, None),
+        ("insert", 1000, 7, {"C1": 7, "C2": "x, y"}),
+        ("insert", 1000, 8, {"C1": 8, "C2": None}),
+        ("close", 1000, None, None),
+    ]
+    excluded, records = _run(_txn(1000, DDL, _ddl(_describe())), options=CaptureOptions(exclude=("t",)))
+    assert excluded.tables == {} and records == [{"op": "close", "t": 1000}]
 
 
 def test_split_transactions_keeps_the_unfinished_tail():

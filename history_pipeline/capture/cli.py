@@ -26,7 +26,8 @@ def cmd_capture_postgres(args: argparse.Namespace) -> int:
         slot=args.slot or default_slot_name(args.database),
         publication=args.publication,
         options=CaptureOptions(
-            schemas=tuple(args.schema or ["public"]), keys=dict(args.key or []), text_fallback=args.text_fallback
+            schemas=tuple(args.schema or ["public"]), keys=dict(args.key or []), text_fallback=args.text_fallback,
+            exclude=tuple(args.exclude or []),
         ),
     )
 
@@ -65,6 +66,7 @@ def register_capture(subparsers: Any) -> None:
     p.add_argument("--schema", action="append", help="PostgreSQL schema to capture (repeatable; default public)")
     p.add_argument("--key", action="append", type=_key_option, metavar="TABLE=COLUMN",
                    help="integer column used as the synthetic key of a table without a single-column primary key")
+    p.add_argument("--exclude", action="append", metavar="TABLE", help="a table not to capture (repeatable)")
     p.add_argument("--text-fallback", action="store_true",
                    help="capture columns of types outside the contract as TEXT (their text output)")
     p.add_argument("--once", action="store_true", help="stop when caught up")

@@ -33,14 +33,16 @@ from history_pipeline.capture.pgoutput import (
     InsertMessage,
     Message,
     Relation,
+    RelationColumn,
     TruncateMessage,
     UpdateMessage,
 )
-from history_pipeline.capture.values import contract_type, convert
+from history_pipeline.capture.values import contract_type, convert, parse_array
 from history_pipeline.errors import HistoryError
 
 CAPTURE_SCHEMA = "history_capture"
 DDL_LOG = "ddl_log"
+SNAPSHOT_ROWS = "snapshot_rows"
 _KEY_TYPES = ("SMALLINT", "INTEGER", "BIGINT")
 
 
@@ -81,6 +83,8 @@ class CaptureOptions:
     keys: Mapping[str, str] = field(default_factory=dict)
     #: unknown PostgreSQL types become TEXT holding their text output instead of an error
     text_fallback: bool = False
+    #: names of tables that are not captured (as named when the capture first sees them)
+    exclude: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -336,16 +340,16 @@ def transaction_events(
             if relation.name == DDL_LOG and isinstance(message, InsertMessage):
                 for record in _apply_ddl(tables, relation, message, options):
                     items.append(("schema", record))
+            elif relation.name == SNAPSHOT_ROWS and isinstance(message, InsertMessage):
+                items.extend(("row", r) for r in _snapshot_row(tables, relation, message, options))
             continue
         if relation.namespace not in options.schemas:
             continue
         table = tables.get(relid)
         if table is None:
-            raise CaptureError(
-                f"a change of table {relation.namespace}.{relation.name} whose creation was not captured; the "
-                "table existed before capture was set up (or was created by CREATE TABLE AS): copy its rows "
-                "into a table created after setup"
-            )
+            # a table the capture has not described yet: one that existed before capture was set up, or
+            # a CREATE TABLE AS; its rows arrive as a snapshot when it is described
+            continue
         for record in _row_changes(table, relation, message, options):
             items.append(("row", record))
     records = _stamp(items, transaction.commit_lsn, state.last_t)
@@ -366,6 +370,8 @@ def _apply_ddl(
     if raw["schema"] not in options.schemas:  # moved out of the captured schemas: gone for the history
         tables.pop(relid, None)
         return schema_changes(before, None)
+    if before is None and raw["name"] in options.exclude:
+        return []
     after = _describe(raw, relid, options)
     tables[relid] = after
     if before is not None and before.key_attnums != after.key_attnums and before.key_attnums:
@@ -373,6 +379,21 @@ def _apply_ddl(
             f"table {after.name!r}: its primary key changed, which would change every row's synthetic key"
         )
     return schema_changes(before, after, raw)
+
+
+def _snapshot_row(
+    tables: dict[int, TableState], relation: Relation, message: InsertMessage, options: CaptureOptions
+) -> list[dict[str, Any]]:
+    row = {c.name: v for c, v in zip(relation.columns, message.new, strict=True)}
+    table = tables.get(int(row["relid"]))
+    if table is None:
+        return []
+    texts = tuple(parse_array(row["vals"]))
+    if len(texts) != len(table.columns):
+        raise CaptureError(f"table {table.name!r}: a snapshot row has {len(texts)} values, not {len(table.columns)}")
+    columns = tuple(RelationColumn(c.name, 0, -1, False) for c in table.columns)
+    as_relation = Relation(table.relid, "", table.name, "d", columns)
+    return _row_changes(table, as_relation, InsertMessage(table.relid, texts), options)
 
 
 def _stamp(items: list[tuple[str, dict[str, Any]]], commit_lsn: int, last_t: int) -> list[dict[str, Any]]:

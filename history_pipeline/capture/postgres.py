@@ -78,8 +78,30 @@ CREATE OR REPLACE FUNCTION {CAPTURE_SCHEMA}.describe(r oid) RETURNS jsonb LANGUA
     FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
     WHERE c.oid = r
 $$;
+-- a table's rows as they are now, for tables whose rows the stream never showed being written (tables that
+-- existed before capture, CREATE TABLE AS): the description marked "snapshot", then one row per table row
+-- holding every column's text output, printed with the capture's session settings
+CREATE TABLE IF NOT EXISTS {CAPTURE_SCHEMA}.snapshot_rows (id bigserial PRIMARY KEY, relid oid NOT NULL, vals text[]);
+CREATE OR REPLACE FUNCTION {CAPTURE_SCHEMA}.snapshot(r oid) RETURNS void LANGUAGE plpgsql
+SET DateStyle = 'ISO, YMD' SET IntervalStyle = 'iso_8601' SET TimeZone = 'UTC' SET extra_float_digits = 1
+SET bytea_output = 'hex' AS $$
+DECLARE cols text;
+BEGIN
+    -- writers that started earlier commit first (so their changes precede the snapshot); later ones wait
+    EXECUTE format('LOCK TABLE %s IN SHARE ROW EXCLUSIVE MODE', r::regclass);
+    INSERT INTO {CAPTURE_SCHEMA}.ddl_log (relid, description)
+    VALUES (r, {CAPTURE_SCHEMA}.describe(r) || '{{"snapshot": true, "has_rows": false}}'::jsonb);
+    -- format's %s prints through the type's output function, as logical decoding does (::text would not:
+    -- it trims CHAR(n) padding)
+    SELECT string_agg(format('CASE WHEN %1$I IS NULL THEN NULL ELSE format(''%%s'', %1$I) END', attname), ', '
+                      ORDER BY attnum) INTO cols
+    FROM pg_attribute WHERE attrelid = r AND attnum > 0 AND NOT attisdropped AND attgenerated = '';
+    EXECUTE format('INSERT INTO {CAPTURE_SCHEMA}.snapshot_rows (relid, vals) SELECT %s, ARRAY[%s]::text[] FROM %s',
+                   r, coalesce(cols, ''), r::regclass);
+    DELETE FROM {CAPTURE_SCHEMA}.snapshot_rows WHERE relid = r;
+END $$;
 CREATE OR REPLACE FUNCTION {CAPTURE_SCHEMA}.on_ddl_end() RETURNS event_trigger LANGUAGE plpgsql AS $$
-DECLARE r oid; nonempty boolean;
+DECLARE r oid; nonempty boolean; first_seen boolean;
 BEGIN
     FOR r IN
         SELECT DISTINCT d.objid FROM pg_event_trigger_ddl_commands() d JOIN pg_class k ON k.oid = d.objid
@@ -87,8 +109,13 @@ BEGIN
           AND d.schema_name IS DISTINCT FROM '{CAPTURE_SCHEMA}'
     LOOP
         EXECUTE format('SELECT EXISTS (SELECT 1 FROM %s)', r::regclass) INTO nonempty;
-        INSERT INTO {CAPTURE_SCHEMA}.ddl_log (relid, description)
-        VALUES (r, {CAPTURE_SCHEMA}.describe(r) || jsonb_build_object('has_rows', nonempty));
+        first_seen := NOT EXISTS (SELECT 1 FROM {CAPTURE_SCHEMA}.ids WHERE relid = r AND attnum = 0);
+        IF first_seen AND nonempty THEN  -- CREATE TABLE AS, SELECT INTO: rows the stream showed before the table
+            PERFORM {CAPTURE_SCHEMA}.snapshot(r);
+        ELSE
+            INSERT INTO {CAPTURE_SCHEMA}.ddl_log (relid, description)
+            VALUES (r, {CAPTURE_SCHEMA}.describe(r) || jsonb_build_object('has_rows', nonempty));
+        END IF;
     END LOOP;
 END $$;
 CREATE OR REPLACE FUNCTION {CAPTURE_SCHEMA}.on_drop() RETURNS event_trigger LANGUAGE plpgsql AS $$
@@ -211,11 +238,22 @@ def setup(conn: Any, config: CaptureConfig) -> None:
         ).fetchone()
         if slot is None:
             conn.execute("SELECT pg_create_logical_replication_slot(%s, 'pgoutput')", (config.slot,))
-        elif slot != ("pgoutput", True):
+            slot = ("pgoutput", True)
+        if slot != ("pgoutput", True):
             raise CaptureSetupError(
                 f"replication slot {config.slot!r} exists but is not a pgoutput slot of this database; "
                 "choose another --slot"
             )
+        # tables the capture has never described (they existed before it): their rows as they are now
+        unseen = conn.execute(
+            f"SELECT c.oid, c.relname FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace "
+            f"WHERE c.relkind IN ('r', 'p') AND n.nspname = ANY(%s) AND NOT EXISTS "
+            f"(SELECT 1 FROM {CAPTURE_SCHEMA}.ids i WHERE i.relid = c.oid AND i.attnum = 0) ORDER BY c.oid",
+            (list(config.options.schemas),),
+        ).fetchall()
+        for relid, name in unseen:
+            if name not in config.options.exclude:
+                conn.execute(f"SELECT {CAPTURE_SCHEMA}.snapshot(%s)", (relid,))
     except psycopg.errors.InsufficientPrivilege as exc:
         raise CaptureSetupError(f"capture setup needs a superuser: {exc}") from None
 
