@@ -136,6 +136,15 @@ def test_captured_history_equals_postgresql_at_every_commit(tmp_path, database, 
         # the commit's timestamp is below the LSN read after it: as_of = that LSN includes the commit
         assert any(t < lsn for t in closes)
         _same(expected, _answer(store, lsn))
+    # each step's events lie between the LSNs read before and after it: as_of = its first event's t is
+    # the pre-image, as_of = its commit's t + 1 the post-image
+    records = _wal_records(store)
+    for (previous, expected_before), (lsn, expected) in zip(snapshots, snapshots[1:], strict=False):
+        inside = [r["t"] for r in records if previous < r["t"] < lsn and r["op"] != "close"]
+        commit = max(r["t"] for r in records if previous < r["t"] < lsn and r["op"] == "close")
+        assert inside and commit == max(inside)
+        _same(expected_before, _answer(store, min(inside)))
+        _same(expected, _answer(store, commit + 1))
     before = snapshots[0][0]
     _same(snapshots[0][1], _answer(store, format_lsn(before)))  # the X/Y form
     # SQL sees the same: a sum over the renamed, retyped column as of the middle of the history
@@ -285,7 +294,8 @@ def test_cli_captures_and_answers_as_of_an_lsn(tmp_path, database):
     lsn = conn.execute("SELECT pg_current_wal_lsn()::text").fetchone()[0]
     conn.execute("DELETE FROM t WHERE id = 1")
     done = subprocess.run(capture, check=True, capture_output=True, text=True)
-    assert "captured" in done.stdout
+    assert "captured" in done.stdout and "lag" in done.stdout
+    assert "last commit" in done.stderr  # progress while running
     subprocess.run([*base, "--database", "cli", "compact", "--in-process"], check=True, capture_output=True)
     out = subprocess.run([*base, "--database", "cli", "load", "t", "--as-of", lsn, "--format", "json"],
                          check=True, capture_output=True, text=True).stdout

@@ -140,6 +140,8 @@ class Transaction:
     commit_lsn: int
     end_lsn: int
     messages: tuple[Message, ...]
+    #: commit time in microseconds since 2000-01-01 UTC (PostgreSQL's epoch)
+    commit_time: int = 0
 
 
 def split_transactions(messages: Sequence[Message]) -> tuple[list[Transaction], list[Message]]:
@@ -149,7 +151,7 @@ def split_transactions(messages: Sequence[Message]) -> tuple[list[Transaction], 
     for message in messages:
         current.append(message)
         if isinstance(message, Commit):
-            done.append(Transaction(message.commit_lsn, message.end_lsn, tuple(current)))
+            done.append(Transaction(message.commit_lsn, message.end_lsn, tuple(current), message.commit_time))
             current = []
     return done, current
 

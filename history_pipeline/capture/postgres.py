@@ -136,6 +136,9 @@ CREATE EVENT TRIGGER history_capture_drop ON sql_drop EXECUTE FUNCTION {CAPTURE_
 """
 
 
+_PG_EPOCH = 946_684_800.0  # 2000-01-01 UTC in UNIX seconds: PostgreSQL's timestamps count from there
+
+
 class CaptureSetupError(HistoryError):
     """The database cannot be captured as configured (settings, privileges, connection)."""
 
@@ -164,11 +167,15 @@ class CaptureProgress:
     records: int = 0
     last_t: int = -1
     lag_bytes: int | None = None
+    #: how old the newest captured commit was when captured (0 when nothing was waiting)
+    lag_seconds: float | None = None
 
     def line(self) -> str:
         """One line for a terminal."""
         last = format_lsn(self.last_t) if self.last_t >= 0 else "-"
         lag = "?" if self.lag_bytes is None else f"{self.lag_bytes} bytes"
+        if self.lag_seconds is not None:
+            lag += f", {self.lag_seconds:.1f} s"
         return (f"captured {self.transactions} transactions ({self.records} WAL records) in {self.batches} batches;"
                 f" last commit {last}; lag {lag}")
 
@@ -336,12 +343,16 @@ def run_capture(
                         "SELECT pg_replication_slot_advance(%s, %s::pg_lsn)", (config.slot, format_lsn(target))
                     )
                     step("advanced")
+                lag_bytes = _lag_bytes(conn, config.slot)
+                newest = transactions[-1].commit_time / 1e6 + _PG_EPOCH if transactions else time.time()
+                lag_seconds = max(time.time() - newest, 0.0)  # 0 when the peek found nothing waiting
                 progress = CaptureProgress(
                     progress.batches + (1 if transactions else 0),
                     progress.transactions + written,
                     progress.records + records,
                     state.last_t,
-                    _lag_bytes(conn, config.slot),
+                    lag_bytes,
+                    lag_seconds,
                 )
                 if transactions and on_progress:
                     on_progress(progress)
