@@ -129,10 +129,15 @@ BEGIN
         DELETE FROM {CAPTURE_SCHEMA}.ids WHERE relid = o.objid;
     END LOOP;
 END $$;
-DROP EVENT TRIGGER IF EXISTS history_capture_ddl;
-CREATE EVENT TRIGGER history_capture_ddl ON ddl_command_end EXECUTE FUNCTION {CAPTURE_SCHEMA}.on_ddl_end();
-DROP EVENT TRIGGER IF EXISTS history_capture_drop;
-CREATE EVENT TRIGGER history_capture_drop ON sql_drop EXECUTE FUNCTION {CAPTURE_SCHEMA}.on_drop();
+DO $$
+BEGIN
+    IF NOT EXISTS (SELECT 1 FROM pg_event_trigger WHERE evtname = 'history_capture_ddl') THEN
+        CREATE EVENT TRIGGER history_capture_ddl ON ddl_command_end EXECUTE FUNCTION {CAPTURE_SCHEMA}.on_ddl_end();
+    END IF;
+    IF NOT EXISTS (SELECT 1 FROM pg_event_trigger WHERE evtname = 'history_capture_drop') THEN
+        CREATE EVENT TRIGGER history_capture_drop ON sql_drop EXECUTE FUNCTION {CAPTURE_SCHEMA}.on_drop();
+    END IF;
+END $$;
 """
 
 
