@@ -162,8 +162,11 @@ CRASHING_CAPTURE = textwrap.dedent("""
     from history_pipeline import HistoryStore
     from history_pipeline.capture.postgres import CaptureConfig, run_capture
     root, dsn, stage = sys.argv[1:]
+    seen = []
     def step(name):
-        if name == stage:
+        seen.append(name)
+        # "appended": killed in the middle of a transaction's records (the 5th record written)
+        if name == stage and (stage != "appended" or seen.count(name) == 5):
             os._exit(9)  # killed: nothing after this point happens
     run_capture(HistoryStore.open(root, database="shop"), CaptureConfig(dsn=dsn, slot="crash"), once=True, on_step=step)
 """)
@@ -174,7 +177,7 @@ def _confirmed(conn, slot):
                         (slot,)).fetchone()[0]
 
 
-@pytest.mark.parametrize("stage", ["written", "saved"])
+@pytest.mark.parametrize("stage", ["appended", "written", "saved"])
 def test_capture_killed_before_advancing_its_slot_loses_and_duplicates_nothing(tmp_path, database, stage):
     dsn, conn = database
     store = HistoryStore.open(tmp_path, database="shop")
@@ -190,8 +193,12 @@ def test_capture_killed_before_advancing_its_slot_loses_and_duplicates_nothing(t
                              capture_output=True, text=True)
     assert crashed.returncode == 9, crashed.stderr
     assert _confirmed(conn, "crash") == slot_before  # killed before the slot moved
-    written = [r for r in _wal_records(store) if r["op"] != "close"]
-    assert written  # ... but after the WAL had the transactions
+    on_disk = _wal_records(store)
+    last_close = max(i for i, r in enumerate(on_disk) if r["op"] == "close")
+    if stage == "appended":
+        assert last_close < len(on_disk) - 1  # killed in the middle of a transaction's records
+    written = [r for r in on_disk[:last_close] if r["op"] != "close"]  # whole transactions
+    assert written  # the WAL had transactions before the slot moved
     for step in WORKLOAD[half:]:
         _run(conn, step)
         snapshots.append((current_lsn(conn), _tables(conn)))

@@ -11,10 +11,13 @@ duplicates nothing (transactions at or below the WAL's closed timestamp are not 
 
 from __future__ import annotations
 
+import fcntl
+import json
 import os
 import re
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -31,6 +34,7 @@ from history_pipeline.capture.values import SESSION_SETTINGS
 from history_pipeline.errors import HistoryError
 from history_pipeline.lsn import format_lsn, parse_lsn
 from history_pipeline.store import HistoryStore
+from history_pipeline.wal import SegmentState, list_segments
 
 SETUP_SQL = f"""
 CREATE SCHEMA IF NOT EXISTS {CAPTURE_SCHEMA};
@@ -216,6 +220,41 @@ def save_state(path: Path, state: CaptureState) -> None:
         os.close(fd)
 
 
+def drop_unclosed_tail(wal_dir: Path) -> int:
+    """Cut the records after the open segment's last ``close``: a transaction half-appended when a
+    capture died. The slot still holds that transaction, so it is written again in full. Returns the
+    number of records cut."""
+    cut = 0
+    for ref in list_segments(wal_dir, SegmentState.OPEN):
+        data = ref.path.read_bytes()
+        lines = data[: data.rfind(b"\n") + 1].splitlines(keepends=True)  # a torn last line goes too
+        end = len(lines)
+        while end > 0 and json.loads(lines[end - 1]).get("op") != "close":
+            end -= 1
+        keep = b"".join(lines[:end])
+        if len(keep) != len(data):
+            cut += len(lines) - end
+            with open(ref.path, "r+b") as f:
+                f.truncate(len(keep))
+                os.fsync(f.fileno())
+    return cut
+
+
+@contextmanager
+def _capture_lock(path: Path) -> Iterator[None]:
+    """One capture per slot and WAL at a time (it also guards the tail repair before the writer opens)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise CaptureSetupError(f"another capture is running on {path.parent} (lock {path.name})") from None
+        yield
+    finally:
+        os.close(fd)
+
+
 def connect(dsn: str) -> Any:
     """An autocommit connection whose text output is what the value parsers read."""
     import psycopg
@@ -306,8 +345,8 @@ def run_capture(
 ) -> CaptureProgress:
     """Capture until stopped (Ctrl-C), or until caught up (``once``), a time or a transaction count.
 
-    ``on_step`` is told "written" (WAL fsynced), "saved" (state saved) and "advanced" (slot moved)
-    after each batch: the points a crash can fall between.
+    ``on_step`` is told "appended" after each WAL record, then "written" (WAL fsynced), "saved" (state
+    saved) and "advanced" (slot moved) after each batch: the points a crash can fall between.
     """
     step = on_step or (lambda name: None)
     conn = connect(config.dsn)
@@ -317,7 +356,7 @@ def run_capture(
     try:
         setup(conn, config)
         state = load_state(path)
-        with store.wal_writer() as wal:
+        with _capture_lock(path.with_suffix(".lock")), _opened_writer(store) as wal:
             last_seal = time.monotonic()
             last_heartbeat = -float("inf")
             heartbeat_pending = False
@@ -336,6 +375,7 @@ def run_capture(
                         continue
                     for record in decoded.records:
                         wal.append(record)
+                        step("appended")
                     written += 1
                     records += len(decoded.records)
                 if transactions:
@@ -380,6 +420,13 @@ def run_capture(
     finally:
         conn.close()
     return progress
+
+
+@contextmanager
+def _opened_writer(store: HistoryStore) -> Iterator[Any]:
+    drop_unclosed_tail(store.wal_dir)  # under the capture lock, before the writer adopts the open segment
+    with store.wal_writer() as wal:
+        yield wal
 
 
 def current_lsn(conn: Any) -> int:
