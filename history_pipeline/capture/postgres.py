@@ -112,8 +112,17 @@ BEGIN
         WHERE d.classid = 'pg_class'::regclass AND k.relkind IN ('r', 'p')
           AND d.schema_name IS DISTINCT FROM '{CAPTURE_SCHEMA}'
     LOOP
-        EXECUTE format('SELECT EXISTS (SELECT 1 FROM %s)', r::regclass) INTO nonempty;
         first_seen := NOT EXISTS (SELECT 1 FROM {CAPTURE_SCHEMA}.ids WHERE relid = r AND attnum = 0);
+        IF (SELECT relpersistence FROM pg_class WHERE oid = r) <> 'p' THEN
+            -- temporary and unlogged tables write no WAL, so logical decoding never shows their rows: they
+            -- are not captured, and a table set UNLOGGED leaves the history as if dropped
+            IF NOT first_seen THEN
+                INSERT INTO {CAPTURE_SCHEMA}.ddl_log (relid, dropped) VALUES (r, true);
+                DELETE FROM {CAPTURE_SCHEMA}.ids WHERE relid = r;
+            END IF;
+            CONTINUE;
+        END IF;
+        EXECUTE format('SELECT EXISTS (SELECT 1 FROM %s)', r::regclass) INTO nonempty;
         IF first_seen AND nonempty THEN  -- CREATE TABLE AS, SELECT INTO: rows the stream showed before the table
             PERFORM {CAPTURE_SCHEMA}.snapshot(r);
         ELSE
@@ -298,7 +307,7 @@ def setup(conn: Any, config: CaptureConfig) -> None:
         # tables the capture has never described (they existed before it): their rows as they are now
         unseen = conn.execute(
             f"SELECT c.oid, c.relname FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace "
-            f"WHERE c.relkind IN ('r', 'p') AND n.nspname = ANY(%s) AND NOT EXISTS "
+            f"WHERE c.relkind IN ('r', 'p') AND c.relpersistence = 'p' AND n.nspname = ANY(%s) AND NOT EXISTS "
             f"(SELECT 1 FROM {CAPTURE_SCHEMA}.ids i WHERE i.relid = c.oid AND i.attnum = 0) ORDER BY c.oid",
             (list(config.options.schemas),),
         ).fetchall()
