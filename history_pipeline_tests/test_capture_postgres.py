@@ -368,3 +368,11 @@ def test_pgbench_tables_equal_postgresql_as_of_several_lsns(tmp_path, pg, databa
         _same(expected, _answer(store, lsn))
     for table in ("pgbench_branches", "pgbench_tellers", "pgbench_accounts"):
         assert snapshots[0][1][table] != snapshots[-1][1][table]  # pgbench did change them
+
+
+def test_a_server_without_logical_decoding_is_a_clear_error(tmp_path):
+    from history_pipeline.capture.postgres import CaptureSetupError
+
+    with postgres_server() as server:  # the default wal_level=replica
+        with pytest.raises(CaptureSetupError, match="wal_level=logical"):
+            run_capture(HistoryStore.open(tmp_path, database="x"), CaptureConfig(dsn=server.dsn()), once=True)

@@ -316,6 +316,8 @@ def setup(conn: Any, config: CaptureConfig) -> None:
                 conn.execute(f"SELECT {CAPTURE_SCHEMA}.snapshot(%s)", (relid,))
     except psycopg.errors.InsufficientPrivilege as exc:
         raise CaptureSetupError(f"capture setup needs a superuser: {exc}") from None
+    except psycopg.Error as exc:
+        raise CaptureSetupError(f"capture setup failed: {exc}".strip()) from None
 
 
 def _peek(conn: Any, config: CaptureConfig) -> list[Any]:
@@ -357,6 +359,8 @@ def run_capture(
     ``on_step`` is told "appended" after each WAL record, then "written" (WAL fsynced), "saved" (state
     saved) and "advanced" (slot moved) after each batch: the points a crash can fall between.
     """
+    import psycopg
+
     step = on_step or (lambda name: None)
     conn = connect(config.dsn)
     started = time.monotonic()
@@ -426,6 +430,11 @@ def run_capture(
                     else:
                         time.sleep(config.poll_interval_s)
             wal.seal()  # the last record is a close: what was captured can be compacted now
+    except psycopg.Error as exc:
+        raise CaptureSetupError(
+            f"PostgreSQL failed during capture: {exc}".strip() + "; run the capture again: it resumes after the "
+            "last transaction it wrote"
+        ) from None
     finally:
         conn.close()
     return progress
