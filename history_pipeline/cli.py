@@ -241,7 +241,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     sub.add_parser("merge", help="merge small files").set_defaults(func=cmd_merge)
     p = sub.add_parser("retain", help="purge history before a timestamp")
-    p.add_argument("purge_before", type=int)
+    p.add_argument("purge_before", type=as_of_argument)
     p.add_argument("--cold-tier", default=None, help="keep the purged files there first (path or s3://)")
     p.set_defaults(func=cmd_retain)
     p = sub.add_parser("export", help="export every table as of T")

@@ -228,14 +228,14 @@ class HistoryStore:
 
     def retain(
         self,
-        purge_before: int,
+        purge_before: int | str,
         cold_tier: str | None = None,
         s3: S3Options | None = None,
         spark: Any | None = None,
     ) -> RetentionSummary:
         """Purge history below ``purge_before``; with ``cold_tier`` the purged files are kept there first."""
         cold = open_store(cold_tier, s3 or self.s3) if cold_tier else None
-        return retain(self, purge_before, cold, spark=self.spark(spark))
+        return retain(self, to_timestamp(purge_before), cold, spark=self.spark(spark))
 
     def load_cold_tier(self, cold_tier: str, s3: S3Options | None = None) -> int:
         """Bring purged history back from a cold tier; returns the new earliest answerable as_of."""

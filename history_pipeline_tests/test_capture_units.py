@@ -68,6 +68,7 @@ def test_store_and_cli_take_lsns():
     assert args.as_of == 26
     args = build_parser().parse_args(["diff", "t", "--from", "0/1", "--to", "5"])
     assert (args.from_, args.to) == (1, 5)
+    assert build_parser().parse_args(["retain", "1/0"]).purge_before == 2**32
     with pytest.raises(SystemExit):
         build_parser().parse_args(["load", "t", "--as-of", "soon"])
 
