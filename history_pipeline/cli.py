@@ -17,7 +17,9 @@ from typing import Any
 
 import pyarrow as pa
 
+from history_pipeline.capture.cli import register_capture
 from history_pipeline.errors import HistoryError, InputFileError
+from history_pipeline.lsn import as_of_argument
 from history_pipeline.store import HistoryStore
 
 FORMATS = ["table", "csv", "json", "parquet"]
@@ -490,7 +492,7 @@ def _command(sub: Any, name: str, func: Callable[[argparse.Namespace], int], hel
 
 
 def _as_of_option(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--as-of", type=int, default=None, metavar="T",
+    parser.add_argument("--as-of", type=as_of_argument, default=None, metavar="T",
                         help="the state produced by every event with t < T; omitted: the newest (frontier + 1)")
 
 
@@ -543,8 +545,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = _command(sub, "diff", cmd_diff, "keys inserted, deleted and changed between two timestamps")
     p.add_argument("table", help="table name (as of --to, else --from) or uuid")
-    p.add_argument("--from", dest="from_", type=int, required=True, metavar="T1", help="the earlier as_of")
-    p.add_argument("--to", type=int, required=True, metavar="T2", help="the later as_of (>= T1)")
+    p.add_argument("--from", dest="from_", type=as_of_argument, required=True, metavar="T1", help="the earlier as_of")
+    p.add_argument("--to", type=as_of_argument, required=True, metavar="T2", help="the later as_of (>= T1)")
     _format_option(p, ["text", "json"])
 
     p = _command(sub, "status", cmd_status, "frontier, earliest, pending and quarantined segments, last compaction")
@@ -564,10 +566,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     _command(sub, "merge", cmd_merge, "merge small files into fewer large ones (answers unchanged)")
     p = _command(sub, "retain", cmd_retain, "purge history before a timestamp")
-    p.add_argument("purge_before", type=int, help="as_of below this is no longer answerable")
+    p.add_argument("purge_before", type=as_of_argument, help="as_of below this is no longer answerable")
     p.add_argument("--cold-tier", default=None, help="keep the purged files there first (path or s3://)")
     p = _command(sub, "export", cmd_export, "export every table as of T (Parquet + manifest)")
-    p.add_argument("--as-of", type=int, required=True, metavar="T", help="the state to export")
+    p.add_argument("--as-of", type=as_of_argument, required=True, metavar="T", help="the state to export")
     p.add_argument("--to", required=True, help="destination folder or s3://bucket/prefix")
     p = _command(sub, "load-cold-tier", cmd_load_cold_tier, "bring purged history back from a cold tier")
     p.add_argument("cold_tier", help="the cold tier given to retain (path or s3://)")
@@ -595,6 +597,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     _command(sub, "sample", cmd_sample, "write the sample workload into the WAL (creates the database)")
     _command(sub, "demo", cmd_demo, "write the sample workload, compact it, query it")
+    register_capture(sub)
     return parser
 
 

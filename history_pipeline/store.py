@@ -26,6 +26,7 @@ from history_pipeline.errors import (
     StorageRootError,
 )
 from history_pipeline.io.store import ObjectStore, S3Options, open_store
+from history_pipeline.lsn import to_timestamp
 from history_pipeline.maintenance.export import export_database
 from history_pipeline.maintenance.merge import MergeSummary, merge
 from history_pipeline.maintenance.retention import RetentionSummary, load_cold_tier, retain
@@ -374,39 +375,40 @@ class HistoryStore:
         """A frozen view of the newest catalog state (all queries through it agree)."""
         return QueryContext(self.objects, self.database, self.catalog.latest())
 
-    def load_table(self, table: str, as_of: int) -> pa.Table:
+    def load_table(self, table: str, as_of: int | str) -> pa.Table:
         """The table as of ``as_of``: synthetic_key then its columns in order, named as then."""
-        return self.query_context().load_table(table, as_of)
+        return self.query_context().load_table(table, to_timestamp(as_of))
 
-    def load_table_reader(self, table: str, as_of: int, batch_size: int = 100_000) -> pa.RecordBatchReader:
+    def load_table_reader(self, table: str, as_of: int | str, batch_size: int = 100_000) -> pa.RecordBatchReader:
         """``load_table`` streamed as record batches in key order (for tables larger than memory)."""
-        return self.query_context().load_table_reader(table, as_of, batch_size)
+        return self.query_context().load_table_reader(table, to_timestamp(as_of), batch_size)
 
-    def fetch_row(self, table: str, key: int, as_of: int) -> dict[str, Any] | None:
+    def fetch_row(self, table: str, key: int, as_of: int | str) -> dict[str, Any] | None:
         """One row as of ``as_of`` as {column name: value}, or None."""
-        return self.query_context().fetch_row(table, key, as_of)
+        return self.query_context().fetch_row(table, key, to_timestamp(as_of))
 
-    def get_catalog(self, as_of: int) -> tuple[TableDescriptor, ...]:
+    def get_catalog(self, as_of: int | str) -> tuple[TableDescriptor, ...]:
         """The table descriptors in force as of ``as_of``."""
-        return self.query_context().get_catalog(as_of)
+        return self.query_context().get_catalog(to_timestamp(as_of))
 
-    def sql(self, query: str, as_of: int) -> pa.Table:
+    def sql(self, query: str, as_of: int | str) -> pa.Table:
         """Read-only SQL against the database as of ``as_of``: SELECT, and SHOW TABLES, DESCRIBE <table>,
         EXPLAIN <select> (see :mod:`history_pipeline.query.statements`)."""
         from history_pipeline.query.statements import run_sql
 
-        return run_sql(self.query_context(), query, as_of)
+        return run_sql(self.query_context(), query, to_timestamp(as_of))
 
-    def sql_reader(self, query: str, as_of: int, batch_size: int = 100_000) -> pa.RecordBatchReader:
+    def sql_reader(self, query: str, as_of: int | str, batch_size: int = 100_000) -> pa.RecordBatchReader:
         """``sql`` streamed as record batches (for results larger than memory)."""
-        return self.query_context().sql_reader(query, as_of, batch_size)
+        return self.query_context().sql_reader(query, to_timestamp(as_of), batch_size)
 
     def row_history(self, table: str, key: int) -> list[dict[str, Any]]:
         """Every retained version of a key: logical_timestamp, is_deleted, values."""
         return self.query_context().row_history(table, key)
 
-    def diff(self, table: str, from_: int, to: int) -> dict[str, list[dict[str, Any]]]:
+    def diff(self, table: str, from_: int | str, to: int | str) -> dict[str, list[dict[str, Any]]]:
         """Keys inserted, deleted and changed between two states (``from_ <= to``)."""
+        from_, to = to_timestamp(from_), to_timestamp(to)
         if from_ > to:
             raise QueryError(f"diff from {from_} to {to}: --from must not be after --to (swap them)")
         return self.query_context().diff(table, from_, to)
@@ -449,22 +451,22 @@ class HistoryStore:
 
     def retain(
         self,
-        purge_before: int,
+        purge_before: int | str,
         cold_tier: str | None = None,
         s3: S3Options | None = None,
         spark: Any | None = None,
     ) -> RetentionSummary:
         """Purge history below ``purge_before``; with ``cold_tier`` the purged files are kept there first."""
         cold = open_store(cold_tier, s3 or self.s3) if cold_tier else None
-        return retain(self, purge_before, cold, spark=self.spark(spark))
+        return retain(self, to_timestamp(purge_before), cold, spark=self.spark(spark))
 
     def load_cold_tier(self, cold_tier: str, s3: S3Options | None = None) -> int:
         """Bring purged history back from a cold tier; returns the new earliest answerable as_of."""
         return load_cold_tier(self, open_store(cold_tier, s3 or self.s3))
 
-    def export(self, as_of: int, to: str, s3: S3Options | None = None) -> dict[str, Any]:
+    def export(self, as_of: int | str, to: str, s3: S3Options | None = None) -> dict[str, Any]:
         """Export every table as of ``as_of`` to ``to`` (a path or s3://bucket/prefix)."""
-        return export_database(self, as_of, open_store(to, s3 or self.s3))
+        return export_database(self, to_timestamp(as_of), open_store(to, s3 or self.s3))
 
     def __repr__(self) -> str:
         return f"HistoryStore({self.objects.uri!r}, database={self.database!r})"

@@ -1,0 +1,417 @@
+"""From decoded PostgreSQL transactions to WAL events (pure: no database, no files).
+
+The capture's knowledge of the captured tables is a :class:`CaptureState` (immutable, saved as
+JSON beside the WAL). :func:`transaction_events` takes the state and the messages of one
+transaction and returns the next state and the transaction's WAL records, with their timestamps:
+
+* the transaction's logical timestamp ``c`` is its commit record's LSN;
+* a transaction without schema changes writes every row change at ``c``;
+* otherwise each schema change, and each run of row changes between them, takes one of the
+  consecutive timestamps ending at ``c`` (every one of them wrote WAL bytes before the commit
+  record, so they stay above the previous commit's LSN; this is checked);
+* a ``close`` at ``c`` ends every transaction.
+
+Schema changes come from the rows that the capture's event triggers insert into
+``history_capture.ddl_log``: each holds the table's description after the DDL command (name,
+columns with attnum, type, nullability and the UUIDs the database assigned once), and the
+change events are the difference from the previous description.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from history_pipeline.capture.pgoutput import (
+    UNCHANGED,
+    Begin,
+    Commit,
+    DeleteMessage,
+    Ignored,
+    InsertMessage,
+    Message,
+    Relation,
+    RelationColumn,
+    TruncateMessage,
+    UpdateMessage,
+)
+from history_pipeline.capture.values import contract_type, convert, parse_array
+from history_pipeline.errors import HistoryError
+
+CAPTURE_SCHEMA = "history_capture"
+DDL_LOG = "ddl_log"
+SNAPSHOT_ROWS = "snapshot_rows"
+_KEY_TYPES = ("SMALLINT", "INTEGER", "BIGINT")
+
+
+class CaptureError(HistoryError):
+    """A captured change cannot be written to the WAL as it is."""
+
+
+@dataclass(frozen=True)
+class ColumnState:
+    attnum: int
+    column_uuid: str
+    name: str
+    data_type: str
+    not_null: bool
+
+
+@dataclass(frozen=True)
+class TableState:
+    relid: int
+    table_uuid: str
+    name: str
+    columns: tuple[ColumnState, ...]
+    key_attnums: tuple[int, ...] = ()
+
+    def column(self, name: str) -> ColumnState:
+        for c in self.columns:
+            if c.name == name:
+                return c
+        raise CaptureError(f"table {self.name!r} has no captured column {name!r}; the capture state is behind")
+
+
+@dataclass(frozen=True)
+class CaptureOptions:
+    """What to capture and how."""
+
+    schemas: tuple[str, ...] = ("public",)
+    #: table name -> the integer column that is its synthetic key (default: the primary key)
+    keys: Mapping[str, str] = field(default_factory=dict)
+    #: unknown PostgreSQL types become TEXT holding their text output instead of an error
+    text_fallback: bool = False
+    #: names of tables that are not captured (as named when the capture first sees them)
+    exclude: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class CaptureState:
+    """What the capture knows after the transactions it has written."""
+
+    tables: Mapping[int, TableState] = field(default_factory=dict)
+    #: the last written transaction's commit LSN (its WAL timestamp) and end LSN (the slot's position)
+    last_t: int = -1
+    last_end_lsn: int = 0
+
+    def to_json(self) -> str:
+        """The state as JSON (what the capture saves beside the WAL)."""
+        return json.dumps(
+            {
+                "last_t": self.last_t,
+                "last_end_lsn": self.last_end_lsn,
+                "tables": [
+                    {
+                        "relid": t.relid,
+                        "table_uuid": t.table_uuid,
+                        "name": t.name,
+                        "key_attnums": list(t.key_attnums),
+                        "columns": [c.__dict__ for c in t.columns],
+                    }
+                    for t in self.tables.values()
+                ],
+            },
+            indent=1,
+        )
+
+    @classmethod
+    def from_json(cls, text: str) -> CaptureState:
+        """Read a state written by :meth:`to_json`."""
+        raw = json.loads(text)
+        tables = {
+            t["relid"]: TableState(
+                t["relid"],
+                t["table_uuid"],
+                t["name"],
+                tuple(ColumnState(**c) for c in t["columns"]),
+                tuple(t["key_attnums"]),
+            )
+            for t in raw["tables"]
+        }
+        return cls(tables, raw["last_t"], raw["last_end_lsn"])
+
+
+@dataclass(frozen=True)
+class Transaction:
+    """One decoded transaction: its messages from ``Begin`` to ``Commit`` (relations included)."""
+
+    commit_lsn: int
+    end_lsn: int
+    messages: tuple[Message, ...]
+    #: commit time in microseconds since 2000-01-01 UTC (PostgreSQL's epoch)
+    commit_time: int = 0
+
+
+def split_transactions(messages: Sequence[Message]) -> tuple[list[Transaction], list[Message]]:
+    """Complete transactions in ``messages``, and the messages after the last commit (if any)."""
+    done: list[Transaction] = []
+    current: list[Message] = []
+    for message in messages:
+        current.append(message)
+        if isinstance(message, Commit):
+            done.append(Transaction(message.commit_lsn, message.end_lsn, tuple(current), message.commit_time))
+            current = []
+    return done, current
+
+
+# --- schema changes ------------------------------------------------------------------
+
+
+def _describe(raw: Mapping[str, Any], relid: int, options: CaptureOptions) -> TableState:
+    name = raw["name"]
+    columns = []
+    for c in raw["columns"]:
+        where = f"table {name!r} column {c['name']!r}"
+        data_type = contract_type(c["type_oid"], c["typmod"], text_fallback=options.text_fallback, where=where)
+        columns.append(ColumnState(c["attnum"], str(c["column_uuid"]), c["name"], data_type, bool(c["not_null"])))
+    return TableState(relid, str(raw["table_uuid"]), name, tuple(columns), tuple(raw.get("key") or ()))
+
+
+def _column_record(c: ColumnState) -> dict[str, Any]:
+    return {
+        "column_uuid": c.column_uuid,
+        "column_name": c.name,
+        "data_type": c.data_type,
+        "is_nullable": not c.not_null,
+    }
+
+
+def schema_changes(
+    before: TableState | None, after: TableState | None, raw: Mapping[str, Any] | None = None
+) -> list[dict[str, Any]]:
+    """The WAL schema-change records (without ``t``) that turn ``before`` into ``after``."""
+    if after is None:
+        return [] if before is None else [{"op": "drop_table", "table_uuid": before.table_uuid}]
+    if before is None:
+        return [
+            {
+                "op": "create_table",
+                "table_uuid": after.table_uuid,
+                "table_name": after.name,
+                "columns": [_column_record(c) for c in after.columns],
+            }
+        ]
+    table = after.table_uuid
+    out: list[dict[str, Any]] = []
+    if before.name != after.name:
+        out.append({"op": "rename_table", "table_uuid": table, "new_name": after.name})
+    old = {c.attnum: c for c in before.columns}
+    new = {c.attnum: c for c in after.columns}
+    for attnum, c in old.items():
+        if attnum not in new:
+            out.append({"op": "drop_column", "table_uuid": table, "column_uuid": c.column_uuid})
+    for attnum, c in new.items():
+        if attnum not in old:
+            continue
+        was = old[attnum]
+        if was.name != c.name:
+            out.append({"op": "rename_column", "table_uuid": table, "column_uuid": c.column_uuid, "new_name": c.name})
+        if was.data_type != c.data_type:
+            change = {"op": "change_column_type", "table_uuid": table, "column_uuid": c.column_uuid}
+            out.append({**change, "data_type": c.data_type})
+        if was.not_null != c.not_null:
+            out.append(
+                {
+                    "op": "change_column_nullable",
+                    "table_uuid": table,
+                    "column_uuid": c.column_uuid,
+                    "is_nullable": not c.not_null,
+                }
+            )
+    raw_columns = {c["attnum"]: c for c in (raw or {}).get("columns", [])}
+    for attnum, c in new.items():
+        if attnum in old:
+            continue
+        record: dict[str, Any] = {"op": "add_column", "table_uuid": table, "column": _column_record(c)}
+        described = raw_columns.get(attnum, {})
+        where = f"table {after.name!r} column {c.name!r}"
+        if described.get("missing") is not None:
+            record["default"] = convert(c.data_type, described["missing"], where=where)
+        elif described.get("has_default") and (raw or {}).get("has_rows"):
+            raise CaptureError(
+                f"{where} was added with a volatile default that gave each existing row its own value; the WAL "
+                "cannot say which. Add the column without a default, then UPDATE the rows in a separate statement"
+            )
+        out.append(record)
+    return out
+
+
+# --- row changes ---------------------------------------------------------------------
+
+
+def _key(table: TableState, relation: Relation, values: tuple[Any, ...], options: CaptureOptions) -> int:
+    declared = options.keys.get(table.name)
+    if declared is not None:
+        column = table.column(declared)
+    else:
+        if len(table.key_attnums) != 1:
+            raise CaptureError(
+                f"table {table.name!r} has no single-column primary key to use as the synthetic key; add one, "
+                f"or declare an integer key column (--key {table.name}=COLUMN)"
+            )
+        column = next(c for c in table.columns if c.attnum == table.key_attnums[0])
+    if column.data_type not in _KEY_TYPES:
+        raise CaptureError(
+            f"table {table.name!r}: key column {column.name!r} is {column.data_type}, but a synthetic key is a 64-bit "
+            "integer; declare an integer key column (--key TABLE=COLUMN)"
+        )
+    for rc, value in zip(relation.columns, values, strict=True):
+        if rc.name == column.name:
+            if value is None or value is UNCHANGED:
+                raise CaptureError(f"table {table.name!r}: a row without a value for key column {column.name!r}")
+            return int(value)
+    raise CaptureError(f"table {table.name!r}: key column {column.name!r} is not in the decoded row")
+
+
+def _values(table: TableState, relation: Relation, values: tuple[Any, ...]) -> dict[str, Any]:
+    out = {}
+    for rc, value in zip(relation.columns, values, strict=True):
+        if value is UNCHANGED:
+            continue  # an unchanged TOASTed value: the previous version's value is carried forward
+        column = table.column(rc.name)
+        out[column.column_uuid] = convert(column.data_type, value, where=f"table {table.name!r} column {rc.name!r}")
+    return out
+
+
+def _row_changes(
+    table: TableState, relation: Relation, message: Message, options: CaptureOptions
+) -> list[dict[str, Any]]:
+    base = {"table_uuid": table.table_uuid}
+    if isinstance(message, InsertMessage):
+        key = _key(table, relation, message.new, options)
+        return [{"op": "insert", **base, "key": key, "values": _values(table, relation, message.new)}]
+    if isinstance(message, DeleteMessage):
+        return [{"op": "delete", **base, "key": _key(table, relation, message.old, options)}]
+    assert isinstance(message, UpdateMessage)
+    key = _key(table, relation, message.new, options)
+    values = _values(table, relation, message.new)
+    if message.old is not None:
+        old_key = _key(table, relation, message.old, options)
+        if old_key != key:  # the key itself changed: a row with a new identity
+            if any(v is UNCHANGED for v in message.new):
+                raise CaptureError(
+                    f"table {table.name!r}: an update moved key {old_key} to {key} but left a TOASTed value "
+                    "unsent; set REPLICA IDENTITY FULL on the table to capture such updates"
+                )
+            return [{"op": "delete", **base, "key": old_key}, {"op": "insert", **base, "key": key, "values": values}]
+    return [{"op": "update", **base, "key": key, "values": values}]
+
+
+# --- one transaction -----------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Decoded:
+    """A transaction's outcome: the next state and its WAL records (timestamps assigned)."""
+
+    state: CaptureState
+    records: tuple[dict[str, Any], ...]
+    relations: Mapping[int, Relation]
+
+
+def transaction_events(
+    state: CaptureState,
+    transaction: Transaction,
+    relations: Mapping[int, Relation],
+    options: CaptureOptions,
+) -> Decoded:
+    """The WAL records of one transaction and the capture state after it."""
+    relations = dict(relations)
+    tables = dict(state.tables)
+    items: list[tuple[str, dict[str, Any]]] = []  # ("schema" | "row", record without t)
+    for message in transaction.messages:
+        if isinstance(message, Relation):
+            relations[message.relid] = message
+            continue
+        if isinstance(message, (Begin, Commit, Ignored)):
+            continue
+        if isinstance(message, TruncateMessage):
+            named = [tables[r].name for r in message.relids if r in tables]
+            if named:
+                raise CaptureError(
+                    f"TRUNCATE of {named} cannot be captured (the WAL has no truncate); delete the rows instead"
+                )
+            continue
+        relid = message.relid
+        relation = relations.get(relid)
+        if relation is None:
+            raise CaptureError(f"a change of relation {relid} arrived before its relation message")
+        if relation.namespace == CAPTURE_SCHEMA:
+            if relation.name == DDL_LOG and isinstance(message, InsertMessage):
+                for record in _apply_ddl(tables, relation, message, options):
+                    items.append(("schema", record))
+            elif relation.name == SNAPSHOT_ROWS and isinstance(message, InsertMessage):
+                items.extend(("row", r) for r in _snapshot_row(tables, relation, message, options))
+            continue
+        if relation.namespace not in options.schemas:
+            continue
+        table = tables.get(relid)
+        if table is None:
+            # a table the capture has not described yet: one that existed before capture was set up, or
+            # a CREATE TABLE AS; its rows arrive as a snapshot when it is described
+            continue
+        for record in _row_changes(table, relation, message, options):
+            items.append(("row", record))
+    records = _stamp(items, transaction.commit_lsn, state.last_t)
+    next_state = CaptureState(tables, transaction.commit_lsn, transaction.end_lsn)
+    return Decoded(next_state, tuple(records), relations)
+
+
+def _apply_ddl(
+    tables: dict[int, TableState], relation: Relation, message: InsertMessage, options: CaptureOptions
+) -> list[dict[str, Any]]:
+    row = {c.name: v for c, v in zip(relation.columns, message.new, strict=True)}
+    relid = int(row["relid"])
+    before = tables.get(relid)
+    if row["dropped"] == "t":
+        tables.pop(relid, None)
+        return schema_changes(before, None)
+    raw = json.loads(row["description"])
+    if raw["schema"] not in options.schemas:  # moved out of the captured schemas: gone for the history
+        tables.pop(relid, None)
+        return schema_changes(before, None)
+    if before is None and raw["name"] in options.exclude:
+        return []
+    after = _describe(raw, relid, options)
+    tables[relid] = after
+    if before is not None and before.key_attnums != after.key_attnums and before.key_attnums:
+        raise CaptureError(
+            f"table {after.name!r}: its primary key changed, which would change every row's synthetic key"
+        )
+    return schema_changes(before, after, raw)
+
+
+def _snapshot_row(
+    tables: dict[int, TableState], relation: Relation, message: InsertMessage, options: CaptureOptions
+) -> list[dict[str, Any]]:
+    row = {c.name: v for c, v in zip(relation.columns, message.new, strict=True)}
+    table = tables.get(int(row["relid"]))
+    if table is None:
+        return []
+    texts = tuple(parse_array(row["vals"]))
+    if len(texts) != len(table.columns):
+        raise CaptureError(f"table {table.name!r}: a snapshot row has {len(texts)} values, not {len(table.columns)}")
+    columns = tuple(RelationColumn(c.name, 0, -1, False) for c in table.columns)
+    as_relation = Relation(table.relid, "", table.name, "d", columns)
+    return _row_changes(table, as_relation, InsertMessage(table.relid, texts), options)
+
+
+def _stamp(items: list[tuple[str, dict[str, Any]]], commit_lsn: int, last_t: int) -> list[dict[str, Any]]:
+    slots: list[list[dict[str, Any]]] = []
+    previous = None
+    for kind, record in items:
+        if kind == "schema" or previous != "row":
+            slots.append([])
+        slots[-1].append(record)
+        previous = kind
+    first = commit_lsn - max(len(slots) - 1, 0)
+    if commit_lsn <= last_t or first <= last_t:
+        raise CaptureError(
+            f"the transaction committed at LSN {commit_lsn} needs {len(slots)} timestamps above the previous "
+            f"commit's {last_t}, and there is no room; this is not expected to happen: report it"
+        )
+    out = [{**record, "t": first + i} for i, slot in enumerate(slots) for record in slot]
+    out.append({"op": "close", "t": commit_lsn})
+    return out
