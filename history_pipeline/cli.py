@@ -260,6 +260,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub.add_parser("segments", help="list WAL segments and their states").set_defaults(func=cmd_segments)
     sub.add_parser("sample", help="write the sample workload into the WAL").set_defaults(func=cmd_sample)
     sub.add_parser("demo", help="write the sample workload, compact it, query it").set_defaults(func=cmd_demo)
+    __import__("history_pipeline.service.cli", fromlist=["register_serve"]).register_serve(sub)
     return parser
 
 
