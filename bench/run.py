@@ -55,6 +55,13 @@ SIZES = {
 }
 
 
+#: the HistoryService figures (bench/service.py): a modest history, the point is the network's cost
+SERVICE_SIZES = {
+    "quick": {"live_rows": 20_000, "versions": 100_000},
+    "full": {"live_rows": 100_000, "versions": 1_000_000},
+}
+
+
 def timed(fn: Callable[[], Any]) -> tuple[float, Any]:
     start = time.perf_counter()
     result = fn()
@@ -397,6 +404,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="small sizes (about 5 minutes)")
     parser.add_argument("--skip-daemon", action="store_true", help="skip the seal-to-queryable measurement")
+    parser.add_argument("--skip-service", action="store_true", help="skip the HistoryService (network) figures")
     args = parser.parse_args(argv)
     size = "quick" if args.quick else "full"
     config = SIZES[size]
@@ -424,8 +432,14 @@ def main(argv: list[str] | None = None) -> int:
         if not args.skip_daemon:
             print("4/6 seal to queryable through the daemon ...", flush=True)
             results["seal_to_queryable"] = bench_seal_to_queryable(work)
+        if not args.skip_service:
+            from bench.service import bench_service
+            from bench.service import report as service_report
+
+            print("   HistoryService over the network ...", flush=True)
+            results["service"] = bench_service(work, **SERVICE_SIZES[size])
     spark.stop()
-    table = report(results)
+    table = report(results) + ("\n" + service_report(results["service"]) if "service" in results else "")
     print(table)
     (RESULTS / "results.json").write_text(json.dumps(results, indent=2, default=str))
     (RESULTS / "results.md").write_text(table)
