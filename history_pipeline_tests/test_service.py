@@ -40,6 +40,7 @@ from history_pipeline.service import (
     InvalidRequestError,
     QueryTimeoutError,
     ResultTooLargeError,
+    ServiceError,
     ServiceUnavailableError,
 )
 from history_pipeline.service.auth import Tenant, TenantDirectory, new_token, token_digest
@@ -286,6 +287,59 @@ def test_concurrent_clients_mixing_lookups_and_sql_get_the_local_answers(server,
     assert all(all(r) for r in results)
     stats = server.stats()
     assert stats.open_streams == 0 and dict(stats.running_queries) == {} and stats.busy_workers == 0
+
+
+def test_answers_follow_new_compactions(tmp_path):
+    local = HistoryStore.open(tmp_path, database="tenant_b")
+    with local.wal_writer() as wal:
+        wal.append({"op": "create_table", "t": 1, "table_uuid": "T", "table_name": "typed",
+                    "columns": [{"column_uuid": "i", "column_name": "i", "data_type": "INTEGER"}]})
+        wal.append({"op": "insert", "t": 2, "table_uuid": "T", "key": 1, "values": {"i": 1}})
+        wal.append({"op": "close", "t": 2})
+        wal.seal()
+    local.compact(spark=False)
+    config = ServerConfig(root=str(tmp_path), tenants=(Tenant("b", "tenant_b", token_digest(TOKEN_B)),),
+                          port=0, workers=1)
+    with HistoryServer(config) as running, connect(running.url, TOKEN_B) as remote:
+        assert remote.frontier == 2 and remote.fetch_row("typed", 1, 3) == {"i": 1}
+        with pytest.raises(FutureTimestampError):
+            remote.fetch_row("typed", 1, 4)
+        with local.wal_writer() as wal:
+            wal.append({"op": "update", "t": 3, "table_uuid": "T", "key": 1, "values": {"i": 2}})
+            wal.append({"op": "close", "t": 3})
+            wal.seal()
+        local.compact(spark=False)
+        assert remote.frontier == 3
+        assert remote.fetch_row("typed", 1, 4) == local.fetch_row("typed", 1, 4) == {"i": 2}
+        assert remote.fetch_row("typed", 1, 3) == {"i": 1}
+
+
+def test_a_worker_killed_from_outside_is_replaced(stores):
+    end = stores["b"].frontier + 1
+    expected = stores["b"].fetch_row("typed", 2, end)
+    with HistoryServer(config_for(stores, workers=1)) as running, connect(running.url, TOKEN_B) as remote:
+        assert remote.fetch_row("typed", 2, end) == expected
+        (idle,) = running.stats().worker_pids["idle"]
+        os.kill(idle, signal.SIGKILL)  # dies while idle: the next request starts a fresh worker
+        assert remote.fetch_row("typed", 2, end) == expected
+        failure: dict[str, BaseException] = {}
+
+        def endless() -> None:
+            try:
+                remote.sql(ENDLESS_SQL, end)
+            except BaseException as exc:  # noqa: BLE001 - checked below
+                failure["error"] = exc
+
+        thread = threading.Thread(target=endless)
+        thread.start()
+        wait_until(lambda: len(running.stats().worker_pids["busy"]) == 1, "the endless query runs")
+        os.kill(running.stats().worker_pids["busy"][0], signal.SIGKILL)  # dies while answering
+        thread.join(60)
+        assert isinstance(failure.get("error"), ServiceError) and "died" in str(failure["error"])
+        assert remote.fetch_row("typed", 2, end) == expected
+        stats = running.stats()
+        assert stats.replaced_workers == 2 and len(stats.worker_pids["idle"]) == 1
+        assert not stats.running_queries and stats.busy_workers == 0
 
 
 # --- tenants and tokens -------------------------------------------------------------------------

@@ -73,6 +73,8 @@ class ServerStats:
     running_queries: Mapping[str, int]
     busy_workers: int
     replaced_workers: int
+    #: process ids of the worker processes, "idle" and "busy"
+    worker_pids: Mapping[str, list[int]]
 
 
 class HistoryServer(flight.FlightServerBase):
@@ -107,7 +109,7 @@ class HistoryServer(flight.FlightServerBase):
         with self._lock:
             return ServerStats(
                 self._open, self._finished, self._abandoned, self._gate.running, self._pool.busy,
-                self._pool.replaced,
+                self._pool.replaced, self._pool.pids(),
             )
 
     def do_get(self, context: flight.ServerCallContext, ticket: flight.Ticket) -> flight.FlightDataStream:

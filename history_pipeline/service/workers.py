@@ -101,6 +101,7 @@ class WorkerPool:
         self._lock = threading.Lock()
         self._busy = 0
         self._closed = False
+        self._workers: list[_Worker] = []
         #: workers killed and replaced (timeouts, clients gone, crashes)
         self.replaced = 0
         for _ in range(size):
@@ -111,16 +112,22 @@ class WorkerPool:
         process = self._context.Process(target=worker_main, args=(child,), daemon=True, name="history-worker")
         process.start()
         child.close()
-        return _Worker(process, parent)
+        worker = _Worker(process, parent)
+        with self._lock:
+            self._workers.append(worker)
+        return worker
 
     @property
     def busy(self) -> int:
         """Workers answering a job now."""
         return self._busy
 
-    def pids(self) -> list[int]:
-        """Process ids of the idle workers (the busy ones are out of the queue)."""
-        return [w.process.pid for w in list(self._idle.queue)]
+    def pids(self) -> dict[str, list[int]]:
+        """Process ids of the workers, idle and busy."""
+        with self._lock:
+            every = [w.process.pid for w in self._workers]
+        idle = {w.process.pid for w in list(self._idle.queue)}
+        return {"idle": sorted(p for p in every if p in idle), "busy": sorted(p for p in every if p not in idle)}
 
     def run(self, job: Job, cancelled: Callable[[], bool] = lambda: False) -> pa.Buffer:
         """The Arrow IPC answer to ``job``; kills the worker when the time limit passes or ``cancelled()``."""
@@ -162,6 +169,8 @@ class WorkerPool:
             ) from None
         with self._lock:
             self._busy += 1
+        if not worker.process.is_alive():  # died while idle (killed from outside): start afresh
+            worker = self._replace(worker)
         return worker
 
     def _release(self, worker: _Worker) -> None:
@@ -189,9 +198,12 @@ class WorkerPool:
         worker.conn.close()
         with self._lock:
             self.replaced += 1
+            self._workers.remove(worker)
         return self._spawn()
 
     def _stop(self, worker: _Worker) -> None:
+        with self._lock:
+            self._workers.remove(worker)
         try:
             worker.conn.send(("stop",))
         except OSError:
