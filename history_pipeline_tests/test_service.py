@@ -363,6 +363,8 @@ def test_requests_without_a_known_token_are_refused(server):
     for token in ("", "not-a-token", TOKEN_A + "x"):
         with pytest.raises(AuthenticationError):
             connect(server.url, token).get_catalog(0)
+    with pytest.raises(ServiceUnavailableError):  # nothing listens there
+        connect("grpc://127.0.0.1:1", TOKEN_A, timeout=10).get_catalog(0)
     plain = flight.FlightClient(server.url)
     with pytest.raises(flight.FlightUnauthenticatedError, match="bearer token"):
         plain.do_get(flight.Ticket(encode_request(GetCatalogRequest(0)))).read_all()
