@@ -561,6 +561,36 @@ def test_tagged_values_round_trip_exactly():
         encode_value(object())
 
 
+@pytest.mark.parametrize(
+    ("data_type", "wal_value"),
+    [
+        ("REAL[]", [0.1, None, "NaN"]),
+        ("INTERVAL[]", [{"months": -1, "days": 2, "micros": 3}]),
+        ("JSONB[]", [{"a": 1.5}, [None], "s"]),
+        ("UUID[]", ["0b4f6f36-5d1e-4c47-9b8a-2f0f3d6e9a01", None]),
+        ("NUMERIC[]", ["1e-40", "-0.000"]),
+        ("NUMERIC(40,3)", "1234567890123456789012345678901234567.125"),
+        ("TIMESTAMPTZ[][]", [["2024-01-02T03:04:05.000001-08:00"], []]),
+        ("BYTEA[]", ["AAEC/w=="]),
+        ("TIME", "23:59:59.999999"),
+        ("DATE[]", ["0001-01-01", "9999-12-31"]),
+    ],
+)
+def test_a_fetched_row_of_any_type_survives_its_arrow_form(data_type, wal_value):
+    from history_pipeline.schema import ColumnDescriptor, TableDescriptor
+    from history_pipeline.service.protocol import fetch_row_from_arrow, fetch_row_to_arrow
+    from history_pipeline.types import decode_value as from_wal
+    from history_pipeline.types import parse_data_type
+
+    column_type = parse_data_type(data_type)
+    descriptor = TableDescriptor("T", "t", (ColumnDescriptor("c-1", "c", column_type, True, "a", "c-1-1"),))
+    row = {"c": from_wal(column_type, wal_value)}
+    response = fetch_row_from_arrow(fetch_row_to_arrow(descriptor, row))
+    assert response.column_uuid_mapping == ("c-1",)
+    assert same(response.as_row(), row)
+    assert fetch_row_from_arrow(fetch_row_to_arrow(descriptor, None)).as_row() is None
+
+
 def test_tokens_are_stored_hashed_and_checked():
     token = new_token()
     tenant = Tenant("a", "db", token_digest(token))

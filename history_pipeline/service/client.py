@@ -51,6 +51,8 @@ class HistoryClient:
     """A connection to a HistoryService; the same query methods as ``HistoryStore``. Thread-safe."""
 
     def __init__(self, url: str, token: str, *, tls_root_certs: bytes | None = None, timeout: float | None = None):
+        if "://" not in url:  # host:port alone means plain gRPC
+            url = f"grpc://{url}"
         kwargs: dict[str, Any] = {}
         if tls_root_certs is not None:
             kwargs["tls_root_certs"] = tls_root_certs

@@ -62,7 +62,8 @@ def admit(running: Mapping[str, int], tenant: str, limit: int) -> Mapping[str, i
     now = running.get(tenant, 0)
     if now >= limit:
         raise ConcurrencyLimitError(
-            f"tenant {tenant!r} already runs {now} queries, the most this server allows at once; "
+            f"tenant {tenant!r} already runs {now} quer{'y' if now == 1 else 'ies'}, the most this server "
+            "allows at once; "
             "retry when one has finished"
         )
     return MappingProxyType({**running, tenant: now + 1})

@@ -7,8 +7,9 @@ travels as an Arrow stream:
 - ``LoadTable`` and ``Sql``: the result table itself, in record batches. For ``LoadTable`` each
   column's field metadata carries its ``column_uuid`` (the RFC's ``column_uuid_mapping``).
 - ``FetchRow``: one row (none when the key is not live) whose fields are the table's columns as
-  of the query timestamp, typed as stored, with ``column_uuid`` and ``data_type`` in their
-  metadata; the schema metadata says whether the row was ``found``.
+  of the query timestamp, typed as stored (extension types as their storage), with
+  ``column_uuid`` and ``data_type`` in their metadata; the schema metadata says whether the row
+  was ``found``.
 - ``GetCatalog``: one row per table (uuid, name, the descriptor as the RFC's JSON).
 - ``RowHistory`` and ``Diff``: one row per version or per changed key; the row values, whose
   columns and types vary between versions, as a JSON text that tags every non-JSON value
@@ -290,16 +291,30 @@ def resolve_descriptor(
     return None
 
 
+def _wire_type(arrow: pa.DataType) -> pa.DataType:
+    """An Arrow type with every extension type (UUID, JSON) replaced by its storage type.
+
+    pyarrow cannot build lists of extension values from Python values; the column's SQL type
+    travels beside it, and ``from_arrow_value`` reads the storage values back.
+    """
+    if isinstance(arrow, pa.BaseExtensionType):
+        return _wire_type(arrow.storage_type)
+    if pa.types.is_list(arrow):
+        return pa.list_(_wire_type(arrow.value_type))
+    return arrow
+
+
 def fetch_row_to_arrow(descriptor: TableDescriptor, row: Mapping[str, Any] | None) -> pa.Table:
     """A fetched row as a typed Arrow table of zero or one row (see the module docstring)."""
     arrays, schema_fields = [], []
     for column in descriptor.columns:
         value = None if row is None else to_arrow_value(column.data_type, row[column.column_name])
-        arrays.append(pa.array([] if row is None else [value], arrow_type(column.data_type)))
+        wire = _wire_type(arrow_type(column.data_type))
+        arrays.append(pa.array([] if row is None else [value], wire))
         schema_fields.append(
             pa.field(
                 column.column_name,
-                arrow_type(column.data_type),
+                wire,
                 metadata={"column_uuid": column.column_uuid, "data_type": str(column.data_type)},
             )
         )

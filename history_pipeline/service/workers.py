@@ -66,6 +66,7 @@ def worker_main(conn: Connection) -> None:
         if message[0] == "stop":
             return
         job: Job = message[1]
+        conn.send(("started",))
         try:
             store = stores.get((job.root, job.database))
             if store is None:
@@ -82,8 +83,10 @@ def worker_main(conn: Connection) -> None:
         conn.send_bytes(payload)
 
 
-@dataclass
+@dataclass(eq=False)
 class _Worker:
+    """One worker slot: its current process (restarted in place) and the pipe to it."""
+
     process: Any
     conn: Connection
     ready: bool = False
@@ -102,20 +105,20 @@ class WorkerPool:
         self._busy = 0
         self._closed = False
         self._workers: list[_Worker] = []
-        #: workers killed and replaced (timeouts, clients gone, crashes)
+        #: workers killed and restarted (timeouts, clients gone, crashes)
         self.replaced = 0
         for _ in range(size):
-            self._idle.put(self._spawn())
+            parent, process = self._start_process()
+            worker = _Worker(process, parent)
+            self._workers.append(worker)
+            self._idle.put(worker)
 
-    def _spawn(self) -> _Worker:
+    def _start_process(self) -> tuple[Connection, Any]:
         parent, child = self._context.Pipe()
         process = self._context.Process(target=worker_main, args=(child,), daemon=True, name="history-worker")
         process.start()
         child.close()
-        worker = _Worker(process, parent)
-        with self._lock:
-            self._workers.append(worker)
-        return worker
+        return parent, process
 
     @property
     def busy(self) -> int:
@@ -124,39 +127,64 @@ class WorkerPool:
 
     def pids(self) -> dict[str, list[int]]:
         """Process ids of the workers, idle and busy."""
+        idle = {id(w) for w in list(self._idle.queue)}
         with self._lock:
-            every = [w.process.pid for w in self._workers]
-        idle = {w.process.pid for w in list(self._idle.queue)}
-        return {"idle": sorted(p for p in every if p in idle), "busy": sorted(p for p in every if p not in idle)}
+            return {
+                "idle": sorted(w.process.pid for w in self._workers if id(w) in idle),
+                "busy": sorted(w.process.pid for w in self._workers if id(w) not in idle),
+            }
 
     def run(self, job: Job, cancelled: Callable[[], bool] = lambda: False) -> pa.Buffer:
         """The Arrow IPC answer to ``job``; kills the worker when the time limit passes or ``cancelled()``."""
         timeout = job.limits.query_timeout_s
+        deadline = time.monotonic() + timeout
         worker = self._acquire(timeout)
         try:
-            self._await_ready(worker)
-            worker.conn.send(("run", job))
-            deadline = time.monotonic() + timeout
-            while not worker.conn.poll(max(0.0, min(_CANCEL_POLL_S, deadline - time.monotonic()))):
-                if cancelled():
-                    worker = self._replace(worker)
-                    raise ServiceUnavailableError("the client went away; its query was cancelled")
-                if time.monotonic() >= deadline:
-                    worker = self._replace(worker)
-                    raise QueryTimeoutError(
-                        f"the query ran longer than this server's limit of {timeout:g} s and was cancelled; "
-                        "narrow it (WHERE, LIMIT, fewer tables) or ask the operator for a longer query_timeout_s"
-                    )
-            status = worker.conn.recv()
+            self._hand_over(worker, job)
+            status = self._next_message(worker, deadline, cancelled, timeout)
             if status[0] == "error":
                 raise error_from_payload(status[1], ServiceError, "the query failed")
             return pa.py_buffer(worker.conn.recv_bytes())
         except (EOFError, OSError) as exc:
             code = worker.process.exitcode
-            worker = self._replace(worker)
+            self._restart(worker)
             raise ServiceError(f"a worker process died while answering (exit code {code}): {exc}") from None
         finally:
             self._release(worker)
+
+    def _hand_over(self, worker: _Worker, job: Job) -> None:
+        """Give the job to the worker; a worker found dead before it took the job is restarted first.
+
+        The job has not run then, so running it on the fresh process is safe (and queries are
+        read-only anyway); a worker that dies after taking a job fails that job instead.
+        """
+        for attempt in (1, 2):
+            try:
+                self._await_ready(worker)
+                worker.conn.send(("run", job))
+                if worker.conn.poll(_STARTUP_TIMEOUT_S) and worker.conn.recv()[0] == "started":
+                    return
+                self._restart(worker)  # stuck, or out of step with its pipe
+                raise ServiceError("a worker process did not take its job; it was restarted, retry")
+            except (EOFError, OSError):
+                self._restart(worker)
+                if attempt == 2:
+                    raise ServiceError("worker processes die on start: see the server's log") from None
+
+    def _next_message(
+        self, worker: _Worker, deadline: float, cancelled: Callable[[], bool], timeout: float
+    ) -> tuple[Any, ...]:
+        while not worker.conn.poll(max(0.0, min(_CANCEL_POLL_S, deadline - time.monotonic()))):
+            if cancelled():
+                self._restart(worker)
+                raise ServiceUnavailableError("the client went away; its query was cancelled")
+            if time.monotonic() >= deadline:
+                self._restart(worker)
+                raise QueryTimeoutError(
+                    f"the query ran longer than this server's limit of {timeout:g} s and was cancelled; "
+                    "narrow it (WHERE, LIMIT, fewer tables) or ask the operator for a longer query_timeout_s"
+                )
+        return worker.conn.recv()
 
     def _acquire(self, timeout: float) -> _Worker:
         if self._closed:
@@ -169,8 +197,6 @@ class WorkerPool:
             ) from None
         with self._lock:
             self._busy += 1
-        if not worker.process.is_alive():  # died while idle (killed from outside): start afresh
-            worker = self._replace(worker)
         return worker
 
     def _release(self, worker: _Worker) -> None:
@@ -184,26 +210,26 @@ class WorkerPool:
     def _await_ready(self, worker: _Worker) -> None:
         if worker.ready:
             return
-        if not worker.conn.poll(_STARTUP_TIMEOUT_S):
-            raise ServiceError(f"a worker process did not start within {_STARTUP_TIMEOUT_S:g} s")
-        message = worker.conn.recv()
-        if message[0] != "ready":
-            raise ServiceError(f"a worker process started with an unexpected message {message[0]!r}")
-        worker.ready = True
+        if worker.conn.poll(_STARTUP_TIMEOUT_S) and worker.conn.recv()[0] == "ready":
+            worker.ready = True
+            return
+        self._restart(worker)
+        raise ServiceError(f"a worker process did not start within {_STARTUP_TIMEOUT_S:g} s; it was restarted")
 
-    def _replace(self, worker: _Worker) -> _Worker:
-        """Kill a worker (its query with it) and start a fresh one in its place."""
+    def _restart(self, worker: _Worker) -> None:
+        """Kill a worker's process (its query with it) and start a fresh one in its place."""
         worker.process.kill()
         worker.process.join(10)
         worker.conn.close()
+        conn, process = self._start_process()
         with self._lock:
+            worker.conn, worker.process, worker.ready = conn, process, False
             self.replaced += 1
-            self._workers.remove(worker)
-        return self._spawn()
 
     def _stop(self, worker: _Worker) -> None:
         with self._lock:
-            self._workers.remove(worker)
+            if worker in self._workers:
+                self._workers.remove(worker)
         try:
             worker.conn.send(("stop",))
         except OSError:
