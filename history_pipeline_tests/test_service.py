@@ -384,7 +384,7 @@ def test_a_malformed_ticket_is_refused_as_invalid(server):
 
 @pytest.fixture(scope="module")
 def strict_server(stores):
-    limits = Limits(max_result_rows=50, query_timeout_s=3, max_concurrent_queries=1)
+    limits = Limits(max_result_rows=50, query_timeout_s=5, max_concurrent_queries=1)
     with HistoryServer(config_for(stores, workers=2, limits=limits)) as running:
         yield running
 
