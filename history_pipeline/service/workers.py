@@ -4,7 +4,8 @@ A query runs Python (reconstruction) and DuckDB code that a thread cannot be sto
 process can. Each request takes an idle worker, sends it the ticket and waits for the Arrow IPC
 answer. When the query exceeds its time limit, or the client has gone away, the worker is killed
 (freeing its memory, DuckDB connections and file handles with it) and a fresh one takes its
-place. Workers cache one HistoryStore per database; they never hold state between requests.
+place. Between requests a worker keeps only one open HistoryStore per database (whose catalog
+log it re-reads on every query, so new compactions are seen at once).
 """
 
 from __future__ import annotations
