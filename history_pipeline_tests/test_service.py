@@ -499,7 +499,7 @@ def test_tls_serves_trusting_clients_only(stores):
             connect(running.url.replace("grpc+tls", "grpc"), TOKEN_B, timeout=10).get_catalog(end)
 
 
-def test_serve_command_runs_the_service_until_terminated(tmp_path, stores):
+def test_serve_command_runs_the_service_with_tls_until_terminated(tmp_path, stores):
     cli = [sys.executable, "-m", "history_pipeline.cli"]
     made = subprocess.run([*cli, "serve", "--new-token"], capture_output=True, text=True, check=True, timeout=60)
     token = made.stdout.split()[1]
@@ -512,15 +512,24 @@ def test_serve_command_runs_the_service_until_terminated(tmp_path, stores):
         f'root = "{stores["a"].objects.uri}"\nworkers = 1\n[limits]\nquery_timeout_s = 30\n'
         f'[tenants.a]\ndatabase = "tenant_a"\ntoken_sha256 = "{digest}"\n'
     )
-    process = subprocess.Popen([*cli, "serve", "--config", str(config), "--port", "0"],
+    bad = tmp_path / "bad.toml"
+    bad.write_text(config.read_text() + "max_rows = 5\n")
+    refused = subprocess.run([*cli, "serve", "--config", str(bad)], capture_output=True, text=True, timeout=60)
+    assert refused.returncode == 2 and "unknown settings ['max_rows']" in refused.stderr, refused.stderr
+    cert, key = self_signed_certificate()
+    (tmp_path / "cert.pem").write_bytes(cert)
+    (tmp_path / "key.pem").write_bytes(key)
+    process = subprocess.Popen([*cli, "serve", "--config", str(config), "--port", "0",
+                                "--tls-cert", str(tmp_path / "cert.pem"), "--tls-key", str(tmp_path / "key.pem")],
                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                                env={**os.environ, "PYTHONUNBUFFERED": "1"})
     try:
         line = process.stdout.readline()
         assert "serving 1 tenant(s)" in line, line + process.stderr.read()
         url = line.split()[-1]
+        assert url.startswith("grpc+tls://127.0.0.1:")
         end = stores["a"].frontier + 1
-        with connect(url, token) as remote:
+        with connect(url, token, tls_root_certs=tmp_path / "cert.pem") as remote:
             assert same(remote.fetch_row("orders", 10_000, end), stores["a"].fetch_row("orders", 10_000, end))
         process.send_signal(signal.SIGTERM)
         assert process.wait(timeout=60) == 0
@@ -531,6 +540,19 @@ def test_serve_command_runs_the_service_until_terminated(tmp_path, stores):
 
 
 # --- the pure pieces ----------------------------------------------------------------------------
+
+
+def test_the_client_has_the_query_methods_of_the_store():
+    import inspect
+
+    from history_pipeline.client import HistoryClient
+
+    for name in ("load_table", "fetch_row", "get_catalog", "sql", "row_history", "diff"):
+        local, remote = inspect.signature(getattr(HistoryStore, name)), inspect.signature(getattr(HistoryClient, name))
+        assert list(local.parameters) == list(remote.parameters), name
+        assert local.return_annotation == remote.return_annotation, name
+    for name in ("frontier", "earliest"):
+        assert isinstance(getattr(HistoryStore, name), property) and isinstance(getattr(HistoryClient, name), property)
 
 
 def test_request_messages_round_trip_and_refuse_malformed_tickets():

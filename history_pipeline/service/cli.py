@@ -9,6 +9,8 @@ import threading
 from pathlib import Path
 from typing import Any
 
+import pyarrow as pa
+
 from history_pipeline.service.auth import new_token, token_digest
 
 
@@ -49,16 +51,19 @@ def cmd_serve(args: argparse.Namespace) -> int:
     from history_pipeline.service.config import load_config
     from history_pipeline.service.server import HistoryServer
 
-    config = load_config(args.config)
-    read = (lambda path: Path(path).read_bytes()) if args.tls_cert or args.tls_key else (lambda path: None)
-    config = config.with_overrides(
-        host=args.host,
-        port=args.port,
-        workers=args.workers,
-        tls_cert=read(args.tls_cert) if args.tls_cert else None,
-        tls_key=read(args.tls_key) if args.tls_key else None,
-    )
-    server = HistoryServer(config)
+    try:
+        config = load_config(args.config).with_overrides(
+            host=args.host,
+            port=args.port,
+            workers=args.workers,
+            tls_cert=Path(args.tls_cert).read_bytes() if args.tls_cert else None,
+            tls_key=Path(args.tls_key).read_bytes() if args.tls_key else None,
+        )
+        server = HistoryServer(config)
+    except (ValueError, OSError, pa.ArrowException) as exc:
+        # a configuration mistake, an unreadable file or a port in use: one line, not a trace
+        print(f"error: cannot serve with {args.config}: {exc}", file=sys.stderr)
+        return 2
     stop = threading.Event()
     for signum in (signal.SIGINT, signal.SIGTERM):
         signal.signal(signum, lambda *_: stop.set())
