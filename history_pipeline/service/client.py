@@ -11,6 +11,7 @@ refused or failed request raises the same ``HistoryError`` subclass the server m
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -50,12 +51,22 @@ def _as_history_error(exc: flight.FlightError) -> HistoryError:
 class HistoryClient:
     """A connection to a HistoryService; the same query methods as ``HistoryStore``. Thread-safe."""
 
-    def __init__(self, url: str, token: str, *, tls_root_certs: bytes | None = None, timeout: float | None = None):
+    def __init__(
+        self,
+        url: str,
+        token: str,
+        *,
+        tls_root_certs: bytes | None = None,
+        timeout: float | None = None,
+        grpc_options: Sequence[tuple[str, str | int]] = (),
+    ):
         if "://" not in url:  # host:port alone means plain gRPC
             url = f"grpc://{url}"
         kwargs: dict[str, Any] = {}
         if tls_root_certs is not None:
             kwargs["tls_root_certs"] = tls_root_certs
+        if grpc_options:
+            kwargs["generic_options"] = list(grpc_options)
         self.url = url
         self._client = flight.FlightClient(url, **kwargs)
         self._options = flight.FlightCallOptions(
@@ -154,13 +165,15 @@ def connect(
     *,
     tls_root_certs: bytes | str | Path | None = None,
     timeout: float | None = None,
+    grpc_options: Sequence[tuple[str, str | int]] = (),
 ) -> HistoryClient:
     """A client of the HistoryService at ``url`` (``grpc://host:port`` or ``grpc+tls://host:port``).
 
     ``token`` is the tenant's bearer token; ``tls_root_certs`` the PEM (bytes, or a file path) of
     the certificate authority to trust when the server's certificate is not publicly trusted;
-    ``timeout`` bounds each call in seconds.
+    ``timeout`` bounds each call in seconds; ``grpc_options`` are gRPC channel arguments
+    (for instance ``("grpc.max_receive_message_length", n)``).
     """
     if isinstance(tls_root_certs, (str, Path)):
         tls_root_certs = Path(tls_root_certs).read_bytes()
-    return HistoryClient(url, token, tls_root_certs=tls_root_certs, timeout=timeout)
+    return HistoryClient(url, token, tls_root_certs=tls_root_certs, timeout=timeout, grpc_options=grpc_options)

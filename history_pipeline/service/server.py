@@ -73,7 +73,7 @@ class ServerStats:
     running_queries: Mapping[str, int]
     busy_workers: int
     replaced_workers: int
-    #: process ids of the worker processes, "idle" and "busy"
+    #: process ids of the worker processes: "idle", "busy" (taken by a request), "answering" (running it)
     worker_pids: Mapping[str, list[int]]
 
 

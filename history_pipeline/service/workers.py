@@ -91,6 +91,8 @@ class _Worker:
     process: Any
     conn: Connection
     ready: bool = False
+    #: the process has taken a job and is answering it
+    answering: bool = False
 
 
 class WorkerPool:
@@ -127,12 +129,13 @@ class WorkerPool:
         return self._busy
 
     def pids(self) -> dict[str, list[int]]:
-        """Process ids of the workers, idle and busy."""
+        """Process ids of the workers: idle, busy (taken by a request) and answering (running its job)."""
         idle = {id(w) for w in list(self._idle.queue)}
         with self._lock:
             return {
                 "idle": sorted(w.process.pid for w in self._workers if id(w) in idle),
                 "busy": sorted(w.process.pid for w in self._workers if id(w) not in idle),
+                "answering": sorted(w.process.pid for w in self._workers if w.answering),
             }
 
     def run(self, job: Job, cancelled: Callable[[], bool] = lambda: False) -> pa.Buffer:
@@ -164,6 +167,7 @@ class WorkerPool:
                 self._await_ready(worker)
                 worker.conn.send(("run", job))
                 if worker.conn.poll(_STARTUP_TIMEOUT_S) and worker.conn.recv()[0] == "started":
+                    worker.answering = True
                     return
                 self._restart(worker)  # stuck, or out of step with its pipe
                 raise ServiceError("a worker process did not take its job; it was restarted, retry")
@@ -203,6 +207,7 @@ class WorkerPool:
     def _release(self, worker: _Worker) -> None:
         with self._lock:
             self._busy -= 1
+            worker.answering = False
         if self._closed:
             self._stop(worker)
         else:
@@ -224,7 +229,7 @@ class WorkerPool:
         worker.conn.close()
         conn, process = self._start_process()
         with self._lock:
-            worker.conn, worker.process, worker.ready = conn, process, False
+            worker.conn, worker.process, worker.ready, worker.answering = conn, process, False, False
             self.replaced += 1
 
     def _stop(self, worker: _Worker) -> None:
