@@ -141,10 +141,11 @@ class WorkerPool:
     def run(self, job: Job, cancelled: Callable[[], bool] = lambda: False) -> pa.Buffer:
         """The Arrow IPC answer to ``job``; kills the worker when the time limit passes or ``cancelled()``."""
         timeout = job.limits.query_timeout_s
-        deadline = time.monotonic() + timeout
         worker = self._acquire(timeout)
         try:
             self._hand_over(worker, job)
+            # the query's time starts when a worker has taken it (not while a fresh worker starts)
+            deadline = time.monotonic() + timeout
             status = self._next_message(worker, deadline, cancelled, timeout)
             if status[0] == "error":
                 raise error_from_payload(status[1], ServiceError, "the query failed")
