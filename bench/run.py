@@ -55,6 +55,13 @@ SIZES = {
 }
 
 
+#: the HistoryService figures (bench/service.py): a modest history, the point is the network's cost
+SERVICE_SIZES = {
+    "quick": {"live_rows": 20_000, "versions": 100_000},
+    "full": {"live_rows": 100_000, "versions": 1_000_000},
+}
+
+
 def timed(fn: Callable[[], Any]) -> tuple[float, Any]:
     start = time.perf_counter()
     result = fn()
@@ -398,6 +405,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help="small sizes (about 5 minutes)")
     parser.add_argument("--skip-daemon", action="store_true", help="skip the seal-to-queryable measurement")
     parser.add_argument("--skip-read-path", action="store_true", help="skip bench/read_path.py (worst T, TPC-H SQL)")
+    parser.add_argument("--skip-service", action="store_true", help="skip the HistoryService (network) figures")
     args = parser.parse_args(argv)
     size = "quick" if args.quick else "full"
     config = SIZES[size]
@@ -432,12 +440,21 @@ def main(argv: list[str] | None = None) -> int:
             (work / "read_path").mkdir()
             results["read_path"] = read_path.run(work / "read_path", config["live_rows"], config["histories"][1:],
                                                  config["batch"], config["live_rows"] // 20, 4, delta=False)
+        if not args.skip_service:
+            from bench.service import bench_service
+
+            print("   HistoryService over the network ...", flush=True)
+            results["service"] = bench_service(work, **SERVICE_SIZES[size])
     spark.stop()
     table = report(results)
     if "read_path" in results:
         from bench import read_path
 
         table += "\n" + read_path.report(results["read_path"])
+    if "service" in results:
+        from bench.service import report as service_report
+
+        table += "\n" + service_report(results["service"])
     print(table)
     (RESULTS / "results.json").write_text(json.dumps(results, indent=2, default=str))
     (RESULTS / "results.md").write_text(table)

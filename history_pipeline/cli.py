@@ -20,6 +20,7 @@ import pyarrow as pa
 from history_pipeline.capture.cli import register_capture
 from history_pipeline.errors import HistoryError, InputFileError
 from history_pipeline.lsn import as_of_argument
+from history_pipeline.service.cli import register_serve
 from history_pipeline.store import HistoryStore
 
 FORMATS = ["table", "csv", "json", "parquet"]
@@ -598,6 +599,7 @@ def build_parser() -> argparse.ArgumentParser:
     _command(sub, "sample", cmd_sample, "write the sample workload into the WAL (creates the database)")
     _command(sub, "demo", cmd_demo, "write the sample workload, compact it, query it")
     register_capture(sub)
+    register_serve(sub)
     return parser
 
 

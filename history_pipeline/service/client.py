@@ -1,0 +1,179 @@
+"""The thin client: HistoryStore's query methods, answered by a HistoryService over the network.
+
+    from history_pipeline.client import connect
+
+    with connect("grpc+tls://history.internal:8815", token, tls_root_certs=ca_pem) as history:
+        before = history.fetch_row("orders", 42, as_of=event_t)     # the pre-image of event_t
+
+Values come back equal to the local API's (Decimal, UUID, datetime, JSONB, Interval, ...), and a
+refused or failed request raises the same ``HistoryError`` subclass the server met.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.flight as flight
+
+from history_pipeline.errors import HistoryError
+from history_pipeline.schema import TableDescriptor
+from history_pipeline.service import protocol as p
+from history_pipeline.service.errors import (
+    AuthenticationError,
+    QueryTimeoutError,
+    ServiceError,
+    ServiceUnavailableError,
+    error_from_payload,
+)
+
+_FALLBACK: list[tuple[type[flight.FlightError], type[HistoryError]]] = [
+    (flight.FlightUnauthenticatedError, AuthenticationError),
+    (flight.FlightTimedOutError, QueryTimeoutError),
+    (flight.FlightUnavailableError, ServiceUnavailableError),
+]
+
+
+def _as_history_error(exc: flight.FlightError) -> HistoryError:
+    """The HistoryError a Flight error carries (or the one its kind means when it carries none)."""
+    fallback: type[HistoryError] = ServiceError
+    for kind, error in _FALLBACK:
+        if isinstance(exc, kind):
+            fallback = error
+            break
+    # Flight appends gRPC debug context to the message; the first line is the server's own text
+    message = str(exc).split(". Detail:")[0]
+    return error_from_payload(getattr(exc, "extra_info", None), fallback, message)
+
+
+class HistoryClient:
+    """A connection to a HistoryService; the same query methods as ``HistoryStore``. Thread-safe."""
+
+    def __init__(
+        self,
+        url: str,
+        token: str,
+        *,
+        tls_root_certs: bytes | None = None,
+        timeout: float | None = None,
+        grpc_options: Sequence[tuple[str, str | int]] = (),
+    ):
+        if "://" not in url:  # host:port alone means plain gRPC
+            url = f"grpc://{url}"
+        kwargs: dict[str, Any] = {}
+        if tls_root_certs is not None:
+            kwargs["tls_root_certs"] = tls_root_certs
+        if grpc_options:
+            kwargs["generic_options"] = list(grpc_options)
+        self.url = url
+        self._client = flight.FlightClient(url, **kwargs)
+        self._options = flight.FlightCallOptions(
+            headers=[(b"authorization", b"Bearer " + token.encode("utf-8"))], timeout=timeout
+        )
+
+    # --- the RFC's messages ------------------------------------------------------------
+
+    def call(self, request: p.Request) -> pa.Table:
+        """Send one request message; its answer as an Arrow table (all batches read)."""
+        try:
+            return self._client.do_get(flight.Ticket(p.encode_request(request)), self._options).read_all()
+        except flight.FlightError as exc:
+            raise _as_history_error(exc) from None
+
+    def stream(self, request: p.Request) -> flight.FlightStreamReader:
+        """Send one request message; a reader of its record batches as they arrive.
+
+        Errors the server finds before answering raise here already; ``reader.cancel()`` stops
+        the stream early (the server frees what it held for it).
+        """
+        try:
+            reader = self._client.do_get(flight.Ticket(p.encode_request(request)), self._options)
+            reader.schema  # noqa: B018  (waits for the first message: refusals raise now)
+            return reader
+        except flight.FlightError as exc:
+            raise _as_history_error(exc) from None
+
+    def fetch_row_response(self, request: p.FetchRowRequest) -> p.FetchRowResponse:
+        """The RFC's FetchRow."""
+        return p.fetch_row_from_arrow(self.call(request))
+
+    def load_table_response(self, request: p.LoadTableRequest) -> p.LoadTableResponse:
+        """The RFC's LoadTable."""
+        return p.load_table_from_arrow(self.call(request))
+
+    def get_catalog_response(self, request: p.GetCatalogRequest) -> p.GetCatalogResponse:
+        """The RFC's GetCatalog."""
+        return p.catalog_from_arrow(self.call(request))
+
+    # --- HistoryStore's query side ----------------------------------------------------------
+
+    def load_table(self, table: str, as_of: int) -> pa.Table:
+        """The table as of ``as_of``: synthetic_key then its columns in order, named as then."""
+        return self.load_table_response(p.LoadTableRequest(table, as_of)).table
+
+    def fetch_row(self, table: str, key: int, as_of: int) -> dict[str, Any] | None:
+        """One row as of ``as_of`` as {column name: value}, or None."""
+        return self.fetch_row_response(p.FetchRowRequest(table, key, as_of)).as_row()
+
+    def get_catalog(self, as_of: int) -> tuple[TableDescriptor, ...]:
+        """The table descriptors in force as of ``as_of``."""
+        return self.get_catalog_response(p.GetCatalogRequest(as_of)).table_descriptors
+
+    def sql(self, query: str, as_of: int) -> pa.Table:
+        """Read-only SQL against the database as of ``as_of`` (the server's sandbox)."""
+        return self.call(p.SqlRequest(query, as_of))
+
+    def row_history(self, table: str, key: int) -> list[dict[str, Any]]:
+        """Every retained version of a key: logical_timestamp, is_deleted, values."""
+        return p.row_history_from_arrow(self.call(p.RowHistoryRequest(table, key)))
+
+    def diff(self, table: str, from_: int, to: int) -> dict[str, list[dict[str, Any]]]:
+        """Keys inserted, deleted and changed between two states."""
+        return p.diff_from_arrow(self.call(p.DiffRequest(table, from_, to)))
+
+    @property
+    def frontier(self) -> int:
+        """The largest t closed by a compacted segment of the tenant's database."""
+        return p.status_from_arrow(self.call(p.StatusRequest()))[0]
+
+    @property
+    def earliest(self) -> int:
+        """The smallest answerable as_of of the tenant's database."""
+        return p.status_from_arrow(self.call(p.StatusRequest()))[1]
+
+    # --- lifetime ------------------------------------------------------------------------
+
+    def close(self) -> None:
+        """Close the connection."""
+        self._client.close()
+
+    def __enter__(self) -> HistoryClient:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"HistoryClient({self.url!r})"
+
+
+def connect(
+    url: str,
+    token: str,
+    *,
+    tls_root_certs: bytes | str | Path | None = None,
+    timeout: float | None = None,
+    grpc_options: Sequence[tuple[str, str | int]] = (),
+) -> HistoryClient:
+    """A client of the HistoryService at ``url`` (``grpc://host:port`` or ``grpc+tls://host:port``).
+
+    ``token`` is the tenant's bearer token; ``tls_root_certs`` the PEM (bytes, or a file path) of
+    the certificate authority to trust when the server's certificate is not publicly trusted;
+    ``timeout`` bounds each call in seconds; ``grpc_options`` are gRPC channel arguments
+    (for instance ``("grpc.max_receive_message_length", n)``).
+    """
+    if isinstance(tls_root_certs, (str, Path)):
+        tls_root_certs = Path(tls_root_certs).read_bytes()
+    return HistoryClient(url, token, tls_root_certs=tls_root_certs, timeout=timeout, grpc_options=grpc_options)

@@ -1,0 +1,121 @@
+"""The server's configuration: where, which tenants, what limits, TLS. Read from a TOML file.
+
+    root = "data"                   # the storage root every tenant's database lives under
+    host = "127.0.0.1"
+    port = 8815
+    workers = 4                     # worker processes answering queries (server-wide)
+    batch_rows = 65536              # rows per streamed Arrow record batch
+    tls_cert = "server.pem"         # both or neither: PEM certificate chain and private key
+    tls_key = "server.key"
+
+    [limits]                        # every tenant's, unless its own section overrides them
+    max_result_rows = 5000000
+    max_result_bytes = 536870912
+    query_timeout_s = 60
+    max_concurrent_queries = 4
+
+    [tenants.tenant_a]
+    database = "tenant_a"           # default: the tenant's name
+    token_sha256 = "<64 hex digits>"  # `history-pipeline serve --hash-token` prints it
+    max_concurrent_queries = 2      # optional: any [limits] key
+"""
+
+from __future__ import annotations
+
+import tomllib
+from collections.abc import Mapping
+from dataclasses import dataclass, field, fields, replace
+from pathlib import Path
+from typing import Any
+
+from history_pipeline.service.auth import Tenant, TenantDirectory
+from history_pipeline.service.limits import Limits
+
+_LIMIT_KEYS = {f.name for f in fields(Limits)}
+
+
+@dataclass(frozen=True)
+class ServerConfig:
+    """Everything the server needs to start."""
+
+    root: str
+    tenants: tuple[Tenant, ...]
+    host: str = "127.0.0.1"
+    port: int = 8815
+    limits: Limits = field(default_factory=Limits)
+    workers: int = 4
+    batch_rows: int = 65_536
+    tls_cert: bytes | None = None
+    tls_key: bytes | None = None
+
+    def __post_init__(self) -> None:
+        if (self.tls_cert is None) != (self.tls_key is None):
+            raise ValueError("TLS needs both tls_cert and tls_key (PEM), or neither")
+        if not self.tenants:
+            raise ValueError("the server has no tenants: add a [tenants.<name>] section with a token_sha256")
+        TenantDirectory.of(self.tenants)  # refuses shared tokens now rather than at the first request
+        for tenant in self.tenants:
+            self.limits_of(tenant)  # refuses unknown limit names
+
+    @property
+    def scheme(self) -> str:
+        """``grpc+tls`` when TLS is configured, else ``grpc``."""
+        return "grpc+tls" if self.tls_cert is not None else "grpc"
+
+    def limits_of(self, tenant: Tenant) -> Limits:
+        """The limits that apply to one tenant."""
+        return self.limits.with_overrides(tenant.limits)
+
+    def with_overrides(self, **changes: Any) -> ServerConfig:
+        """This configuration with some fields replaced (None values are ignored)."""
+        return replace(self, **{k: v for k, v in changes.items() if v is not None})
+
+
+def _read_pem(base: Path, value: Any, key: str) -> bytes | None:
+    if value is None:
+        return None
+    if not isinstance(value, str):
+        raise ValueError(f"{key} must be the path of a PEM file, got {value!r}")
+    path = Path(value) if Path(value).is_absolute() else base / value
+    return path.read_bytes()
+
+
+def config_from_mapping(data: Mapping[str, Any], base: Path = Path(".")) -> ServerConfig:
+    """A ServerConfig from parsed TOML (relative PEM paths are resolved against ``base``)."""
+    known = {"root", "host", "port", "workers", "batch_rows", "tls_cert", "tls_key", "limits", "tenants"}
+    unknown = set(data) - known
+    if unknown:
+        raise ValueError(f"unknown server settings {sorted(unknown)}; known: {sorted(known)}")
+    tenants = []
+    for name, section in (data.get("tenants") or {}).items():
+        if "token_sha256" not in section:
+            raise ValueError(f"tenant {name!r} has no token_sha256")
+        extra = set(section) - {"database", "token_sha256"} - _LIMIT_KEYS
+        if extra:
+            raise ValueError(f"tenant {name!r}: unknown settings {sorted(extra)}")
+        tenants.append(
+            Tenant(
+                name=name,
+                database=section.get("database", name),
+                token_sha256=section["token_sha256"],
+                limits={k: v for k, v in section.items() if k in _LIMIT_KEYS},
+            )
+        )
+    return ServerConfig(
+        root=str(data.get("root", "data")),
+        tenants=tuple(tenants),
+        host=data.get("host", "127.0.0.1"),
+        port=int(data.get("port", 8815)),
+        limits=Limits().with_overrides(data.get("limits") or {}),
+        workers=int(data.get("workers", 4)),
+        batch_rows=int(data.get("batch_rows", 65_536)),
+        tls_cert=_read_pem(base, data.get("tls_cert"), "tls_cert"),
+        tls_key=_read_pem(base, data.get("tls_key"), "tls_key"),
+    )
+
+
+def load_config(path: str | Path) -> ServerConfig:
+    """Read a server configuration file (TOML)."""
+    path = Path(path)
+    with path.open("rb") as f:
+        return config_from_mapping(tomllib.load(f), path.parent)

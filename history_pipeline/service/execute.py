@@ -1,0 +1,51 @@
+"""One request against one tenant's HistoryStore, answered as an Arrow table.
+
+Only HistoryStore's public query methods are called, so remote answers are the local ones (SQL
+runs in the very same sandbox). Runs inside a worker process (see ``workers.py``).
+"""
+
+from __future__ import annotations
+
+import pyarrow as pa
+
+from history_pipeline.errors import TableNotFoundError
+from history_pipeline.service import protocol as p
+from history_pipeline.service.limits import Limits, check_result_size
+from history_pipeline.store import HistoryStore
+
+
+def execute(store: HistoryStore, request: p.Request, limits: Limits) -> pa.Table:
+    """Answer ``request`` from ``store`` (ResultTooLargeError when the answer exceeds ``limits``)."""
+    if isinstance(request, p.FetchRowRequest):
+        row = store.fetch_row(request.table_uuid, request.synthetic_key, request.query_timestamp)
+        catalog = store.get_catalog(request.query_timestamp)
+        descriptor = p.resolve_descriptor(catalog, request.table_uuid)
+        if descriptor is None:  # fetch_row found the table, so this cannot happen: say so if it does
+            raise TableNotFoundError(f"table {request.table_uuid!r} vanished from the catalog during FetchRow")
+        return p.fetch_row_to_arrow(descriptor, row)
+    if isinstance(request, p.LoadTableRequest):
+        table = store.load_table(request.table_uuid, request.query_timestamp)
+        check_result_size(table, limits, f"LoadTable of {request.table_uuid!r} as of {request.query_timestamp}")
+        descriptor = p.resolve_descriptor(store.get_catalog(request.query_timestamp), request.table_uuid)
+        return p.load_table_to_arrow(descriptor, table) if descriptor is not None else table
+    if isinstance(request, p.GetCatalogRequest):
+        return p.catalog_to_arrow(store.get_catalog(request.query_timestamp))
+    if isinstance(request, p.SqlRequest):
+        table = store.sql(request.query, request.query_timestamp)
+        check_result_size(table, limits, f"the SQL result as of {request.query_timestamp}")
+        return table
+    if isinstance(request, p.RowHistoryRequest):
+        table = p.row_history_to_arrow(store.row_history(request.table_uuid, request.synthetic_key))
+        check_result_size(table, limits, f"the history of key {request.synthetic_key} of {request.table_uuid!r}")
+        return table
+    if isinstance(request, p.DiffRequest):
+        diff = store.diff(request.table_uuid, request.from_timestamp, request.to_timestamp)
+        table = p.diff_to_arrow(diff)
+        check_result_size(
+            table, limits,
+            f"the diff of {request.table_uuid!r} from {request.from_timestamp} to {request.to_timestamp}",
+        )
+        return table
+    if isinstance(request, p.StatusRequest):
+        return p.status_to_arrow(store.frontier, store.earliest)
+    raise TypeError(f"not a request message: {request!r}")

@@ -1,0 +1,442 @@
+"""The HistoryService messages (the RFC's FetchRow, LoadTable, GetCatalog, plus Sql, RowHistory,
+Diff and Status) and their Arrow forms.
+
+A request travels as a Flight ticket: JSON ``{"op": ..., <the message's fields>}``. Every answer
+travels as an Arrow stream:
+
+- ``LoadTable`` and ``Sql``: the result table itself, in record batches. For ``LoadTable`` each
+  column's field metadata carries its ``column_uuid`` (the RFC's ``column_uuid_mapping``).
+- ``FetchRow``: one row (none when the key is not live) whose fields are the table's columns as
+  of the query timestamp, typed as stored (extension types as their storage), with
+  ``column_uuid`` and ``data_type`` in their metadata; the schema metadata says whether the row
+  was ``found``.
+- ``GetCatalog``: one row per table (uuid, name, the descriptor as the RFC's JSON).
+- ``RowHistory`` and ``Diff``: one row per version or per changed key; the row values, whose
+  columns and types vary between versions, as a JSON text that tags every non-JSON value
+  (:func:`encode_value` / :func:`decode_value`).
+
+Everything here is pure: no I/O, no server or client state.
+"""
+
+from __future__ import annotations
+
+import base64
+import datetime as dt
+import json
+import math
+import uuid
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass, fields
+from decimal import Decimal
+from typing import Any
+
+import pyarrow as pa
+
+from history_pipeline.schema import TableDescriptor
+from history_pipeline.service.errors import InvalidRequestError
+from history_pipeline.types import Interval, arrow_type, from_arrow_value, parse_data_type, to_arrow_value
+
+# --- requests ------------------------------------------------------------------------
+
+
+def _check_int(message: str, name: str, value: Any) -> None:
+    # the local API refuses a non-integer timestamp with TypeError: so does the client, before sending
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"{message}.{name} must be an integer, got {value!r}")
+
+
+def _check_str(message: str, name: str, value: Any) -> None:
+    if not isinstance(value, str):
+        raise TypeError(f"{message}.{name} must be a string, got {value!r}")
+
+
+@dataclass(frozen=True)
+class FetchRowRequest:
+    """The RFC's FetchRowRequest. ``table_uuid`` also accepts the table's name as of the timestamp."""
+
+    table_uuid: str
+    synthetic_key: int
+    query_timestamp: int
+
+    def __post_init__(self) -> None:
+        _check_str("FetchRowRequest", "table_uuid", self.table_uuid)
+        _check_int("FetchRowRequest", "synthetic_key", self.synthetic_key)
+        _check_int("FetchRowRequest", "query_timestamp", self.query_timestamp)
+
+
+@dataclass(frozen=True)
+class LoadTableRequest:
+    """The RFC's LoadTableRequest. ``table_uuid`` also accepts the table's name as of the timestamp."""
+
+    table_uuid: str
+    query_timestamp: int
+
+    def __post_init__(self) -> None:
+        _check_str("LoadTableRequest", "table_uuid", self.table_uuid)
+        _check_int("LoadTableRequest", "query_timestamp", self.query_timestamp)
+
+
+@dataclass(frozen=True)
+class GetCatalogRequest:
+    """The RFC's GetCatalogRequest."""
+
+    query_timestamp: int
+
+    def __post_init__(self) -> None:
+        _check_int("GetCatalogRequest", "query_timestamp", self.query_timestamp)
+
+
+@dataclass(frozen=True)
+class SqlRequest:
+    """Read-only SQL against the database as of ``query_timestamp``."""
+
+    query: str
+    query_timestamp: int
+
+    def __post_init__(self) -> None:
+        _check_str("SqlRequest", "query", self.query)
+        _check_int("SqlRequest", "query_timestamp", self.query_timestamp)
+
+
+@dataclass(frozen=True)
+class RowHistoryRequest:
+    """Every retained version of one row."""
+
+    table_uuid: str
+    synthetic_key: int
+
+    def __post_init__(self) -> None:
+        _check_str("RowHistoryRequest", "table_uuid", self.table_uuid)
+        _check_int("RowHistoryRequest", "synthetic_key", self.synthetic_key)
+
+
+@dataclass(frozen=True)
+class DiffRequest:
+    """Keys inserted, deleted and changed between two query timestamps."""
+
+    table_uuid: str
+    from_timestamp: int
+    to_timestamp: int
+
+    def __post_init__(self) -> None:
+        _check_str("DiffRequest", "table_uuid", self.table_uuid)
+        _check_int("DiffRequest", "from_timestamp", self.from_timestamp)
+        _check_int("DiffRequest", "to_timestamp", self.to_timestamp)
+
+
+@dataclass(frozen=True)
+class StatusRequest:
+    """The frontier and the earliest answerable timestamp of the tenant's database."""
+
+
+Request = (
+    FetchRowRequest | LoadTableRequest | GetCatalogRequest | SqlRequest | RowHistoryRequest | DiffRequest
+    | StatusRequest
+)
+
+OPERATIONS: Mapping[str, type] = {
+    "FetchRow": FetchRowRequest,
+    "LoadTable": LoadTableRequest,
+    "GetCatalog": GetCatalogRequest,
+    "Sql": SqlRequest,
+    "RowHistory": RowHistoryRequest,
+    "Diff": DiffRequest,
+    "Status": StatusRequest,
+}
+_OP_OF = {cls: op for op, cls in OPERATIONS.items()}
+
+
+def operation(request: Request) -> str:
+    """The operation name of a request message."""
+    return _OP_OF[type(request)]
+
+
+def encode_request(request: Request) -> bytes:
+    """A request as the bytes of a Flight ticket."""
+    return json.dumps({"op": operation(request), **asdict(request)}).encode()
+
+
+def decode_request(ticket: bytes) -> Request:
+    """A Flight ticket back to its request message (InvalidRequestError when it is not one)."""
+    try:
+        body = json.loads(ticket)
+    except ValueError as exc:
+        raise InvalidRequestError(f"the ticket is not a JSON request: {exc}") from None
+    if not isinstance(body, dict) or body.get("op") not in OPERATIONS:
+        raise InvalidRequestError(
+            f"unknown operation {body.get('op') if isinstance(body, dict) else body!r}; "
+            f"known: {', '.join(OPERATIONS)}"
+        )
+    cls = OPERATIONS[body.pop("op")]
+    expected = {f.name for f in fields(cls)}
+    if set(body) != expected:
+        raise InvalidRequestError(
+            f"{cls.__name__} takes the fields {sorted(expected)}, got {sorted(body)}"
+        )
+    try:
+        return cls(**body)
+    except TypeError as exc:
+        raise InvalidRequestError(str(exc)) from None
+
+
+# --- tagged JSON values (RowHistory, Diff) -------------------------------------------------
+
+
+def encode_value(value: Any) -> Any:
+    """A query-result value as JSON that :func:`decode_value` turns back into an equal value.
+
+    JSON's own scalars and lists pass as they are; every other type (and every object, so that
+    a JSONB object can never be mistaken for a tag) becomes a one-key ``{"$tag": ...}`` object.
+    """
+    if value is None or isinstance(value, (bool, int, str)):
+        return value
+    if isinstance(value, float):
+        return value if math.isfinite(value) else {"$float": repr(value)}
+    if isinstance(value, Decimal):
+        return {"$decimal": str(value)}
+    if isinstance(value, uuid.UUID):
+        return {"$uuid": str(value)}
+    if isinstance(value, (bytes, bytearray, memoryview)):
+        return {"$bytes": base64.b64encode(bytes(value)).decode("ascii")}
+    if isinstance(value, dt.datetime):
+        return {"$datetime": value.isoformat()}
+    if isinstance(value, dt.date):
+        return {"$date": value.isoformat()}
+    if isinstance(value, dt.time):
+        return {"$time": value.isoformat()}
+    if isinstance(value, Interval):
+        return {"$interval": [value.months, value.days, value.micros]}
+    if isinstance(value, (list, tuple)):
+        return [encode_value(item) for item in value]
+    if isinstance(value, dict):
+        return {"$object": {str(k): encode_value(v) for k, v in value.items()}}
+    raise TypeError(f"no wire form for a {type(value).__name__} value: {value!r}")
+
+
+_DECODERS = {
+    "$float": float,
+    "$decimal": Decimal,
+    "$uuid": uuid.UUID,
+    "$bytes": lambda text: base64.b64decode(text),
+    "$datetime": dt.datetime.fromisoformat,
+    "$date": dt.date.fromisoformat,
+    "$time": dt.time.fromisoformat,
+    "$interval": lambda parts: Interval(*parts),
+}
+
+
+def decode_value(value: Any) -> Any:
+    """The value :func:`encode_value` encoded."""
+    if isinstance(value, list):
+        return [decode_value(item) for item in value]
+    if isinstance(value, dict):
+        ((tag, body),) = value.items()
+        if tag == "$object":
+            return {k: decode_value(v) for k, v in body.items()}
+        return _DECODERS[tag](body)
+    return value
+
+
+def _json_or_null(value: Any) -> str | None:
+    return None if value is None else json.dumps(encode_value(value))
+
+
+def _from_json_or_null(text: str | None) -> Any:
+    return None if text is None else decode_value(json.loads(text))
+
+
+# --- responses ---------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class FetchRowResponse:
+    """The RFC's FetchRowResponse; ``values`` is None when no live row has the key."""
+
+    column_uuid_mapping: tuple[str, ...]
+    column_names: tuple[str, ...]
+    values: tuple[Any, ...] | None
+
+    def as_row(self) -> dict[str, Any] | None:
+        """The row as the local ``fetch_row`` returns it: {column name: value}, or None."""
+        if self.values is None:
+            return None
+        return dict(zip(self.column_names, self.values, strict=True))
+
+
+@dataclass(frozen=True)
+class LoadTableResponse:
+    """The RFC's LoadTableResponse: the column uuids in order and the values as an Arrow table."""
+
+    column_uuid_mapping: tuple[str, ...]
+    table: pa.Table
+
+
+@dataclass(frozen=True)
+class GetCatalogResponse:
+    """The RFC's GetCatalogResponse."""
+
+    table_descriptors: tuple[TableDescriptor, ...]
+
+
+def resolve_descriptor(
+    catalog: Sequence[TableDescriptor], table: str
+) -> TableDescriptor | None:
+    """A table of a catalog by name first, else by uuid (the local API's resolution order)."""
+    for descriptor in catalog:
+        if descriptor.table_name == table:
+            return descriptor
+    for descriptor in catalog:
+        if descriptor.table_uuid == table:
+            return descriptor
+    return None
+
+
+def _wire_type(arrow: pa.DataType) -> pa.DataType:
+    """An Arrow type with every extension type (UUID, JSON) replaced by its storage type.
+
+    pyarrow cannot build lists of extension values from Python values; the column's SQL type
+    travels beside it, and ``from_arrow_value`` reads the storage values back.
+    """
+    if isinstance(arrow, pa.BaseExtensionType):
+        return _wire_type(arrow.storage_type)
+    if pa.types.is_list(arrow):
+        return pa.list_(_wire_type(arrow.value_type))
+    return arrow
+
+
+def fetch_row_to_arrow(descriptor: TableDescriptor, row: Mapping[str, Any] | None) -> pa.Table:
+    """A fetched row as a typed Arrow table of zero or one row (see the module docstring)."""
+    arrays, schema_fields = [], []
+    for column in descriptor.columns:
+        value = None if row is None else to_arrow_value(column.data_type, row[column.column_name])
+        wire = _wire_type(arrow_type(column.data_type))
+        arrays.append(pa.array([] if row is None else [value], wire))
+        schema_fields.append(
+            pa.field(
+                column.column_name,
+                wire,
+                metadata={"column_uuid": column.column_uuid, "data_type": str(column.data_type)},
+            )
+        )
+    schema = pa.schema(schema_fields, metadata={"found": "true" if row is not None else "false"})
+    return pa.Table.from_arrays(arrays, schema=schema)
+
+
+def fetch_row_from_arrow(table: pa.Table) -> FetchRowResponse:
+    """The FetchRowResponse a :func:`fetch_row_to_arrow` table carries."""
+    found = (table.schema.metadata or {}).get(b"found") == b"true"
+    uuids, names, values = [], [], []
+    for index, field in enumerate(table.schema):
+        meta = field.metadata or {}
+        uuids.append(meta[b"column_uuid"].decode())
+        names.append(field.name)
+        if found:
+            data_type = parse_data_type(meta[b"data_type"].decode())
+            values.append(from_arrow_value(data_type, table.column(index)[0].as_py()))
+    return FetchRowResponse(tuple(uuids), tuple(names), tuple(values) if found else None)
+
+
+def load_table_to_arrow(descriptor: TableDescriptor, table: pa.Table) -> pa.Table:
+    """A loaded table with each column's uuid in its field metadata (the column_uuid_mapping)."""
+    by_name = {c.column_name: c.column_uuid for c in descriptor.columns}
+    schema = pa.schema(
+        [
+            field.with_metadata({"column_uuid": by_name[field.name]}) if field.name in by_name else field
+            for field in table.schema
+        ]
+    )
+    return pa.Table.from_arrays(table.columns, schema=schema)
+
+
+def load_table_from_arrow(table: pa.Table) -> LoadTableResponse:
+    """The LoadTableResponse of a streamed table; its table is exactly the local ``load_table``'s."""
+    uuids = tuple(
+        (field.metadata or {})[b"column_uuid"].decode()
+        for field in table.schema
+        if b"column_uuid" in (field.metadata or {})
+    )
+    plain = pa.schema([field.remove_metadata() for field in table.schema])
+    return LoadTableResponse(uuids, pa.Table.from_arrays(table.columns, schema=plain))
+
+
+def catalog_to_arrow(descriptors: Sequence[TableDescriptor]) -> pa.Table:
+    """Table descriptors as rows: uuid, name and the descriptor in the RFC's JSON form."""
+    return pa.table(
+        {
+            "table_uuid": pa.array([d.table_uuid for d in descriptors], pa.string()),
+            "table_name": pa.array([d.table_name for d in descriptors], pa.string()),
+            "schema_descriptor": pa.array([json.dumps(d.to_json()) for d in descriptors], pa.string()),
+        }
+    )
+
+
+def catalog_from_arrow(table: pa.Table) -> GetCatalogResponse:
+    """The GetCatalogResponse of :func:`catalog_to_arrow` rows."""
+    texts = table.column("schema_descriptor").to_pylist()
+    return GetCatalogResponse(tuple(TableDescriptor.from_json(json.loads(text)) for text in texts))
+
+
+def row_history_to_arrow(versions: Sequence[Mapping[str, Any]]) -> pa.Table:
+    """Row versions as rows: logical_timestamp, is_deleted and the values as tagged JSON."""
+    return pa.table(
+        {
+            "logical_timestamp": pa.array([v["logical_timestamp"] for v in versions], pa.int64()),
+            "is_deleted": pa.array([v["is_deleted"] for v in versions], pa.bool_()),
+            "values": pa.array([_json_or_null(v["values"]) for v in versions], pa.string()),
+        }
+    )
+
+
+def row_history_from_arrow(table: pa.Table) -> list[dict[str, Any]]:
+    """The row versions as the local ``row_history`` returns them."""
+    return [
+        {"logical_timestamp": row["logical_timestamp"], "is_deleted": row["is_deleted"],
+         "values": _from_json_or_null(row["values"])}
+        for row in table.to_pylist()
+    ]
+
+
+_DIFF_KINDS = ("inserted", "deleted", "changed")
+
+
+def diff_to_arrow(diff: Mapping[str, Sequence[Mapping[str, Any]]]) -> pa.Table:
+    """A diff as rows: kind (inserted, deleted, changed), key, before and after as tagged JSON."""
+    kinds, keys, before, after = [], [], [], []
+    for kind in _DIFF_KINDS:
+        for entry in diff[kind]:
+            kinds.append(kind)
+            keys.append(entry["key"])
+            before.append(_json_or_null(entry.get("before")))
+            after.append(_json_or_null(entry.get("after")))
+    return pa.table(
+        {
+            "kind": pa.array(kinds, pa.string()),
+            "key": pa.array(keys, pa.int64()),
+            "before": pa.array(before, pa.string()),
+            "after": pa.array(after, pa.string()),
+        }
+    )
+
+
+def diff_from_arrow(table: pa.Table) -> dict[str, list[dict[str, Any]]]:
+    """The diff as the local ``diff`` returns it."""
+    out: dict[str, list[dict[str, Any]]] = {kind: [] for kind in _DIFF_KINDS}
+    for row in table.to_pylist():
+        entry: dict[str, Any] = {"key": row["key"]}
+        if row["kind"] != "inserted":
+            entry["before"] = _from_json_or_null(row["before"])
+        if row["kind"] != "deleted":
+            entry["after"] = _from_json_or_null(row["after"])
+        out[row["kind"]].append(entry)
+    return out
+
+
+def status_to_arrow(frontier: int, earliest: int) -> pa.Table:
+    """The database's frontier and earliest answerable timestamp, as one row."""
+    return pa.table({"frontier": pa.array([frontier], pa.int64()), "earliest": pa.array([earliest], pa.int64())})
+
+
+def status_from_arrow(table: pa.Table) -> tuple[int, int]:
+    """(frontier, earliest) of a :func:`status_to_arrow` row."""
+    row = table.to_pylist()[0]
+    return row["frontier"], row["earliest"]
