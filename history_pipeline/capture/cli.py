@@ -59,10 +59,8 @@ def register_capture(subparsers: Any) -> None:
         help="capture a PostgreSQL database (logical decoding; needs wal_level=logical and a superuser)",
     )
     p.add_argument("--dsn", required=True, help="libpq connection string, e.g. 'host=127.0.0.1 dbname=app'")
-    # also accepted after the subcommand, as in `capture postgres --dsn ... --database NAME`
-    p.add_argument("--database", default=argparse.SUPPRESS, help="the history database to write (as globally)")
     p.add_argument("--slot", default=None, help="replication slot name (default: history_<database>)")
-    p.add_argument("--publication", default="history_capture")
+    p.add_argument("--publication", default="history_capture", help="PostgreSQL publication the slot reads")
     p.add_argument("--schema", action="append", help="PostgreSQL schema to capture (repeatable; default public)")
     p.add_argument("--key", action="append", type=_key_option, metavar="TABLE=COLUMN",
                    help="integer column used as the synthetic key of a table without a single-column primary key")
