@@ -7,9 +7,10 @@ Per verified segment the driver runs two Spark actions and never holds the segme
    come only the non-row records (schema changes, closes, anything unparsable) and one row per
    touched table (count, largest t). The driver replays the schema records into epochs.
 2. *validate, fold and write* (one action): per table, executors decode and check each row
-   event against its epoch (the project's own decoders, so values and messages are those of the contract), the prior live
-   image of the touched keys is read from the table's files on executors, and a window over
-   (key ordered by t, line) finds inserts of live keys and updates or deletes of missing ones.
+   event against its epoch (the project's own decoders, so values and messages are those of
+   the contract), the prior live image of the touched keys is read from the table's files on
+   executors, and a window over (key ordered by t, line) finds inserts of live keys and
+   updates or deletes of missing ones.
    Only the smallest failing line comes back (and the files written beside it are discarded).
    The fold: per supercolumn a value and a "set" flag (an explicit NULL differs from
    "not given"; a column not in force at an event is set to NULL); the newest set value per key
@@ -676,11 +677,13 @@ def run_segment(
     from pyspark.sql import functions as F
 
     name = plan.segment.ref.name
-    error_frames, stats = [], []
+    error_frames, stats, cached = [], [], []
     for work in plan.tables:
         width = len(work.supercolumns_after)
         rows = parsed.filter(F.col("is_row") & (F.col("table_uuid") == work.table_uuid)).select("line", "text")
-        decoded = rows.mapInArrow(_decoder(work, name), _row_ddl(work.supercolumns_after))
+        # several branches of the plan read the decoded rows: decode (Python) once
+        decoded = rows.mapInArrow(_decoder(work, name), _row_ddl(work.supercolumns_after)).persist()
+        cached.append(decoded)
         error_frames.append(decoded.filter(F.col("error_class").isNotNull()).select(*_ERRORS))
         mutations = decoded.filter(F.col("error_class").isNull()).drop("error_class", "reason")
         keys = None if work.backfills else mutations.select("key").distinct()
@@ -702,7 +705,11 @@ def run_segment(
     if error_frames:
         first = _union(error_frames).orderBy("line", "key").limit(1)
         parts.append(first.select(*[F.lit(None).cast(t).alias(c) for c, t in _STATS_TYPES], *_ERRORS))
-    rows = _union(parts).collect() if parts else []
+    try:
+        rows = _union(parts).collect() if parts else []
+    finally:
+        for frame in cached:
+            frame.unpersist()
     entries = [_entry(r, ctx.segment_id) for r in rows if r["path"] is not None]
     failures = [r for r in rows if r["error_class"] is not None]
     error = None
