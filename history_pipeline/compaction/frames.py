@@ -511,15 +511,22 @@ def _latest_images(rows: Any, width: int) -> Any:
 
 
 def with_backfills(
-    spark: Any, rows: Any, work: TableWork, segment: str
+    spark: Any, rows: Any, work: TableWork, segment: str, cache: list[Any]
 ) -> tuple[Any, list[Any], list[tuple[int, Any]]]:
-    """Append each backfill's per-key rows; return (rows, error frames, (as_of, snapshot frame))."""
+    """Append each backfill's per-key rows; return (rows, error frames, (as_of, snapshot frame)).
+
+    Each step reads the one before it several times (images, snapshot, the next step): every
+    step is persisted (and listed in ``cache`` for the caller to release) so none is recomputed.
+    """
     from pyspark.sql import functions as F
     from pyspark.sql.pandas.types import from_arrow_type
 
     width = len(work.supercolumns_after)
     index = {s.name: i for i, s in enumerate(work.supercolumns_after)}
     errors, snapshots = [], []
+    if work.backfills:
+        rows = rows.persist()
+        cache.append(rows)
     for b in work.backfills:
         images = _latest_images(rows.filter(_before(b)), width).filter(F.col("last_kind") != "delete")
         target = index[b.target.name]
@@ -538,7 +545,8 @@ def with_backfills(
               for i in range(width)],
             *[F.lit(i == target).alias(f"s{i}") for i in range(width)],
         )
-        rows = rows.unionByName(added)
+        rows = rows.unionByName(added).persist()
+        cache.append(rows)
         upto = rows.filter(_before(b) | ((F.col("t") == b.t) & (F.col("line") == b.line)))
         snapshot = _latest_images(upto, width).filter(F.col("last_kind") != "delete").select(
             "key", F.lit(False).alias("is_deleted"), "t", *[f"v{i}" for i in range(width)]
@@ -689,7 +697,7 @@ def run_segment(
         keys = None if work.backfills else mutations.select("key").distinct()
         prior = prior_image(spark, work, ctx, keys)
         union = mutations if prior is None else prior.unionByName(mutations)
-        union, backfill_errors, snapshots = with_backfills(spark, union, work, name)
+        union, backfill_errors, snapshots = with_backfills(spark, union, work, name, cached)
         error_frames += backfill_errors
         seq = sequenced(union, width)
         error_frames.append(sequence_errors(seq))
