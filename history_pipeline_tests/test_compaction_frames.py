@@ -65,3 +65,22 @@ def test_type_changes_and_defaults_backfill_on_executors(tmp_path, spark):
     assert sorted(f.snapshot_as_of for f in snapshots) == [5, 7, 8, 9]  # one per backfill
     row = frames.fetch_row("t", 9, 10)
     assert row["a"] == "x" and str(row["c"]) == "0b4f6f36-5d1e-4c47-9b8a-2f0f3d6e9a01" and row["b"] is None
+
+
+def test_seal_is_verified_streaming_before_spark_reads_the_segment(tmp_path, spark):
+    import pytest
+
+    from history_pipeline import SegmentQuarantinedError
+    from history_pipeline.wal import SegmentState
+    from history_pipeline_tests.test_compaction import rfc_events
+
+    store = HistoryStore.open(tmp_path, database="db", settings=StoreSettings(spark_master=None))
+    write(store, rfc_events()[:3], rfc_events()[3:])
+    second = store.segments(SegmentState.SEALED)[1]
+    data = bytearray(second.path.read_bytes())
+    data[data.index(b"value2_prime")] ^= 0x01
+    second.path.write_bytes(bytes(data))
+    with pytest.raises(SegmentQuarantinedError, match="checksum"):
+        store.compact(spark=spark)
+    assert store.frontier == 3
+    assert [s.segment_id for s in store.segments(SegmentState.QUARANTINED)] == [2]
