@@ -423,6 +423,11 @@ def main(argv: list[str] | None = None) -> int:
         work = Path(tmp)
         print("1/6 compaction throughput ...", flush=True)
         results["compaction"] = bench_compaction(work, config["workload"], spark)
+        from bench.compaction import bench_compaction_frames
+        from bench.compaction import report as compaction_report
+
+        results["compaction_frames"] = bench_compaction_frames(work, config["workload"], spark)
+        print(compaction_report(results["compaction_frames"]), flush=True)
         print("2-3/6 as-of load, fetch_row, row_history ...", flush=True)
         results["as_of"] = bench_as_of(work, config["live_rows"], config["histories"], config["batch"])
         print("   Delta time travel ...", flush=True)

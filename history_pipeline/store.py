@@ -54,6 +54,9 @@ class StoreSettings:
     #: where compaction, merge and retention run when no session is passed: a Spark master
     #: (a local session is created once per process), or None to run the same tasks in-process
     spark_master: str | None = "local[*]"
+    #: the storage root (when local) and the WAL directory are at the same path on every Spark
+    #: executor (a shared mount); without it a non-local master is refused at start-up
+    shared_paths: bool = False
 
 
 def default_wal_base(root: str | Path) -> Path:

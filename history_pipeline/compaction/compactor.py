@@ -34,6 +34,7 @@ from history_pipeline.catalog.model import (
     FileEntry,
     FileKind,
 )
+from history_pipeline.compaction import frames
 from history_pipeline.compaction.plan import SegmentPlan, TablePlan, fold_table, images_from_rows, plan_segment
 from history_pipeline.compaction.spark_session import map_tasks
 from history_pipeline.errors import (
@@ -42,6 +43,7 @@ from history_pipeline.errors import (
     SegmentCorruptedError,
     SegmentQuarantinedError,
 )
+from history_pipeline.execution import check_paths_visible, executor_store_config, share_credentials
 from history_pipeline.io.store import ObjectStore, open_store
 from history_pipeline.query.scan import live_rows
 from history_pipeline.schema import SchemaHistoryEntry, Supercolumn, replay_schema_history
@@ -59,6 +61,7 @@ from history_pipeline.wal.segments import (
     move_segment,
     quarantine_segment,
     read_segment,
+    verify_segment,
 )
 
 StepHook = Callable[[str], None]
@@ -187,6 +190,68 @@ def pending_segments(wal_dir: Any, state: CatalogState) -> tuple[list[SegmentRef
     return pending, blocker
 
 
+@dataclass(frozen=True)
+class SegmentResult:
+    """What applying one segment produced, ready to commit."""
+
+    segment_id: int
+    segment: str
+    lower: int
+    upper: int
+    schema_entries: tuple[SchemaHistoryEntry, ...]
+    entries: tuple[FileEntry, ...]
+    versions: int
+    tables: frozenset[str]
+
+
+def _apply_in_process(store: Any, ref: SegmentRef, state: CatalogState, on_step: StepHook) -> SegmentResult:
+    """The per-event reference path (``spark=False``): plan on the driver, fold in table tasks."""
+    contents = read_segment(ref)
+    schema = replay_schema_history(state.schema_history)
+    plan = plan_segment(contents, schema)
+    on_step("planned")
+    tasks = _tasks(store, state, plan)
+    outcomes = run_tasks(tasks, None)
+    failed = next((o.error for o in outcomes if o.error is not None), None)
+    if failed is not None:
+        raise MalformedRecordError(failed[3], segment=failed[1], line=failed[2])
+    return SegmentResult(
+        plan.segment_id, plan.segment, plan.lower, plan.upper, plan.schema_entries,
+        tuple(e for o in outcomes for e in o.entries), sum(o.versions for o in outcomes),
+        frozenset(t.plan.table_uuid for t in tasks),
+    )
+
+
+def files_per_table(rows: int) -> int:
+    """How many files (write tasks, split by key range) a table's versions of one segment get."""
+    return max(1, min(SPLIT_BUCKETS, -(-rows // SPLIT_THRESHOLD)))
+
+
+def _apply_frames(store: Any, ref: SegmentRef, state: CatalogState, spark: Any, on_step: StepHook) -> SegmentResult:
+    """The DataFrame path: the driver verifies, routes and plans; Spark decodes, folds and writes."""
+    sealed = verify_segment(ref)
+    parsed = frames.parsed_lines(spark, sealed)
+    records, touched = frames.route(spark, parsed)
+    plan = frames.plan_frames(sealed, records, touched, replay_schema_history(state.schema_history), state)
+    on_step("planned")
+    ctx = frames.FrameContext(
+        store_config=executor_store_config(store.objects),
+        database=store.database,
+        prior_as_of=state.frontier + 1,
+        txn_hint=state.txn_id + 1,
+        segment_id=ref.segment_id,
+    )
+    outcome = frames.run_segment(spark, plan, parsed, ctx, files_per_table)
+    if outcome.error is not None:
+        for entry in outcome.entries:  # written beside the failing line's check: never committed
+            store.objects.delete(entry.path)
+        raise outcome.error
+    return SegmentResult(
+        ref.segment_id, ref.name, sealed.lower, sealed.upper, plan.schema_entries, outcome.entries,
+        outcome.versions, frozenset(w.table_uuid for w in plan.tables if w.rows or w.backfills),
+    )
+
+
 def compact_segment(
     store: Any,
     ref: SegmentRef,
@@ -200,21 +265,16 @@ def compact_segment(
         move_segment(ref, SegmentState.APPLIED, store.wal_dir)  # committed earlier; finish the move
         return
     try:
-        contents = read_segment(ref)
-        schema = replay_schema_history(state.schema_history)
-        plan = plan_segment(contents, schema)
-        on_step("planned")
-        tasks = _tasks(store, state, plan)
-        outcomes = run_tasks(tasks, spark)
-        failed = next((o.error for o in outcomes if o.error is not None), None)
-        if failed is not None:
-            raise MalformedRecordError(failed[3], segment=failed[1], line=failed[2])
+        if spark is None:
+            plan = _apply_in_process(store, ref, state, on_step)
+        else:
+            plan = _apply_frames(store, ref, state, spark, on_step)
     except (MalformedRecordError, SegmentCorruptedError) as exc:
         line = getattr(exc, "line", None)
         quarantine_segment(ref, store.wal_dir, str(exc), line)
         raise SegmentQuarantinedError(ref.name, str(exc)) from exc
     on_step("files_written")
-    entries = [e for o in outcomes for e in o.entries]
+    entries = list(plan.entries)
     history_entry = _write_schema_history(store, state, plan)
     on_step("schema_history_written")
 
@@ -236,10 +296,10 @@ def compact_segment(
     on_step("committed")
     move_segment(ref, SegmentState.APPLIED, store.wal_dir)
     summary.segments_applied.append(plan.segment_id)
-    summary.versions_written += sum(o.versions for o in outcomes)
+    summary.versions_written += plan.versions
     summary.files_written += len(entries) + 1
     summary.bytes_written += sum(e.size_bytes for e in entries) + history_entry.size_bytes
-    summary.tables_touched.update(t.plan.table_uuid for t in tasks)
+    summary.tables_touched.update(plan.tables)
     summary.tables_touched.update(e.table_uuid for e in plan.schema_entries)
     summary.schema_changes += len(plan.schema_entries)
     summary.frontier = max(summary.frontier, plan.upper)
@@ -310,7 +370,7 @@ def schema_history_table(entries: Sequence[SchemaHistoryEntry]) -> pa.Table:
     )
 
 
-def _write_schema_history(store: Any, state: CatalogState, plan: SegmentPlan) -> FileEntry:
+def _write_schema_history(store: Any, state: CatalogState, plan: SegmentResult) -> FileEntry:
     """The commit's own record: its schema entries, segment and frontier, rebuildable from the file."""
     meta = FileMetadata(
         database=store.database,
@@ -341,6 +401,9 @@ def compact_pending(store: Any, spark: Any | None = None, on_step: StepHook = la
     summary = CompactionSummary(frontier=store.catalog.latest().frontier)
     state = store.catalog.latest()
     pending, blocker = pending_segments(store.wal_dir, state)
+    if spark is not None and pending:
+        check_paths_visible(spark, store.objects, store.wal_dir, getattr(store.settings, "shared_paths", False))
+        share_credentials(spark, store.objects)
     for ref in pending:
         compact_segment(store, ref, spark, summary, on_step)
     if blocker is not None:

@@ -146,6 +146,70 @@ def read_segment(ref: SegmentRef) -> SegmentContents:
     )
 
 
+@dataclass(frozen=True)
+class SealedSegment:
+    """A sealed segment whose seal was verified, read without holding its bytes."""
+
+    ref: SegmentRef
+    lower: int  # t of its opening close record
+    upper: int  # t of its sealing close record
+    records: int  # lines before the seal (lines 1..records are the events)
+    body_bytes: int  # bytes before the sealing record
+    size_bytes: int
+
+
+_CHUNK = 1 << 20
+
+
+def verify_segment(ref: SegmentRef) -> SealedSegment:
+    """Check count and checksum of a sealed segment streaming (constant memory); read its bounds.
+
+    Raises the same errors as :func:`read_segment` for a bad seal or a bad first record.
+    """
+    name = ref.name
+    size = ref.path.stat().st_size
+    with open(ref.path, "rb") as f:
+        tail, start = b"", size
+        while True:  # the sealing record is the last line; read backwards until it is whole
+            step = min(start, max(_CHUNK, len(tail)))
+            start -= step
+            f.seek(start)
+            tail = f.read(step) + tail
+            cut = tail.rstrip(b"\n").rfind(b"\n")
+            if cut >= 0 or start == 0:
+                break
+        if not tail.endswith(b"\n"):
+            raise SegmentCorruptedError(name, "does not end with a complete sealing record (torn write?)")
+        body_bytes = start + cut + 1
+        last = tail[cut + 1 :]
+        digest, records = hashlib.sha256(), 0
+        f.seek(0)
+        remaining = body_bytes
+        while remaining:
+            chunk = f.read(min(_CHUNK, remaining))
+            remaining -= len(chunk)
+            digest.update(chunk)
+            records += chunk.count(b"\n")
+        f.seek(0)
+        first = f.readline() if body_bytes else b""
+    try:
+        seal_event = parse_line(last, segment=name, line=records + 1)
+    except MalformedRecordError as exc:
+        raise SegmentCorruptedError(name, f"sealing record unreadable ({exc.reason})") from None
+    if not isinstance(seal_event, Close) or seal_event.seal is None:
+        raise SegmentCorruptedError(name, "last record is not a sealing close record")
+    if records != seal_event.seal.records:
+        raise SegmentCorruptedError(
+            name, f"holds {records} records before its seal, the seal says {seal_event.seal.records}"
+        )
+    if digest.hexdigest() != seal_event.seal.sha256:
+        raise SegmentCorruptedError(name, "checksum mismatch: its bytes changed after sealing")
+    opening = parse_line(first, segment=name, line=1) if first else None
+    if not isinstance(opening, Close):
+        raise SegmentCorruptedError(name, "does not begin with a close record")
+    return SealedSegment(ref, opening.t, seal_event.t, records, body_bytes, size)
+
+
 def move_segment(ref: SegmentRef, state: SegmentState, wal_dir: Path) -> SegmentRef:
     """Move a sealed segment to the folder of ``state`` (applied or quarantined)."""
     target_dir = applied_dir(wal_dir) if state is SegmentState.APPLIED else quarantine_dir(wal_dir)

@@ -1,0 +1,751 @@
+"""Compaction as Spark DataFrame operations (the default path of ``HistoryStore.compact``).
+
+Per verified segment the driver runs two Spark actions and never holds the segment:
+
+1. *route*: executors split the segment into (line, text) rows (``mapInArrow`` over byte
+   ranges of the file); the JVM parses each line's envelope (``from_json``). Back to the driver
+   come only the non-row records (schema changes, closes, anything unparsable) and one row per
+   touched table (count, largest t). The driver replays the schema records into epochs.
+2. *validate, fold and write* (one action): per table, executors decode and check each row
+   event against its epoch (the project's own decoders, so values and messages are those of
+   the contract), the prior live image of the touched keys is read from the table's files on
+   executors, and a window over (key ordered by t, line) finds inserts of live keys and
+   updates or deletes of missing ones.
+   Only the smallest failing line comes back (and the files written beside it are discarded).
+   The fold: per supercolumn a value and a "set" flag (an explicit NULL differs from
+   "not given"; a column not in force at an event is set to NULL); the newest set value per key
+   ordered by (t, line), one version per (key, t), a key born and deleted within one t vanishes.
+   Adding a column with a default, or changing a type, appends per-key backfill rows (casts by
+   ``compaction/casts.py`` in an Arrow UDF) and writes a snapshot of the live rows after it.
+   Executors write sorted Parquet files through the object store and return their statistics.
+
+The driver then commits exactly as the in-process path does (``compactor.py``).
+"""
+
+from __future__ import annotations
+
+import bisect
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import pyarrow as pa
+
+from history_pipeline.catalog.model import CatalogState, FileEntry, FileKind
+from history_pipeline.compaction.carriers import carrier_type, from_carrier, to_carrier
+from history_pipeline.compaction.casts import CastFailure, cast_value
+from history_pipeline.compaction.plan import Backfill, TablePlan, _apply_schema
+from history_pipeline.errors import (
+    CastError,
+    HistoryConflictError,
+    MalformedRecordError,
+    TimestampOrderError,
+    ValueTypeError,
+)
+from history_pipeline.events import Close, Delete, Insert, Update, is_schema_change, parse_line
+from history_pipeline.execution import open_executor_store
+from history_pipeline.query.scan import select_files
+from history_pipeline.schema import SchemaHistoryEntry, SchemaState, Supercolumn, TableDescriptor
+from history_pipeline.supertable import (
+    DELETED,
+    KEY,
+    LT,
+    FileMetadata,
+    new_file_path,
+    supertable_schema,
+    write_parquet,
+)
+from history_pipeline.types import arrow_native, arrow_type, decode_value, from_arrow_value, to_arrow_value
+from history_pipeline.wal.segments import SealedSegment
+
+ROW_OPS = ("insert", "update", "delete")
+_KINDS = {Insert: "insert", Update: "update", Delete: "delete"}
+ERROR_CLASSES: dict[str, type[MalformedRecordError]] = {
+    c.__name__: c for c in (MalformedRecordError, HistoryConflictError, CastError, TimestampOrderError)
+}
+#: bytes of segment per parsing task (a segment is split by byte ranges at line starts)
+CHUNK_BYTES = 8 << 20
+STATS_DDL = (
+    "path string, kind string, table_uuid string, size_bytes bigint, row_count bigint, min_t bigint, "
+    "max_t bigint, min_key bigint, max_key bigint, snapshot_as_of bigint"
+)
+ERROR_DDL = "line bigint, key bigint, error_class string, reason string"
+
+
+# --- plans the driver makes ------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class TableWork:
+    """One table's share of a segment: what executors need to decode, fold and write it."""
+
+    table_uuid: str
+    epoch_lines: tuple[int, ...]  # epoch i holds for rows with line > epoch_lines[i]
+    epochs: tuple[TableDescriptor | None, ...]
+    supercolumns_before: tuple[Supercolumn, ...]
+    supercolumns_after: tuple[Supercolumn, ...]
+    backfills: tuple[Backfill, ...]
+    rows: int
+    max_t: int | None
+    files: tuple[FileEntry, ...]  # the prior image's files (snapshot first, then versions)
+    snapshot_as_of: int | None
+
+
+@dataclass(frozen=True)
+class SegmentFramePlan:
+    """What the driver learnt from the few non-row records of a segment."""
+
+    segment: SealedSegment
+    schema_entries: tuple[SchemaHistoryEntry, ...]
+    schema_after: SchemaState
+    tables: tuple[TableWork, ...]
+    error: MalformedRecordError | None  # the first error found on the driver (schema records)
+
+
+@dataclass(frozen=True)
+class FrameContext:
+    """The narrow handles the DataFrame path needs (all picklable, no secrets)."""
+
+    store_config: dict[str, Any]
+    database: str
+    prior_as_of: int
+    txn_hint: int
+    segment_id: int
+
+
+# --- stage 1: split and route ----------------------------------------------------------
+
+
+def _split_lines(body_bytes: int, chunks: int) -> Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]:
+    """An Arrow UDF: (path, chunk) rows in, (line, text) rows of that byte range of the file out."""
+
+    def split(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        for batch in batches:
+            for path, chunk in zip(batch.column(0).to_pylist(), batch.column(1).to_pylist(), strict=True):
+                with open(path, "rb") as f:
+                    body = f.read(body_bytes)
+                begin = _line_start(body, chunk * body_bytes // chunks)
+                end = _line_start(body, (chunk + 1) * body_bytes // chunks)
+                if begin >= end:
+                    continue
+                first = body.count(b"\n", 0, begin) + 1
+                lines = body[begin:end].split(b"\n")[:-1]  # the range ends with a newline
+                for at in range(0, len(lines), 65_536):
+                    part = lines[at : at + 65_536]
+                    yield pa.RecordBatch.from_arrays(
+                        [pa.array(range(first + at, first + at + len(part)), pa.int64()), pa.array(part, pa.binary())],
+                        names=["line", "text"],
+                    )
+
+    return split
+
+
+def _line_start(body: bytes, offset: int) -> int:
+    """The first line start at or after ``offset``."""
+    if offset <= 0:
+        return 0
+    if offset >= len(body):
+        return len(body)
+    found = body.find(b"\n", offset - 1)
+    return len(body) if found < 0 else found + 1
+
+
+def parsed_lines(spark: Any, segment: SealedSegment) -> Any:
+    """(line, text, op, t, table_uuid) of every event line of a segment, parsed in the JVM."""
+    from pyspark.sql import functions as F
+
+    chunks = max(1, min(16, segment.body_bytes // CHUNK_BYTES + 1))
+    tasks = spark.createDataFrame(
+        [(str(segment.ref.path.absolute()), i) for i in range(chunks)], "path string, chunk int"
+    )
+    if chunks > 1:
+        tasks = tasks.repartition(chunks)
+    lines = tasks.mapInArrow(_split_lines(segment.body_bytes, chunks), "line bigint, text binary")
+    envelope = F.from_json(F.col("text").cast("string"), "op string, t bigint, table_uuid string")
+    return lines.select("line", "text", envelope.alias("e")).select(
+        "line",
+        "text",
+        F.col("e.op").alias("op"),
+        F.col("e.t").alias("t"),
+        F.col("e.table_uuid").alias("table_uuid"),
+        F.coalesce(F.col("e.op").isin(*ROW_OPS) & F.col("e.table_uuid").isNotNull(), F.lit(False)).alias("is_row"),
+    )
+
+
+def route(spark: Any, parsed: Any) -> tuple[list[tuple[int, bytes]], list[tuple[str, int, int]]]:
+    """One action: the non-row records (line, text) and per touched table (uuid, rows, max t)."""
+    from pyspark.sql import functions as F
+
+    others = parsed.filter(~F.col("is_row")).select(
+        "line", "text", F.lit(None).cast("string").alias("table_uuid"), F.lit(None).cast("bigint").alias("n"),
+        F.lit(None).cast("bigint").alias("max_t"),
+    )
+    tables = parsed.filter(F.col("is_row")).groupBy("table_uuid").agg(
+        F.count(F.lit(1)).alias("n"), F.max("t").alias("max_t")
+    ).select(F.lit(None).cast("bigint").alias("line"), F.lit(None).cast("binary").alias("text"), "table_uuid", "n",
+             "max_t")
+    records, touched = [], []
+    for row in others.unionByName(tables).collect():
+        if row["line"] is not None:
+            records.append((int(row["line"]), bytes(row["text"])))
+        else:
+            touched.append((row["table_uuid"], int(row["n"]), row["max_t"]))
+    records.sort()
+    return records, sorted(touched)
+
+
+def plan_frames(
+    segment: SealedSegment,
+    records: Sequence[tuple[int, bytes]],
+    touched: Sequence[tuple[str, int, int | None]],
+    schema: SchemaState,
+    state: CatalogState,
+) -> SegmentFramePlan:
+    """Replay the schema records into per-table epochs (the driver's only per-record work)."""
+    name = segment.ref.name
+    entries: list[SchemaHistoryEntry] = []
+    backfills: dict[str, TablePlan] = {}
+    epoch_lines, states = [0], [schema]
+    error: MalformedRecordError | None = None
+    current = schema
+    for line, text in records:
+        try:
+            event = parse_line(text, segment=name, line=line)
+            if isinstance(event, Close) or not is_schema_change(event):
+                if not isinstance(event, Close):  # a row event the JVM could not route (bad envelope)
+                    raise MalformedRecordError("row event without a usable table_uuid", segment=name, line=line)
+                continue
+            current = _apply_schema(current, event, name, line, entries, backfills)
+        except MalformedRecordError as exc:
+            error = exc
+            break
+        epoch_lines.append(line)
+        states.append(current)
+    uuids = sorted({u for u, _, _ in touched} | set(backfills))
+    counts = {u: (n, max_t) for u, n, max_t in touched}
+    tables = []
+    prior_as_of = state.frontier + 1
+    for uuid in uuids:
+        plan = backfills.get(uuid)
+        n, max_t = counts.get(uuid, (0, None))
+        selection = select_files(state, uuid, prior_as_of)
+        tables.append(
+            TableWork(
+                table_uuid=uuid,
+                epoch_lines=tuple(epoch_lines),
+                epochs=tuple(s.tables.get(uuid) for s in states),
+                supercolumns_before=tuple(schema.supercolumns.get(uuid, ())),
+                supercolumns_after=tuple(current.supercolumns.get(uuid, ())),
+                backfills=tuple(plan.backfills) if plan else (),
+                rows=n,
+                max_t=max_t,
+                files=selection.snapshot + selection.versions,
+                snapshot_as_of=selection.snapshot_as_of,
+            )
+        )
+    return SegmentFramePlan(segment, tuple(entries), current, tuple(tables), error)
+
+
+# --- stage 2: decode, prior image, validate -------------------------------------------------
+
+
+def _value_ddl(supercolumns: Sequence[Supercolumn]) -> list[str]:
+    """``v<i> <spark type>`` of each supercolumn's carrier."""
+    from pyspark.sql.pandas.types import from_arrow_type
+
+    return [f"v{i} {from_arrow_type(carrier_type(arrow_type(s.data_type))).simpleString()}"
+            for i, s in enumerate(supercolumns)]
+
+
+def _row_ddl(supercolumns: Sequence[Supercolumn]) -> str:
+    fields = ["line bigint", "t bigint", "kind string", "key bigint", "error_class string", "reason string"]
+    fields += _value_ddl(supercolumns)
+    fields += [f"s{i} boolean" for i in range(len(supercolumns))]
+    return ", ".join(fields)
+
+
+def _value_columns(values: list[list[Any]], supercolumns: Sequence[Supercolumn]) -> list[pa.Array]:
+    out = []
+    for column, s in zip(values, supercolumns, strict=True):
+        t = arrow_type(s.data_type)
+        items = column if arrow_native(s.data_type) else [to_arrow_value(s.data_type, v) for v in column]
+        out.append(to_carrier(pa.array(items, t), t))
+    return out
+
+
+@dataclass(frozen=True)
+class _Epoch:
+    table: TableDescriptor | None
+    by_uuid: dict[str, tuple[Any, int]]  # column uuid -> (descriptor, supercolumn index)
+    in_force: frozenset[int]
+    defaults: dict[int, Any]
+
+
+def _epochs(work: TableWork) -> list[_Epoch]:
+    index = {s.name: i for i, s in enumerate(work.supercolumns_after)}
+    out = []
+    for table in work.epochs:
+        if table is None:
+            out.append(_Epoch(None, {}, frozenset(), {}))
+            continue
+        by_uuid = {c.column_uuid: (c, index[c.supercolumn]) for c in table.columns}
+        defaults = {index[c.supercolumn]: c.default_value() for c in table.columns if c.default is not None}
+        out.append(_Epoch(table, by_uuid, frozenset(i for _, i in by_uuid.values()), defaults))
+    return out
+
+
+def _decoder(work: TableWork, segment: str) -> Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]:
+    """An Arrow UDF: (line, text) rows of one table in, decoded and checked mutations out."""
+    supercolumns = work.supercolumns_after
+    width = len(supercolumns)
+
+    def decode(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        epochs = _epochs(work)
+        for batch in batches:
+            lines, texts = batch.column(0).to_pylist(), batch.column(1).to_pylist()
+            n = len(lines)
+            ts: list[Any] = [None] * n
+            kinds: list[Any] = [None] * n
+            keys: list[Any] = [None] * n
+            classes: list[Any] = [None] * n
+            reasons: list[Any] = [None] * n
+            values: list[list[Any]] = [[None] * n for _ in range(width)]
+            sets: list[list[bool]] = [[False] * n for _ in range(width)]
+            for r, (line, text) in enumerate(zip(lines, texts, strict=True)):
+                try:
+                    event = parse_line(text, segment=segment, line=line)
+                    epoch = epochs[bisect.bisect_left(work.epoch_lines, line) - 1]
+                    kind = _KINDS[type(event)]
+                    table = epoch.table
+                    if table is None:
+                        raise HistoryConflictError(
+                            f"{kind} into unknown table {event.table_uuid}", segment=segment, line=line
+                        )
+                    ts[r], kinds[r], keys[r] = event.t, kind, event.key
+                    if kind == "delete":
+                        continue
+                    given = _decode_values(event, epoch, table, segment, line)
+                    for i in range(width):
+                        if i in given:
+                            values[i][r] = given[i]
+                            sets[i][r] = True
+                        elif i not in epoch.in_force:
+                            sets[i][r] = True  # not in force at this event: NULL in its image
+                        elif kind == "insert":
+                            values[i][r] = epoch.defaults.get(i)
+                            sets[i][r] = True
+                    if kind == "insert":
+                        for c, i in epoch.by_uuid.values():
+                            if not c.is_nullable and values[i][r] is None:
+                                raise HistoryConflictError(
+                                    f"insert into {table.table_name} leaves NOT NULL column {c.column_name} empty",
+                                    segment=segment,
+                                    line=line,
+                                )
+                except MalformedRecordError as exc:
+                    ts[r] = kinds[r] = keys[r] = None
+                    classes[r], reasons[r] = type(exc).__name__, exc.reason
+                    for i in range(width):
+                        values[i][r], sets[i][r] = None, False
+            arrays = [
+                pa.array(lines, pa.int64()), pa.array(ts, pa.int64()), pa.array(kinds, pa.string()),
+                pa.array(keys, pa.int64()), pa.array(classes, pa.string()), pa.array(reasons, pa.string()),
+            ]
+            arrays += _value_columns(values, supercolumns)
+            arrays += [pa.array(s, pa.bool_()) for s in sets]
+            yield pa.RecordBatch.from_arrays(arrays, names=_row_names(width))
+
+    return decode
+
+
+def _row_names(width: int) -> list[str]:
+    return ["line", "t", "kind", "key", "error_class", "reason"] + [f"v{i}" for i in range(width)] + [
+        f"s{i}" for i in range(width)
+    ]
+
+
+def _decode_values(event: Any, epoch: _Epoch, table: TableDescriptor, segment: str, line: int) -> dict[int, Any]:
+    given: dict[int, Any] = {}
+    for column_uuid, raw in event.values.items():
+        found = epoch.by_uuid.get(column_uuid)
+        if found is None:
+            raise HistoryConflictError(
+                f"table {table.table_name} has no column {column_uuid} at t={event.t}", segment=segment, line=line
+            )
+        column, index = found
+        try:
+            value = decode_value(column.data_type, raw)
+        except ValueTypeError as exc:
+            raise HistoryConflictError(
+                f"column {column.column_name} ({column_uuid}) of table {table.table_name}: {exc}",
+                segment=segment,
+                line=line,
+            ) from None
+        if value is None and not column.is_nullable:
+            raise HistoryConflictError(
+                f"column {column.column_name} of table {table.table_name} is NOT NULL", segment=segment, line=line
+            )
+        given[index] = value
+    return given
+
+
+def _prior_reader(
+    work: TableWork, config: dict[str, Any], as_of: int
+) -> Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]:
+    """An Arrow UDF: (path, lower) rows in, the versions those files hold below ``as_of`` out."""
+    before = work.supercolumns_before
+    after = work.supercolumns_after
+    before_names = {s.name for s in before}
+
+    def read(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        import pyarrow.dataset as ds
+
+        store = open_executor_store(config)
+        fs, _ = store.arrow_filesystem()
+        schema = supertable_schema(before)
+        for batch in batches:
+            for path, lower in zip(batch.column(0).to_pylist(), batch.column(1).to_pylist(), strict=True):
+                expr = ds.field(LT) < as_of
+                if lower is not None:
+                    expr = expr & (ds.field(LT) >= lower)
+                dataset = ds.dataset([store.full_path(path)], schema=schema, format="parquet", filesystem=fs)
+                for part in dataset.to_batches(filter=expr):
+                    if part.num_rows == 0:
+                        continue
+                    arrays = [part.column(KEY), part.column(LT), part.column(DELETED)]
+                    for s in after:
+                        t = arrow_type(s.data_type)
+                        if s.name in before_names:
+                            arrays.append(to_carrier(part.column(s.name), t))
+                        else:
+                            arrays.append(pa.nulls(part.num_rows, carrier_type(t)))
+                    yield pa.RecordBatch.from_arrays(
+                        arrays, names=["key", "t", "is_deleted"] + [f"v{i}" for i in range(len(after))]
+                    )
+
+    return read
+
+
+def prior_image(spark: Any, work: TableWork, ctx: FrameContext, keys: Any | None) -> Any:
+    """The live rows of the table before this segment (only ``keys`` when given), as union rows."""
+    from pyspark.sql import Window
+    from pyspark.sql import functions as F
+
+    after = work.supercolumns_after
+    before_names = {s.name for s in work.supercolumns_before}
+    ddl = ", ".join(["key bigint", "t bigint", "is_deleted boolean", *_value_ddl(after)])
+    if not work.files:
+        return None
+    rows = [
+        (f.path, None if f.kind is FileKind.SNAPSHOT else work.snapshot_as_of) for f in work.files
+    ]
+    paths = spark.createDataFrame(rows, "path string, lower bigint")
+    if len(rows) > 1:
+        paths = paths.repartition(min(len(rows), 8))
+    versions = paths.mapInArrow(_prior_reader(work, ctx.store_config, ctx.prior_as_of), ddl)
+    if keys is not None:
+        versions = versions.join(keys, "key", "left_semi")
+    newest = Window.partitionBy("key").orderBy(F.col("t").desc())
+    live = versions.withColumn("_n", F.row_number().over(newest)).filter((F.col("_n") == 1) & ~F.col("is_deleted"))
+    return live.select(
+        "key", "t", F.lit(0).cast("bigint").alias("line"), F.lit("prior").alias("kind"),
+        *[F.col(f"v{i}") for i in range(len(after))],
+        *[F.lit(s.name in before_names).alias(f"s{i}") for i, s in enumerate(after)],
+    )
+
+
+def _backfiller(
+    backfill: Backfill, work: TableWork, segment: str
+) -> Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]:
+    """An Arrow UDF: (key, source value) of live keys in, (key, new value, error) out."""
+    target_type = arrow_type(backfill.target.data_type)
+    source = backfill.source
+
+    def fill(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        for batch in batches:
+            keys = batch.column(0).to_pylist()
+            if source is None:
+                values = [backfill.default] * len(keys)
+                errors: list[Any] = [None] * len(keys)
+            else:
+                old = from_carrier(batch.column(1), arrow_type(source.data_type)).to_pylist()
+                values, errors = [], []
+                for key, raw in zip(keys, old, strict=True):
+                    try:
+                        values.append(cast_value(from_arrow_value(source.data_type, raw), source.data_type,
+                                                 backfill.target.data_type))
+                        errors.append(None)
+                    except CastFailure as exc:
+                        values.append(None)
+                        errors.append(
+                            f"change of column {backfill.target.column_uuid} to {backfill.target.data_type}: "
+                            f"key {key} holds a value that cannot be cast: {exc}"
+                        )
+            items = [to_arrow_value(backfill.target.data_type, v) for v in values]
+            yield pa.RecordBatch.from_arrays(
+                [pa.array(keys, pa.int64()), to_carrier(pa.array(items, target_type), target_type),
+                 pa.array(errors, pa.string())],
+                names=["key", "value", "reason"],
+            )
+
+    return fill
+
+
+def _before(b: Backfill) -> Any:
+    from pyspark.sql import functions as F
+
+    return (F.col("t") < b.t) | ((F.col("t") == b.t) & (F.col("line") < b.line))
+
+
+def _latest_images(rows: Any, width: int) -> Any:
+    """Per key: the kind of its last row, the t of its last version and every supercolumn's
+    newest set value (``max_by`` over (t, line), skipping rows that do not set it)."""
+    from pyspark.sql import functions as F
+
+    order = F.struct("t", "line")
+    return rows.groupBy("key").agg(
+        F.max_by("kind", order).alias("last_kind"),
+        F.max_by("t", F.when(F.col("kind") != "backfill", order)).alias("t"),
+        *[F.max_by(f"v{i}", F.when(F.col(f"s{i}"), order)).alias(f"v{i}") for i in range(width)],
+    )
+
+
+def with_backfills(
+    spark: Any, rows: Any, work: TableWork, segment: str, cache: list[Any]
+) -> tuple[Any, list[Any], list[tuple[int, Any]]]:
+    """Append each backfill's per-key rows; return (rows, error frames, (as_of, snapshot frame)).
+
+    Each step reads the one before it several times (images, snapshot, the next step): every
+    step is persisted (and listed in ``cache`` for the caller to release) so none is recomputed.
+    """
+    from pyspark.sql import functions as F
+    from pyspark.sql.pandas.types import from_arrow_type
+
+    width = len(work.supercolumns_after)
+    index = {s.name: i for i, s in enumerate(work.supercolumns_after)}
+    errors, snapshots = [], []
+    if work.backfills:
+        rows = rows.persist()
+        cache.append(rows)
+    for b in work.backfills:
+        images = _latest_images(rows.filter(_before(b)), width).filter(F.col("last_kind") != "delete")
+        target = index[b.target.name]
+        source = F.col(f"v{index[b.source.name]}") if b.source is not None else F.lit(None).cast("binary")
+        value_type = from_arrow_type(carrier_type(arrow_type(b.target.data_type))).simpleString()
+        filled = images.select("key", source.alias("source")).mapInArrow(
+            _backfiller(b, work, segment), f"key bigint, value {value_type}, reason string"
+        )
+        errors.append(filled.filter(F.col("reason").isNotNull()).select(
+            F.lit(b.line).cast("bigint").alias("line"), "key", F.lit("CastError").alias("error_class"), "reason"
+        ))
+        added = filled.select(
+            "key", F.lit(b.t).cast("bigint").alias("t"), F.lit(b.line).cast("bigint").alias("line"),
+            F.lit("backfill").alias("kind"),
+            *[(F.col("value") if i == target else F.lit(None).cast(rows.schema[f"v{i}"].dataType)).alias(f"v{i}")
+              for i in range(width)],
+            *[F.lit(i == target).alias(f"s{i}") for i in range(width)],
+        )
+        rows = rows.unionByName(added).persist()
+        cache.append(rows)
+        upto = rows.filter(_before(b) | ((F.col("t") == b.t) & (F.col("line") == b.line)))
+        snapshot = _latest_images(upto, width).filter(F.col("last_kind") != "delete").select(
+            "key", F.lit(False).alias("is_deleted"), "t", *[f"v{i}" for i in range(width)]
+        )
+        snapshots.append((b.t + 1, snapshot))
+    return rows, errors, snapshots
+
+
+def sequenced(rows: Any, width: int) -> Any:
+    """Each row with whether its key was live just before it, over (key ordered by t, line)."""
+    from pyspark.sql import Window
+    from pyspark.sql import functions as F
+
+    w = Window.partitionBy("key").orderBy("t", "line")
+    prev_kind = F.lag("kind").over(w)
+    return rows.select(
+        "*",
+        (prev_kind.isNotNull() & (prev_kind != "delete")).alias("live_before"),
+        F.lag("t").over(w).alias("prev_t"),
+        F.lead("t").over(w).alias("next_t"),
+    )
+
+
+def sequence_errors(seq: Any) -> Any:
+    """Inserts of live keys, updates and deletes of missing ones."""
+    from pyspark.sql import functions as F
+
+    kind, live = F.col("kind"), F.col("live_before")
+    reason = (
+        F.when((kind == "insert") & live, F.format_string("insert of key %d, which is already live", "key"))
+        .when((kind == "update") & ~live, F.format_string("update of key %d, which does not exist", "key"))
+        .when((kind == "delete") & ~live, F.format_string("delete of key %d, which does not exist", "key"))
+    )
+    return seq.select("line", "key", F.lit("HistoryConflictError").alias("error_class"), reason.alias("reason")).filter(
+        F.col("reason").isNotNull()
+    )
+
+
+def versions_frame(seq: Any, width: int) -> Any:
+    """One full image per (key, t): newest set value per supercolumn; born-and-deleted within t vanishes."""
+    from pyspark.sql import Window
+    from pyspark.sql import functions as F
+
+    running = Window.partitionBy("key").orderBy("t", "line").rowsBetween(Window.unboundedPreceding, Window.currentRow)
+    first_at_t = F.col("prev_t").isNull() | (F.col("prev_t") != F.col("t"))
+    images = seq.select(
+        "key", "t", "kind", "next_t",
+        F.last(F.when(first_at_t, F.col("live_before")), ignorenulls=True).over(running).alias("live_at_t"),
+        *[F.last(F.when(F.col(f"s{i}"), F.struct(F.col(f"v{i}").alias("x"))), ignorenulls=True).over(running)
+          .getField("x").alias(f"v{i}") for i in range(width)],
+    )
+    deleted = F.col("kind") == "delete"
+    last_at_t = F.col("next_t").isNull() | (F.col("next_t") != F.col("t"))
+    keep = F.col("kind").isin(*ROW_OPS) & last_at_t & ~(deleted & ~F.col("live_at_t"))
+    return images.filter(keep).select(
+        "key", deleted.alias("is_deleted"), "t",
+        *[F.when(deleted, None).otherwise(F.col(f"v{i}")).alias(f"v{i}") for i in range(width)],
+    )
+
+
+# --- stage 3: write ------------------------------------------------------------------------
+
+
+def _writer(
+    work: TableWork, ctx: FrameContext, kind: FileKind, snapshot_as_of: int | None, lower: int, upper: int
+) -> Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]:
+    """An Arrow UDF: one partition of sorted versions in, one written file's statistics out."""
+    after = work.supercolumns_after
+
+    def write(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        parts = [b for b in batches if b.num_rows]
+        if not parts:
+            return
+        table = pa.Table.from_batches(parts)
+        schema = supertable_schema(after)
+        columns = [table.column("key").cast(pa.int64()), table.column("is_deleted"), table.column("t")]
+        columns += [from_carrier(table.column(f"v{i}"), arrow_type(s.data_type)) for i, s in enumerate(after)]
+        data = pa.Table.from_arrays(columns, schema=schema)
+        store = open_executor_store(ctx.store_config)
+        meta = FileMetadata(
+            database=ctx.database,
+            table_uuid=work.table_uuid,
+            kind=kind,
+            txn_id=ctx.txn_hint,
+            lower=lower,
+            upper=upper,
+            segments=(ctx.segment_id,),
+            snapshot_as_of=snapshot_as_of,
+        )
+        path = new_file_path(ctx.database, work.table_uuid, kind, ctx.txn_hint)
+        e = write_parquet(store, path, data, meta)
+        yield pa.RecordBatch.from_pylist(
+            [{
+                "path": e.path, "kind": e.kind.value, "table_uuid": e.table_uuid, "size_bytes": e.size_bytes,
+                "row_count": e.row_count, "min_t": e.min_t, "max_t": e.max_t, "min_key": e.min_key,
+                "max_key": e.max_key, "snapshot_as_of": e.snapshot_as_of,
+            }],
+            schema=pa.schema([
+                ("path", pa.string()), ("kind", pa.string()), ("table_uuid", pa.string()), ("size_bytes", pa.int64()),
+                ("row_count", pa.int64()), ("min_t", pa.int64()), ("max_t", pa.int64()), ("min_key", pa.int64()),
+                ("max_key", pa.int64()), ("snapshot_as_of", pa.int64()),
+            ]),
+        )
+
+    return write
+
+
+def _write(frame: Any, parts: int, udf: Any) -> Any:
+    # one file needs no range bounds (whose sampling would cost a Spark job of its own)
+    spread = frame.repartition(1) if parts == 1 else frame.repartitionByRange(parts, "key")
+    return spread.sortWithinPartitions("key", "t").mapInArrow(udf, STATS_DDL)
+
+
+# --- the segment -------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class FrameOutcome:
+    """Files written (with statistics) and, when the segment is bad, its first failing line."""
+
+    entries: tuple[FileEntry, ...]
+    versions: int
+    error: MalformedRecordError | None
+
+
+_STATS = ("path", "kind", "table_uuid", "size_bytes", "row_count", "min_t", "max_t", "min_key", "max_key",
+          "snapshot_as_of")
+_ERRORS = ("line", "key", "error_class", "reason")
+
+
+def run_segment(
+    spark: Any, plan: SegmentFramePlan, parsed: Any, ctx: FrameContext, files_per_table: Callable[[int], int]
+) -> FrameOutcome:
+    """One action validates, folds and writes every touched table and returns the files'
+    statistics with the smallest failing line, if any (then the caller discards the files)."""
+    from pyspark.sql import functions as F
+
+    name = plan.segment.ref.name
+    error_frames, stats, cached = [], [], []
+    for work in plan.tables:
+        width = len(work.supercolumns_after)
+        rows = parsed.filter(F.col("is_row") & (F.col("table_uuid") == work.table_uuid)).select("line", "text")
+        # several branches of the plan read the decoded rows: decode (Python) once
+        decoded = rows.mapInArrow(_decoder(work, name), _row_ddl(work.supercolumns_after)).persist()
+        cached.append(decoded)
+        error_frames.append(decoded.filter(F.col("error_class").isNotNull()).select(*_ERRORS))
+        mutations = decoded.filter(F.col("error_class").isNull()).drop("error_class", "reason")
+        keys = None if work.backfills else mutations.select("key").distinct()
+        prior = prior_image(spark, work, ctx, keys)
+        union = mutations if prior is None else prior.unionByName(mutations)
+        union, backfill_errors, snapshots = with_backfills(spark, union, work, name, cached)
+        error_frames += backfill_errors
+        seq = sequenced(union, width)
+        error_frames.append(sequence_errors(seq))
+        upper = (work.max_t + 1) if work.max_t is not None else ctx.prior_as_of
+        parts = files_per_table(work.rows)
+        if work.rows:
+            writer = _writer(work, ctx, FileKind.VERSIONS, None, ctx.prior_as_of, upper)
+            stats.append(_write(versions_frame(seq, width), parts, writer))
+        for as_of, snapshot in snapshots:
+            writer = _writer(work, ctx, FileKind.SNAPSHOT, as_of, ctx.prior_as_of, upper)
+            stats.append(_write(snapshot, parts, writer))
+    parts = [frame.select(*_STATS, *[F.lit(None).cast(t).alias(c) for c, t in _ERROR_TYPES]) for frame in stats]
+    if error_frames:
+        first = _union(error_frames).orderBy("line", "key").limit(1)
+        parts.append(first.select(*[F.lit(None).cast(t).alias(c) for c, t in _STATS_TYPES], *_ERRORS))
+    try:
+        rows = _union(parts).collect() if parts else []
+    finally:
+        for frame in cached:
+            frame.unpersist()
+    entries = [_entry(r, ctx.segment_id) for r in rows if r["path"] is not None]
+    failures = [r for r in rows if r["error_class"] is not None]
+    error = None
+    if failures:
+        row = failures[0]
+        error = ERROR_CLASSES.get(row["error_class"], MalformedRecordError)(
+            row["reason"], segment=name, line=int(row["line"])
+        )
+    if plan.error is not None and (error is None or (plan.error.line or 0) <= (error.line or 0)):
+        error = plan.error
+    versions = sum(e.row_count for e in entries if e.kind is FileKind.VERSIONS)
+    return FrameOutcome(tuple(sorted(entries, key=lambda e: e.path)), versions, error)
+
+
+_STATS_TYPES = [(c, "string" if c in ("path", "kind", "table_uuid") else "bigint") for c in _STATS]
+_ERROR_TYPES = [("line", "bigint"), ("key", "bigint"), ("error_class", "string"), ("reason", "string")]
+
+
+def _union(frames: Sequence[Any]) -> Any:
+    union = frames[0]
+    for frame in frames[1:]:
+        union = union.unionByName(frame)
+    return union
+
+
+def _entry(r: Any, segment_id: int) -> FileEntry:
+    return FileEntry(
+        path=r["path"], kind=FileKind(r["kind"]), table_uuid=r["table_uuid"], size_bytes=int(r["size_bytes"]),
+        row_count=int(r["row_count"]), min_t=r["min_t"], max_t=r["max_t"], min_key=r["min_key"],
+        max_key=r["max_key"], segments=(segment_id,), snapshot_as_of=r["snapshot_as_of"],
+    )

@@ -1,0 +1,102 @@
+"""Run one compaction scenario on a given Spark (a cluster master or a Connect URL) in its own
+process, and print every answer at every T as JSON.
+
+Used by ``test_spark_deployments.py``: a Spark Connect client and the test run's classic session
+must not share one process, and a cluster needs its own driver settings.
+
+    python -m history_pipeline_tests.spark_scenario SPEC_JSON
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+from history_pipeline import HistoryStore, StoreSettings
+from history_pipeline.io.store import S3Options
+
+
+def answers(store: HistoryStore) -> dict[str, Any]:
+    """Every table's rows at every answerable T (values as text, so any type compares)."""
+    out: dict[str, Any] = {"frontier": store.frontier}
+    for as_of in range(0, store.frontier + 2):
+        tables = {}
+        for descriptor in store.get_catalog(as_of):
+            rows = store.load_table(descriptor.table_uuid, as_of).to_pylist()
+            tables[descriptor.table_name] = sorted(
+                [{k: repr(v) for k, v in row.items()} for row in rows], key=lambda r: r["synthetic_key"]
+            )
+        out[str(as_of)] = tables
+    return out
+
+
+def write_segments(store: HistoryStore, batches: list[list[dict[str, Any]]]) -> None:
+    """Each batch becomes one sealed segment (closed at its last t)."""
+    with store.wal_writer() as wal:
+        for batch in batches:
+            for event in batch:
+                wal.append(event)
+            if batch[-1]["op"] != "close":
+                wal.append({"op": "close", "t": batch[-1]["t"]})
+            wal.seal()
+
+
+def open_store(spec: dict[str, Any], shared: bool) -> HistoryStore:
+    s3 = S3Options(**spec["s3"]) if spec.get("s3") else None
+    settings = StoreSettings(spark_master=None, shared_paths=shared)
+    return HistoryStore.open(spec["root"], database=spec["database"], wal_dir=spec["wal_dir"], s3=s3,
+                             settings=settings)
+
+
+def session(spec: dict[str, Any]) -> Any:
+    from pyspark.sql import SparkSession
+
+    if spec.get("remote"):
+        return SparkSession.builder.remote(spec["remote"]).getOrCreate()
+    builder = (
+        SparkSession.builder.master(spec["master"])
+        .appName("history_pipeline_scenario")
+        .config("spark.driver.bindAddress", "127.0.0.1")
+        .config("spark.driver.host", "127.0.0.1")
+        .config("spark.ui.enabled", "false")
+        .config("spark.sql.shuffle.partitions", "4")
+        .config("spark.executor.memory", "512m")
+        .config("spark.cores.max", "2")
+        .config("spark.executorEnv.PYTHONPATH", os.environ.get("PYTHONPATH", ""))
+    )
+    return builder.getOrCreate()
+
+
+def main(job: dict[str, Any]) -> list[dict[str, Any]]:
+    """One session (``job["session"]``) runs every scenario of ``job["runs"]`` in turn."""
+    spark = session(job["session"])
+    try:
+        return [run(spark, spec) for spec in job["runs"]]
+    finally:
+        spark.stop()
+
+
+def run(spark: Any, spec: dict[str, Any]) -> dict[str, Any]:
+    """Write the segments, compact them on ``spark``, read every answer back."""
+    result: dict[str, Any] = {}
+    store = open_store(spec, shared=False)
+    write_segments(store, spec["batches"])
+    if spec.get("expect_refusal"):
+        try:
+            store.compact(spark=spark)
+            result["refused"] = None
+        except Exception as exc:  # noqa: BLE001 - the test checks the type and message
+            result["refused"] = f"{type(exc).__name__}: {exc}"
+    store = open_store(spec, shared=spec.get("shared", False))
+    summary = store.compact(spark=spark)
+    result["segments_applied"] = summary.segments_applied
+    result["answers"] = answers(store)
+    return result
+
+
+if __name__ == "__main__":
+    job = json.loads(Path(sys.argv[1]).read_text())
+    print("RESULT " + json.dumps(main(job)))

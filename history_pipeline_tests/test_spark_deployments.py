@@ -1,0 +1,196 @@
+"""The DataFrame compaction on the three places it must run: a local session (the test run's),
+a standalone cluster (master and two workers as separate JVMs on 127.0.0.1) and Spark Connect.
+The same segments must give identical answers at every T, with the root on local disk and on S3.
+
+Cluster and Connect drivers run in a subprocess (``spark_scenario.py``): a Connect client and
+the test run's classic session must not share one process. Every JVM a test starts is stopped
+by its pid.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from history_pipeline import HistoryStore, StoreSettings
+from history_pipeline_tests.spark_scenario import answers, write_segments
+from history_pipeline_tests.test_compaction import _split, random_history
+
+SPARK_HOME = Path(__import__("pyspark").__file__).parent
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _env() -> dict[str, str]:
+    env = dict(os.environ)
+    env.update(
+        SPARK_HOME=str(SPARK_HOME),
+        SPARK_LOCAL_IP="127.0.0.1",
+        PYSPARK_PYTHON=sys.executable,
+        PYSPARK_DRIVER_PYTHON=sys.executable,
+        PYTHONPATH=os.pathsep.join(p for p in [str(ROOT), env.get("PYTHONPATH", "")] if p),
+    )
+    return env
+
+
+def _start(args: list[str], log: Path) -> subprocess.Popen:
+    out = open(log, "wb")  # noqa: SIM115 - closed with the process
+    return subprocess.Popen(args, env=_env(), stdout=out, stderr=subprocess.STDOUT, cwd=log.parent)
+
+
+def _stop(procs: list[subprocess.Popen]) -> None:
+    for proc in procs:
+        if proc.poll() is None:
+            proc.terminate()
+    for proc in procs:
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+def _wait(check, what: str, procs: list[subprocess.Popen], logs: list[Path], limit: float = 180) -> None:
+    give_up = time.monotonic() + limit
+    while time.monotonic() < give_up:
+        if any(p.poll() is not None for p in procs):
+            break
+        try:
+            if check():
+                return
+        except OSError:
+            pass
+        time.sleep(1)
+    _stop(procs)
+    tails = "\n".join(log.read_text(errors="replace")[-3000:] for log in logs)
+    raise AssertionError(f"{what} did not come up:\n{tails}")
+
+
+@pytest.fixture(scope="module")
+def standalone_cluster(tmp_path_factory):
+    """spark://127.0.0.1:port with two workers (one core each)."""
+    base = tmp_path_factory.mktemp("cluster")
+    port, ui = _free_port(), _free_port()
+    spark_class = str(SPARK_HOME / "bin" / "spark-class")
+    logs = [base / "master.log"]
+    procs = [_start([spark_class, "org.apache.spark.deploy.master.Master", "--host", "127.0.0.1", "--port",
+                     str(port), "--webui-port", str(ui)], logs[0])]
+    url = f"spark://127.0.0.1:{port}"
+    for i in range(2):
+        work = base / f"worker{i}"
+        work.mkdir()
+        logs.append(base / f"worker{i}.log")
+        procs.append(_start([spark_class, "org.apache.spark.deploy.worker.Worker", url, "--host", "127.0.0.1",
+                             "--cores", "1", "--memory", "1g", "--work-dir", str(work), "--webui-port",
+                             str(_free_port())], logs[-1]))
+
+    def two_workers() -> bool:
+        with urllib.request.urlopen(f"http://127.0.0.1:{ui}/json/", timeout=5) as r:
+            status = json.loads(r.read())
+        return sum(w.get("state") == "ALIVE" for w in status.get("workers", [])) == 2
+
+    _wait(two_workers, "the standalone cluster", procs, logs)
+    try:
+        yield url
+    finally:
+        _stop(procs)
+
+
+@pytest.fixture(scope="module")
+def connect_server(tmp_path_factory):
+    """A Spark Connect server (local[2] inside) on 127.0.0.1."""
+    base = tmp_path_factory.mktemp("connect")
+    port = _free_port()
+    log = base / "connect.log"
+    proc = _start([
+        str(SPARK_HOME / "bin" / "spark-submit"), "--class", "org.apache.spark.sql.connect.service.SparkConnectServer",
+        "--master", "local[2]", "--conf", f"spark.connect.grpc.binding.port={port}",
+        "--conf", "spark.connect.grpc.binding.address=127.0.0.1", "--conf", "spark.driver.bindAddress=127.0.0.1",
+        "--conf", "spark.driver.host=127.0.0.1", "--conf", "spark.sql.shuffle.partitions=4",
+        "--conf", "spark.ui.enabled=false", "spark-internal",
+    ], log)
+
+    def listening() -> bool:
+        with socket.create_connection(("127.0.0.1", port), timeout=2):
+            return True
+
+    _wait(listening, "the Spark Connect server", [proc], [log])
+    try:
+        yield f"sc://127.0.0.1:{port}"
+    finally:
+        _stop([proc])
+
+
+def _batches(seed: int) -> list[list[dict]]:
+    events = random_history(seed, n_events=50)
+    return _split(events, random.Random(seed))
+
+
+def _reference(tmp_path: Path, batches, spark) -> dict:
+    """The answers of the same segments compacted by the test run's local session."""
+    store = HistoryStore.open(tmp_path / "reference", database="db", settings=StoreSettings(spark_master=None))
+    write_segments(store, batches)
+    store.compact(spark=spark)
+    inprocess = HistoryStore.open(tmp_path / "inprocess", database="db", settings=StoreSettings(spark_master=None))
+    write_segments(inprocess, batches)
+    inprocess.compact(spark=False)
+    assert answers(store) == answers(inprocess)  # the DataFrame path agrees with the per-event reference
+    return json.loads(json.dumps(answers(store)))
+
+
+def _run(tmp_path: Path, session: dict, runs: list[dict]) -> list[dict]:
+    job = tmp_path / "job.json"
+    job.write_text(json.dumps({"session": session, "runs": runs}))
+    proc = subprocess.run([sys.executable, "-m", "history_pipeline_tests.spark_scenario", str(job)], env=_env(),
+                          capture_output=True, text=True, timeout=900, cwd=tmp_path)
+    lines = [line for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
+    assert proc.returncode == 0 and lines, proc.stderr[-5000:]
+    return json.loads(lines[-1][len("RESULT "):])
+
+
+def _runs(tmp_path: Path, batches, s3_bucket: str, s3_options) -> list[dict]:
+    s3 = {"endpoint_url": s3_options.endpoint_url, "region": s3_options.region,
+          "access_key_id": s3_options.access_key_id, "secret_access_key": s3_options.secret_access_key}
+    return [
+        {"root": str(tmp_path / "root"), "wal_dir": str(tmp_path / "wal-local"), "database": "db",
+         "batches": batches, "expect_refusal": True, "shared": True},
+        {"root": s3_bucket, "wal_dir": str(tmp_path / "wal-s3"), "database": "db", "batches": batches,
+         "s3": s3, "shared": True},
+    ]
+
+
+def test_standalone_cluster_gives_the_local_answers(tmp_path, spark, standalone_cluster, s3_bucket, s3_options):
+    batches = _batches(77)
+    expected = _reference(tmp_path, batches, spark)
+    local_root, s3_root = _run(tmp_path, {"master": standalone_cluster}, _runs(tmp_path, batches, s3_bucket,
+                                                                                 s3_options))
+    assert local_root["refused"] is not None and "ExecutionError" in local_root["refused"]
+    assert "shared_paths" in local_root["refused"]
+    assert local_root["segments_applied"] == s3_root["segments_applied"] == list(range(1, len(batches) + 1))
+    assert local_root["answers"] == expected
+    assert s3_root["answers"] == expected
+
+
+def test_spark_connect_gives_the_local_answers(tmp_path, spark, connect_server, s3_bucket, s3_options):
+    batches = _batches(78)
+    expected = _reference(tmp_path, batches, spark)
+    runs = _runs(tmp_path, batches, s3_bucket, s3_options)
+    runs[0]["expect_refusal"] = False  # the server's master is local: its executors see local paths
+    runs[0]["shared"] = False
+    local_root, s3_root = _run(tmp_path, {"remote": connect_server}, runs)
+    assert local_root["answers"] == expected
+    assert s3_root["answers"] == expected
