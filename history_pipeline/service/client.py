@@ -19,6 +19,7 @@ import pyarrow as pa
 import pyarrow.flight as flight
 
 from history_pipeline.errors import HistoryError
+from history_pipeline.lsn import to_timestamp
 from history_pipeline.schema import TableDescriptor
 from history_pipeline.service import protocol as p
 from history_pipeline.service.errors import (
@@ -109,29 +110,29 @@ class HistoryClient:
 
     # --- HistoryStore's query side ----------------------------------------------------------
 
-    def load_table(self, table: str, as_of: int) -> pa.Table:
+    def load_table(self, table: str, as_of: int | str) -> pa.Table:
         """The table as of ``as_of``: synthetic_key then its columns in order, named as then."""
-        return self.load_table_response(p.LoadTableRequest(table, as_of)).table
+        return self.load_table_response(p.LoadTableRequest(table, to_timestamp(as_of))).table
 
-    def fetch_row(self, table: str, key: int, as_of: int) -> dict[str, Any] | None:
+    def fetch_row(self, table: str, key: int, as_of: int | str) -> dict[str, Any] | None:
         """One row as of ``as_of`` as {column name: value}, or None."""
-        return self.fetch_row_response(p.FetchRowRequest(table, key, as_of)).as_row()
+        return self.fetch_row_response(p.FetchRowRequest(table, key, to_timestamp(as_of))).as_row()
 
-    def get_catalog(self, as_of: int) -> tuple[TableDescriptor, ...]:
+    def get_catalog(self, as_of: int | str) -> tuple[TableDescriptor, ...]:
         """The table descriptors in force as of ``as_of``."""
-        return self.get_catalog_response(p.GetCatalogRequest(as_of)).table_descriptors
+        return self.get_catalog_response(p.GetCatalogRequest(to_timestamp(as_of))).table_descriptors
 
-    def sql(self, query: str, as_of: int) -> pa.Table:
+    def sql(self, query: str, as_of: int | str) -> pa.Table:
         """Read-only SQL against the database as of ``as_of`` (the server's sandbox)."""
-        return self.call(p.SqlRequest(query, as_of))
+        return self.call(p.SqlRequest(query, to_timestamp(as_of)))
 
     def row_history(self, table: str, key: int) -> list[dict[str, Any]]:
         """Every retained version of a key: logical_timestamp, is_deleted, values."""
         return p.row_history_from_arrow(self.call(p.RowHistoryRequest(table, key)))
 
-    def diff(self, table: str, from_: int, to: int) -> dict[str, list[dict[str, Any]]]:
+    def diff(self, table: str, from_: int | str, to: int | str) -> dict[str, list[dict[str, Any]]]:
         """Keys inserted, deleted and changed between two states."""
-        return p.diff_from_arrow(self.call(p.DiffRequest(table, from_, to)))
+        return p.diff_from_arrow(self.call(p.DiffRequest(table, to_timestamp(from_), to_timestamp(to))))
 
     @property
     def frontier(self) -> int:
