@@ -28,6 +28,10 @@ from bench.workload import Workload, write_workload
 from history_pipeline import HistoryStore, StoreSettings
 from history_pipeline.wal import SegmentState
 
+#: the DataFrame compaction engine, on the session given to compact()
+FRAMES = StoreSettings(spark_master=None, compaction_engine="dataframes")
+
+
 SIZES = {
     "quick": Workload(tables=2, live_rows=20_000, versions=200_000, segment_events=50_000),
     "full": Workload(tables=2, live_rows=250_000, versions=2_000_000, segment_events=100_000),
@@ -110,7 +114,7 @@ def bench_compaction_frames(work: Path, w: Workload, spark: Any) -> dict[str, An
     """Ours, Spark JSON -> Parquet (warm, explicit schema) and Delta MERGE on the same segments."""
     from bench.run import bench_delta_merge
 
-    store = HistoryStore.open(work / "frames", database="bench", settings=StoreSettings(spark_master=None))
+    store = HistoryStore.open(work / "frames", database="bench", settings=FRAMES)
     events = write_workload(store, w)
     copies = work / "frame_segments"
     copies.mkdir()

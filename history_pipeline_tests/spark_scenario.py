@@ -46,7 +46,7 @@ def write_segments(store: HistoryStore, batches: list[list[dict[str, Any]]]) -> 
 
 def open_store(spec: dict[str, Any], shared: bool) -> HistoryStore:
     s3 = S3Options(**spec["s3"]) if spec.get("s3") else None
-    settings = StoreSettings(spark_master=None, shared_paths=shared)
+    settings = StoreSettings(spark_master=None, shared_paths=shared, compaction_engine="dataframes")
     return HistoryStore.open(spec["root"], database=spec["database"], wal_dir=spec["wal_dir"], s3=s3,
                              settings=settings)
 

@@ -10,12 +10,15 @@ from history_pipeline_tests.spark_scenario import answers
 from history_pipeline_tests.test_compaction import write
 from history_pipeline_tests.test_postgres_oracle import TYPED
 
+#: the DataFrame compaction engine, on the session given to compact()
+FRAMES = StoreSettings(spark_master=None, compaction_engine="dataframes")
+
 
 def _both(tmp_path, spark, *batches):
     """The same segments compacted on Spark (DataFrame path) and in-process (reference)."""
     stores = []
     for name, session in (("frames", spark), ("reference", False)):
-        store = HistoryStore.open(tmp_path / name, database="db", settings=StoreSettings(spark_master=None))
+        store = HistoryStore.open(tmp_path / name, database="db", settings=FRAMES)
         write(store, *batches)
         store.compact(spark=session)
         stores.append(store)
@@ -74,7 +77,7 @@ def test_seal_is_verified_streaming_before_spark_reads_the_segment(tmp_path, spa
     from history_pipeline.wal import SegmentState
     from history_pipeline_tests.test_compaction import rfc_events
 
-    store = HistoryStore.open(tmp_path, database="db", settings=StoreSettings(spark_master=None))
+    store = HistoryStore.open(tmp_path, database="db", settings=FRAMES)
     write(store, rfc_events()[:3], rfc_events()[3:])
     second = store.segments(SegmentState.SEALED)[1]
     data = bytearray(second.path.read_bytes())

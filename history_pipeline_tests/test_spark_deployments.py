@@ -142,7 +142,8 @@ def _batches(seed: int) -> list[list[dict]]:
 
 def _reference(tmp_path: Path, batches, spark) -> dict:
     """The answers of the same segments compacted by the test run's local session."""
-    store = HistoryStore.open(tmp_path / "reference", database="db", settings=StoreSettings(spark_master=None))
+    store = HistoryStore.open(tmp_path / "reference", database="db",
+                              settings=StoreSettings(spark_master=None, compaction_engine="dataframes"))
     write_segments(store, batches)
     store.compact(spark=spark)
     inprocess = HistoryStore.open(tmp_path / "inprocess", database="db", settings=StoreSettings(spark_master=None))

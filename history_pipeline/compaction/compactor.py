@@ -204,14 +204,16 @@ class SegmentResult:
     tables: frozenset[str]
 
 
-def _apply_in_process(store: Any, ref: SegmentRef, state: CatalogState, on_step: StepHook) -> SegmentResult:
-    """The per-event reference path (``spark=False``): plan on the driver, fold in table tasks."""
+def _apply_in_process(
+    store: Any, ref: SegmentRef, state: CatalogState, on_step: StepHook, spark: Any | None = None
+) -> SegmentResult:
+    """The per-event path: plan on the driver, fold in table tasks (on Spark executors when a session is given)."""
     contents = read_segment(ref)
     schema = replay_schema_history(state.schema_history)
     plan = plan_segment(contents, schema)
     on_step("planned")
     tasks = _tasks(store, state, plan)
-    outcomes = run_tasks(tasks, None)
+    outcomes = run_tasks(tasks, spark)
     failed = next((o.error for o in outcomes if o.error is not None), None)
     if failed is not None:
         raise MalformedRecordError(failed[3], segment=failed[1], line=failed[2])
@@ -265,10 +267,10 @@ def compact_segment(
         move_segment(ref, SegmentState.APPLIED, store.wal_dir)  # committed earlier; finish the move
         return
     try:
-        if spark is None:
-            plan = _apply_in_process(store, ref, state, on_step)
-        else:
+        if spark is not None and store.settings.compaction_engine == "dataframes":
             plan = _apply_frames(store, ref, state, spark, on_step)
+        else:
+            plan = _apply_in_process(store, ref, state, on_step, spark)
     except (MalformedRecordError, SegmentCorruptedError) as exc:
         line = getattr(exc, "line", None)
         quarantine_segment(ref, store.wal_dir, str(exc), line)
