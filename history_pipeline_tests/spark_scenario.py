@@ -17,6 +17,7 @@ from typing import Any
 
 from history_pipeline import HistoryStore, StoreSettings
 from history_pipeline.io.store import S3Options
+from history_pipeline_tests.test_compaction import write
 
 
 def answers(store: HistoryStore) -> dict[str, Any]:
@@ -35,13 +36,7 @@ def answers(store: HistoryStore) -> dict[str, Any]:
 
 def write_segments(store: HistoryStore, batches: list[list[dict[str, Any]]]) -> None:
     """Each batch becomes one sealed segment (closed at its last t)."""
-    with store.wal_writer() as wal:
-        for batch in batches:
-            for event in batch:
-                wal.append(event)
-            if batch[-1]["op"] != "close":
-                wal.append({"op": "close", "t": batch[-1]["t"]})
-            wal.seal()
+    write(store, *batches)
 
 
 def open_store(spec: dict[str, Any], shared: bool) -> HistoryStore:

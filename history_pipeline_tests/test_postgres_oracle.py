@@ -4,7 +4,6 @@ what history_pipeline answers as of that timestamp."""
 
 from __future__ import annotations
 
-import glob
 import os
 import random
 import shutil
@@ -19,17 +18,9 @@ import pytest
 
 from history_pipeline import HistoryStore
 from history_pipeline.types import decode_value, parse_data_type
+from history_pipeline_tests.pg_support import _as_postgres_user
+from history_pipeline_tests.pg_support import pg_bin as _pg_bin
 from history_pipeline_tests.test_compaction import _split, random_history, write
-
-
-def _pg_bin(name: str) -> str:
-    found = sorted(glob.glob(f"/usr/lib/postgresql/*/bin/{name}")) or [shutil.which(name) or ""]
-    assert found[-1], f"PostgreSQL's {name} is not installed (.ci/run installs it)"
-    return found[-1]
-
-
-def _as_postgres_user(args: list[str]) -> list[str]:
-    return ["runuser", "-u", "postgres", "--", *args] if os.geteuid() == 0 else args
 
 
 @pytest.fixture(scope="module")
