@@ -85,6 +85,7 @@ class FileMetadata:
     frontier: int | None = None
     replaces: tuple[str, ...] = ()
     earliest: int | None = None  # set by retention: answers exist only for as_of >= earliest
+    attempt: str | None = None  # one compaction attempt's id: rebuild adopts the files of one attempt only
 
     def to_bytes(self) -> bytes:
         return json.dumps(
@@ -100,6 +101,7 @@ class FileMetadata:
                 "frontier": self.frontier,
                 "replaces": list(self.replaces),
                 "earliest": self.earliest,
+                "attempt": self.attempt,
             }
         ).encode()
 
@@ -118,6 +120,7 @@ class FileMetadata:
             frontier=obj.get("frontier"),
             replaces=tuple(obj.get("replaces", ())),
             earliest=obj.get("earliest"),
+            attempt=obj.get("attempt"),
         )
 
 

@@ -249,3 +249,33 @@ def test_cleanup_prunes_commit_records_behind_a_base_and_rebuild_still_agrees(tm
     rebuilt = store.rebuild_catalog()
     assert set(rebuilt.files) == set(store.catalog_state().files) and rebuilt.earliest == 6
     assert answers(store) == before and store.verify() == []
+
+
+def test_rebuild_without_the_log_adopts_one_attempt_of_a_retried_compaction(tmp_path):
+    """Two crashed attempts of one segment under the same transaction id, then the log is lost:
+    the rebuilt catalog holds the segment's versions once (the attempt its schema-history file names)."""
+    reference = HistoryStore.open(tmp_path / "reference", database="db")
+    history(reference)
+    more_history(reference)
+    expected, expected_versions = answers(reference), versions(reference)
+
+    store = open_store(tmp_path)
+    history(store)
+    write(store, [
+        {"op": "update", "t": 8, "table_uuid": T, "key": 3, "values": {"c": 31}},
+        {"op": "insert", "t": 9, "table_uuid": T, "key": 4, "values": {"c": 40}},
+    ])
+    for _ in range(2):  # both attempts write their files and schema-history file, neither commits
+        with pytest.raises(Crash):
+            store.compact(spark=False, on_step=crash_at("schema_history_written"))
+    written = [p for p, _, _ in data_paths(store.objects, "db") if "/tables/" in p]
+    assert len(written) - len(store.catalog_state().files_of(T)) == 2  # one version file per attempt
+    for obj in store.objects.list("db/_catalog/"):
+        store.objects.delete(obj.path)  # the whole transaction log is lost
+    for obj in store.objects.list("db/_history_catalog/commits/"):
+        store.objects.delete(obj.path)  # and the commit records with it
+    store.catalog.forget_cached_state()
+    store.rebuild_catalog()
+    assert versions(store) == expected_versions  # each (key, t) once
+    assert answers(store) == expected
+    assert store.verify() == []

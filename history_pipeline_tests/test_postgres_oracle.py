@@ -344,9 +344,10 @@ def test_multidimensional_arrays_equal_postgresql(tmp_path, postgres):
 
 def test_unconstrained_numeric_aggregates_equal_postgresql(tmp_path, postgres):
     """SUM, MIN, MAX, COUNT and grouped SUM over plain NUMERIC (money-like and 30-digit values, an
-    update and a delete in between) equal PostgreSQL's exactly. AVG is checked separately: DuckDB
-    computes AVG of a DECIMAL in DOUBLE, so ours is the double nearest PostgreSQL's exact average."""
+    update and a delete in between) equal PostgreSQL's exactly; AVG is exact (a numeric, like
+    PostgreSQL's), though rounded at a scale of its own."""
     import math
+    from fractions import Fraction
 
     postgres.cursor().execute("DROP SCHEMA public CASCADE; CREATE SCHEMA public")
     thirty = "987654321098765432109876543.210"
@@ -376,9 +377,19 @@ def test_unconstrained_numeric_aggregates_equal_postgresql(tmp_path, postgres):
         assert ours == theirs, (as_of, ours, theirs)
         for row in ours:
             assert isinstance(row["s"], Decimal), row  # exact, never a float
-        cur.execute("SELECT avg(v) FROM money")
-        (exact_average,) = cur.fetchone()
-        (ours_average,) = store.sql("SELECT avg(v) AS a FROM money", as_of).column("a").to_pylist()
-        assert math.isclose(float(ours_average), float(exact_average), rel_tol=1e-15), (ours_average, exact_average)
+        # AVG is exact too: the exact mean rounded half away from zero at our scale, and within one
+        # unit of the less precise of the two scales from PostgreSQL's own numeric average
+        cur.execute("SELECT avg(v), sum(v), count(v), g FROM money GROUP BY g ORDER BY g")
+        theirs_avg = cur.fetchall()
+        ours_avg = store.sql("SELECT avg(v) AS a, g FROM money GROUP BY g ORDER BY g", as_of).to_pylist()
+        for (pg_average, pg_sum, pg_count, _), mine in zip(theirs_avg, ours_avg, strict=True):
+            average = mine["a"]
+            assert isinstance(average, Decimal), average
+            scale = -average.as_tuple().exponent
+            exact = Fraction(pg_sum) / pg_count * 10 ** scale
+            rounded = math.floor(abs(exact) + Fraction(1, 2))
+            assert average == Decimal(f"{rounded if exact >= 0 else -rounded}E-{scale}"), (average, pg_average)
+            unit = Fraction(1, 10 ** min(scale, -pg_average.as_tuple().exponent))
+            assert abs(Fraction(average) - Fraction(pg_average)) <= unit, (average, pg_average)
         checked += 1
     assert checked == 3

@@ -372,8 +372,9 @@ def _adopt_compactions(state: CatalogState, store: ObjectStore, database: str) -
 
     A schema-history file of a segment not yet applied, written for a transaction after
     the last recorded one, is adopted with the version and snapshot files of the same
-    attempt (same segments and transaction id); of several attempts of a segment the
-    newest wins. Nothing else is adopted.
+    attempt (same segments, transaction id and attempt id: a retry under the same transaction id
+    overwrites the schema-history file, and its files are told from the crashed attempt's by the
+    attempt id); of several attempts of a segment the newest wins. Nothing else is adopted.
     """
     known = set(state.files) | set(state.tombstones)
     found: list[tuple[str, FileMetadata, pq.FileMetaData, int]] = []
@@ -396,7 +397,7 @@ def _adopt_compactions(state: CatalogState, store: ObjectStore, database: str) -
             AddFile(_entry_from_footer(p, m, f, s))
             for p, m, f, s in sorted(found, key=lambda item: item[0])
             if m.kind is not FileKind.SCHEMA_HISTORY and m.segments == meta.segments and m.txn_id == meta.txn_id
-            and not m.replaces
+            and not m.replaces and m.attempt == meta.attempt
         ]
         table = pq.read_table(store.full_path(path), filesystem=store.arrow_filesystem()[0])
         entries = []

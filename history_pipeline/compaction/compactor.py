@@ -18,6 +18,7 @@ already lists as applied, which the next run just moves.
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from types import MappingProxyType
@@ -80,6 +81,7 @@ class TableTask:
     prior_as_of: int
     txn_hint: int
     segment_id: int
+    attempt: str | None = None
 
 
 @dataclass(frozen=True)
@@ -140,6 +142,7 @@ def _write(
         upper=task.plan.mutations[-1].t + 1 if task.plan.mutations else task.prior_as_of,
         segments=segments,
         snapshot_as_of=snapshot_as_of,
+        attempt=task.attempt,
     )
     path = new_file_path(task.database, task.plan.table_uuid, kind, task.txn_hint)
     return write_parquet(store, path, table, meta)
@@ -205,14 +208,14 @@ class SegmentResult:
 
 
 def _apply_in_process(
-    store: Any, ref: SegmentRef, state: CatalogState, on_step: StepHook, spark: Any | None = None
+    store: Any, ref: SegmentRef, state: CatalogState, on_step: StepHook, spark: Any | None, attempt: str
 ) -> SegmentResult:
     """The per-event path: plan on the driver, fold in table tasks (on Spark executors when a session is given)."""
     contents = read_segment(ref)
     schema = replay_schema_history(state.schema_history)
     plan = plan_segment(contents, schema)
     on_step("planned")
-    tasks = _tasks(store, state, plan)
+    tasks = _tasks(store, state, plan, attempt)
     outcomes = run_tasks(tasks, spark)
     failed = next((o.error for o in outcomes if o.error is not None), None)
     if failed is not None:
@@ -229,7 +232,9 @@ def files_per_table(rows: int) -> int:
     return max(1, min(SPLIT_BUCKETS, -(-rows // SPLIT_THRESHOLD)))
 
 
-def _apply_frames(store: Any, ref: SegmentRef, state: CatalogState, spark: Any, on_step: StepHook) -> SegmentResult:
+def _apply_frames(
+    store: Any, ref: SegmentRef, state: CatalogState, spark: Any, on_step: StepHook, attempt: str
+) -> SegmentResult:
     """The DataFrame path: the driver verifies, routes and plans; Spark decodes, folds and writes."""
     sealed = verify_segment(ref)
     parsed = frames.parsed_lines(spark, sealed)
@@ -242,6 +247,7 @@ def _apply_frames(store: Any, ref: SegmentRef, state: CatalogState, spark: Any, 
         prior_as_of=state.frontier + 1,
         txn_hint=state.txn_id + 1,
         segment_id=ref.segment_id,
+        attempt=attempt,
     )
     outcome = frames.run_segment(spark, plan, parsed, ctx, files_per_table)
     if outcome.error is not None:
@@ -266,18 +272,19 @@ def compact_segment(
     if ref.segment_id in state.applied_segments:
         move_segment(ref, SegmentState.APPLIED, store.wal_dir)  # committed earlier; finish the move
         return
+    attempt = uuid.uuid4().hex  # every file this attempt writes says so: rebuild adopts one attempt only
     try:
         if spark is not None and store.settings.compaction_engine == "dataframes":
-            plan = _apply_frames(store, ref, state, spark, on_step)
+            plan = _apply_frames(store, ref, state, spark, on_step, attempt)
         else:
-            plan = _apply_in_process(store, ref, state, on_step, spark)
+            plan = _apply_in_process(store, ref, state, on_step, spark, attempt)
     except (MalformedRecordError, SegmentCorruptedError) as exc:
         line = getattr(exc, "line", None)
         quarantine_segment(ref, store.wal_dir, str(exc), line)
         raise SegmentQuarantinedError(ref.name, str(exc)) from exc
     on_step("files_written")
     entries = list(plan.entries)
-    history_entry = _write_schema_history(store, state, plan)
+    history_entry = _write_schema_history(store, state, plan, attempt)
     on_step("schema_history_written")
 
     def build(current: CatalogState) -> list[Any] | None:
@@ -322,7 +329,7 @@ def split_by_key(plan: TablePlan, buckets: int) -> list[TablePlan]:
     return [p for p in pieces if p.mutations]
 
 
-def _tasks(store: Any, state: CatalogState, plan: SegmentPlan) -> list[TableTask]:
+def _tasks(store: Any, state: CatalogState, plan: SegmentPlan, attempt: str) -> list[TableTask]:
     tasks = []
     txn_hint = state.txn_id + 1
     pieces = [
@@ -344,6 +351,7 @@ def _tasks(store: Any, state: CatalogState, plan: SegmentPlan) -> list[TableTask
                 prior_as_of=state.frontier + 1,
                 txn_hint=txn_hint,
                 segment_id=plan.segment_id,
+                attempt=attempt,
             )
         )
     return tasks
@@ -372,7 +380,7 @@ def schema_history_table(entries: Sequence[SchemaHistoryEntry]) -> pa.Table:
     )
 
 
-def _write_schema_history(store: Any, state: CatalogState, plan: SegmentResult) -> FileEntry:
+def _write_schema_history(store: Any, state: CatalogState, plan: SegmentResult, attempt: str) -> FileEntry:
     """The commit's own record: its schema entries, segment and frontier, rebuildable from the file."""
     meta = FileMetadata(
         database=store.database,
@@ -383,6 +391,7 @@ def _write_schema_history(store: Any, state: CatalogState, plan: SegmentResult) 
         upper=plan.upper + 1,
         segments=(plan.segment_id,),
         frontier=plan.upper,
+        attempt=attempt,
     )
     path = f"{store.database}/_history_catalog/schema_history/{plan.segment_id:020d}-{state.txn_id + 1:010d}.parquet"
     entry = write_parquet(store.objects, path, schema_history_table(plan.schema_entries), meta)

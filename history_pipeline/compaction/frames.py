@@ -111,6 +111,7 @@ class FrameContext:
     prior_as_of: int
     txn_hint: int
     segment_id: int
+    attempt: str | None = None
 
 
 # --- stage 1: split and route ----------------------------------------------------------
@@ -635,6 +636,7 @@ def _writer(
             upper=upper,
             segments=(ctx.segment_id,),
             snapshot_as_of=snapshot_as_of,
+            attempt=ctx.attempt,
         )
         path = new_file_path(ctx.database, work.table_uuid, kind, ctx.txn_hint)
         e = write_parquet(store, path, data, meta)

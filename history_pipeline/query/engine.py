@@ -29,6 +29,7 @@ from history_pipeline.errors import (
     TableNotFoundError,
 )
 from history_pipeline.io.store import ObjectStore
+from history_pipeline.query.exact_avg import rewrite_exact_averages
 from history_pipeline.query.scan import live_rows, live_view, read_key
 from history_pipeline.schema import (
     SchemaHistoryEntry,
@@ -270,9 +271,13 @@ class QueryContext:
             con.execute("SET lock_configuration = true")
             wide = self._expose_numerics(con, tables, as_of)
             with self._sql_errors(as_of, wide):
-                relation = con.sql(query)
+                exact = rewrite_exact_averages(con, query)
+                names = con.sql(query).columns if exact != query else None  # the user's column names
+                relation = con.sql(exact)
                 duck_types = [str(t) for t in relation.types]
                 source = relation.to_arrow_reader(batch_size)
+            if names is not None:
+                source = _renamed_reader(source, names)
             schema = _restore_types(source.schema.empty_table(), duck_types).schema
         except BaseException:
             con.close()
@@ -320,7 +325,7 @@ class QueryContext:
         return paths
 
     def _expose_numerics(self, con: Any, tables: Sequence[TableDescriptor], as_of: int) -> list[str]:
-        """Create the user views; unconstrained NUMERIC as DECIMAL(38, s) fitted to the live values.
+        """Create the user views; unconstrained NUMERIC as DECIMAL(p, s) fitted to the live values.
 
         Returns the columns whose values do not fit DECIMAL(38, s) (exposed as exact text).
         """
@@ -330,7 +335,7 @@ class QueryContext:
                 wide.extend(self._expose_materialized(con, descriptor, as_of, index))
                 continue
             raw = f"__live_{index}"
-            fits: dict[str, int | None] = {}
+            fits: dict[str, tuple[int, int] | None] = {}
             unconstrained = [c for c in descriptor.columns
                              if c.data_type.kind is TypeKind.NUMERIC and not c.data_type.is_exact_decimal]
             if unconstrained:
@@ -339,7 +344,8 @@ class QueryContext:
                 row = con.execute(f"SELECT {probe} FROM {raw}").fetchall()[0]
                 for n, c in enumerate(unconstrained):
                     int_digits, scale = row[2 * n] or 0, row[2 * n + 1] or 0
-                    fits[c.supercolumn] = scale if int_digits + scale <= 38 else None
+                    # the precision the values need, so that an exact AVG keeps as many decimals as room allows
+                    fits[c.supercolumn] = (max(1, int_digits + scale), scale) if int_digits + scale <= 38 else None
                     if fits[c.supercolumn] is None:
                         wide.append(f"{descriptor.table_name}.{c.column_name}")
             con.execute(f"CREATE VIEW {_ident(descriptor.table_name)} AS SELECT {_sql_columns(descriptor, fits)} "
@@ -356,7 +362,7 @@ class QueryContext:
         for c in descriptor.columns:
             if c.data_type.kind is TypeKind.NUMERIC and not c.data_type.is_exact_decimal:
                 position = data.schema.get_field_index(c.column_name)
-                exact = exact_decimal_array(data.column(position))
+                exact = exact_decimal_array(data.column(position), fit_precision=True)
                 if exact is None:
                     wide.append(f"{descriptor.table_name}.{c.column_name}")
                     column = data.column(position)
@@ -405,6 +411,13 @@ def _differs(
         if not (value == new or (value != value and new != new)):  # NaN equals NaN here
             return True
     return False
+
+
+def _renamed_reader(source: pa.RecordBatchReader, names: list[str]) -> pa.RecordBatchReader:
+    """The same batches under other column names."""
+    schema = pa.schema([field.with_name(name) for field, name in zip(source.schema, names, strict=True)])
+    return pa.RecordBatchReader.from_batches(
+        schema, (pa.RecordBatch.from_arrays(batch.columns, schema=schema) for batch in source))
 
 
 def _restore_types(table: pa.Table, duckdb_types: list[str]) -> pa.Table:
@@ -515,15 +528,15 @@ def _ident(name: str) -> str:
     return '"' + name.replace('"', '""') + '"'
 
 
-def _sql_columns(descriptor: TableDescriptor, numeric_scales: Mapping[str, int | None]) -> str:
+def _sql_columns(descriptor: TableDescriptor, numeric_types: Mapping[str, tuple[int, int] | None]) -> str:
     """The view's select list: supercolumns under their names as of T, in the types SQL sees."""
     parts = [KEY]
     for c in descriptor.columns:
         source, ident = _ident(c.supercolumn), _ident(c.column_name)
         kind = c.data_type.kind
         if kind is TypeKind.NUMERIC and not c.data_type.is_exact_decimal:
-            scale = numeric_scales.get(c.supercolumn)
-            expr = source if scale is None else f"CAST({source} AS DECIMAL(38, {scale}))"
+            fitted = numeric_types.get(c.supercolumn)
+            expr = source if fitted is None else f"CAST({source} AS DECIMAL({fitted[0]}, {fitted[1]}))"
         elif kind is TypeKind.JSONB:
             expr = f"CAST({source} AS JSON)"
         elif kind is TypeKind.REAL:
@@ -538,9 +551,10 @@ def _sql_columns(descriptor: TableDescriptor, numeric_scales: Mapping[str, int |
     return ", ".join(parts)
 
 
-def exact_decimal_array(column: Any) -> Any | None:
-    """A column of unconstrained NUMERIC text as decimal128(38, s), s fitted to its values; None
-    when some value needs more than 38 digits (the text then stays the exact form)."""
+def exact_decimal_array(column: Any, fit_precision: bool = False) -> Any | None:
+    """A column of unconstrained NUMERIC text as decimal128(38, s), s fitted to its values (and the
+    precision too with ``fit_precision``); None when some value needs more than 38 digits (the text
+    then stays the exact form)."""
     storage = column.storage if isinstance(column, pa.ExtensionArray) else column
     if isinstance(column, pa.ChunkedArray):
         storage = pa.chunked_array(
@@ -555,7 +569,9 @@ def exact_decimal_array(column: Any) -> Any | None:
         int_digits, scale = int_digits or 0, scale or 0
         if int_digits + scale > 38:
             return None
-        return con.sql(f"SELECT CAST(v AS DECIMAL(38, {scale})) AS v FROM __numeric").to_arrow_table().column("v")
+        precision = max(1, int_digits + scale) if fit_precision else 38
+        fitted = con.sql(f"SELECT CAST(v AS DECIMAL({precision}, {scale})) AS v FROM __numeric")
+        return fitted.to_arrow_table().column("v")
     finally:
         con.close()
 
