@@ -10,7 +10,6 @@ from __future__ import annotations
 import bisect
 import contextlib
 import functools
-import threading
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -30,6 +29,7 @@ from history_pipeline.errors import (
 )
 from history_pipeline.io.store import ObjectStore
 from history_pipeline.query.exact_avg import rewrite_exact_averages
+from history_pipeline.query.sandbox import parser_cursor, query_cursor, register_schema_history
 from history_pipeline.query.scan import live_rows, live_view, read_key
 from history_pipeline.schema import (
     SchemaHistoryEntry,
@@ -253,22 +253,14 @@ class QueryContext:
         The DuckDB connection behind it closes when the reader is exhausted or closed.
         """
         self.check_as_of(as_of)
-        con = duckdb.connect(":memory:")
+        con = query_cursor(self._sandbox_key(), self._readable_paths())
         try:
             _check_read_only(con, query)
             referenced = _referenced_tables(query)
             tables = [
                 d for d in self.get_catalog(as_of) if referenced is None or d.table_name.lower() in referenced
             ]
-            paths = self._create_views(con, tables, as_of)
-            # PostgreSQL's semantics where DuckDB differs by default: integer / integer is integer,
-            # and NULLs sort last ascending but first descending
-            con.execute("SET integer_division = true")
-            con.execute("SET default_null_order = 'nulls_last_on_asc_first_on_desc'")
-            # the sandbox: the views' own files stay readable, nothing else; then the settings lock
-            con.execute("SET allowed_paths = " + _sql_list(paths))
-            con.execute("SET enable_external_access = false")
-            con.execute("SET lock_configuration = true")
+            self._create_views(con, tables, as_of)
             wide = self._expose_numerics(con, tables, as_of)
             with self._sql_errors(as_of, wide):
                 exact = rewrite_exact_averages(con, query)
@@ -309,12 +301,22 @@ class QueryContext:
                         "so SQL sees them as exact text (cast them, e.g. to DOUBLE, to compute approximately)")
             raise QueryError(f"the query failed as of {as_of}: {exc}{hint}") from None
 
+    def _sandbox_key(self) -> tuple[str, ...]:
+        return (type(self.store).__name__, self.store.full_path(self.database), str(self.state.txn_id),
+                self.state.txn_uuid or "")
+
+    def _readable_paths(self) -> list[str] | None:
+        """Every live file of this state on a local root (S3 files are read as registered datasets)."""
+        from history_pipeline.io.store import LocalStore
+
+        if not isinstance(self.store, LocalStore):
+            return None
+        return [self.store.full_path(f.path) for f in self.state.files.values()]
+
     def _create_views(self, con: Any, tables: Sequence[TableDescriptor], as_of: int) -> list[str]:
-        """One view per table (its live rows read from its files), plus the schema history; the paths read."""
-        con.execute("CREATE SCHEMA _history_catalog")
+        """One TEMP view per table (its live rows read from its files), plus the schema history; the paths read."""
         history = [e for e in self.state.schema_history if e.logical_timestamp < as_of]
-        con.register("__schema_history", schema_history_arrow(history))
-        con.execute("CREATE VIEW _history_catalog.schema_history AS SELECT * FROM __schema_history")
+        register_schema_history(con, schema_history_arrow(history))
         paths: list[str] = []
         for index, descriptor in enumerate(tables):
             view = live_view(
@@ -348,7 +350,7 @@ class QueryContext:
                     fits[c.supercolumn] = (max(1, int_digits + scale), scale) if int_digits + scale <= 38 else None
                     if fits[c.supercolumn] is None:
                         wide.append(f"{descriptor.table_name}.{c.column_name}")
-            con.execute(f"CREATE VIEW {_ident(descriptor.table_name)} AS SELECT {_sql_columns(descriptor, fits)} "
+            con.execute(f"CREATE TEMP VIEW {_ident(descriptor.table_name)} AS SELECT {_sql_columns(descriptor, fits)} "
                         f"FROM {raw}")
         return wide
 
@@ -380,7 +382,7 @@ class QueryContext:
                 parts.append(f"CAST({ident} AS JSON) AS {ident}")  # array depths vary by row: JSON holds them
             else:
                 parts.append(ident)
-        con.execute(f"CREATE VIEW {_ident(descriptor.table_name)} AS SELECT {', '.join(parts)} FROM {raw}")
+        con.execute(f"CREATE TEMP VIEW {_ident(descriptor.table_name)} AS SELECT {', '.join(parts)} FROM {raw}")
         return wide
 
 def _named(row: dict[str, Any], descriptor: TableDescriptor | None) -> dict[str, Any]:
@@ -435,28 +437,12 @@ def _restore_types(table: pa.Table, duckdb_types: list[str]) -> pa.Table:
     return pa.table(columns, names=table.column_names)
 
 
-_PROBE: list[Any] = []
-_PROBE_LOCK = threading.Lock()
-
-
-def _probe_cursor() -> Any:
-    """A cursor on one process-wide empty database with external access off and its settings
-    locked: it only names tables (nothing is ever created in it), and a connection costs ~50 ms."""
-    with _PROBE_LOCK:
-        if not _PROBE:
-            database = duckdb.connect(":memory:")
-            database.execute("SET enable_external_access = false")
-            database.execute("SET lock_configuration = true")
-            _PROBE.append(database)
-        return _PROBE[0].cursor()
-
-
 def _referenced_tables(query: str) -> set[str] | None:
     """Lower-cased names the query reads (None when DuckDB cannot tell), found inside a sandbox.
 
     Naming the tables binds table functions, so it runs with external access already off.
     """
-    probe = _probe_cursor()
+    probe = parser_cursor()
     try:
         return {name.lower() for name in probe.get_table_names(query)}
     except duckdb.PermissionException as exc:
@@ -574,10 +560,6 @@ def exact_decimal_array(column: Any, fit_precision: bool = False) -> Any | None:
         return fitted.to_arrow_table().column("v")
     finally:
         con.close()
-
-
-def _sql_list(items: Sequence[str]) -> str:
-    return "[" + ", ".join("'" + item.replace("'", "''") + "'" for item in items) + "]"
 
 
 def _check_read_only(con: Any, query: str) -> None:

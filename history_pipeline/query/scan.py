@@ -353,7 +353,7 @@ def live_view(
     if selection.versions:
         lower = "" if selection.snapshot_as_of is None else f" AND {LT} >= {selection.snapshot_as_of}"
         con.execute(  # type: ignore[attr-defined]
-            f"CREATE VIEW {_quote(newest)} AS SELECT * FROM ({source(selection.versions, 'versions')}) "
+            f"CREATE TEMP VIEW {_quote(newest)} AS SELECT * FROM ({source(selection.versions, 'versions')}) "
             f"WHERE {LT} < {as_of}{lower} "
             f"QUALIFY row_number() OVER (PARTITION BY {KEY} ORDER BY {LT} DESC) = 1"
         )
@@ -367,5 +367,5 @@ def live_view(
     if not parts:
         nulls = ", ".join(f"CAST(NULL AS {types[c]}) AS {_quote(c)}" for c in wanted)
         parts.append(f"SELECT {nulls} WHERE false")
-    con.execute(f"CREATE VIEW {_quote(name)} AS " + " UNION ALL ".join(parts))  # type: ignore[attr-defined]
+    con.execute(f"CREATE TEMP VIEW {_quote(name)} AS " + " UNION ALL ".join(parts))  # type: ignore[attr-defined]
     return LiveView(name, tuple(paths))

@@ -20,6 +20,7 @@ import duckdb
 import pyarrow as pa
 
 from history_pipeline.errors import QueryError, SandboxViolationError, TableNotFoundError
+from history_pipeline.query.sandbox import parser_cursor
 
 _SHOW_TABLES = re.compile(r"^\s*SHOW\s+(?:ALL\s+)?TABLES\s*;?\s*$", re.IGNORECASE)
 _DESCRIBE = re.compile(
@@ -51,7 +52,7 @@ def run_sql(context: Any, query: str, as_of: int) -> pa.Table:
 
 def check_syntax(query: str) -> None:
     """A :class:`QueryError` naming where DuckDB's parser stopped (one line), if it stops."""
-    con = duckdb.connect(":memory:")
+    con = parser_cursor()
     try:
         if not con.extract_statements(query):
             raise SandboxViolationError("empty SQL: give a SELECT, SHOW TABLES, DESCRIBE <table> or EXPLAIN <select>")
