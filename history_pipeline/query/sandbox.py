@@ -23,7 +23,7 @@ import duckdb
 import pyarrow as pa
 
 #: the sandboxes kept (the newest states of the stores a process reads)
-KEPT = 8
+KEPT = 4
 
 _SCHEMA_HISTORY_SCHEMA = pa.schema([
     pa.field("table_uuid", pa.string()),
