@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import itertools
 import re
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
@@ -27,6 +27,14 @@ from history_pipeline.errors import (
 )
 from history_pipeline.io.store import ObjectStore, S3Options, open_store
 from history_pipeline.lsn import to_timestamp
+from history_pipeline.maintenance.erasure import (
+    ErasureRequest,
+    ErasureSummary,
+    erase,
+    known_targets,
+    normalize_keys,
+    register_target,
+)
 from history_pipeline.maintenance.export import export_database
 from history_pipeline.maintenance.merge import MergeSummary, merge
 from history_pipeline.maintenance.retention import RetentionSummary, load_cold_tier, retain
@@ -465,6 +473,8 @@ class HistoryStore:
     ) -> RetentionSummary:
         """Purge history below ``purge_before``; with ``cold_tier`` the purged files are kept there first."""
         cold = open_store(cold_tier, s3 or self.s3) if cold_tier else None
+        if cold is not None:
+            register_target(self.objects, self.database, cold.uri)  # before any file goes there
         return retain(self, to_timestamp(purge_before), cold, spark=self.spark(spark))
 
     def load_cold_tier(self, cold_tier: str, s3: S3Options | None = None) -> int:
@@ -473,7 +483,37 @@ class HistoryStore:
 
     def export(self, as_of: int | str, to: str, s3: S3Options | None = None) -> dict[str, Any]:
         """Export every table as of ``as_of`` to ``to`` (a path or s3://bucket/prefix)."""
-        return export_database(self, to_timestamp(as_of), open_store(to, s3 or self.s3))
+        target = open_store(to, s3 or self.s3)
+        register_target(self.objects, self.database, target.uri)  # so an erasure reaches this export
+        return export_database(self, to_timestamp(as_of), target)
+
+    def erase(
+        self,
+        table: str,
+        keys: Iterable[int],
+        *,
+        requested_by: str,
+        reason: str = "",
+        cold_tiers: Iterable[str] = (),
+        s3: S3Options | None = None,
+        purge_now: bool = False,
+        spark: Any | None = None,
+    ) -> ErasureSummary:
+        """Forget every version of ``keys`` of ``table`` (name as of the newest state, or uuid).
+
+        The WAL segments on disk, every live file, and the purged history and exports in every
+        cold tier or export target this store wrote to (plus ``cold_tiers``) are rewritten
+        without them; one catalog transaction records who asked, when and why (never the keys
+        or values). Replaced files are deleted by ``cleanup`` after its grace period, or at
+        once with ``purge_now`` (which also prunes time travel to before the erasure).
+        """
+        state = self.catalog.latest()
+        descriptor = QueryContext(self.objects, self.database, state)._resolve_any_time(table)
+        uris = sorted({*known_targets(self.objects, self.database), *(open_store(u, s3 or self.s3).uri
+                                                                      for u in cold_tiers)})
+        request = ErasureRequest(descriptor.table_uuid, normalize_keys(keys), requested_by, reason,
+                                 tuple(open_store(u, s3 or self.s3) for u in uris))
+        return erase(self, request, spark=self.spark(spark), purge_now=purge_now)
 
     def __repr__(self) -> str:
         return f"HistoryStore({self.objects.uri!r}, database={self.database!r})"

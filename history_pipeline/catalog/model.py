@@ -132,8 +132,27 @@ class ForgetTombstones:
     paths: tuple[str, ...]
 
 
+@dataclass(frozen=True)
+class RecordErasure:
+    """An erasure of keys of one table (the commit's removes and adds rewrite its files).
+
+    It names the table, how many keys and a SHA-256 over them (so an auditor holding the
+    request can confirm it), who asked, when and why, never the erased keys or values.
+    It changes no state: the files it rewrote are the commit's own actions.
+    """
+
+    table_uuid: str
+    key_count: int
+    keys_sha256: str
+    requested_by: str
+    reason: str
+    erased_at: float
+    files_rewritten: int
+
+
 Action = Union[
-    Protocol, AddFile, RemoveFile, AdvanceFrontier, ApplySegments, AddSchemaHistory, SetEarliest, ForgetTombstones
+    Protocol, AddFile, RemoveFile, AdvanceFrontier, ApplySegments, AddSchemaHistory, SetEarliest, ForgetTombstones,
+    RecordErasure,
 ]
 
 
@@ -154,6 +173,10 @@ def action_to_json(action: Action) -> dict[str, Any]:
         return {"action": "set_earliest", "earliest": action.earliest}
     if isinstance(action, ForgetTombstones):
         return {"action": "forget_tombstones", "paths": list(action.paths)}
+    if isinstance(action, RecordErasure):
+        return {"action": "erasure", "table_uuid": action.table_uuid, "key_count": action.key_count,
+                "keys_sha256": action.keys_sha256, "requested_by": action.requested_by, "reason": action.reason,
+                "erased_at": action.erased_at, "files_rewritten": action.files_rewritten}
     raise TypeError(f"not an action: {action!r}")
 
 
@@ -175,6 +198,9 @@ def action_from_json(obj: Mapping[str, Any]) -> Action:
         return SetEarliest(obj["earliest"])
     if kind == "forget_tombstones":
         return ForgetTombstones(tuple(obj["paths"]))
+    if kind == "erasure":
+        return RecordErasure(obj["table_uuid"], obj["key_count"], obj["keys_sha256"], obj["requested_by"],
+                             obj["reason"], obj["erased_at"], obj["files_rewritten"])
     raise ValueError(f"unknown catalog action {kind!r}")
 
 
