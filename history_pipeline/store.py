@@ -30,6 +30,7 @@ from history_pipeline.lsn import to_timestamp
 from history_pipeline.maintenance.erasure import (
     ErasureRequest,
     ErasureSummary,
+    check_requester,
     erase,
     known_targets,
     normalize_keys,
@@ -507,11 +508,13 @@ class HistoryStore:
         or values). Replaced files are deleted by ``cleanup`` after its grace period, or at
         once with ``purge_now`` (which also prunes time travel to before the erasure).
         """
+        check_requester(requested_by)  # before any Spark session starts
+        erased = normalize_keys(keys)
         state = self.catalog.latest()
         descriptor = QueryContext(self.objects, self.database, state)._resolve_any_time(table)
         uris = sorted({*known_targets(self.objects, self.database), *(open_store(u, s3 or self.s3).uri
                                                                       for u in cold_tiers)})
-        request = ErasureRequest(descriptor.table_uuid, normalize_keys(keys), requested_by, reason,
+        request = ErasureRequest(descriptor.table_uuid, erased, requested_by, reason,
                                  tuple(open_store(u, s3 or self.s3) for u in uris))
         return erase(self, request, spark=self.spark(spark), purge_now=purge_now)
 

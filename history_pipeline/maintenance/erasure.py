@@ -102,6 +102,12 @@ def normalize_keys(keys: Iterable[Any]) -> tuple[int, ...]:
     return tuple(sorted(set(found)))
 
 
+def check_requester(requested_by: str) -> None:
+    """An erasure's record must say who asked for it."""
+    if not requested_by.strip():
+        raise ErasureInputError("an erasure needs the name of who requested it (--by NAME)")
+
+
 def keys_digest(table_uuid: str, keys: Sequence[int]) -> str:
     """SHA-256 over the table uuid and the sorted keys: confirms a key list without listing it."""
     text = table_uuid + ":" + ",".join(str(k) for k in sorted(keys))
@@ -415,8 +421,7 @@ def erase(store: Any, request: ErasureRequest, *, spark: Any | None = None, purg
     from history_pipeline.wal.writer import WalWriter
 
     step = on_step or (lambda s: None)
-    if not request.requested_by.strip():
-        raise ErasureInputError("an erasure needs the name of who requested it (--by NAME)")
+    check_requester(request.requested_by)
     keys = request.keys
     digest = keys_digest(request.table_uuid, keys)
     summary = ErasureSummary(request.table_uuid, len(keys), digest)
