@@ -317,3 +317,27 @@ def test_cli_erase(tmp_path):
                           (("erase", "people", "1", "--by", " "), "who requested")]:
         failed = run(*args)
         assert failed.returncode == 1 and failed.stderr.count("\n") == 1 and message in failed.stderr, failed.stderr
+
+
+def test_erasure_job_erases_through_the_store(tmp_path):
+    from history_pipeline.orchestration.definitions import defs
+    from history_pipeline.orchestration.erasure import erasure_job
+    from history_pipeline.orchestration.resources import SparkResource, history_root
+
+    assert defs.resolve_job_def("erasure_job")
+    store = HistoryStore.open(tmp_path / "data", database="db")
+    _history(store)
+    store.compact(spark=False)
+    before = _answers(store)
+    run = erasure_job.execute_in_process(
+        resources={"history": history_root(str(tmp_path / "data")), "spark": SparkResource(enabled=False)},
+        run_config={"ops": {"erase_op": {"config": {"database": "db", "table": "people", "keys": [2],
+                                                    "requested_by": "dpo", "reason": "ticket 9"}}}},
+    )
+    assert run.success
+    assert run.output_for_node("erase_op")["files_rewritten"] >= 1
+    _gone(store)
+    assert _answers(store) == before
+    [record] = [a for a in store.catalog.read_transaction(store.catalog_state().txn_id).actions
+                if isinstance(a, RecordErasure)]
+    assert (record.requested_by, record.reason) == ("dpo", "ticket 9")
