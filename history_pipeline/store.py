@@ -40,6 +40,7 @@ from history_pipeline.maintenance.export import export_database
 from history_pipeline.maintenance.merge import MergeSummary, merge
 from history_pipeline.maintenance.retention import RetentionSummary, load_cold_tier, retain
 from history_pipeline.maintenance.snapshots import SnapshotSummary, refresh_snapshots
+from history_pipeline.maintenance.ttl import TtlSummary, apply_ttl, set_ttl, ttl_purge_points
 from history_pipeline.query.engine import QueryContext
 from history_pipeline.schema import TableDescriptor
 from history_pipeline.wal import SegmentRef, SegmentState, WalWriter, list_segments
@@ -477,6 +478,25 @@ class HistoryStore:
         if cold is not None:
             register_target(self.objects, self.database, cold.uri)  # before any file goes there
         return retain(self, to_timestamp(purge_before), cold, spark=self.spark(spark))
+
+    def set_ttl(self, table: str, versions_older_than: int | None) -> None:
+        """Set a table's time-to-live in logical-timestamp units (None clears it): ``apply_ttl``
+        then drops the versions older than ``frontier + 1 - versions_older_than``, as retention does."""
+        set_ttl(self, self.query_context()._resolve_any_time(table).table_uuid, versions_older_than)
+
+    def ttls(self) -> dict[str, int]:
+        """Every table's time-to-live, by table uuid."""
+        return dict(self.catalog.latest().table_ttl)
+
+    def earliest_of(self, table: str) -> int:
+        """The smallest answerable as_of of one table (the database's, or its TTL purge point)."""
+        return self.catalog.latest().earliest_of(self.query_context()._resolve_any_time(table).table_uuid)
+
+    def apply_ttl(self, spark: Any | None = None) -> TtlSummary:
+        """Retention of every table with a time-to-live to its own purge point (on Spark)."""
+        state = self.catalog.latest()
+        session = self.spark(spark) if ttl_purge_points(state) else None
+        return apply_ttl(self, session)
 
     def load_cold_tier(self, cold_tier: str, s3: S3Options | None = None) -> int:
         """Bring purged history back from a cold tier; returns the new earliest answerable as_of."""

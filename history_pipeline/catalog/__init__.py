@@ -13,6 +13,8 @@ from history_pipeline.catalog.model import (
     RecordErasure,
     RemoveFile,
     SetEarliest,
+    SetTableEarliest,
+    SetTableTtl,
     Transaction,
 )
 
@@ -28,6 +30,8 @@ __all__ = [
     "RecordErasure",
     "RemoveFile",
     "SetEarliest",
+    "SetTableEarliest",
+    "SetTableTtl",
     "Transaction",
     "TransactionLog",
 ]
