@@ -381,6 +381,17 @@ def cmd_erase(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_ttl(args: argparse.Namespace) -> int:
+    store = _store(args)
+    if args.clear or args.units is not None:
+        store.set_ttl(args.table, None if args.clear else args.units)
+    if args.apply:
+        print(json.dumps(store.apply_ttl().as_dict(), indent=2))
+    else:
+        print(json.dumps({"ttls": store.ttls(), "earliest": store.earliest_of(args.table)}))
+    return 0
+
+
 def cmd_export(args: argparse.Namespace) -> int:
     manifest = _store(args).export(as_of=args.as_of, to=args.to)
     print(json.dumps({"as_of": manifest["as_of"], "tables": [t["table_name"] for t in manifest["tables"]]}))
@@ -591,6 +602,13 @@ def build_parser() -> argparse.ArgumentParser:
                    help="a further cold tier or export target to clean (those this store wrote to are known)")
     p.add_argument("--purge-now", action="store_true",
                    help="delete the replaced files now (prunes time travel to before the erasure)")
+    p = _command(sub, "ttl", cmd_ttl, "set, clear or apply a table's time-to-live",
+                 "A table's time-to-live in logical-timestamp units: versions older than frontier + 1 - UNITS "
+                 "are dropped by TTL retention (--apply runs it for every table), as retention does.")
+    p.add_argument("table", help="the table's name (as of the newest state) or uuid")
+    p.add_argument("units", type=int, nargs="?", default=None, help="the TTL; omitted: show the TTLs")
+    p.add_argument("--clear", action="store_true", help="remove the table's TTL")
+    p.add_argument("--apply", action="store_true", help="run TTL retention for every table now")
     p = _command(sub, "load-cold-tier", cmd_load_cold_tier, "bring purged history back from a cold tier")
     p.add_argument("cold_tier", help="the cold tier given to retain (path or s3://)")
     p = _command(sub, "cleanup", cmd_cleanup, "delete tombstoned and orphan files past the grace period")

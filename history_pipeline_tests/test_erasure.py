@@ -389,3 +389,16 @@ def test_ttl_purges_one_table_like_retention_and_leaves_the_others_alone(tmp_pat
     assert store.apply_ttl(spark=False).purged == {}  # nothing new below the frontier: nothing to do
     with pytest.raises(HistoryError, match="positive number"):
         store.set_ttl(target, 0)
+
+
+def test_cli_ttl(tmp_path):
+    store = HistoryStore.open(tmp_path / "root", database="db")
+    _history(store)
+    store.compact(spark=False)
+    done = subprocess.run([SCRIPT, "--root", str(tmp_path / "root"), "--database", "db", "ttl", "people", "4",
+                           "--apply"], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout)["purged"] == {T: store.frontier + 1 - 4}
+    bad = subprocess.run([SCRIPT, "--root", str(tmp_path / "root"), "--database", "db", "ttl", "people", "-1"],
+                         capture_output=True, text=True, timeout=300)
+    assert bad.returncode == 1 and "positive number" in bad.stderr.splitlines()[-1]
