@@ -47,7 +47,7 @@ from history_pipeline.catalog.model import (
 )
 from history_pipeline.catalog.records import prune_records, write_base
 from history_pipeline.compaction.spark_session import map_tasks
-from history_pipeline.errors import CommitConflictError, HistoryError, ObjectNotFoundError
+from history_pipeline.errors import CommitConflictError, MaintenanceInputError, ObjectNotFoundError
 from history_pipeline.io.store import ObjectStore, now, open_store
 from history_pipeline.query.scan import dataset_of
 from history_pipeline.schema import Supercolumn, replay_schema_history
@@ -66,8 +66,7 @@ ERASABLE = (FileKind.VERSIONS, FileKind.SNAPSHOT)
 MAX_REPLANS = 5
 
 
-class ErasureInputError(HistoryError):
-    """The keys or the requester of an erasure are not usable."""
+ErasureInputError = MaintenanceInputError  # the name erasure callers know
 
 
 @dataclass

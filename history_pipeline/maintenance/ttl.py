@@ -18,7 +18,7 @@ from typing import Any
 
 from history_pipeline.catalog.model import AddFile, CatalogState, RemoveFile, SetTableEarliest, SetTableTtl
 from history_pipeline.compaction.spark_session import map_tasks
-from history_pipeline.errors import HistoryError
+from history_pipeline.errors import HistoryError, MaintenanceInputError
 from history_pipeline.io.store import now
 from history_pipeline.maintenance.retention import RetentionTask, retain_table_task
 from history_pipeline.schema import replay_schema_history
@@ -40,7 +40,7 @@ class TtlSummary:
 def set_ttl(store: Any, table_uuid: str, ttl: int | None) -> None:
     """Set (or with None clear) a table's TTL in logical-timestamp units."""
     if ttl is not None and (isinstance(ttl, bool) or not isinstance(ttl, int) or ttl < 1):
-        raise HistoryError(f"a time-to-live is a positive number of logical-timestamp units, not {ttl!r}")
+        raise MaintenanceInputError(f"a time-to-live is a positive number of logical-timestamp units, not {ttl!r}")
     store.catalog.commit(f"set ttl of {table_uuid}", lambda current: [SetTableTtl(table_uuid, ttl)])
 
 

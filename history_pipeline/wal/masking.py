@@ -114,6 +114,9 @@ def mask_file(path: Path, table_uuid: str, keys: Sequence[int]) -> MaskedFile | 
         f.write(new_data)
         f.flush()
         os.fsync(f.fileno())
+    if not path.exists():  # moved meanwhile (applied, released): never recreate it here; the next pass finds it
+        tmp.unlink()
+        return None
     os.replace(tmp, path)
     fsync_dir(path.parent)
     return MaskedFile(str(path), int(removed), sealed is not None)
