@@ -402,3 +402,17 @@ def test_cli_ttl(tmp_path):
     bad = subprocess.run([SCRIPT, "--root", str(tmp_path / "root"), "--database", "db", "ttl", "people", "-1"],
                          capture_output=True, text=True, timeout=300)
     assert bad.returncode == 1 and "positive number" in bad.stderr.splitlines()[-1]
+
+
+def test_erasure_on_an_s3_root_rewrites_the_files_on_s3(tmp_path, s3_bucket, s3_options):
+    store = HistoryStore.open(s3_bucket, database="db", wal_dir=tmp_path / "wal", s3=s3_options)
+    _history(store)
+    store.compact(spark=False)
+    before = _answers(store)
+    summary = store.erase("people", [2], requested_by="dpo", spark=False, purge_now=True)
+    assert summary.files_rewritten >= 1 and summary.files_deleted == summary.files_rewritten
+    _gone(store)
+    assert _answers(store) == before
+    assert store.verify() == []
+    stored = [o.path for o in store.objects.list("db/tables/")]
+    assert stored and not [p for p in stored if _bytes_contain(store.objects.get(p), SECRET)]
