@@ -473,11 +473,14 @@ class HistoryStore:
         s3: S3Options | None = None,
         spark: Any | None = None,
     ) -> RetentionSummary:
-        """Purge history below ``purge_before``; with ``cold_tier`` the purged files are kept there first."""
+        """Purge history below ``purge_before``; with ``cold_tier`` the purged files are kept there first.
+        Tables with a time-to-live (``set_ttl``) are then purged to their own points too."""
         cold = open_store(cold_tier, s3 or self.s3) if cold_tier else None
         if cold is not None:
             register_target(self.objects, self.database, cold.uri)  # before any file goes there
-        return retain(self, to_timestamp(purge_before), cold, spark=self.spark(spark))
+        summary = retain(self, to_timestamp(purge_before), cold, spark=self.spark(spark))
+        summary.ttl_purged = self.apply_ttl(spark).purged  # then each table with a TTL, to its own point
+        return summary
 
     def set_ttl(self, table: str, versions_older_than: int | None) -> None:
         """Set a table's time-to-live in logical-timestamp units (None clears it): ``apply_ttl``

@@ -387,6 +387,9 @@ def test_ttl_purges_one_table_like_retention_and_leaves_the_others_alone(tmp_pat
     assert store.earliest_of(target) == point and store.ttls() == {target: ttl}
     assert _all_answers(store, target, point) == {t: a for t, a in before[target].items() if t >= point}
     assert store.apply_ttl(spark=False).purged == {}  # nothing new below the frontier: nothing to do
+    store.set_ttl(target, 1)  # retention applies TTLs too, after its own purge point
+    assert store.retain(purge_before=1, spark=False).ttl_purged == {target: store.frontier}
+    assert store.earliest_of(target) == store.frontier and store.earliest == 1
     with pytest.raises(HistoryError, match="positive number"):
         store.set_ttl(target, 0)
 
