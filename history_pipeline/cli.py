@@ -374,6 +374,24 @@ def cmd_retain(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_erase(args: argparse.Namespace) -> int:
+    summary = _store(args).erase(args.table, args.keys, requested_by=args.by, reason=args.reason,
+                                 cold_tiers=args.cold_tier, purge_now=args.purge_now)
+    print(json.dumps(summary.as_dict(), indent=2))
+    return 0
+
+
+def cmd_ttl(args: argparse.Namespace) -> int:
+    store = _store(args)
+    if args.clear or args.units is not None:
+        store.set_ttl(args.table, None if args.clear else args.units)
+    if args.apply:
+        print(json.dumps(store.apply_ttl().as_dict(), indent=2))
+    else:
+        print(json.dumps({"ttls": store.ttls(), "earliest": store.earliest_of(args.table)}))
+    return 0
+
+
 def cmd_export(args: argparse.Namespace) -> int:
     manifest = _store(args).export(as_of=args.as_of, to=args.to)
     print(json.dumps({"as_of": manifest["as_of"], "tables": [t["table_name"] for t in manifest["tables"]]}))
@@ -572,6 +590,25 @@ def build_parser() -> argparse.ArgumentParser:
     p = _command(sub, "export", cmd_export, "export every table as of T (Parquet + manifest)")
     p.add_argument("--as-of", type=as_of_argument, required=True, metavar="T", help="the state to export")
     p.add_argument("--to", required=True, help="destination folder or s3://bucket/prefix")
+    p = _command(sub, "erase", cmd_erase, "forget every version of keys of a table (right to erasure)",
+                 "Forget every version of the keys: the WAL segments on disk, the table's files, and the "
+                 "purged history and exports in every cold tier or export target are rewritten without "
+                 "them; the catalog records who asked, when and why (not the keys or values).")
+    p.add_argument("table", help="the table's name (as of the newest state) or uuid")
+    p.add_argument("keys", type=int, nargs="+", metavar="KEY", help="synthetic keys to erase")
+    p.add_argument("--by", required=True, metavar="NAME", help="who requested the erasure, for the record")
+    p.add_argument("--reason", default="", help="why, for the record (e.g. a ticket id)")
+    p.add_argument("--cold-tier", action="append", default=[], metavar="URI",
+                   help="a further cold tier or export target to clean (those this store wrote to are known)")
+    p.add_argument("--purge-now", action="store_true",
+                   help="delete the replaced files now (prunes time travel to before the erasure)")
+    p = _command(sub, "ttl", cmd_ttl, "set, clear or apply a table's time-to-live",
+                 "A table's time-to-live in logical-timestamp units: versions older than frontier + 1 - UNITS "
+                 "are dropped by TTL retention (--apply runs it for every table), as retention does.")
+    p.add_argument("table", help="the table's name (as of the newest state) or uuid")
+    p.add_argument("units", type=int, nargs="?", default=None, help="the TTL; omitted: show the TTLs")
+    p.add_argument("--clear", action="store_true", help="remove the table's TTL")
+    p.add_argument("--apply", action="store_true", help="run TTL retention for every table now")
     p = _command(sub, "load-cold-tier", cmd_load_cold_tier, "bring purged history back from a cold tier")
     p.add_argument("cold_tier", help="the cold tier given to retain (path or s3://)")
     p = _command(sub, "cleanup", cmd_cleanup, "delete tombstoned and orphan files past the grace period")

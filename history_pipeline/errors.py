@@ -190,3 +190,7 @@ class InputRecordError(MalformedRecordError):
 
     def __str__(self) -> str:
         return str(self.args[0])
+
+
+class MaintenanceInputError(HistoryError):
+    """An erasure or a time-to-live was asked with unusable arguments (keys, requester, TTL)."""

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import itertools
 import re
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
@@ -27,10 +27,20 @@ from history_pipeline.errors import (
 )
 from history_pipeline.io.store import ObjectStore, S3Options, open_store
 from history_pipeline.lsn import to_timestamp
+from history_pipeline.maintenance.erasure import (
+    ErasureRequest,
+    ErasureSummary,
+    check_requester,
+    erase,
+    known_targets,
+    normalize_keys,
+    register_target,
+)
 from history_pipeline.maintenance.export import export_database
 from history_pipeline.maintenance.merge import MergeSummary, merge
 from history_pipeline.maintenance.retention import RetentionSummary, load_cold_tier, retain
 from history_pipeline.maintenance.snapshots import SnapshotSummary, refresh_snapshots
+from history_pipeline.maintenance.ttl import TtlSummary, apply_ttl, set_ttl, ttl_purge_points
 from history_pipeline.query.engine import QueryContext
 from history_pipeline.schema import TableDescriptor
 from history_pipeline.wal import SegmentRef, SegmentState, WalWriter, list_segments
@@ -463,9 +473,33 @@ class HistoryStore:
         s3: S3Options | None = None,
         spark: Any | None = None,
     ) -> RetentionSummary:
-        """Purge history below ``purge_before``; with ``cold_tier`` the purged files are kept there first."""
+        """Purge history below ``purge_before``; with ``cold_tier`` the purged files are kept there first.
+        Tables with a time-to-live (``set_ttl``) are then purged to their own points too."""
         cold = open_store(cold_tier, s3 or self.s3) if cold_tier else None
-        return retain(self, to_timestamp(purge_before), cold, spark=self.spark(spark))
+        if cold is not None:
+            register_target(self.objects, self.database, cold.uri)  # before any file goes there
+        summary = retain(self, to_timestamp(purge_before), cold, spark=self.spark(spark))
+        summary.ttl_purged = self.apply_ttl(spark).purged  # then each table with a TTL, to its own point
+        return summary
+
+    def set_ttl(self, table: str, versions_older_than: int | None) -> None:
+        """Set a table's time-to-live in logical-timestamp units (None clears it): ``apply_ttl``
+        then drops the versions older than ``frontier + 1 - versions_older_than``, as retention does."""
+        set_ttl(self, self.query_context()._resolve_any_time(table).table_uuid, versions_older_than)
+
+    def ttls(self) -> dict[str, int]:
+        """Every table's time-to-live, by table uuid."""
+        return dict(self.catalog.latest().table_ttl)
+
+    def earliest_of(self, table: str) -> int:
+        """The smallest answerable as_of of one table (the database's, or its TTL purge point)."""
+        return self.catalog.latest().earliest_of(self.query_context()._resolve_any_time(table).table_uuid)
+
+    def apply_ttl(self, spark: Any | None = None) -> TtlSummary:
+        """Retention of every table with a time-to-live to its own purge point (on Spark)."""
+        state = self.catalog.latest()
+        session = self.spark(spark) if ttl_purge_points(state) else None
+        return apply_ttl(self, session)
 
     def load_cold_tier(self, cold_tier: str, s3: S3Options | None = None) -> int:
         """Bring purged history back from a cold tier; returns the new earliest answerable as_of."""
@@ -473,7 +507,39 @@ class HistoryStore:
 
     def export(self, as_of: int | str, to: str, s3: S3Options | None = None) -> dict[str, Any]:
         """Export every table as of ``as_of`` to ``to`` (a path or s3://bucket/prefix)."""
-        return export_database(self, to_timestamp(as_of), open_store(to, s3 or self.s3))
+        target = open_store(to, s3 or self.s3)
+        register_target(self.objects, self.database, target.uri)  # so an erasure reaches this export
+        return export_database(self, to_timestamp(as_of), target)
+
+    def erase(
+        self,
+        table: str,
+        keys: Iterable[int],
+        *,
+        requested_by: str,
+        reason: str = "",
+        cold_tiers: Iterable[str] = (),
+        s3: S3Options | None = None,
+        purge_now: bool = False,
+        spark: Any | None = None,
+    ) -> ErasureSummary:
+        """Forget every version of ``keys`` of ``table`` (name as of the newest state, or uuid).
+
+        The WAL segments on disk, every live file, and the purged history and exports in every
+        cold tier or export target this store wrote to (plus ``cold_tiers``) are rewritten
+        without them; one catalog transaction records who asked, when and why (never the keys
+        or values). Replaced files are deleted by ``cleanup`` after its grace period, or at
+        once with ``purge_now`` (which also prunes time travel to before the erasure).
+        """
+        check_requester(requested_by)  # before any Spark session starts
+        erased = normalize_keys(keys)
+        state = self.catalog.latest()
+        descriptor = QueryContext(self.objects, self.database, state)._resolve_any_time(table)
+        uris = sorted({*known_targets(self.objects, self.database), *(open_store(u, s3 or self.s3).uri
+                                                                      for u in cold_tiers)})
+        request = ErasureRequest(descriptor.table_uuid, erased, requested_by, reason,
+                                 tuple(open_store(u, s3 or self.s3) for u in uris))
+        return erase(self, request, spark=self.spark(spark), purge_now=purge_now)
 
     def __repr__(self) -> str:
         return f"HistoryStore({self.objects.uri!r}, database={self.database!r})"

@@ -10,8 +10,11 @@ from history_pipeline.catalog.model import (
     FileEntry,
     FileKind,
     ForgetTombstones,
+    RecordErasure,
     RemoveFile,
     SetEarliest,
+    SetTableEarliest,
+    SetTableTtl,
     Transaction,
 )
 
@@ -24,8 +27,11 @@ __all__ = [
     "FileEntry",
     "FileKind",
     "ForgetTombstones",
+    "RecordErasure",
     "RemoveFile",
     "SetEarliest",
+    "SetTableEarliest",
+    "SetTableTtl",
     "Transaction",
     "TransactionLog",
 ]

@@ -132,8 +132,44 @@ class ForgetTombstones:
     paths: tuple[str, ...]
 
 
+@dataclass(frozen=True)
+class RecordErasure:
+    """An erasure of keys of one table (the commit's removes and adds rewrite its files).
+
+    It names the table, how many keys and a SHA-256 over them (so an auditor holding the
+    request can confirm it), who asked, when and why, never the erased keys or values.
+    It changes no state: the files it rewrote are the commit's own actions.
+    """
+
+    table_uuid: str
+    key_count: int
+    keys_sha256: str
+    requested_by: str
+    reason: str
+    erased_at: float
+    files_rewritten: int
+
+
+@dataclass(frozen=True)
+class SetTableTtl:
+    """A table property: versions older than ``ttl`` logical-timestamp units below the frontier
+    are dropped by TTL retention (None: no TTL)."""
+
+    table_uuid: str
+    ttl: int | None
+
+
+@dataclass(frozen=True)
+class SetTableEarliest:
+    """TTL retention of one table: its answers exist only for as_of >= earliest."""
+
+    table_uuid: str
+    earliest: int
+
+
 Action = Union[
-    Protocol, AddFile, RemoveFile, AdvanceFrontier, ApplySegments, AddSchemaHistory, SetEarliest, ForgetTombstones
+    Protocol, AddFile, RemoveFile, AdvanceFrontier, ApplySegments, AddSchemaHistory, SetEarliest, ForgetTombstones,
+    RecordErasure, SetTableTtl, SetTableEarliest,
 ]
 
 
@@ -154,6 +190,14 @@ def action_to_json(action: Action) -> dict[str, Any]:
         return {"action": "set_earliest", "earliest": action.earliest}
     if isinstance(action, ForgetTombstones):
         return {"action": "forget_tombstones", "paths": list(action.paths)}
+    if isinstance(action, RecordErasure):
+        return {"action": "erasure", "table_uuid": action.table_uuid, "key_count": action.key_count,
+                "keys_sha256": action.keys_sha256, "requested_by": action.requested_by, "reason": action.reason,
+                "erased_at": action.erased_at, "files_rewritten": action.files_rewritten}
+    if isinstance(action, SetTableTtl):
+        return {"action": "set_table_ttl", "table_uuid": action.table_uuid, "ttl": action.ttl}
+    if isinstance(action, SetTableEarliest):
+        return {"action": "set_table_earliest", "table_uuid": action.table_uuid, "earliest": action.earliest}
     raise TypeError(f"not an action: {action!r}")
 
 
@@ -175,6 +219,13 @@ def action_from_json(obj: Mapping[str, Any]) -> Action:
         return SetEarliest(obj["earliest"])
     if kind == "forget_tombstones":
         return ForgetTombstones(tuple(obj["paths"]))
+    if kind == "erasure":
+        return RecordErasure(obj["table_uuid"], obj["key_count"], obj["keys_sha256"], obj["requested_by"],
+                             obj["reason"], obj["erased_at"], obj["files_rewritten"])
+    if kind == "set_table_ttl":
+        return SetTableTtl(obj["table_uuid"], obj["ttl"])
+    if kind == "set_table_earliest":
+        return SetTableEarliest(obj["table_uuid"], obj["earliest"])
     raise ValueError(f"unknown catalog action {kind!r}")
 
 
@@ -230,6 +281,13 @@ class CatalogState:
     applied_segments: frozenset[int] = frozenset()
     schema_history: tuple[SchemaHistoryEntry, ...] = ()
     earliest: int = 0
+    #: per-table properties: TTL in logical-timestamp units, and the purge point TTL retention set
+    table_ttl: Mapping[str, int] = field(default_factory=lambda: _frozen({}))
+    table_earliest: Mapping[str, int] = field(default_factory=lambda: _frozen({}))
+
+    def earliest_of(self, table_uuid: str) -> int:
+        """The smallest answerable as_of for one table (the database's, or its TTL purge point)."""
+        return max(self.earliest, self.table_earliest.get(table_uuid, 0))
 
     def files_of(self, table_uuid: str, kind: FileKind | None = None) -> list[FileEntry]:
         """Live files of one table (optionally of one kind), by path."""
@@ -257,6 +315,8 @@ class CatalogState:
             "applied_segments": sorted(self.applied_segments),
             "schema_history": [e.to_json() for e in self.schema_history],
             "earliest": self.earliest,
+            "table_ttl": dict(self.table_ttl),
+            "table_earliest": dict(self.table_earliest),
         }
 
     @staticmethod
@@ -277,6 +337,8 @@ class CatalogState:
             applied_segments=frozenset(obj["applied_segments"]),
             schema_history=tuple(SchemaHistoryEntry.from_json(e) for e in obj["schema_history"]),
             earliest=obj["earliest"],
+            table_ttl=_frozen(dict(obj.get("table_ttl", {}))),
+            table_earliest=_frozen(dict(obj.get("table_earliest", {}))),
         )
 
 
@@ -293,6 +355,7 @@ def apply_transaction(state: CatalogState, txn: Transaction) -> CatalogState:
     applied = set(state.applied_segments)
     history = list(state.schema_history)
     frontier, earliest, version = state.frontier, state.earliest, state.version
+    ttls, table_earliest = dict(state.table_ttl), dict(state.table_earliest)
     for action in txn.actions:
         if isinstance(action, Protocol):
             version = action.version
@@ -322,6 +385,13 @@ def apply_transaction(state: CatalogState, txn: Transaction) -> CatalogState:
         elif isinstance(action, ForgetTombstones):
             for path in action.paths:
                 tombstones.pop(path, None)
+        elif isinstance(action, SetTableTtl):
+            if action.ttl is None:
+                ttls.pop(action.table_uuid, None)
+            else:
+                ttls[action.table_uuid] = action.ttl
+        elif isinstance(action, SetTableEarliest):
+            table_earliest[action.table_uuid] = action.earliest
     return replace(
         state,
         txn_id=txn.txn_id,
@@ -334,4 +404,6 @@ def apply_transaction(state: CatalogState, txn: Transaction) -> CatalogState:
         applied_segments=frozenset(applied),
         schema_history=tuple(history),
         earliest=earliest,
+        table_ttl=_frozen(ttls),
+        table_earliest=_frozen(table_earliest),
     )

@@ -242,16 +242,18 @@ def verify_data(state: CatalogState, store: ObjectStore, snapshot_samples: int =
     rng = random.Random(seed)
     problems: list[Problem] = []
     for entry in state.files.values():
+        # a table's purge point: the database's, or its own TTL retention's when later
+        earliest = state.earliest_of(entry.table_uuid) if entry.table_uuid else state.earliest
         if entry.kind is FileKind.VERSIONS:
             meta, _ = read_file_metadata(store, entry.path)
-            if meta is not None and meta.earliest is not None and meta.earliest > state.earliest:
+            if meta is not None and meta.earliest is not None and meta.earliest > earliest:
                 problems.append(Problem("purge_point_mismatch", entry.path,
                                         f"written by a retention to {meta.earliest}, "
-                                        f"but the catalog's earliest is {state.earliest}"))
+                                        f"but the catalog's earliest is {earliest}"))
         if entry.kind is FileKind.SNAPSHOT and entry.snapshot_as_of is not None \
-                and entry.snapshot_as_of < state.earliest:
+                and entry.snapshot_as_of < earliest:
             problems.append(Problem("purge_point_mismatch", entry.path,
-                                    f"snapshot as of {entry.snapshot_as_of} is below the earliest {state.earliest}"))
+                                    f"snapshot as of {entry.snapshot_as_of} is below the earliest {earliest}"))
     con = duckdb.connect(":memory:")
     try:
         for table_uuid in sorted({f.table_uuid for f in state.files.values() if f.table_uuid}):
@@ -265,15 +267,16 @@ def verify_data(state: CatalogState, store: ObjectStore, snapshot_samples: int =
             for key, t, count in duplicates:
                 problems.append(Problem("duplicate_version", None,
                                         f"table {table_uuid}: key {key} at t {t} is in {count} live rows"))
-            if state.earliest > 0:
+            earliest = state.earliest_of(table_uuid)
+            if earliest > 0:
                 below = con.execute(
                     f"SELECT {KEY}, count(*), bool_or({DELETED}) FROM v WHERE {LT} < ? GROUP BY ALL "
-                    f"HAVING count(*) > 1 OR bool_or({DELETED}) ORDER BY ALL LIMIT 3", [state.earliest]
+                    f"HAVING count(*) > 1 OR bool_or({DELETED}) ORDER BY ALL LIMIT 3", [earliest]
                 ).fetchall()
                 for key, count, deleted in below:
                     problems.append(Problem("purge_point_mismatch", None,
                                             f"table {table_uuid}: key {key} has {count} version(s) below the "
-                                            f"earliest {state.earliest}{' and a delete' if deleted else ''}"))
+                                            f"earliest {earliest}{' and a delete' if deleted else ''}"))
             snapshots = state.files_of(table_uuid, FileKind.SNAPSHOT)
             for snapshot in _sample_snapshots(snapshots, snapshot_samples, rng):
                 con.register("s", dataset_of(store, [snapshot], _RESERVED_SCHEMA))

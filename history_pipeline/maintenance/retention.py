@@ -55,6 +55,8 @@ class RetentionSummary:
     bytes_removed: int = 0
     cold_tier: str | None = None
     tables: list[str] = field(default_factory=list)
+    #: tables purged further by their own time-to-live in the same run (uuid -> purge point)
+    ttl_purged: dict[str, int] = field(default_factory=dict)
 
     def as_dict(self) -> dict[str, Any]:
         return dict(self.__dict__)

@@ -17,6 +17,7 @@ from history_pipeline.orchestration.checks import (
     frontier_lag_check,
     reconstruction_invariant_check,
 )
+from history_pipeline.orchestration.erasure import erasure_job
 from history_pipeline.orchestration.resources import HistoryRootResource, SparkResource
 from history_pipeline.orchestration.schedules import (
     cleanup_job,
@@ -33,7 +34,7 @@ from history_pipeline.orchestration.sensors import compact_segment_job, finished
 defs = dg.Definitions(
     assets=[wal_segments, compacted_batches, supertables, schema_history, cold_tier_export],
     asset_checks=[catalog_verifies_check, frontier_lag_check, reconstruction_invariant_check],
-    jobs=[compact_segment_job, supertables_job, retention_job, cleanup_job, cold_tier_export_job],
+    jobs=[compact_segment_job, supertables_job, retention_job, cleanup_job, cold_tier_export_job, erasure_job],
     sensors=[finished_wal_segments_sensor],
     schedules=[supertables_schedule, retention_schedule, cold_tier_export_schedule, cleanup_schedule],
     resources={

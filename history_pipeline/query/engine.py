@@ -83,15 +83,25 @@ class QueryContext:
                 "(load the cold tier to look further back)"
             )
 
+    def check_table_as_of(self, descriptor: TableDescriptor, as_of: int) -> TableDescriptor:
+        """Refuse as_of below a table's own purge point (TTL retention); returns the descriptor."""
+        earliest = self.state.earliest_of(descriptor.table_uuid)
+        if as_of < earliest:
+            raise PurgedTimestampError(
+                f"as_of={as_of} is before the purge point of table {descriptor.table_name!r}: its history before "
+                f"{earliest} was removed by its time-to-live; the earliest answerable as_of for it is {earliest}"
+            )
+        return descriptor
+
     def resolve(self, table: str, as_of: int) -> TableDescriptor:
         """A table by name (as of ``as_of``) or by uuid."""
         tables = tables_at(self.state.schema_history, as_of)
         for descriptor in tables:
             if descriptor.table_name == table:
-                return descriptor
+                return self.check_table_as_of(descriptor, as_of)
         for descriptor in tables:
             if descriptor.table_uuid == table:
-                return descriptor
+                return self.check_table_as_of(descriptor, as_of)
         names = ", ".join(d.table_name for d in tables) or "none"
         raise TableNotFoundError(
             f"no table {table!r} as of {as_of} in database {self.database}; tables then: {names}"
@@ -319,6 +329,7 @@ class QueryContext:
         register_schema_history(con, schema_history_arrow(history))
         paths: list[str] = []
         for index, descriptor in enumerate(tables):
+            self.check_table_as_of(descriptor, as_of)
             view = live_view(
                 con, self.store, self.state, descriptor.table_uuid, self.supercolumns(descriptor.table_uuid),
                 as_of, [c.supercolumn for c in descriptor.columns], f"__live_{index}",

@@ -1,0 +1,443 @@
+"""Erasure: forget every version of some keys of a table, everywhere the store keeps them.
+
+The right to erasure, done the way merge and retention change files (copy-on-write,
+one catalog transaction):
+
+1. the WAL: every segment file still on disk is rewritten without the keys' row
+   events and re-sealed (``wal/masking.py``), under the writer lock, first, so that
+   no compaction from here on writes them again;
+2. the warehouse: every live version and snapshot file of the table that holds a key
+   is rewritten without it (one Spark task per file, an Arrow filter), and one
+   transaction removes the old files, adds the new ones and records the erasure
+   (:class:`RecordErasure`: table, key count, SHA-256 of the key set, who, when, why;
+   never keys or values). The old files are tombstones: ``cleanup(grace)`` deletes
+   them after the grace period, ``purge_now=True`` at once (see :func:`purge_erased`);
+3. the cold tier and exports: purged history and point-in-time exports in every
+   target the store has written to (and any named by the caller) are rewritten
+   without the keys, so ``load_cold_tier`` and ``load_export`` never bring them back.
+
+Every step is idempotent: after a crash anywhere, running the same erasure again
+finishes it. A crash before the commit leaves every answer as it was (the keys
+included, unless the WAL was masked already, which no answer reads).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+from bisect import bisect_left
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.dataset as ds
+import pyarrow.parquet as pq
+
+from history_pipeline.catalog.model import (
+    AddFile,
+    CatalogState,
+    FileEntry,
+    FileKind,
+    ForgetTombstones,
+    RecordErasure,
+    RemoveFile,
+)
+from history_pipeline.catalog.records import prune_records, write_base
+from history_pipeline.compaction.spark_session import map_tasks
+from history_pipeline.errors import CommitConflictError, MaintenanceInputError, ObjectNotFoundError
+from history_pipeline.io.store import ObjectStore, now, open_store
+from history_pipeline.query.scan import dataset_of
+from history_pipeline.schema import Supercolumn, replay_schema_history
+from history_pipeline.supertable import (
+    KEY,
+    METADATA_KEY,
+    FileMetadata,
+    new_file_path,
+    read_file_metadata,
+    supertable_schema,
+    write_parquet,
+)
+
+INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
+ERASABLE = (FileKind.VERSIONS, FileKind.SNAPSHOT)
+MAX_REPLANS = 5
+
+
+ErasureInputError = MaintenanceInputError  # the name erasure callers know
+
+
+@dataclass
+class ErasureSummary:
+    """What one erasure did."""
+
+    table_uuid: str
+    key_count: int
+    keys_sha256: str
+    txn_id: int | None = None
+    files_rewritten: int = 0
+    versions_removed: int = 0
+    wal_files_masked: int = 0
+    wal_events_removed: int = 0
+    cold_files_rewritten: int = 0
+    export_files_rewritten: int = 0
+    files_deleted: int = 0
+
+    def as_dict(self) -> dict[str, Any]:
+        return dict(self.__dict__)
+
+
+def normalize_keys(keys: Iterable[Any]) -> tuple[int, ...]:
+    """The distinct keys, sorted; anything but a 64-bit integer is an :class:`ErasureInputError`."""
+    found = []
+    for key in keys:
+        if isinstance(key, bool) or not isinstance(key, int) or not INT64_MIN <= key <= INT64_MAX:
+            raise ErasureInputError(f"erasure key {key!r} is not a synthetic key: pass 64-bit integers")
+        found.append(key)
+    if not found:
+        raise ErasureInputError("an erasure needs at least one key")
+    return tuple(sorted(set(found)))
+
+
+def check_requester(requested_by: str) -> None:
+    """An erasure's record must say who asked for it."""
+    if not requested_by.strip():
+        raise ErasureInputError("an erasure needs the name of who requested it (--by NAME)")
+
+
+def keys_digest(table_uuid: str, keys: Sequence[int]) -> str:
+    """SHA-256 over the table uuid and the sorted keys: confirms a key list without listing it."""
+    text = table_uuid + ":" + ",".join(str(k) for k in sorted(keys))
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def may_hold(entry: FileEntry, keys: Sequence[int]) -> bool:
+    """Can ``entry`` hold one of the sorted ``keys`` (by its key range)?"""
+    if entry.row_count == 0:
+        return False
+    if entry.min_key is None or entry.max_key is None:
+        return True
+    index = bisect_left(keys, entry.min_key)
+    return index < len(keys) and keys[index] <= entry.max_key
+
+
+# --- the warehouse ---------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class EraseTask:
+    """One file's share of an erasure (picklable, for Spark executors)."""
+
+    store_config: dict[str, Any]
+    database: str
+    table_uuid: str
+    file: FileEntry
+    supercolumns: tuple[Supercolumn, ...]
+    keys: tuple[int, ...]
+    txn_hint: int
+
+
+@dataclass(frozen=True)
+class EraseOutcome:
+    removed: str | None  # the file rewritten (None: it held none of the keys)
+    added: FileEntry | None  # its replacement (None: nothing of it remains)
+    versions_removed: int
+
+
+def erase_file_task(task: EraseTask) -> EraseOutcome:
+    """Rewrite one file without the keys; nothing is committed here."""
+    objects = open_store(task.store_config)
+    entry = task.file
+    dataset = dataset_of(objects, [entry], supertable_schema(task.supercolumns))
+    erased = pa.array(task.keys, pa.int64())
+    hits = pc.sum(pc.is_in(dataset.to_table(columns=[KEY]).column(KEY), value_set=erased)).as_py() or 0
+    if not hits:
+        return EraseOutcome(None, None, 0)
+    rest = dataset.to_table(filter=~ds.field(KEY).isin(erased))
+    if rest.num_rows == 0 and entry.kind is FileKind.VERSIONS:
+        return EraseOutcome(entry.path, None, hits)
+    # an empty snapshot stays: it still says "the table as of then", and reads start from it
+    meta, _ = read_file_metadata(objects, entry.path)
+    if meta is None:
+        meta = FileMetadata(task.database, task.table_uuid, entry.kind, task.txn_hint, entry.min_t,
+                            None if entry.max_t is None else entry.max_t + 1, segments=entry.segments,
+                            snapshot_as_of=entry.snapshot_as_of)
+    meta = replace(meta, txn_id=task.txn_hint, replaces=(entry.path,))
+    path = new_file_path(task.database, task.table_uuid, entry.kind, task.txn_hint)
+    return EraseOutcome(entry.path, write_parquet(objects, path, rest, meta), hits)
+
+
+class _Replan(Exception):
+    """The table changed between planning and commit: plan again."""
+
+
+def _rewrite_and_commit(
+    store: Any, table_uuid: str, keys: tuple[int, ...], record: RecordErasure, spark: Any | None, step: Any
+) -> tuple[int, int, int, list[str]]:
+    """(txn id, files rewritten, versions removed, paths removed), after one commit."""
+    for _ in range(MAX_REPLANS):
+        state: CatalogState = store.catalog.latest()
+        supers = tuple(replay_schema_history(state.schema_history).supercolumns.get(table_uuid, ()))
+        planned = {f.path for f in state.files_of(table_uuid)}
+        tasks = [
+            EraseTask(store.objects.config(), store.database, table_uuid, f, supers, keys, state.txn_id + 1)
+            for f in state.files_of(table_uuid) if f.kind in ERASABLE and may_hold(f, keys)
+        ]
+        outcomes = [o for o in map_tasks(spark, erase_file_task, tasks) if o.removed is not None]
+        step("files_written")
+        removed = [o.removed for o in outcomes if o.removed is not None]
+        added = [o.added for o in outcomes if o.added is not None]
+        at = now()
+
+        def build(current: CatalogState, removed: list[str] = removed, added: list[FileEntry] = added,
+                  planned: set[str] = planned, at: float = at) -> list[Any]:
+            # a compaction that read a segment before it was masked may have committed since
+            late = [f for f in current.files_of(table_uuid)
+                    if f.path not in planned and f.kind in ERASABLE and may_hold(f, keys)]
+            if late:
+                raise _Replan()
+            return [*(RemoveFile(p, at) for p in removed), *(AddFile(e) for e in added),
+                    replace(record, erased_at=at, files_rewritten=len(removed))]
+
+        try:
+            committed = store.catalog.commit(f"erase {len(keys)} key(s) of {table_uuid}", build)
+        except (_Replan, CommitConflictError):
+            for entry in added:  # never committed: delete at once rather than leave orphans of erased tables
+                store.objects.delete(entry.path)
+            continue
+        return committed.txn_id, len(removed), sum(o.versions_removed for o in outcomes), removed
+    raise CommitConflictError(
+        f"the files of table {table_uuid} kept changing during the erasure; run the erasure again"
+    )
+
+
+# --- cold tier and exports --------------------------------------------------------------
+
+
+def _filter_parquet(data: bytes, keys: Sequence[int]) -> tuple[pa.Table, int] | None:
+    """(the rows without the keys, how many went), or None when the file holds none of them."""
+    table = pq.read_table(io.BytesIO(data))
+    if KEY not in table.column_names:
+        return None
+    hit = pc.is_in(table.column(KEY), value_set=pa.array(keys, pa.int64()))
+    count = pc.sum(hit).as_py() or 0
+    if not count:
+        return None
+    return table.filter(pc.invert(hit)), count
+
+
+def _parquet_bytes(table: pa.Table) -> bytes:
+    buffer = io.BytesIO()
+    pq.write_table(table, buffer, compression="zstd")
+    return buffer.getvalue()
+
+
+def _filter_in_place(target: ObjectStore, paths: Iterable[str], keys: Sequence[int]) -> int:
+    """Rewrite files that no manifest names (a crashed retention's or export's) without the keys."""
+    done = 0
+    for path in paths:
+        filtered = _filter_parquet(target.get(path), keys)
+        if filtered is not None:
+            target.put(path, _parquet_bytes(filtered[0]))
+            done += 1
+    return done
+
+
+def _prefixes(target: ObjectStore, root: str, depth: int) -> dict[str, list[str]]:
+    """Objects under ``root`` grouped by their first ``depth`` path parts after it."""
+    groups: dict[str, list[str]] = {}
+    for obj in target.list(root):
+        parts = obj.path[len(root):].split("/")
+        if len(parts) > depth:
+            groups.setdefault(root + "/".join(parts[:depth]), []).append(obj.path)
+    return groups
+
+
+def erase_purged(
+    target: ObjectStore, database: str, table_uuid: str, keys: tuple[int, ...], txn_hint: int
+) -> int:
+    """Rewrite the purged history in a cold tier without the keys; returns the files rewritten.
+
+    A rewritten file gets a new path and the manifest names it (written after it), then the
+    old file goes; objects of a purge prefix that its manifest does not name are leftovers of
+    an interrupted erasure and go too. Files of a retention that never wrote its manifest are
+    filtered in place.
+    """
+    rewritten = 0
+    for prefix, paths in _prefixes(target, f"{database}/purged/", 1).items():
+        manifest_path = f"{prefix}/manifest.json"
+        if manifest_path not in paths:
+            rewritten += _filter_in_place(target, [p for p in paths if p.endswith(".parquet")], keys)
+            continue
+        manifest = json.loads(target.get(manifest_path))
+        entries, gone = [], []
+        for raw in manifest["removed"]:
+            entry = FileEntry.from_json(raw)
+            if entry.table_uuid != table_uuid or entry.kind not in ERASABLE or not may_hold(entry, keys):
+                entries.append(raw)
+                continue
+            data = target.get(f"{prefix}/{entry.path}")
+            filtered = _filter_parquet(data, keys)
+            if filtered is None:
+                entries.append(raw)
+                continue
+            gone.append(entry.path)
+            rest = filtered[0]
+            if rest.num_rows == 0 and entry.kind is FileKind.VERSIONS:
+                continue
+            footer = pq.read_metadata(io.BytesIO(data)).metadata or {}
+            meta = FileMetadata.from_bytes(footer[METADATA_KEY]) if METADATA_KEY in footer else FileMetadata(
+                database, table_uuid, entry.kind, txn_hint, entry.min_t, None, snapshot_as_of=entry.snapshot_as_of)
+            path = new_file_path(database, table_uuid, entry.kind, txn_hint)
+            written = write_parquet(target, f"{prefix}/{path}", rest, replace(meta, replaces=(entry.path,)))
+            entries.append(replace(written, path=path).to_json())
+        if gone:
+            target.put(manifest_path, json.dumps({**manifest, "removed": entries}).encode())
+            rewritten += len(gone)
+        named = {manifest_path, *(f"{prefix}/{e['path']}" for e in entries)}
+        for path in paths:
+            if path not in named:
+                target.delete(path)
+    return rewritten
+
+
+def erase_exports(target: ObjectStore, database: str, table_uuid: str, keys: tuple[int, ...]) -> int:
+    """Rewrite the table's files of every export in ``target`` without the keys; returns how many.
+
+    As for purged history: new path, manifest after it, old file (and any object the manifest
+    does not name) deleted; an export without a manifest is filtered in place.
+    """
+    rewritten = 0
+    for prefix, paths in _prefixes(target, f"{database}/exports/", 1).items():
+        manifest_path = f"{prefix}/manifest.json"
+        if manifest_path not in paths:
+            mine = [p for p in paths if p.endswith(f"-{table_uuid}.parquet") or f"-{table_uuid}-erased-" in p]
+            rewritten += _filter_in_place(target, mine, keys)
+            continue
+        manifest = json.loads(target.get(manifest_path))
+        tables, changed = [], False
+        for item in manifest["tables"]:
+            if (item.get("schema") or {}).get("table_uuid") != table_uuid:
+                tables.append(item)
+                continue
+            filtered = _filter_parquet(target.get(item["path"]), keys)
+            if filtered is None:
+                tables.append(item)
+                continue
+            data = _parquet_bytes(filtered[0])
+            stem = item["path"].removesuffix(".parquet").split("-erased-")[0]
+            path = f"{stem}-erased-{hashlib.sha256(data).hexdigest()[:12]}.parquet"
+            target.put(path, data)
+            tables.append({**item, "path": path, "rows": filtered[0].num_rows, "bytes": len(data)})
+            changed = True
+            rewritten += 1
+        if changed:
+            target.put(manifest_path, json.dumps({**manifest, "tables": tables}, indent=2).encode())
+        named = {manifest_path, *(t["path"] for t in tables)}
+        for path in paths:
+            if path not in named:
+                target.delete(path)
+    return rewritten
+
+
+# --- where the store has written cold tiers and exports -----------------------------------
+
+
+def targets_prefix(database: str) -> str:
+    return f"{database}/_history_catalog/targets"
+
+
+def register_target(objects: ObjectStore, database: str, uri: str) -> None:
+    """Remember that ``uri`` holds a cold tier or exports of ``database`` (erasure must reach it)."""
+    name = hashlib.sha256(uri.encode()).hexdigest()[:32]
+    path = f"{targets_prefix(database)}/{name}.json"
+    if not objects.exists(path):
+        objects.put(path, json.dumps({"uri": uri}).encode())  # the same name always holds the same body
+
+
+def known_targets(objects: ObjectStore, database: str) -> list[str]:
+    """Every cold tier or export target registered for ``database``."""
+    found = []
+    for obj in objects.list(f"{targets_prefix(database)}/"):
+        if obj.path.endswith(".json"):
+            try:
+                found.append(json.loads(objects.get(obj.path))["uri"])
+            except ObjectNotFoundError:
+                continue
+    return sorted(set(found))
+
+
+# --- physical deletion ----------------------------------------------------------------
+
+
+def purge_erased(store: Any, paths: Sequence[str]) -> int:
+    """Delete the files an erasure replaced now, rather than after the grace period.
+
+    The log (and the commit records) are pruned up to the newest state first, so no
+    retained transaction can read the deleted files: time travel to a catalog
+    transaction before the erasure then fails with ``TransactionNotFoundError``.
+    """
+    log = store.catalog
+    state: CatalogState = log.latest()
+    log.repair_records()
+    log.write_checkpoint(state)
+    log.prune(state.txn_id)
+    if log.records_prefix is not None:
+        write_base(store.objects, log.records_prefix, state)
+        prune_records(store.objects, log.records_prefix, state.txn_id)
+    gone = [p for p in paths if p in state.tombstones and p not in state.files]
+    for path in gone:
+        store.objects.delete(path)
+    if gone:
+        def forget(current: CatalogState) -> list[ForgetTombstones] | None:
+            known = tuple(p for p in gone if p in current.tombstones)
+            return [ForgetTombstones(known)] if known else None
+
+        log.commit("cleanup after erasure", forget)
+    return len(gone)
+
+
+# --- the whole erasure ------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ErasureRequest:
+    """What to erase and who asked."""
+
+    table_uuid: str
+    keys: tuple[int, ...]
+    requested_by: str
+    reason: str = ""
+    targets: tuple[ObjectStore, ...] = field(default=())
+
+
+def erase(store: Any, request: ErasureRequest, *, spark: Any | None = None, purge_now: bool = False,
+          on_step: Any = None) -> ErasureSummary:
+    """Erase ``request.keys`` of one table from the WAL, the warehouse, the cold tier and exports."""
+    from history_pipeline.wal.masking import mask_wal
+    from history_pipeline.wal.writer import WalWriter
+
+    step = on_step or (lambda s: None)
+    check_requester(request.requested_by)
+    keys = request.keys
+    digest = keys_digest(request.table_uuid, keys)
+    summary = ErasureSummary(request.table_uuid, len(keys), digest)
+    if store.wal_dir.is_dir():
+        with WalWriter(store.wal_dir):  # the writer lock (and recovery): no segment grows while we mask
+            masked = mask_wal(store.wal_dir, request.table_uuid, keys)
+        summary.wal_files_masked = len(masked)
+        summary.wal_events_removed = sum(m.lines_removed for m in masked)
+    step("wal_masked")
+    record = RecordErasure(request.table_uuid, len(keys), digest, request.requested_by, request.reason, 0.0, 0)
+    txn_id, rewritten, versions, removed = _rewrite_and_commit(store, request.table_uuid, keys, record, spark, step)
+    summary.txn_id, summary.files_rewritten, summary.versions_removed = txn_id, rewritten, versions
+    step("committed")
+    for target in request.targets:
+        summary.cold_files_rewritten += erase_purged(target, store.database, request.table_uuid, keys, txn_id)
+        summary.export_files_rewritten += erase_exports(target, store.database, request.table_uuid, keys)
+    step("cold_tier_written")
+    if purge_now:
+        summary.files_deleted = purge_erased(store, removed)
+    return summary

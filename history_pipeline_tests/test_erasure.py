@@ -1,0 +1,421 @@
+"""Erasure (issue 18): erased keys vanish from every answer, file and tier; nothing else changes.
+
+The property runs random histories through compaction, merge and retention (with a cold
+tier), erases random keys of one table, and compares every query API at every answerable
+T with the model fed the same history without those keys, also after the remaining
+segments are compacted, a load-back and a rebuild. Other tests crash an erasure at each
+step, search every byte under the root, the WAL and the S3 cold tier for an erased value,
+and run the console command.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import random
+import subprocess
+import sys
+from datetime import timedelta
+from pathlib import Path
+
+import boto3
+import pyarrow.parquet as pq
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from history_pipeline import HistoryStore
+from history_pipeline.catalog import RecordErasure
+from history_pipeline.compaction.compactor import CompactionSummary, compact_segment
+from history_pipeline.errors import HistoryError, PurgedTimestampError, TransactionNotFoundError
+from history_pipeline.io.store import open_store
+from history_pipeline.maintenance import erasure as erasure_module
+from history_pipeline.maintenance.erasure import ErasureInputError, ErasureRequest
+from history_pipeline.maintenance.export import list_exports, load_export
+from history_pipeline.wal.segments import read_segment
+from history_pipeline_tests.model import BaseDatabase
+from history_pipeline_tests.test_compaction import _split, random_history, write
+from history_pipeline_tests.test_maintenance_properties import check
+
+ROW_OPS = ("insert", "update", "delete")
+
+
+def _without(events, table_uuid, keys):
+    return [e for e in events if not (e["op"] in ROW_OPS and e["table_uuid"] == table_uuid and e["key"] in keys)]
+
+
+def _keys_of(events, table_uuid):
+    return sorted({e["key"] for e in events if e["op"] in ROW_OPS and e["table_uuid"] == table_uuid})
+
+
+@settings(max_examples=5, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(seed=st.integers(0, 10_000), maintenance=st.sampled_from(["none", "merge", "retain", "retain_merge"]),
+       applied_before=st.integers(1, 4))
+def test_erasure_removes_exactly_the_erased_keys_from_every_answer(tmp_path_factory, seed, maintenance,
+                                                                   applied_before):
+    root = tmp_path_factory.mktemp("erase")
+    rng = random.Random(seed)
+    events = random_history(seed, n_events=16)
+    segments = _split(events, rng)
+    store = HistoryStore.open(root / "root", database="db")
+    cold_uri = str(root / "cold")
+    write(store, *segments)
+    pending = store.segments()
+    applied_count = min(applied_before, len(pending))
+    for ref in pending[:applied_count]:
+        compact_segment(store, ref, None, CompactionSummary())
+    if "merge" in maintenance:
+        store.merge(spark=False, small_file_bytes=10**9)
+    if "retain" in maintenance and store.frontier + 1 > 1:
+        store.retain(purge_before=rng.randint(1, store.frontier + 1), cold_tier=cold_uri, spark=False)
+    store.export(as_of=store.frontier + 1, to=cold_uri)
+    tables = sorted({e.table_uuid for e in store.catalog_state().schema_history})  # known to the catalog
+    table = rng.choice(tables)
+    keys = _keys_of(events, table)
+    erased = set(rng.sample(keys, rng.randint(1, len(keys)))) if keys else {10**6}
+    summary = store.erase(table, sorted(erased), requested_by="dpo", reason="test", spark=False)
+    assert summary.key_count == len(erased)
+
+    def expect(applied_segments):
+        model = BaseDatabase()
+        applied = _without([e for batch in applied_segments for e in batch], table, erased)
+        for e in applied:
+            model.apply(e)
+        check(store, model, applied)
+        for key in erased:
+            assert store.row_history(table, key) == []
+            for as_of in range(store.earliest, store.frontier + 2):
+                if any(d.table_uuid == table for d in store.get_catalog(as_of)):
+                    assert store.fetch_row(table, key, as_of) is None
+
+    expect(segments[:applied_count])
+    export_as_of = list_exports(open_store(cold_uri), "db")[-1]
+    names = [d.table_name for d in store.get_catalog(export_as_of) if d.table_uuid == table]
+    exported = load_export(open_store(cold_uri), "db", export_as_of)
+    for name in names:  # the erased table's export holds none of the keys, the others are untouched
+        assert not set(exported[name].column("synthetic_key").to_pylist()) & erased
+    store.compact(spark=False)  # the rest of the WAL: masked, so the erased keys never come back
+    expect(segments)
+    if store.earliest > 0:
+        store.load_cold_tier(cold_uri)
+        expect(segments)
+    store.rebuild_catalog()
+    expect(segments)
+
+
+T = "tbl"
+SECRET = "ERASE-ME-7f3a9c51-unique-personal-data"
+COLS = [{"column_uuid": "c", "column_name": "v", "data_type": "INTEGER"},
+        {"column_uuid": "n", "column_name": "name", "data_type": "TEXT"}]
+
+
+def _history(store, secret=SECRET):
+    """Key 2 carries the secret in every version; keys 1 and 3 are other people."""
+    write(
+        store,
+        [
+            {"op": "create_table", "t": 1, "table_uuid": T, "table_name": "people", "columns": COLS},
+            {"op": "insert", "t": 2, "table_uuid": T, "key": 1, "values": {"c": 10, "n": "alice"}},
+            {"op": "insert", "t": 2, "table_uuid": T, "key": 2, "values": {"c": 20, "n": secret}},
+            {"op": "add_column", "t": 3, "table_uuid": T, "default": 7,
+             "column": {"column_uuid": "d", "column_name": "w", "data_type": "INTEGER"}},
+        ],
+        [
+            {"op": "update", "t": 5, "table_uuid": T, "key": 2, "values": {"c": 21, "n": secret + "-2"}},
+            {"op": "insert", "t": 6, "table_uuid": T, "key": 3, "values": {"c": 30, "n": "carol"}},
+        ],
+        [
+            {"op": "update", "t": 8, "table_uuid": T, "key": 1, "values": {"c": 11}},
+            {"op": "update", "t": 9, "table_uuid": T, "key": 2, "values": {"c": 22}},
+        ],
+    )
+
+
+def _answers(store, keys=(1, 3)):
+    out = {}
+    for as_of in range(max(store.earliest, 2), store.frontier + 2):
+        out[as_of] = {
+            "table": [r for r in store.load_table("people", as_of).to_pylist() if r["synthetic_key"] in keys],
+            "rows": [store.fetch_row("people", k, as_of) for k in keys],
+            "sql": store.sql("SELECT * FROM people WHERE synthetic_key IN (1, 3) ORDER BY 1", as_of).to_pylist(),
+        }
+    out["history"] = [store.row_history("people", k) for k in keys]
+    return out
+
+
+def _gone(store, key=2):
+    for as_of in range(store.earliest, store.frontier + 2):
+        if as_of >= 2:
+            assert key not in store.load_table("people", as_of).column("synthetic_key").to_pylist()
+            assert store.fetch_row("people", key, as_of) is None
+            assert store.sql(f"SELECT count(*) AS n FROM people WHERE synthetic_key = {key}",
+                             as_of).to_pylist() == [{"n": 0}]
+    assert store.row_history("people", key) == []
+    for as_of in range(max(store.earliest, 2), store.frontier + 2):
+        changes = store.diff("people", store.earliest, as_of)
+        assert key not in [c["key"] for kind in changes.values() for c in kind]
+
+
+class Crash(Exception):
+    pass
+
+
+@pytest.mark.parametrize("step", ["wal_masked", "files_written", "committed", "cold_tier_written"])
+def test_a_crashed_erasure_leaves_a_recoverable_state_and_running_it_again_finishes(tmp_path, step):
+    store = HistoryStore.open(tmp_path / "root", database="db")
+    _history(store)
+    store.compact(spark=False)
+    full = _answers(store)
+    cold = str(tmp_path / "cold")
+    store.retain(purge_before=4, cold_tier=cold, spark=False)
+    store.export(as_of=store.frontier + 1, to=cold)
+    before = _answers(store)
+
+    def hook(name):
+        if name == step:
+            raise Crash(name)
+
+    request = ErasureRequest(T, (2,), "dpo", "ticket 1", (open_store(cold),))
+    with pytest.raises(Crash):
+        erasure_module.erase(store, request, on_step=hook)
+    assert _answers(store) == before  # whatever the step: nobody else's answer changed
+    assert store.verify() == []
+    for ref in store.segments():
+        read_segment(ref)  # every segment still verifies (masked ones were re-sealed)
+    store.erase("people", [2], requested_by="dpo", reason="ticket 1", spark=False)
+    _gone(store)
+    assert _answers(store) == before
+    assert store.verify() == []
+    store.load_cold_tier(cold)
+    _gone(store)
+    assert _answers(store) == full  # the purged history of everyone else is back, exactly
+
+
+def _bytes_contain(data: bytes, secret: str) -> bool:
+    if secret.encode() in data:
+        return True
+    if data[:4] == b"PAR1":  # compressed pages hide text from a raw search: read the values too
+        table = pq.read_table(io.BytesIO(data))
+        return secret in json.dumps(table.to_pylist(), default=str)
+    return False
+
+
+def test_after_erase_and_cleanup_no_file_anywhere_holds_an_erased_value(tmp_path, s3_bucket, s3_options):
+    store = HistoryStore.open(tmp_path / "root", database="db", s3=s3_options)
+    _history(store)
+    store.compact(spark=False)
+    store.merge(spark=False, small_file_bytes=10**9)
+    store.retain(purge_before=6, cold_tier=s3_bucket, spark=False)  # key 2's first versions go to S3
+    store.export(as_of=7, to=s3_bucket)
+    with store.wal_writer() as wal:  # a pending segment and an open one hold the key too
+        wal.append({"op": "update", "t": 11, "table_uuid": T, "key": 2, "values": {"n": SECRET + "-3"}})
+        wal.append({"op": "close", "t": 11})
+        wal.seal()
+        wal.append({"op": "update", "t": 12, "table_uuid": T, "key": 2, "values": {"n": SECRET + "-4"}})
+        wal.append({"op": "close", "t": 12})
+    before = _answers(store)
+
+    bucket, prefix = s3_bucket[len("s3://"):].split("/", 1)
+    client = boto3.client("s3", endpoint_url=s3_options.endpoint_url, region_name=s3_options.region,
+                          aws_access_key_id="test", aws_secret_access_key="test")
+
+    def holders():
+        found = [str(p) for p in (tmp_path / "root").rglob("*") if p.is_file() and _bytes_contain(p.read_bytes(),
+                                                                                                   SECRET)]
+        for obj in client.list_objects_v2(Bucket=bucket, Prefix=prefix).get("Contents", []):
+            if _bytes_contain(client.get_object(Bucket=bucket, Key=obj["Key"])["Body"].read(), SECRET):
+                found.append("s3://" + obj["Key"])
+        return found
+
+    assert len(holders()) >= 5  # the search finds it where it is: WAL, warehouse, cold tier, export
+    summary = store.erase("people", [2], requested_by="dpo", reason="GDPR art. 17", spark=False)
+    assert summary.wal_files_masked >= 3 and summary.cold_files_rewritten >= 1 and summary.export_files_rewritten == 1
+    store.cleanup(grace=timedelta(0))
+    assert holders() == []
+    assert _answers(store) == before
+    _gone(store)
+    store.compact(spark=False)  # the masked pending segment still applies (key 2's event is gone)
+    _gone(store)
+    assert store.verify() == []
+    exported = load_export(open_store(s3_bucket, s3_options), "db", 7)["people"]
+    assert exported.column("synthetic_key").to_pylist() == [1, 3]
+    assert store.load_cold_tier(s3_bucket) == 0
+    _gone(store)
+    assert holders() == []
+
+
+def test_the_record_says_who_when_why_and_how_many_but_not_which_or_what(tmp_path):
+    store = HistoryStore.open(tmp_path / "root", database="db")
+    _history(store)
+    store.compact(spark=False)
+    summary = store.erase(T, [2, 2, 987654321], requested_by="dpo@example.com", reason="ticket 42", spark=False)
+    txn = store.catalog.read_transaction(summary.txn_id)
+    [record] = [a for a in txn.actions if isinstance(a, RecordErasure)]
+    assert (record.table_uuid, record.key_count, record.requested_by, record.reason) == (T, 2, "dpo@example.com",
+                                                                                         "ticket 42")
+    assert record.keys_sha256 == erasure_module.keys_digest(T, [2, 987654321]) and record.files_rewritten >= 1
+    stored = store.objects.get(store.catalog.transaction_path(summary.txn_id))
+    assert b"987654321" not in stored and SECRET.encode() not in stored
+    assert store.history(limit=1)[0].operation.startswith("erase 2 key(s)")
+    with pytest.raises(ErasureInputError, match="64-bit integers"):
+        store.erase(T, ["2"], requested_by="dpo")
+    with pytest.raises(ErasureInputError, match="who requested"):
+        store.erase(T, [1], requested_by=" ")
+    with pytest.raises(HistoryError, match="no table 'nope'"):
+        store.erase("nope", [1], requested_by="dpo")
+
+
+def test_rebuild_and_load_back_never_bring_erased_keys_back_and_purge_now_ends_time_travel(tmp_path):
+    store = HistoryStore.open(tmp_path / "root", database="db")
+    _history(store)
+    store.compact(spark=False)
+    cold = str(tmp_path / "cold")
+    store.retain(purge_before=6, cold_tier=cold, spark=False)
+    before = _answers(store)
+    old_txn = store.catalog_state().txn_id
+    store.erase("people", [2], requested_by="dpo", spark=False)  # old files stay as tombstones (grace)
+    assert store.catalog.state_at(old_txn).files  # time travel still reads the old state in the grace period
+    store.rebuild_catalog()
+    _gone(store)
+    assert _answers(store) == before
+    store.load_cold_tier(cold)
+    _gone(store)
+    store.rebuild_catalog()
+    _gone(store)
+    store.merge(spark=False, small_file_bytes=10**9)
+    old_txn = store.catalog_state().txn_id
+    assert store.catalog.state_at(old_txn).files
+    summary = store.erase("people", [3], requested_by="dpo", spark=False, purge_now=True)
+    assert summary.files_deleted >= 1
+    with pytest.raises(TransactionNotFoundError, match="pruned"):
+        store.catalog.state_at(old_txn)
+    assert store.fetch_row("people", 3, store.frontier + 1) is None
+    assert store.fetch_row("people", 1, store.frontier + 1) == {"v": 11, "name": "alice", "w": 7}
+    assert store.verify() == []
+
+
+SCRIPT = str(Path(sys.executable).parent / "history-pipeline")
+
+
+def test_cli_erase(tmp_path):
+    store = HistoryStore.open(tmp_path / "root", database="db")
+    _history(store)
+    store.compact(spark=False)
+
+    def run(*args):
+        return subprocess.run([SCRIPT, "--root", str(tmp_path / "root"), "--database", "db", *args],
+                              capture_output=True, text=True, timeout=300)
+
+    done = run("erase", "people", "2", "--by", "dpo", "--reason", "ticket 7")
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout)["key_count"] == 1
+    reopened = HistoryStore.open(tmp_path / "root", database="db")
+    assert reopened.fetch_row("people", 2, 3) is None and reopened.fetch_row("people", 1, 3) is not None
+    missing_by = run("erase", "people", "2")
+    assert missing_by.returncode == 2 and "--by" in missing_by.stderr  # argparse's usage error
+    for args, message in [(("erase", "nope", "1", "--by", "x"), "no table 'nope'"),
+                          (("erase", "people", "1", "--by", " "), "who requested")]:
+        failed = run(*args)
+        assert failed.returncode == 1 and failed.stderr.count("\n") == 1 and message in failed.stderr, failed.stderr
+
+
+def test_erasure_job_erases_through_the_store(tmp_path):
+    from history_pipeline.orchestration.definitions import defs
+    from history_pipeline.orchestration.erasure import erasure_job
+    from history_pipeline.orchestration.resources import SparkResource, history_root
+
+    assert defs.resolve_job_def("erasure_job")
+    store = HistoryStore.open(tmp_path / "data", database="db")
+    _history(store)
+    store.compact(spark=False)
+    before = _answers(store)
+    run = erasure_job.execute_in_process(
+        resources={"history": history_root(str(tmp_path / "data")), "spark": SparkResource(enabled=False)},
+        run_config={"ops": {"erase_op": {"config": {"database": "db", "table": "people", "keys": [2],
+                                                    "requested_by": "dpo", "reason": "ticket 9"}}}},
+    )
+    assert run.success
+    assert run.output_for_node("erase_op")["files_rewritten"] >= 1
+    _gone(store)
+    assert _answers(store) == before
+    [record] = [a for a in store.catalog.read_transaction(store.catalog_state().txn_id).actions
+                if isinstance(a, RecordErasure)]
+    assert (record.requested_by, record.reason) == ("dpo", "ticket 9")
+
+
+# --- per-table time-to-live -----------------------------------------------------------------
+
+
+def _all_answers(store, table_uuid, low):
+    out = {}
+    for as_of in range(low, store.frontier + 2):
+        names = [d.table_name for d in store.get_catalog(as_of) if d.table_uuid == table_uuid]
+        if names:
+            out[as_of] = (store.load_table(names[0], as_of).to_pylist(),
+                          store.sql(f'SELECT * FROM "{names[0]}" ORDER BY 1', as_of).to_pylist())
+    return out
+
+
+@pytest.mark.parametrize("seed", [3, 17, 4242])
+def test_ttl_purges_one_table_like_retention_and_leaves_the_others_alone(tmp_path, seed):
+    events = random_history(seed, n_events=30)
+    store = HistoryStore.open(tmp_path / "root", database="db")
+    write(store, *_split(events, random.Random(seed)))
+    store.compact(spark=False)
+    tables = sorted({e.table_uuid for e in store.catalog_state().schema_history})
+    target = random.Random(seed).choice(tables)
+    before = {t: _all_answers(store, t, 0) for t in tables}
+    ttl = max(1, (store.frontier + 1) // 2)
+    store.set_ttl(target, ttl)
+    assert store.ttls() == {target: ttl}
+    summary = store.apply_ttl(spark=False)
+    point = store.frontier + 1 - ttl
+    assert summary.purged == {target: point} and store.earliest_of(target) == point and store.earliest == 0
+    for table_uuid in tables:
+        low = point if table_uuid == target else 0
+        after = _all_answers(store, table_uuid, low)
+        assert after == {t: a for t, a in before[table_uuid].items() if t >= low}, table_uuid
+    named_below = [(d.table_name, t) for t in range(point) for d in store.get_catalog(t) if d.table_uuid == target]
+    assert named_below or seed != 3  # seed 3 has the table below its purge point, so the error is checked
+    for name, as_of in named_below[-1:]:
+        with pytest.raises(PurgedTimestampError, match=f"purge point of table '{name}'"):
+            store.load_table(name, as_of)
+        with pytest.raises(PurgedTimestampError):
+            store.sql(f'SELECT count(*) FROM "{name}"', as_of)
+    assert store.verify() == []
+    store.rebuild_catalog()
+    assert store.earliest_of(target) == point and store.ttls() == {target: ttl}
+    assert _all_answers(store, target, point) == {t: a for t, a in before[target].items() if t >= point}
+    assert store.apply_ttl(spark=False).purged == {}  # nothing new below the frontier: nothing to do
+    store.set_ttl(target, 1)  # retention applies TTLs too, after its own purge point
+    assert store.retain(purge_before=1, spark=False).ttl_purged == {target: store.frontier}
+    assert store.earliest_of(target) == store.frontier and store.earliest == 1
+    with pytest.raises(HistoryError, match="positive number"):
+        store.set_ttl(target, 0)
+
+
+def test_cli_ttl(tmp_path):
+    store = HistoryStore.open(tmp_path / "root", database="db")
+    _history(store)
+    store.compact(spark=False)
+    done = subprocess.run([SCRIPT, "--root", str(tmp_path / "root"), "--database", "db", "ttl", "people", "4",
+                           "--apply"], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout)["purged"] == {T: store.frontier + 1 - 4}
+    bad = subprocess.run([SCRIPT, "--root", str(tmp_path / "root"), "--database", "db", "ttl", "people", "-1"],
+                         capture_output=True, text=True, timeout=300)
+    assert bad.returncode == 1 and "positive number" in bad.stderr.splitlines()[-1]
+
+
+def test_erasure_on_an_s3_root_rewrites_the_files_on_s3(tmp_path, s3_bucket, s3_options):
+    store = HistoryStore.open(s3_bucket, database="db", wal_dir=tmp_path / "wal", s3=s3_options)
+    _history(store)
+    store.compact(spark=False)
+    before = _answers(store)
+    summary = store.erase("people", [2], requested_by="dpo", spark=False, purge_now=True)
+    assert summary.files_rewritten >= 1 and summary.files_deleted == summary.files_rewritten
+    _gone(store)
+    assert _answers(store) == before
+    assert store.verify() == []
+    stored = [o.path for o in store.objects.list("db/tables/")]
+    assert stored and not [p for p in stored if _bytes_contain(store.objects.get(p), SECRET)]
