@@ -282,7 +282,11 @@ def _gather(context: dg.SensorEvaluationContext, history: HistoryRootResource, c
     wal_dirs = history.wal_dirs()
     stamps: dict[str, Stamp] = {}
     for database, wal_dir in wal_dirs.items():
-        stamp = folder_stamp(wal_dir)
+        try:
+            stamp = folder_stamp(wal_dir)
+        except OSError as exc:  # one unreadable WAL must not hold up the others: it is tried again next tick
+            context.log.warning(f"could not read the WAL folder of {database} ({exc}); trying again next tick")
+            continue
         if stamp is not None:
             stamps[database] = stamp
     listings = []
