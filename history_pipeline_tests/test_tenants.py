@@ -251,3 +251,16 @@ def test_what_a_tick_lists_does_not_depend_on_history(tmp_path, monkeypatch, app
     first = tick(dg.DagsterInstance.ephemeral(), root, None)
     assert len(first.run_requests) == 1
     assert listings.take() == [".", "db/wal/segments"]
+
+
+@pytest.mark.parametrize("layout", ["local root", "wal_root", "s3 root"])
+def test_the_sensors_wal_folders_are_those_the_store_uses(tmp_path, monkeypatch, layout):
+    monkeypatch.chdir(tmp_path)  # an S3 root keeps its WALs under data/wal/<bucket>/<prefix> by default
+    root, wal_root = {"local root": (str(tmp_path / "data"), None),
+                      "wal_root": ("s3://bucket/prefix", str(tmp_path / "wals")),
+                      "s3 root": ("s3://bucket/prefix", None)}[layout]
+    history = history_root(root, wal_root=wal_root)
+    for database in ("a", "b.c"):
+        fake_wal(history.wal_dir(database), applied=1, sealed=1)
+    assert history.wal_dirs() == {db: str(history.wal_dir(db)) for db in ("a", "b.c")}
+    assert history.databases() == ["a", "b.c"]

@@ -13,19 +13,20 @@ from dagster_pyspark import PySparkResource
 from history_pipeline.compaction.spark_session import spark_config
 from history_pipeline.io.store import S3Options
 from history_pipeline.store import _DATABASE_RE, HistoryStore, StoreSettings, default_wal_base, wal_dir_of
-from history_pipeline.wal.segments import quarantine_dir, segments_dir
+from history_pipeline.wal.segments import segments_dir
 
 
-def folder_stamp(wal_dir: Path) -> tuple[int, int] | None:
+def folder_stamp(wal_dir: str | Path) -> tuple[int, int] | None:
     """Change times (ns) of a WAL's ``segments/`` and ``quarantine/`` folders (0 when absent), or
     None when it is no WAL. A segment sealed, applied, quarantined, repaired or released adds or
     removes a name in one of them, so equal stamps mean nothing to do."""
     try:
-        sealed = os.stat(segments_dir(wal_dir)).st_mtime_ns
+        # plain string paths: this runs for every database on every sensor tick
+        sealed = os.stat(os.path.join(wal_dir, "segments")).st_mtime_ns
     except (FileNotFoundError, NotADirectoryError):
         return None
     try:
-        quarantined = os.stat(quarantine_dir(wal_dir)).st_mtime_ns
+        quarantined = os.stat(os.path.join(wal_dir, "quarantine")).st_mtime_ns
     except (FileNotFoundError, NotADirectoryError):
         quarantined = 0
     return sealed, quarantined
@@ -53,16 +54,19 @@ class HistoryRootResource(dg.ConfigurableResource):
         """The WAL directory of one database."""
         return Path(self.wal_root) / database if self.wal_root else wal_dir_of(self.root, database)
 
-    def wal_dirs(self) -> dict[str, Path]:
-        """Every candidate database under the WAL base and its WAL directory: one folder read,
-        no stat (the sensor's stamps tell which are WALs)."""
+    def wal_dirs(self) -> dict[str, str]:
+        """Every candidate database under the WAL base and its WAL directory (a string path, as
+        :meth:`wal_dir`): one folder read, no stat (the sensor's stamps tell which are WALs)."""
         base = self.wal_base()
         try:
             with os.scandir(base) as entries:
                 names = sorted(e.name for e in entries if _DATABASE_RE.match(e.name))
         except (FileNotFoundError, NotADirectoryError):
             return {}
-        return {name: self.wal_dir(name) for name in names}
+        # the layout of wal_dir() as string joins: pathlib costs more than the stats at 1,000s of databases
+        tail = () if self.wal_root or self.root.startswith("s3://") else ("wal",)
+        prefix = str(base)
+        return {name: os.path.join(prefix, name, *tail) for name in names}
 
     def s3_options(self) -> S3Options:
         s3 = self.s3
@@ -70,7 +74,7 @@ class HistoryRootResource(dg.ConfigurableResource):
 
     def databases(self) -> list[str]:
         """Every database with a WAL, sorted."""
-        return [db for db, wal in self.wal_dirs().items() if segments_dir(wal).is_dir()]
+        return [db for db, wal in self.wal_dirs().items() if segments_dir(Path(wal)).is_dir()]
 
     def open(self, database: str) -> HistoryStore:
         return HistoryStore.open(

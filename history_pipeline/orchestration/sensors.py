@@ -292,7 +292,7 @@ def _gather(context: dg.SensorEvaluationContext, history: HistoryRootResource, c
     listings = []
     for database in databases_to_list(cursor, stamps):
         try:
-            listings.append(_list_database(database, wal_dirs[database], stamps[database]))
+            listings.append(_list_database(database, Path(wal_dirs[database]), stamps[database]))
         except OSError as exc:  # one unreadable WAL must not hold up the others: it is listed again next tick
             context.log.warning(f"could not list the WAL of {database} ({exc}); trying again next tick")
             stamps[database] = (0, 0)  # matches no real stamp, so the next tick lists it again
@@ -306,7 +306,7 @@ def _gather(context: dg.SensorEvaluationContext, history: HistoryRootResource, c
                 observed.add(v.version)
         seen = {v.segment_id for v in listing.segments}
         for s in before.segments:
-            if s.segment_id not in seen and (applied_dir(wal_dirs[listing.database])
+            if s.segment_id not in seen and (applied_dir(Path(wal_dirs[listing.database]))
                                              / f"{segment_name(s.segment_id)}.sealed").exists():
                 applied.add(segment_partition_key(listing.database, segment_name(s.segment_id)))
     gone: list[str] = []
