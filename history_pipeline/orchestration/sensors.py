@@ -116,7 +116,7 @@ class SensorCursor:
             return cls()
         return cls({
             name: DatabaseMark(
-                tuple(stamp) if stamp else None,  # type: ignore[arg-type]
+                (int(stamp[0]), int(stamp[1])) if stamp else None,
                 tuple(SegmentMark(int(i), int(ns), bool(q), bool(d)) for i, ns, q, d in segments),
             )
             for name, (stamp, segments) in body["db"].items()
@@ -197,20 +197,22 @@ def plan_tick(
         blocked, settled = False, True
         for v in views:
             old = before.get(v.segment_id)
-            same_file = old is not None and old.changed_ns == v.changed_ns
+            # the same file as last tick, in the same state (a release or repair makes a new file)
+            same = old is not None and old.changed_ns == v.changed_ns and old.quarantined == (
+                v.state is SegmentState.QUARANTINED)
             if old is None:
                 adds.append(v.key)
             if v.state is SegmentState.QUARANTINED:
                 blocked = True
                 reasons.setdefault(db, f"{v.key} is quarantined ({v.reason or 'no reason recorded'})")
-                done = (same_file and old.quarantined and old.done) or v.version in facts.observed  # type: ignore[union-attr]
+                done = (same and old is not None and old.done) or v.version in facts.observed
                 if not done and old is not None:  # its partition exists: say why on it
                     reports.append(v)
                     done = True
                 settled = settled and done  # a partition added just now is reported on the next tick
                 new_marks.append(SegmentMark(v.segment_id, v.changed_ns, True, done))
             else:
-                done = same_file and not old.quarantined and old.done  # type: ignore[union-attr]
+                done = same and old is not None and old.done
                 if not done and not blocked:
                     runs.append(v)
                     done = True
