@@ -211,6 +211,15 @@ def test_a_quarantined_or_unreadable_database_does_not_hold_up_the_others(tmp_pa
     fake_wal(broken, applied=0, sealed=1)
     third = tick(instance, root, second.cursor)
     assert [r.partition_key for r in third.run_requests] == [f"broken.{segment_name(1)}"]
+    instance.add_dynamic_partitions("wal_segments", [f"broken.{segment_name(1)}"])
+    shutil.move(broken / "segments", broken / "aside")  # unreadable again: not taken for a database gone
+    (broken / "segments").symlink_to(broken / "segments")
+    fourth = tick(instance, root, third.cursor)
+    assert fourth.run_requests == [] and fourth.dynamic_partitions_requests == []
+    assert '"broken"' in fourth.cursor
+    (broken / "segments").unlink()
+    shutil.move(broken / "aside", broken / "segments")
+    assert tick(instance, root, fourth.cursor).run_requests == []  # nothing new: requested once
 
 
 def test_three_hundred_databases(tmp_path, monkeypatch):

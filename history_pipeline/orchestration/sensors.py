@@ -283,11 +283,13 @@ def _gather(context: dg.SensorEvaluationContext, history: HistoryRootResource, c
             now_ns: int) -> tuple[dict[str, Stamp], list[DatabaseListing], TickFacts]:
     wal_dirs = history.wal_dirs()
     stamps: dict[str, Stamp] = {}
+    unreadable: set[str] = set()
     for database, wal_dir in wal_dirs.items():
         try:
             stamp = folder_stamp(wal_dir)
         except OSError as exc:  # one unreadable WAL must not hold up the others: it is tried again next tick
             context.log.warning(f"could not read the WAL folder of {database} ({exc}); trying again next tick")
+            unreadable.add(database)
             continue
         if stamp is not None:
             stamps[database] = stamp
@@ -295,9 +297,11 @@ def _gather(context: dg.SensorEvaluationContext, history: HistoryRootResource, c
     for database in databases_to_list(cursor, stamps):
         try:
             listings.append(_list_database(database, Path(wal_dirs[database]), stamps[database]))
-        except OSError as exc:  # one unreadable WAL must not hold up the others: it is listed again next tick
+        except OSError as exc:  # its mark is kept as it was: the next tick lists it again if still changed
             context.log.warning(f"could not list the WAL of {database} ({exc}); trying again next tick")
-            stamps[database] = (0, 0)  # matches no real stamp, so the next tick lists it again
+    # an unreadable WAL is still there: its mark (and its partitions) stay until it reads again
+    for database in unreadable & set(cursor.databases):
+        stamps[database] = cursor.databases[database].stamp or (0, 0)
     observed, applied = set(), set()
     for listing in listings:
         before = cursor.databases.get(listing.database, DatabaseMark(None))
