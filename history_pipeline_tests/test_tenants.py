@@ -247,6 +247,8 @@ def test_instance_limits_compaction_runs_per_database_and_over_all_databases(tmp
     shutil.copy(Path(__file__).parent.parent / "dagster.yaml", tmp_path / "dagster.yaml")
     with dg.DagsterInstance.from_config(str(tmp_path)) as instance:
         queue = instance.run_coordinator.get_run_queue_config()
+        # each tick is stored with the cursor (O(databases)): idle ticks are not kept for a week
+        assert instance.get_settings("retention")["sensor"]["purge_after_days"]["skipped"] == 1
     limits = {limit["key"]: limit for limit in queue.tag_concurrency_limits}
     assert limits[DATABASE_TAG]["limit"] == 1 and limits[DATABASE_TAG]["value"] == {"applyLimitPerUniqueValue": True}
     assert 1 <= limits[COMPACTION_TAG]["limit"] < queue.max_concurrent_runs  # a slot stays for maintenance
