@@ -406,6 +406,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--skip-daemon", action="store_true", help="skip the seal-to-queryable measurement")
     parser.add_argument("--skip-read-path", action="store_true", help="skip bench/read_path.py (worst T, TPC-H SQL)")
     parser.add_argument("--skip-service", action="store_true", help="skip the HistoryService (network) figures")
+    parser.add_argument("--tenants", action="store_true",
+                        help="also run bench/tenants.py (sensor tick time against databases and history)")
     args = parser.parse_args(argv)
     size = "quick" if args.quick else "full"
     config = SIZES[size]
@@ -464,6 +466,10 @@ def main(argv: list[str] | None = None) -> int:
     (RESULTS / "results.json").write_text(json.dumps(results, indent=2, default=str))
     (RESULTS / "results.md").write_text(table)
     plot(results)
+    if args.tenants:
+        from bench import tenants
+
+        tenants.main(["--quick"] if args.quick else [])  # writes bench/results/tenants.*
     return 0
 
 

@@ -113,49 +113,70 @@ def test_supertables_schema_history_and_checks(root, resources):
     assert not {e.check_name: e for e in broken.get_asset_check_evaluations()}["catalog_verifies_check"].passed
 
 
-def _evaluate(instance, root):
-    with dg.build_sensor_context(instance=instance, resources={"history": history_root(str(root))}) as context:
-        result = finished_wal_segments_sensor(context)
-    for request in result.dynamic_partitions_requests or []:  # as the daemon applies them
-        if isinstance(request, dg.DeleteDynamicPartitionsRequest):
-            for key in request.partition_keys:
-                instance.delete_dynamic_partition(request.partitions_def_name, key)
-        else:
-            instance.add_dynamic_partitions(request.partitions_def_name, list(request.partition_keys))
-    return result
+class Daemon:
+    """Evaluates the sensor as the daemon does: keeps its cursor between ticks and applies its
+    partition requests to the instance."""
+
+    def __init__(self, root, instance=None):
+        self.root = root
+        self.instance = instance or dg.DagsterInstance.ephemeral()
+        self.cursor = None
+
+    def tick(self):
+        with dg.build_sensor_context(instance=self.instance, cursor=self.cursor,
+                                     resources={"history": history_root(str(self.root))}) as context:
+            result = finished_wal_segments_sensor(context)
+        self.cursor = result.cursor
+        for request in result.dynamic_partitions_requests or []:
+            if isinstance(request, dg.DeleteDynamicPartitionsRequest):
+                for key in request.partition_keys:
+                    self.instance.delete_dynamic_partition(request.partitions_def_name, key)
+            else:
+                self.instance.add_dynamic_partitions(request.partitions_def_name, [
+                    k for k in request.partition_keys
+                    if not self.instance.has_dynamic_partition(request.partitions_def_name, k)])
+        return result
 
 
 def test_sensor_registers_partitions_and_requests_runs_in_order(root):
     _sealed_rfc(root, "db_a")
     _sealed_rfc(root, "db_b")
-    instance = dg.DagsterInstance.ephemeral()
-    first = _evaluate(instance, root)
+    daemon = Daemon(root)
+    first = daemon.tick()
     keys = [r.partition_key for r in first.run_requests]
     assert keys == ["db_a.00000000000000000001", "db_a.00000000000000000002",
                     "db_b.00000000000000000001", "db_b.00000000000000000002"]
     assert set(first.dynamic_partitions_requests[0].partition_keys) == set(keys)
     assert all(r.tags["history_pipeline/database"] == r.partition_key.split(".")[0] for r in first.run_requests)
-    second = _evaluate(instance, root)
+    assert all(r.tags["history_pipeline/compaction"] == "segment" for r in first.run_requests)
+    second = daemon.tick()
     assert second.dynamic_partitions_requests == []  # nothing new to register
-    assert [r.run_key for r in second.run_requests] == [r.run_key for r in first.run_requests]  # dedup by run key
+    assert second.run_requests == []  # the cursor knows they were requested
     HistoryStore.open(root, database="db_a").compact()
-    third = _evaluate(instance, root)
-    assert [r.partition_key for r in third.run_requests] == keys[2:]
+    third = daemon.tick()  # db_a's segments left for applied/: their partitions stay, nothing to run
+    assert third.run_requests == [] and third.dynamic_partitions_requests == []
+    store_b = HistoryStore.open(root, database="db_b")
+    write(store_b, [{"op": "insert", "t": 9, "table_uuid": "tbl-rfc", "key": 5, "values": {"col1": "v"}}])
+    fourth = daemon.tick()
+    assert [r.partition_key for r in fourth.run_requests] == ["db_b.00000000000000000003"]
+    # a fresh cursor (a reset sensor) requests every pending segment again; run keys dedup the launches
+    assert [r.run_key for r in Daemon(root, daemon.instance).tick().run_requests] == [
+        r.run_key for r in first.run_requests[2:] + fourth.run_requests]
 
 
 def test_quarantined_segment_is_retried_only_after_an_operator_releases_it(root):
     store = HistoryStore.open(root, database="db")
     write(store, rfc_events(), [{"op": "delete", "t": 9, "table_uuid": "tbl-rfc", "key": 99}])
-    instance = dg.DagsterInstance.ephemeral()
+    daemon = Daemon(root)
     with pytest.raises(Exception, match="quarantined"):
         store.compact()
-    assert [r.partition_key for r in _evaluate(instance, root).run_requests] == []
+    assert [r.partition_key for r in daemon.tick().run_requests] == []
     quarantined = store.segments(SegmentState.QUARANTINED)[0]
     before = quarantined.path.stat().st_ctime_ns
     time.sleep(0.01)
     released = release_segment(quarantined, store.wal_dir)
     os.utime(released.path)  # an operator's fix touches the file
-    again = _evaluate(instance, root).run_requests
+    again = daemon.tick().run_requests
     assert [r.partition_key for r in again] == ["db.00000000000000000002"]
     assert again[0].run_key != f"db.00000000000000000002@{before}"
 
@@ -200,9 +221,11 @@ def test_quarantined_segment_fails_its_run_with_the_error(root, resources):
     assert all(o.partition == "db.00000000000000000002" and o.metadata["state"].value == "quarantined"
                for o in observed)
     assert "delete of key 99" in observed[0].metadata["reason"].value
-    # the sensor does not report the same quarantine again
-    with dg.build_sensor_context(instance=instance, resources={"history": history_root(str(root))}) as context:
-        assert finished_wal_segments_sensor(context).asset_events == []
+    # the sensor does not report the same quarantine again: not when it registers the partitions,
+    # nor on the next tick, when it would report a quarantine that nothing reported yet
+    daemon = Daemon(root, instance)
+    assert daemon.tick().asset_events == []
+    assert daemon.tick().asset_events == []
 
 
 def _fix_delete(store):
@@ -219,32 +242,29 @@ def test_sensor_reports_quarantine_waits_behind_it_and_runs_the_repaired_segment
           [{"op": "insert", "t": 10, "table_uuid": "tbl-rfc", "key": 7, "values": {"col1": "x"}}])
     with pytest.raises(Exception, match="quarantined"):
         store.compact(spark=False)
-    instance = dg.DagsterInstance.ephemeral()
-    first = _evaluate(instance, root)
+    daemon = Daemon(root)
+    instance = daemon.instance
+    first = daemon.tick()
     assert first.run_requests == []  # segment 3 waits behind the quarantined segment 2
     skipped = first.skip_reason.skip_message
     assert "db.00000000000000000002 is quarantined (segment 00000000000000000002, line 2" in skipped
-    assert "1 sealed segment(s) wait behind it; repair or skip it" in skipped
+    assert "1 sealed segment(s) wait behind them; repair or skip them" in skipped
     assert set(first.dynamic_partitions_requests[0].partition_keys) == {
         "db.00000000000000000002", "db.00000000000000000003"}
-    with dg.build_sensor_context(instance=instance, resources={"history": history_root(str(root))},
-                                 cursor=None) as context:
-        second = finished_wal_segments_sensor(context)
+    second = daemon.tick()  # the partition exists now: the quarantine is said on it
     assert [(o.partition, o.metadata["state"].value) for o in second.asset_events] == [
         ("db.00000000000000000002", "quarantined")] * 2
     assert "delete of key 99" in second.asset_events[0].metadata["reason"].value
-    with dg.build_sensor_context(instance=instance, resources={"history": history_root(str(root))},
-                                 cursor=second.cursor) as context:
-        assert finished_wal_segments_sensor(context).asset_events == []  # reported once
+    assert daemon.tick().asset_events == []  # reported once
     store.repair_segment(2, _fix_delete(store), reason="no such key")
-    after = _evaluate(instance, root)
+    after = daemon.tick()
     assert [r.partition_key for r in after.run_requests] == ["db.00000000000000000002", "db.00000000000000000003"]
     for request in after.run_requests:  # the repaired partition turns green, then the one behind it
         result = dg.materialize([wal_segments, compacted_batches], resources=resources, instance=instance,
                                 partition_key=request.partition_key)
         assert result.success
     assert store.frontier == 10 and store.fetch_row("my_table", 7, 11) == {"column1": "x"}
-    assert _evaluate(instance, root).skip_reason.skip_message == "no sealed segment is waiting (3 applied)"
+    assert daemon.tick().skip_reason.skip_message.startswith("no sealed segment is waiting to be requested (1 database")
 
 
 def test_sensor_removes_partitions_of_segments_gone_from_the_wal(root):
@@ -252,13 +272,13 @@ def test_sensor_removes_partitions_of_segments_gone_from_the_wal(root):
 
     _sealed_rfc(root, "db_a")
     _sealed_rfc(root, "db_b")
-    instance = dg.DagsterInstance.ephemeral()
-    _evaluate(instance, root)
+    daemon = Daemon(root)
+    daemon.tick()
     shutil.rmtree(root / "db_b")  # a database removed from the root
-    result = _evaluate(instance, root)
+    result = daemon.tick()
     assert list(result.dynamic_partitions_requests[0].partition_keys) == [
         "db_b.00000000000000000001", "db_b.00000000000000000002"]
-    assert set(instance.get_dynamic_partitions(segment_partitions.name)) == {
+    assert set(daemon.instance.get_dynamic_partitions(segment_partitions.name)) == {
         "db_a.00000000000000000001", "db_a.00000000000000000002"}
 
 

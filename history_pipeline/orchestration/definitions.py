@@ -31,16 +31,35 @@ from history_pipeline.orchestration.schedules import (
 )
 from history_pipeline.orchestration.sensors import compact_segment_job, finished_wal_segments_sensor
 
-defs = dg.Definitions(
-    assets=[wal_segments, compacted_batches, supertables, schema_history, cold_tier_export],
-    asset_checks=[catalog_verifies_check, frontier_lag_check, reconstruction_invariant_check],
-    jobs=[compact_segment_job, supertables_job, retention_job, cleanup_job, cold_tier_export_job, erasure_job],
-    sensors=[finished_wal_segments_sensor],
-    schedules=[supertables_schedule, retention_schedule, cold_tier_export_schedule, cleanup_schedule],
-    resources={
-        # The embedded default: ``data/`` under the working directory. For S3, a deployment sets
-        # root="s3://bucket/prefix" and S3Resource(aws_access_key_id=dg.EnvVar("AWS_ACCESS_KEY_ID"), ...).
-        "history": HistoryRootResource(root="data", s3=S3Resource()),
-        "spark": SparkResource(),
-    },
-)
+
+def build_definitions(history: HistoryRootResource, spark: SparkResource | None = None) -> dg.Definitions:
+    """Every asset, check, job, sensor and schedule over one storage root."""
+    return dg.Definitions(
+        assets=[wal_segments, compacted_batches, supertables, schema_history, cold_tier_export],
+        asset_checks=[catalog_verifies_check, frontier_lag_check, reconstruction_invariant_check],
+        jobs=[compact_segment_job, supertables_job, retention_job, cleanup_job, cold_tier_export_job, erasure_job],
+        sensors=[finished_wal_segments_sensor],
+        schedules=[supertables_schedule, retention_schedule, cold_tier_export_schedule, cleanup_schedule],
+        resources={"history": history, "spark": spark or SparkResource()},
+    )
+
+
+def s3_history_root() -> HistoryRootResource:
+    """The history resource of a deployment on S3: root, local WAL folder, endpoint, region and
+    credentials all come from the environment, resolved by Dagster when a run or tick starts
+    (``dg.EnvVar``), never read at import. A variable left unset is a clear Dagster error then."""
+    return HistoryRootResource(
+        root=dg.EnvVar("HISTORY_PIPELINE_ROOT"),  # s3://bucket/prefix
+        wal_root=dg.EnvVar("HISTORY_PIPELINE_WAL_ROOT"),  # local folder with one WAL folder per database
+        s3=S3Resource(
+            endpoint_url=dg.EnvVar("AWS_ENDPOINT_URL"),
+            region_name=dg.EnvVar("AWS_REGION"),
+            aws_access_key_id=dg.EnvVar("AWS_ACCESS_KEY_ID"),
+            aws_secret_access_key=dg.EnvVar("AWS_SECRET_ACCESS_KEY"),
+        ),
+    )
+
+
+#: The embedded default: ``data/`` under the working directory (``make demo``). A deployment on S3
+#: loads ``history_pipeline.orchestration.s3_deployment`` instead (see README, "Scaling out").
+defs = build_definitions(HistoryRootResource(root="data", s3=S3Resource()))

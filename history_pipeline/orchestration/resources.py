@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+from pathlib import Path
 from typing import Any
 
 import dagster as dg
@@ -10,40 +12,84 @@ from dagster_pyspark import PySparkResource
 
 from history_pipeline.compaction.spark_session import spark_config
 from history_pipeline.io.store import S3Options
-from history_pipeline.store import HistoryStore, StoreSettings, discover_databases
+from history_pipeline.store import _DATABASE_RE, HistoryStore, StoreSettings, default_wal_base, wal_dir_of
+from history_pipeline.wal.segments import segments_dir
+
+
+def folder_stamp(wal_dir: str | Path) -> tuple[int, int] | None:
+    """Change times (ns) of a WAL's ``segments/`` and ``quarantine/`` folders (0 when absent), or
+    None when it is no WAL. A segment sealed, applied, quarantined, repaired or released adds or
+    removes a name in one of them, so equal stamps mean nothing to do."""
+    try:
+        # plain string paths: this runs for every database on every sensor tick
+        sealed = os.stat(os.path.join(wal_dir, "segments")).st_mtime_ns
+    except (FileNotFoundError, NotADirectoryError):
+        return None
+    try:
+        quarantined = os.stat(os.path.join(wal_dir, "quarantine")).st_mtime_ns
+    except (FileNotFoundError, NotADirectoryError):
+        quarantined = 0
+    return sealed, quarantined
 
 
 class HistoryRootResource(dg.ConfigurableResource):
     """The storage root holding every database: a local path (``data``) or ``s3://bucket/prefix``.
 
     S3 is reached through dagster-aws's ``S3Resource`` (endpoint, region, credentials: secrets
-    through ``dg.EnvVar``); its empty fields fall back to the standard AWS environment.
+    through ``dg.EnvVar``); its empty fields fall back to the standard AWS environment. WAL
+    segments stay on local disk: ``<root>/<database>/wal`` for a local root, else
+    ``<wal_root>/<database>`` (``wal_root`` defaults to ``data/wal/<bucket>/<prefix>``, as the CLI).
     """
 
     root: str = "data"
     s3: S3Resource
     snapshot_min_versions: int = 200_000
+    wal_root: str | None = None
+
+    def wal_base(self) -> Path:
+        """The local folder holding one folder per database's WAL."""
+        return Path(self.wal_root) if self.wal_root else default_wal_base(self.root)
+
+    def wal_dir(self, database: str) -> Path:
+        """The WAL directory of one database."""
+        return Path(self.wal_root) / database if self.wal_root else wal_dir_of(self.root, database)
+
+    def wal_dirs(self) -> dict[str, str]:
+        """Every candidate database under the WAL base and its WAL directory (a string path, as
+        :meth:`wal_dir`): one folder read, no stat (the sensor's stamps tell which are WALs)."""
+        base = self.wal_base()
+        try:
+            with os.scandir(base) as entries:
+                names = sorted(e.name for e in entries if _DATABASE_RE.match(e.name))
+        except (FileNotFoundError, NotADirectoryError):
+            return {}
+        # the layout of wal_dir() as string joins: pathlib costs more than the stats at 1,000s of databases
+        tail = () if self.wal_root or self.root.startswith("s3://") else ("wal",)
+        prefix = str(base)
+        return {name: os.path.join(prefix, name, *tail) for name in names}
 
     def s3_options(self) -> S3Options:
         s3 = self.s3
         return S3Options(s3.endpoint_url, s3.region_name, s3.aws_access_key_id, s3.aws_secret_access_key)
 
     def databases(self) -> list[str]:
-        return discover_databases(self.root)
+        """Every database with a WAL, sorted."""
+        return [db for db, wal in self.wal_dirs().items() if segments_dir(Path(wal)).is_dir()]
 
     def open(self, database: str) -> HistoryStore:
         return HistoryStore.open(
             self.root,
             database=database,
+            wal_dir=self.wal_dir(database),
             s3=self.s3_options(),
             # no Spark of its own: work that needs Spark gets the session of the Spark resource
             settings=StoreSettings(snapshot_min_versions=self.snapshot_min_versions, spark_master=None),
         )
 
 
-def history_root(root: str = "data", **s3: str) -> HistoryRootResource:
+def history_root(root: str = "data", wal_root: str | None = None, **s3: str) -> HistoryRootResource:
     """A HistoryRootResource for ``root`` (S3Resource fields as keyword arguments)."""
-    return HistoryRootResource(root=root, s3=S3Resource(**s3))
+    return HistoryRootResource(root=root, wal_root=wal_root, s3=S3Resource(**s3))
 
 
 class SparkResource(dg.ConfigurableResource):

@@ -1,12 +1,20 @@
-"""finished_wal_segments_sensor: one compaction run per newly sealed segment.
+"""finished_wal_segments_sensor: one compaction run per newly sealed segment, at a cost per tick
+that follows what changed, not how long the history is.
 
-The decision is a pure function of what the WAL folders hold (:func:`plan_tick`); the sensor
-body only gathers that, and turns the plan into Dagster requests.
+Each tick reads the WAL base folder once and stats two folders per database (``segments/`` and
+``quarantine/``). Only a database whose folder times differ from those in the cursor is listed,
+and then only those two folders: ``applied/`` is never listed, no segment's contents are read,
+and no catalog or object store is opened. The decision is a pure function of the listings and the
+cursor (:func:`plan_tick`); the sensor body only gathers them and turns the plan into requests.
 """
 
+from __future__ import annotations
+
 import json
-from collections.abc import Iterable
-from dataclasses import dataclass
+import time
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
 
 import dagster as dg
 
@@ -16,9 +24,9 @@ from history_pipeline.orchestration.partitions import (
     segment_partition_key,
     segment_partitions,
 )
-from history_pipeline.orchestration.resources import HistoryRootResource
+from history_pipeline.orchestration.resources import HistoryRootResource, folder_stamp
 from history_pipeline.wal import SegmentState
-from history_pipeline.wal.segments import quarantine_reason
+from history_pipeline.wal.segments import applied_dir, list_segments, quarantine_reason, segment_name
 
 compact_segment_job = dg.define_asset_job(
     "compact_segment_job",
@@ -26,12 +34,23 @@ compact_segment_job = dg.define_asset_job(
     description="Verify one sealed segment and compact exactly it (earlier segments of its database first).",
 )
 
+#: runs of one database carry its name here; ``dagster.yaml`` serializes them per database
 DATABASE_TAG = "history_pipeline/database"
+#: every compaction run carries this tag; ``dagster.yaml`` caps how many run at once, over all databases
+COMPACTION_TAG = "history_pipeline/compaction"
+
+#: a folder changed less than this long before the tick is listed again on the next tick: folder
+#: times are coarse (a kernel tick), so two changes close together can leave the same time
+SETTLE_NS = 2_000_000_000
+#: at most this many blocked databases are named in a skip reason
+NAMED_IN_SKIP = 5
+
+Stamp = tuple[int, int]  # change times (ns) of a database's segments/ and quarantine/ folders (0: absent)
 
 
 @dataclass(frozen=True)
 class SegmentView:
-    """What the sensor needs to know of one WAL segment."""
+    """What the sensor needs to know of one sealed or quarantined WAL segment."""
 
     database: str
     segment_id: int
@@ -50,6 +69,82 @@ class SegmentView:
 
 
 @dataclass(frozen=True)
+class SegmentMark:
+    """A sealed or quarantined segment the sensor registered a partition for."""
+
+    segment_id: int
+    changed_ns: int
+    quarantined: bool
+    done: bool  # sealed: its run was requested; quarantined: reported on its partition
+
+
+@dataclass(frozen=True)
+class DatabaseMark:
+    """What the sensor remembers of one database between ticks."""
+
+    stamp: Stamp | None  # folder times when last listed; None: list it again on the next tick
+    segments: tuple[SegmentMark, ...] = ()  # its sealed and quarantined segments, in id order
+
+
+@dataclass(frozen=True)
+class SensorCursor:
+    """The sensor's cursor: per database, its folder times and pending segments (JSON in Dagster)."""
+
+    databases: Mapping[str, DatabaseMark] = field(default_factory=dict)
+
+    def to_json(self) -> str:
+        """Compact JSON: ``{"v": 1, "db": {name: [stamp | null, [[id, changed_ns, q, done], ...]]}}``."""
+        return json.dumps(
+            {"v": 1, "db": {
+                name: [list(m.stamp) if m.stamp else None,
+                       [[s.segment_id, s.changed_ns, int(s.quarantined), int(s.done)] for s in m.segments]]
+                for name, m in sorted(self.databases.items())
+            }},
+            separators=(",", ":"),
+        )
+
+    @classmethod
+    def from_json(cls, text: str | None) -> SensorCursor:
+        """The cursor a tick stored; an empty, unreadable or older-format cursor starts afresh
+        (every database is listed once, every pending segment registered and requested again:
+        run keys keep that from launching twice)."""
+        try:
+            body = json.loads(text) if text else None
+        except json.JSONDecodeError:
+            return cls()
+        if not isinstance(body, dict) or body.get("v") != 1:
+            return cls()
+        return cls({
+            name: DatabaseMark(
+                (int(stamp[0]), int(stamp[1])) if stamp else None,
+                tuple(SegmentMark(int(i), int(ns), bool(q), bool(d)) for i, ns, q, d in segments),
+            )
+            for name, (stamp, segments) in body["db"].items()
+        })
+
+
+@dataclass(frozen=True)
+class DatabaseListing:
+    """One database's ``segments/`` and ``quarantine/`` folders as listed this tick."""
+
+    database: str
+    stamp: Stamp  # taken before listing, so a change during the listing shows on the next tick
+    segments: tuple[SegmentView, ...]  # sealed and quarantined (open segments do not matter)
+
+
+@dataclass(frozen=True)
+class TickFacts:
+    """What the sensor body looked up beside the listings (each only when a listing asks for it)."""
+
+    #: versions of quarantines the failing run already reported on the partition itself
+    observed: frozenset[str] = frozenset()
+    #: keys of segments that left ``segments/`` for ``applied/`` (the others left the WAL)
+    applied: frozenset[str] = frozenset()
+    #: partition keys of databases that left the WAL base
+    partitions_of_gone: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
 class TickPlan:
     """What one sensor evaluation does."""
 
@@ -57,54 +152,117 @@ class TickPlan:
     delete_partitions: tuple[str, ...]
     runs: tuple[SegmentView, ...]
     report_quarantined: tuple[SegmentView, ...]
-    quarantined_versions: tuple[str, ...]  # the new cursor: quarantines already reported
+    cursor: SensorCursor
+    listed: tuple[str, ...]  # databases listed this tick
     skip_reason: str | None
 
 
-def plan_tick(segments: Iterable[SegmentView], known: set[str], reported: set[str]) -> TickPlan:
-    """Partitions to add (sealed or quarantined segments) and remove (segments gone from the WAL),
-    runs to request (sealed segments in id order, none behind a quarantined one of the same
-    database), and quarantines to report on their partition (once each)."""
-    views = sorted(segments, key=lambda v: (v.database, v.segment_id))
-    existing = {v.key for v in views if v.state is not SegmentState.OPEN}
-    add = tuple(v.key for v in views if v.state in (SegmentState.SEALED, SegmentState.QUARANTINED)
-                and v.key not in known)
-    delete = tuple(sorted(k for k in known if k not in existing))
+def databases_to_list(cursor: SensorCursor, stamps: Mapping[str, Stamp]) -> list[str]:
+    """Databases whose folders may hold something new: unknown to the cursor, not settled when
+    last listed, or with a folder time that moved since."""
+    out = []
+    for database, stamp in sorted(stamps.items()):
+        mark = cursor.databases.get(database)
+        if mark is None or mark.stamp is None or mark.stamp != stamp:
+            out.append(database)
+    return out
+
+
+def plan_tick(
+    cursor: SensorCursor,
+    stamps: Mapping[str, Stamp],
+    listings: Iterable[DatabaseListing],
+    facts: TickFacts = TickFacts(),
+    now_ns: int = 0,
+) -> TickPlan:
+    """Partitions to add (newly seen sealed or quarantined segments) and remove (segments that
+    left the WAL other than by being applied, and databases that left it), runs to request (sealed
+    segments not requested before, in id order, none behind a quarantined one of its database),
+    quarantines to report on their partition (once each, once the partition exists), and the new
+    cursor. ``stamps`` holds every database present this tick; databases not listed keep their mark.
+    """
+    marks = {db: m for db, m in cursor.databases.items() if db in stamps}
+    adds: list[str] = []
+    deletes: list[str] = list(facts.partitions_of_gone)
     runs: list[SegmentView] = []
-    blocked: dict[str, SegmentView] = {}
-    for v in views:
-        if v.state is SegmentState.QUARANTINED:
-            blocked.setdefault(v.database, v)
-        elif v.state is SegmentState.SEALED and v.database not in blocked:
-            runs.append(v)
-    quarantined = [v for v in views if v.state is SegmentState.QUARANTINED]
-    report = tuple(v for v in quarantined if v.key in known and v.version not in reported)
-    skip = None
-    if not runs:
-        applied = sum(v.state is SegmentState.APPLIED for v in views)
-        skip = f"no sealed segment is waiting ({applied} applied"
-        waiting = sum(v.state is SegmentState.SEALED for v in views)
-        if blocked:
-            skip += "; " + "; ".join(
-                f"{b.key} is quarantined ({b.reason or 'no reason recorded'})" for b in blocked.values()
-            ) + (f"; {waiting} sealed segment(s) wait behind it" if waiting else "") + "; repair or skip it"
-        skip += ")"
-    return TickPlan(add, delete, tuple(runs), report, tuple(sorted(v.version for v in quarantined)), skip)
+    reports: list[SegmentView] = []
+    reasons: dict[str, str] = {}
+    listed = []
+    for listing in sorted(listings, key=lambda x: x.database):
+        db = listing.database
+        listed.append(db)
+        before = {s.segment_id: s for s in (marks[db].segments if db in marks else ())}
+        views = sorted(listing.segments, key=lambda v: v.segment_id)
+        new_marks: list[SegmentMark] = []
+        blocked, settled = False, True
+        for v in views:
+            old = before.get(v.segment_id)
+            # the same file as last tick, in the same state (a release or repair makes a new file)
+            same = old is not None and old.changed_ns == v.changed_ns and old.quarantined == (
+                v.state is SegmentState.QUARANTINED)
+            if old is None:
+                adds.append(v.key)
+            if v.state is SegmentState.QUARANTINED:
+                blocked = True
+                reasons.setdefault(db, f"{v.key} is quarantined ({v.reason or 'no reason recorded'})")
+                done = (same and old is not None and old.done) or v.version in facts.observed
+                if not done and old is not None:  # its partition exists: say why on it
+                    reports.append(v)
+                    done = True
+                settled = settled and done  # a partition added just now is reported on the next tick
+                new_marks.append(SegmentMark(v.segment_id, v.changed_ns, True, done))
+            else:
+                done = same and old is not None and old.done
+                if not done and not blocked:
+                    runs.append(v)
+                    done = True
+                new_marks.append(SegmentMark(v.segment_id, v.changed_ns, False, done))
+        seen = {v.segment_id for v in views}
+        deletes += [segment_partition_key(db, segment_name(i)) for i in sorted(before)
+                    if i not in seen and segment_partition_key(db, segment_name(i)) not in facts.applied]
+        recent = max(listing.stamp) > now_ns - SETTLE_NS
+        marks[db] = DatabaseMark(None if recent or not settled else listing.stamp, tuple(new_marks))
+    new_cursor = SensorCursor(dict(sorted(marks.items())))
+    skip = None if runs else _skip_reason(new_cursor, stamps, listed, reasons)
+    return TickPlan(tuple(adds), tuple(deletes), tuple(runs), tuple(reports), new_cursor, tuple(listed), skip)
 
 
-def _views(history: HistoryRootResource) -> list[SegmentView]:
+def _skip_reason(cursor: SensorCursor, stamps: Mapping[str, Stamp], listed: list[str],
+                 reasons: Mapping[str, str]) -> str:
+    """Why no run was requested: how much was looked at, and which databases wait on an operator."""
+    waiting = sum(not s.quarantined and not s.done for m in cursor.databases.values() for s in m.segments)
+    skip = f"no sealed segment is waiting to be requested ({len(stamps)} database(s), {len(listed)} listed this tick"
+    blocked = []
+    for db, mark in cursor.databases.items():
+        stuck = [s for s in mark.segments if s.quarantined]
+        if stuck:
+            key = segment_partition_key(db, segment_name(stuck[0].segment_id))
+            blocked.append(reasons.get(db, f"{key} is quarantined (the reason is on its partition)"))
+    if blocked:
+        skip += "; " + "; ".join(blocked[:NAMED_IN_SKIP])
+        if len(blocked) > NAMED_IN_SKIP:
+            skip += f"; and {len(blocked) - NAMED_IN_SKIP} more quarantined database(s)"
+        skip += (f"; {waiting} sealed segment(s) wait behind them" if waiting else "") + "; repair or skip them"
+    return skip + ")"
+
+
+# --- gathering (the only part that touches the file system and the instance) -----------------------
+
+
+def _list_database(database: str, wal_dir: Path, stamp: Stamp) -> DatabaseListing:
+    """The sealed and quarantined segments of one WAL: two folder reads, one stat per segment."""
     views = []
-    for database in history.databases():
-        for ref in history.open(database).segments():
+    for state in (SegmentState.SEALED, SegmentState.QUARANTINED):
+        for ref in list_segments(wal_dir, state):  # lists that state's folder only
             try:
                 changed = ref.path.stat().st_ctime_ns
-            except FileNotFoundError:  # moved while listing (a run is applying it): next tick
+            except FileNotFoundError:  # moved while listing (a run is applying it): seen next tick
                 continue
             reason = None
-            if ref.state is SegmentState.QUARANTINED:
+            if state is SegmentState.QUARANTINED:
                 reason = str((quarantine_reason(ref) or {}).get("error", "")) or None
-            views.append(SegmentView(database, ref.segment_id, ref.name, ref.state, changed, reason))
-    return views
+            views.append(SegmentView(database, ref.segment_id, ref.name, state, changed, reason))
+    return DatabaseListing(database, stamp, tuple(views))
 
 
 def _already_observed(instance: dg.DagsterInstance, view: SegmentView) -> bool:
@@ -121,26 +279,71 @@ def _already_observed(instance: dg.DagsterInstance, view: SegmentView) -> bool:
     )
 
 
+def _gather(context: dg.SensorEvaluationContext, history: HistoryRootResource, cursor: SensorCursor,
+            now_ns: int) -> tuple[dict[str, Stamp], list[DatabaseListing], TickFacts]:
+    wal_dirs = history.wal_dirs()
+    stamps: dict[str, Stamp] = {}
+    unreadable: set[str] = set()
+    for database, wal_dir in wal_dirs.items():
+        try:
+            stamp = folder_stamp(wal_dir)
+        except OSError as exc:  # one unreadable WAL must not hold up the others: it is tried again next tick
+            context.log.warning(f"could not read the WAL folder of {database} ({exc}); trying again next tick")
+            unreadable.add(database)
+            continue
+        if stamp is not None:
+            stamps[database] = stamp
+    listings = []
+    for database in databases_to_list(cursor, stamps):
+        try:
+            listings.append(_list_database(database, Path(wal_dirs[database]), stamps[database]))
+        except OSError as exc:  # its mark is kept as it was: the next tick lists it again if still changed
+            context.log.warning(f"could not list the WAL of {database} ({exc}); trying again next tick")
+    # an unreadable WAL is still there: its mark (and its partitions) stay until it reads again
+    for database in unreadable & set(cursor.databases):
+        stamps[database] = cursor.databases[database].stamp or (0, 0)
+    observed, applied = set(), set()
+    for listing in listings:
+        before = cursor.databases.get(listing.database, DatabaseMark(None))
+        done = {(s.segment_id, s.changed_ns) for s in before.segments if s.quarantined and s.done}
+        for v in listing.segments:
+            if (v.state is SegmentState.QUARANTINED and (v.segment_id, v.changed_ns) not in done
+                    and _already_observed(context.instance, v)):
+                observed.add(v.version)
+        seen = {v.segment_id for v in listing.segments}
+        for s in before.segments:
+            if s.segment_id not in seen and (applied_dir(Path(wal_dirs[listing.database]))
+                                             / f"{segment_name(s.segment_id)}.sealed").exists():
+                applied.add(segment_partition_key(listing.database, segment_name(s.segment_id)))
+    gone: list[str] = []
+    if set(cursor.databases) - set(stamps):  # rare: a database left the root; find its partitions
+        left = set(cursor.databases) - set(stamps)
+        gone = sorted(k for k in context.instance.get_dynamic_partitions(segment_partitions.name)
+                      if parse_segment_partition_key(k)[0] in left)
+    return stamps, listings, TickFacts(frozenset(observed), frozenset(applied), tuple(gone))
+
+
 @dg.sensor(job=compact_segment_job, minimum_interval_seconds=5, default_status=dg.DefaultSensorStatus.RUNNING)
 def finished_wal_segments_sensor(context: dg.SensorEvaluationContext, history: HistoryRootResource) -> dg.SensorResult:
     """Register every sealed segment as a partition and request one run per segment, in id order.
 
-    The run key is the partition key plus the segment file's change time, so a re-evaluation never
-    launches twice, while a segment an operator repaired, skipped or released (a new file) runs
-    again. Partitions of segments no longer in the WAL are removed; a quarantined segment's
-    partition gets an observation saying so and why. When nothing runs, the tick says why.
+    The cursor remembers, per database, its folder times and its pending segments, so a tick lists
+    only databases whose WAL changed and requests only segments not requested before. The run key
+    is the partition key plus the segment file's change time: a segment an operator repaired,
+    skipped or released (a new file) runs again. Partitions of segments that left the WAL are
+    removed; a quarantined segment's partition gets an observation saying so and why.
     """
-    known = set(context.instance.get_dynamic_partitions(segment_partitions.name))
-    reported = set(json.loads(context.cursor)) if context.cursor else set()
-    views = _views(history)
-    # quarantines the run itself already reported on the partition are not reported twice
-    reported |= {v.version for v in views if v.state is SegmentState.QUARANTINED and v.version not in reported
-                 and v.key in known and _already_observed(context.instance, v)}
-    plan = plan_tick(views, known, reported)
+    now_ns = time.time_ns()
+    cursor = SensorCursor.from_json(context.cursor)
+    stamps, listings, facts = _gather(context, history, cursor, now_ns)
+    plan = plan_tick(cursor, stamps, listings, facts, now_ns)
+    context.log.info(f"{len(stamps)} database(s), {len(plan.listed)} listed, {len(plan.runs)} run(s) requested")
     if plan.skip_reason:
         context.log.info(plan.skip_reason)  # in the tick's logs too, beside the tick's skip reason
     requests = [
-        dg.RunRequest(run_key=v.version, partition_key=v.key, tags={DATABASE_TAG: v.database}) for v in plan.runs
+        dg.RunRequest(run_key=v.version, partition_key=v.key,
+                      tags={DATABASE_TAG: v.database, COMPACTION_TAG: "segment"})
+        for v in plan.runs
     ]
     partition_requests: list = []
     if plan.add_partitions:
@@ -167,10 +370,11 @@ def finished_wal_segments_sensor(context: dg.SensorEvaluationContext, history: H
         run_requests=requests,
         dynamic_partitions_requests=partition_requests,
         asset_events=observations,
-        cursor=json.dumps(list(plan.quarantined_versions)),
+        cursor=plan.cursor.to_json(),
         skip_reason=plan.skip_reason,
     )
 
 
-__all__ = ["SegmentView", "TickPlan", "compact_segment_job", "finished_wal_segments_sensor", "plan_tick",
-           "parse_segment_partition_key"]
+__all__ = ["COMPACTION_TAG", "DATABASE_TAG", "DatabaseListing", "DatabaseMark", "SegmentMark", "SegmentView",
+           "SensorCursor", "TickFacts", "TickPlan", "compact_segment_job", "databases_to_list",
+           "finished_wal_segments_sensor", "parse_segment_partition_key", "plan_tick"]

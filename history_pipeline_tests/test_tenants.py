@@ -1,0 +1,277 @@
+"""Many tenants under one root: the sensor's cost per tick follows what changed (its cursor), never
+the history; a quarantined or unreadable database holds up only itself; hundreds of databases work;
+and the instance's run queue limits compaction runs per database and over all of them."""
+
+import os
+import shutil
+from pathlib import Path
+
+import dagster as dg
+import pytest
+
+from bench.tenants import age, fake_wal, seal_next, segment_file
+from history_pipeline.orchestration.resources import history_root
+from history_pipeline.orchestration.sensors import (
+    COMPACTION_TAG,
+    DATABASE_TAG,
+    SETTLE_NS,
+    DatabaseListing,
+    DatabaseMark,
+    SegmentMark,
+    SegmentView,
+    SensorCursor,
+    TickFacts,
+    databases_to_list,
+    finished_wal_segments_sensor,
+    plan_tick,
+)
+from history_pipeline.wal import SegmentState
+from history_pipeline.wal.segments import segment_name
+
+NOW = 10**19  # "now" for the pure tests: every stamp below is long settled
+OLD = (1_000, 2_000)
+
+
+def sealed(db, i, ns=1):
+    return SegmentView(db, i, segment_name(i), SegmentState.SEALED, ns)
+
+
+def quarantined(db, i, ns=1, reason="line 2: bad"):
+    return SegmentView(db, i, segment_name(i), SegmentState.QUARANTINED, ns, reason)
+
+
+def key(db, i):
+    return f"{db}.{segment_name(i)}"
+
+
+# --- the pure decision ------------------------------------------------------------------------------
+
+
+def test_plan_tick_requests_each_sealed_segment_once_in_id_order():
+    listing = DatabaseListing("a", OLD, (sealed("a", 3), sealed("a", 2)))
+    first = plan_tick(SensorCursor(), {"a": OLD}, [listing], now_ns=NOW)
+    assert [v.segment_id for v in first.runs] == [2, 3]
+    assert first.add_partitions == (key("a", 2), key("a", 3)) and first.delete_partitions == ()
+    assert first.cursor.databases["a"] == DatabaseMark(OLD, (SegmentMark(2, 1, False, True),
+                                                             SegmentMark(3, 1, False, True)))
+    assert databases_to_list(first.cursor, {"a": OLD}) == []  # unchanged folders: not listed again
+    moved = (OLD[0] + 1, OLD[1])
+    assert databases_to_list(first.cursor, {"a": moved}) == ["a"]
+    # listed again (a new segment was sealed): only the new one runs
+    again = plan_tick(first.cursor, {"a": moved},
+                      [DatabaseListing("a", moved, (sealed("a", 2), sealed("a", 3), sealed("a", 4)))], now_ns=NOW)
+    assert [v.segment_id for v in again.runs] == [4] and again.add_partitions == (key("a", 4),)
+    # a segment repaired in place is a new file (new change time): it runs again, keeps its partition
+    repaired = plan_tick(again.cursor, {"a": OLD},
+                         [DatabaseListing("a", OLD, (sealed("a", 2, ns=9), sealed("a", 3), sealed("a", 4)))],
+                         now_ns=NOW)
+    assert [v.version for v in repaired.runs] == [f"{key('a', 2)}@9"] and repaired.add_partitions == ()
+
+
+def test_plan_tick_holds_back_only_the_quarantined_database_and_reports_once_its_partition_exists():
+    stamps = {"q": OLD, "ok": OLD}
+    listings = [DatabaseListing("q", OLD, (quarantined("q", 2), sealed("q", 3))),
+                DatabaseListing("ok", OLD, (sealed("ok", 1),))]
+    first = plan_tick(SensorCursor(), stamps, listings, now_ns=NOW)
+    assert [v.key for v in first.runs] == [key("ok", 1)]  # q's segment 3 waits behind its segment 2
+    assert set(first.add_partitions) == {key("q", 2), key("q", 3), key("ok", 1)}
+    assert first.report_quarantined == ()  # the partition is only being added
+    assert first.cursor.databases["q"].stamp is None  # so q is listed again next tick
+    assert databases_to_list(first.cursor, stamps) == ["q"]
+    second = plan_tick(first.cursor, stamps, [DatabaseListing("q", OLD, listings[0].segments)], now_ns=NOW)
+    assert [v.key for v in second.report_quarantined] == [key("q", 2)] and second.runs == ()
+    assert "q.00000000000000000002 is quarantined (line 2: bad)" in second.skip_reason
+    assert "1 sealed segment(s) wait behind them" in second.skip_reason
+    assert databases_to_list(second.cursor, stamps) == []  # settled: reported once
+    third = plan_tick(second.cursor, stamps, [], now_ns=NOW)
+    assert "q.00000000000000000002 is quarantined (the reason is on its partition)" in third.skip_reason
+    # a quarantine the failing run already reported on the partition is not reported again
+    observed = plan_tick(first.cursor, stamps, [DatabaseListing("q", OLD, listings[0].segments)],
+                         TickFacts(observed=frozenset({quarantined("q", 2).version})), now_ns=NOW)
+    assert observed.report_quarantined == ()
+    # repaired: the quarantined file left, a re-sealed one is in segments/: both run, in order
+    fixed = plan_tick(second.cursor, stamps, [DatabaseListing("q", OLD, (sealed("q", 2, ns=5), sealed("q", 3)))],
+                      now_ns=NOW)
+    assert [v.segment_id for v in fixed.runs] == [2, 3] and fixed.add_partitions == ()
+
+
+def test_plan_tick_keeps_partitions_of_applied_segments_and_removes_those_gone():
+    cursor = SensorCursor({"a": DatabaseMark(OLD, (SegmentMark(1, 1, False, True), SegmentMark(2, 1, False, True))),
+                           "gone": DatabaseMark(OLD, (SegmentMark(7, 1, False, True),))})
+    plan = plan_tick(cursor, {"a": OLD}, [DatabaseListing("a", OLD, ())],
+                     TickFacts(applied=frozenset({key("a", 1)}), partitions_of_gone=(key("gone", 3), key("gone", 7))),
+                     now_ns=NOW)
+    # segment 1 was applied (its partition stays, green); segment 2 left the WAL; "gone" left the root
+    assert plan.delete_partitions == (key("gone", 3), key("gone", 7), key("a", 2))
+    assert set(plan.cursor.databases) == {"a"} and plan.cursor.databases["a"].segments == ()
+
+
+def test_a_folder_changed_just_now_is_listed_again_on_the_next_tick():
+    now = 50 * SETTLE_NS
+    recent = (now - SETTLE_NS // 2, 0)
+    plan = plan_tick(SensorCursor(), {"a": recent}, [DatabaseListing("a", recent, (sealed("a", 1),))], now_ns=now)
+    # folder times are coarse: a segment sealed in the same clock tick could leave the same time
+    assert plan.cursor.databases["a"].stamp is None and databases_to_list(plan.cursor, {"a": recent}) == ["a"]
+    settled = plan_tick(plan.cursor, {"a": recent}, [DatabaseListing("a", recent, (sealed("a", 1),))],
+                        now_ns=now + SETTLE_NS)
+    assert settled.runs == () and settled.cursor.databases["a"].stamp == recent
+
+
+def test_cursor_round_trips_through_json_and_an_older_cursor_starts_afresh():
+    cursor = SensorCursor({"a": DatabaseMark(OLD, (SegmentMark(2, 5, True, False),)), "b": DatabaseMark(None)})
+    assert SensorCursor.from_json(cursor.to_json()) == cursor
+    assert SensorCursor.from_json('["db.00000000000000000002@1"]') == SensorCursor()  # the previous format
+    assert SensorCursor.from_json(None) == SensorCursor() == SensorCursor.from_json("not json")
+
+
+# --- the sensor on real folders and a real Dagster instance -----------------------------------------
+
+
+class Listings:
+    """Records every folder listed under a root (os.listdir and os.scandir, which pathlib uses)."""
+
+    def __init__(self, monkeypatch, root: Path):
+        self.root = str(root)
+        self.seen: list[str] = []
+        for name in ("listdir", "scandir"):
+            real = getattr(os, name)
+            monkeypatch.setattr(os, name, self._spy(real))
+
+    def _spy(self, real):
+        def spy(path="."):
+            text = path if isinstance(path, int) else os.fspath(path)  # (an int is an open folder's fd)
+            if isinstance(text, str) and text.startswith(self.root):
+                self.seen.append(os.path.relpath(text, self.root))
+            return real(path)
+        return spy
+
+    def take(self) -> list[str]:
+        seen, self.seen = self.seen, []
+        return sorted(seen)
+
+
+def tick(instance, root, cursor):
+    with dg.build_sensor_context(instance=instance, cursor=cursor,
+                                 resources={"history": history_root(str(root))}) as context:
+        return finished_wal_segments_sensor(context)
+
+
+def test_second_tick_over_unchanged_wals_lists_and_requests_nothing(tmp_path, monkeypatch):
+    root = tmp_path / "data"
+    for n in range(5):
+        fake_wal(root / f"db{n}" / "wal", applied=50, sealed=2)
+    listings = Listings(monkeypatch, root)
+    instance = dg.DagsterInstance.ephemeral()
+    first = tick(instance, root, None)
+    assert len(first.run_requests) == 10
+    listed = listings.take()
+    assert "." in listed and not any("applied" in p for p in listed)  # history is never listed
+    assert sorted(p for p in listed if p != ".") == [f"db{n}/wal/segments" for n in range(5)]
+    second = tick(instance, root, first.cursor)
+    assert second.run_requests == [] and second.dynamic_partitions_requests == []
+    assert listings.take() == ["."]  # the root's folder only: every WAL's folder times are unchanged
+    sealed_id = seal_next(root / "db3" / "wal")
+    listings.take()  # (the test's own writer listed that folder)
+    third = tick(instance, root, second.cursor)
+    assert [r.partition_key for r in third.run_requests] == [f"db3.{segment_file(sealed_id, '')}"]
+    assert listings.take() == [".", "db3/wal/segments"]
+    fourth = tick(instance, root, third.cursor)  # db3 changed a moment ago: listed once more, nothing new
+    assert fourth.run_requests == [] and listings.take() == [".", "db3/wal/segments"]
+    age(root / "db3" / "wal")  # seconds later: listed one last time, now settled
+    fifth = tick(instance, root, fourth.cursor)
+    assert fifth.run_requests == [] and listings.take() == [".", "db3/wal/segments"]
+    assert tick(instance, root, fifth.cursor).run_requests == [] and listings.take() == ["."]
+
+
+def test_a_quarantined_or_unreadable_database_does_not_hold_up_the_others(tmp_path):
+    root = tmp_path / "data"
+    fake_wal(root / "ok" / "wal", applied=3, sealed=2)
+    stuck = root / "stuck" / "wal"
+    fake_wal(stuck, applied=1, sealed=2)
+    (stuck / "quarantine").mkdir()
+    (stuck / "segments" / segment_file(2)).rename(stuck / "quarantine" / segment_file(2))
+    (stuck / "quarantine" / f"{segment_name(2)}.error.json").write_text('{"error": "line 4: no such key"}')
+    broken = root / "broken" / "wal"
+    broken.mkdir(parents=True)
+    (broken / "segments").symlink_to(broken / "segments")  # a loop: stat fails with ELOOP
+    age(stuck)
+    instance = dg.DagsterInstance.ephemeral()
+    first = tick(instance, root, None)
+    assert [r.partition_key for r in first.run_requests] == [f"ok.{segment_name(4)}", f"ok.{segment_name(5)}"]
+    assert all(r.tags[DATABASE_TAG] == "ok" and r.tags[COMPACTION_TAG] == "segment" for r in first.run_requests)
+    assert set(first.dynamic_partitions_requests[0].partition_keys) == {
+        f"ok.{segment_name(4)}", f"ok.{segment_name(5)}", f"stuck.{segment_name(2)}", f"stuck.{segment_name(3)}"}
+    instance.add_dynamic_partitions("wal_segments", list(first.dynamic_partitions_requests[0].partition_keys))
+    seal_next(root / "ok" / "wal")  # ok goes on while stuck waits for an operator
+    second = tick(instance, root, first.cursor)
+    assert [r.partition_key for r in second.run_requests] == [f"ok.{segment_name(6)}"]
+    assert [(e.partition, e.metadata["reason"].value) for e in second.asset_events] == [
+        (f"stuck.{segment_name(2)}", "line 4: no such key")] * 2
+    (broken / "segments").unlink()  # fixed: the next tick lists it like any other
+    fake_wal(broken, applied=0, sealed=1)
+    third = tick(instance, root, second.cursor)
+    assert [r.partition_key for r in third.run_requests] == [f"broken.{segment_name(1)}"]
+    instance.add_dynamic_partitions("wal_segments", [f"broken.{segment_name(1)}"])
+    shutil.move(broken / "segments", broken / "aside")  # unreadable again: not taken for a database gone
+    (broken / "segments").symlink_to(broken / "segments")
+    fourth = tick(instance, root, third.cursor)
+    assert fourth.run_requests == [] and fourth.dynamic_partitions_requests == []
+    assert '"broken"' in fourth.cursor
+    (broken / "segments").unlink()
+    shutil.move(broken / "aside", broken / "segments")
+    assert tick(instance, root, fourth.cursor).run_requests == []  # nothing new: requested once
+
+
+def test_three_hundred_databases(tmp_path, monkeypatch):
+    root = tmp_path / "data"
+    for n in range(300):
+        fake_wal(root / f"tenant_{n:03d}" / "wal", applied=5, sealed=1)
+    instance = dg.DagsterInstance.ephemeral()
+    first = tick(instance, root, None)
+    assert [r.partition_key for r in first.run_requests] == [
+        f"tenant_{n:03d}.{segment_name(6)}" for n in range(300)]
+    assert len(first.dynamic_partitions_requests[0].partition_keys) == 300
+    listings = Listings(monkeypatch, root)
+    second = tick(instance, root, first.cursor)
+    assert second.run_requests == [] and listings.take() == ["."]
+    assert "300 database(s), 0 listed this tick" in second.skip_reason.skip_message
+    shutil.rmtree(root / "tenant_123")  # a tenant leaves: its partitions go, the others stay
+    instance.add_dynamic_partitions("wal_segments", list(first.dynamic_partitions_requests[0].partition_keys))
+    third = tick(instance, root, second.cursor)
+    assert third.dynamic_partitions_requests[0].partition_keys == [f"tenant_123.{segment_name(6)}"]
+    assert '"tenant_123"' not in third.cursor
+
+
+def test_instance_limits_compaction_runs_per_database_and_over_all_databases(tmp_path):
+    """The shipped dagster.yaml loads, and its run queue limits the tags the sensor puts on runs."""
+    shutil.copy(Path(__file__).parent.parent / "dagster.yaml", tmp_path / "dagster.yaml")
+    with dg.DagsterInstance.from_config(str(tmp_path)) as instance:
+        queue = instance.run_coordinator.get_run_queue_config()
+        # each tick is stored with the cursor (O(databases)): idle ticks are not kept for a week
+        assert instance.get_settings("retention")["sensor"]["purge_after_days"]["skipped"] == 1
+    limits = {limit["key"]: limit for limit in queue.tag_concurrency_limits}
+    assert limits[DATABASE_TAG]["limit"] == 1 and limits[DATABASE_TAG]["value"] == {"applyLimitPerUniqueValue": True}
+    assert 1 <= limits[COMPACTION_TAG]["limit"] < queue.max_concurrent_runs  # a slot stays for maintenance
+
+
+@pytest.mark.parametrize("applied", [0, 40])
+def test_what_a_tick_lists_does_not_depend_on_history(tmp_path, monkeypatch, applied):
+    root = tmp_path / "data"
+    fake_wal(root / "db" / "wal", applied=applied, sealed=1)
+    listings = Listings(monkeypatch, root)
+    first = tick(dg.DagsterInstance.ephemeral(), root, None)
+    assert len(first.run_requests) == 1
+    assert listings.take() == [".", "db/wal/segments"]
+
+
+@pytest.mark.parametrize("layout", ["local root", "wal_root", "s3 root"])
+def test_the_sensors_wal_folders_are_those_the_store_uses(tmp_path, monkeypatch, layout):
+    monkeypatch.chdir(tmp_path)  # an S3 root keeps its WALs under data/wal/<bucket>/<prefix> by default
+    root, wal_root = {"local root": (str(tmp_path / "data"), None),
+                      "wal_root": ("s3://bucket/prefix", str(tmp_path / "wals")),
+                      "s3 root": ("s3://bucket/prefix", None)}[layout]
+    history = history_root(root, wal_root=wal_root)
+    for database in ("a", "b.c"):
+        fake_wal(history.wal_dir(database), applied=1, sealed=1)
+    assert history.wal_dirs() == {db: str(history.wal_dir(db)) for db in ("a", "b.c")}
+    assert history.databases() == ["a", "b.c"]
