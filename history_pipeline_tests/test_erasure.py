@@ -419,3 +419,32 @@ def test_erasure_on_an_s3_root_rewrites_the_files_on_s3(tmp_path, s3_bucket, s3_
     assert store.verify() == []
     stored = [o.path for o in store.objects.list("db/tables/")]
     assert stored and not [p for p in stored if _bytes_contain(store.objects.get(p), SECRET)]
+
+
+def test_a_compaction_racing_an_erasure_commits_nothing_and_its_rerun_has_no_erased_key(tmp_path):
+    """The compaction read its segment before the erasure masked it: committing would bring the
+    erased key back, so the commit is refused and the rerun reads the masked segment."""
+    store = HistoryStore.open(tmp_path, database="db")
+    columns = [{"column_uuid": "v", "column_name": "v", "data_type": "TEXT"}]
+    write(store, [
+        {"op": "create_table", "t": 1, "table_uuid": "T", "table_name": "t", "columns": columns},
+        {"op": "insert", "t": 2, "table_uuid": "T", "key": 1, "values": {"v": "erase me"}},
+    ], [
+        {"op": "update", "t": 3, "table_uuid": "T", "key": 1, "values": {"v": "erase me too"}},
+        {"op": "insert", "t": 3, "table_uuid": "T", "key": 2, "values": {"v": "keep"}},
+    ])
+    first, second = store.segments()
+    compact_segment(store, first, None, CompactionSummary())
+
+    def erase_meanwhile(step):
+        if step == "files_written":
+            store.erase("t", [1], requested_by="test")
+
+    with pytest.raises(HistoryError, match="changed while it was compacted"):
+        compact_segment(store, second, None, CompactionSummary(), on_step=erase_meanwhile)
+    assert 2 not in {r["synthetic_key"] for r in store.load_table("t", store.frontier + 1).to_pylist()}
+    store.compact(spark=False)
+    for as_of in range(2, store.frontier + 2):
+        assert store.fetch_row("t", 1, as_of) is None
+    assert store.row_history("t", 1) == []
+    assert store.load_table("t", 4).to_pylist() == [{"synthetic_key": 2, "v": "keep"}]

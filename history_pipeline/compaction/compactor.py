@@ -18,9 +18,11 @@ already lists as applied, which the next run just moves.
 
 from __future__ import annotations
 
+import os
 import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from types import MappingProxyType
 from typing import Any
 
@@ -273,6 +275,7 @@ def compact_segment(
         move_segment(ref, SegmentState.APPLIED, store.wal_dir)  # committed earlier; finish the move
         return
     attempt = uuid.uuid4().hex  # every file this attempt writes says so: rebuild adopts one attempt only
+    read = _file_identity(ref.path)  # an erasure that masks the segment meanwhile replaces the file
     try:
         if spark is not None and store.settings.compaction_engine == "dataframes":
             plan = _apply_frames(store, ref, state, spark, on_step, attempt)
@@ -290,6 +293,12 @@ def compact_segment(
     def build(current: CatalogState) -> list[Any] | None:
         if plan.segment_id in current.applied_segments:
             return None
+        if _file_identity(ref.path) != read:
+            # checked on every commit attempt, so also after a racing erasure's commit
+            raise HistoryError(
+                f"segment {plan.segment} of {store.database} changed while it was compacted (an erasure masked "
+                "it?); nothing was committed: run the compaction again"
+            )
         if current.schema_history != state.schema_history or current.frontier != state.frontier:
             raise HistoryError(
                 f"the catalog of {store.database} changed under compaction of segment {plan.segment}; run again"
@@ -312,6 +321,15 @@ def compact_segment(
     summary.tables_touched.update(e.table_uuid for e in plan.schema_entries)
     summary.schema_changes += len(plan.schema_entries)
     summary.frontier = max(summary.frontier, plan.upper)
+
+
+def _file_identity(path: Path) -> tuple[int, int, int] | None:
+    """(inode, modification time, size), None when gone: a file replaced or rewritten is told apart."""
+    try:
+        info = os.stat(path)
+    except FileNotFoundError:
+        return None
+    return info.st_ino, info.st_mtime_ns, info.st_size
 
 
 #: a table's mutations are split by key into this many tasks once they are this many
