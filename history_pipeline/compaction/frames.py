@@ -157,7 +157,8 @@ def parsed_lines(spark: Any, segment: SealedSegment) -> Any:
     """(line, text, op, t, table_uuid) of every event line of a segment, parsed in the JVM."""
     from pyspark.sql import functions as F
 
-    chunks = max(1, min(16, segment.body_bytes // CHUNK_BYTES + 1))
+    # at least two ranges: parsing and decoding run on both cores of the smallest machine
+    chunks = max(2, min(16, segment.body_bytes // CHUNK_BYTES + 1))
     tasks = spark.createDataFrame(
         [(str(segment.ref.path.absolute()), i) for i in range(chunks)], "path string, chunk int"
     )
