@@ -177,23 +177,25 @@ def parsed_lines(spark: Any, segment: SealedSegment) -> Any:
 
 
 def route(spark: Any, parsed: Any) -> tuple[list[tuple[int, bytes]], list[tuple[str, int, int]]]:
-    """One action: the non-row records (line, text) and per touched table (uuid, rows, max t)."""
+    """One action: the non-row records (line, text) and per touched table (uuid, rows, max t).
+
+    One aggregation over one scan of the parsed lines (a union of two branches would let two
+    concurrent stages both parse the segment before its cache is filled): row events group by
+    table; the few other records gather in the group without a table.
+    """
     from pyspark.sql import functions as F
 
-    others = parsed.filter(~F.col("is_row")).select(
-        "line", "text", F.lit(None).cast("string").alias("table_uuid"), F.lit(None).cast("bigint").alias("n"),
-        F.lit(None).cast("bigint").alias("max_t"),
+    row = F.col("is_row")
+    grouped = parsed.groupBy(F.when(row, F.col("table_uuid")).alias("table_uuid")).agg(
+        F.count(F.when(row, F.lit(1))).alias("n"),
+        F.max(F.when(row, F.col("t"))).alias("max_t"),
+        F.collect_list(F.when(~row, F.struct("line", "text"))).alias("records"),
     )
-    tables = parsed.filter(F.col("is_row")).groupBy("table_uuid").agg(
-        F.count(F.lit(1)).alias("n"), F.max("t").alias("max_t")
-    ).select(F.lit(None).cast("bigint").alias("line"), F.lit(None).cast("binary").alias("text"), "table_uuid", "n",
-             "max_t")
     records, touched = [], []
-    for row in others.unionByName(tables).collect():
-        if row["line"] is not None:
-            records.append((int(row["line"]), bytes(row["text"])))
-        else:
-            touched.append((row["table_uuid"], int(row["n"]), row["max_t"]))
+    for r in grouped.collect():
+        records += [(int(x["line"]), bytes(x["text"])) for x in r["records"]]
+        if r["table_uuid"] is not None:
+            touched.append((r["table_uuid"], int(r["n"]), r["max_t"]))
     records.sort()
     return records, sorted(touched)
 
