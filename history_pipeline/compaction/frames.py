@@ -1,23 +1,20 @@
-"""Compaction as Spark DataFrame operations (the default path of ``HistoryStore.compact``).
+"""Compaction as Spark DataFrame operations (``StoreSettings(compaction_engine="dataframes")``).
 
 Per verified segment the driver runs two Spark actions and never holds the segment:
 
 1. *route*: executors split the segment into (line, text) rows (``mapInArrow`` over byte
-   ranges of the file); the JVM parses each line's envelope (``from_json``). Back to the driver
-   come only the non-row records (schema changes, closes, anything unparsable) and one row per
-   touched table (count, largest t). The driver replays the schema records into epochs.
-2. *validate, fold and write* (one action): per table, executors decode and check each row
+   ranges of the file); the JVM parses each line's envelope (``from_json``); the parsed lines
+   are persisted (every table's decode reads them). One aggregation brings back only the
+   non-row records (schema changes, closes, anything unparsable) and per touched table its
+   row count and largest t. The driver replays the schema records into epochs.
+2. *decode, fold and write* (one action): per table, executors decode and check each row
    event against its epoch (the project's own decoders, so values and messages are those of
-   the contract), the prior live image of the touched keys is read from the table's files on
-   executors, and a window over (key ordered by t, line) finds inserts of live keys and
-   updates or deletes of missing ones.
-   Only the smallest failing line comes back (and the files written beside it are discarded).
-   The fold: per supercolumn a value and a "set" flag (an explicit NULL differs from
-   "not given"; a column not in force at an event is set to NULL); the newest set value per key
-   ordered by (t, line), one version per (key, t), a key born and deleted within one t vanishes.
-   Adding a column with a default, or changing a type, appends per-key backfill rows (casts by
-   ``compaction/casts.py`` in an Arrow UDF) and writes a snapshot of the live rows after it.
-   Executors write sorted Parquet files through the object store and return their statistics.
+   the contract); the prior image is read from the table's files on executors (only the
+   touched keys, a broadcast semi-join, unless a backfill needs every live key); one range
+   shuffle puts whole keys together sorted by (key, t, line), and one Arrow UDF per key range
+   validates, folds (``fold.py``, vectorized), applies backfills, and writes the versions and
+   snapshot files. Back come the files' statistics, or a range's smallest failing line (then
+   the caller discards the files other ranges wrote).
 
 The driver then commits exactly as the in-process path does (``compactor.py``).
 """
