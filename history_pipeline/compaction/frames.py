@@ -522,10 +522,13 @@ _STATS = ("path", "kind", "table_uuid", "size_bytes", "row_count", "min_t", "max
 _ERRORS = ("line", "key", "error_class", "reason")
 
 
-def table_frame(spark: Any, work: TableWork, parsed: Any, ctx: FrameContext, segment: str, parts: int) -> Any:
+def table_frame(
+    spark: Any, work: TableWork, parsed: Any, ctx: FrameContext, segment: str, parts: int, cache: list[Any]
+) -> Any:
     """One table's plan: decode its rows, add the prior image of the keys it touches (all live
     keys when a backfill needs them), spread whole keys over ``parts`` sorted ranges, fold and
-    write each range in one Arrow UDF. Returns the (statistics, failure) rows."""
+    write each range in one Arrow UDF. Returns the (statistics, failure) rows; frames it
+    persisted are appended to ``cache`` for the caller to release."""
     from pyspark.sql import functions as F
 
     rows = parsed.filter(F.col("is_row") & (F.col("table_uuid") == work.table_uuid)).select("line", "text")
@@ -534,6 +537,9 @@ def table_frame(spark: Any, work: TableWork, parsed: Any, ctx: FrameContext, seg
     if work.files:
         prior = prior_rows(spark, work, ctx)
         if not work.backfills:  # only the touched keys' prior rows travel (a broadcast semi-join)
+            decoded = decoded.persist()  # read twice (keys and rows): decode in Python once
+            cache.append(decoded)
+            union = decoded
             keys = decoded.filter(F.col("error_class").isNull()).select("key").distinct()
             prior = prior.join(F.broadcast(keys), "key", "left_semi")
         union = prior.unionByName(decoded)
@@ -549,8 +555,13 @@ def run_segment(
     """One action validates, folds and writes every touched table and returns the files'
     statistics with the smallest failing line, if any (then the caller discards the files)."""
     name = plan.segment.ref.name
-    frames = [table_frame(spark, w, parsed, ctx, name, files_per_table(w.rows)) for w in plan.tables]
-    rows = _union(frames).collect() if frames else []
+    cache: list[Any] = []
+    frames = [table_frame(spark, w, parsed, ctx, name, files_per_table(w.rows), cache) for w in plan.tables]
+    try:
+        rows = _union(frames).collect() if frames else []
+    finally:
+        for frame in cache:
+            frame.unpersist()
     entries = [_entry(r, ctx.segment_id) for r in rows if r["path"] is not None]
     failures = sorted((r for r in rows if r["error_class"] is not None),
                       key=lambda r: (r["line"], -1 if r["key"] is None else r["key"]))
