@@ -3,6 +3,7 @@
     python -m bench.compaction --quick
 
 - ours: ``HistoryStore.compact`` (Spark DataFrame path) of a workload's sealed segments;
+- the task engine (per-event folds in ``rdd.map`` tasks) on the same segments, same session;
 - Spark's own JSON -> Parquet of the same segment files, warm (run once untimed first), with an
   explicit schema, in the same session;
 - Delta Lake MERGE of the same changes, once per segment and table;
@@ -30,9 +31,12 @@ from history_pipeline.wal import SegmentState
 
 #: the DataFrame compaction engine, on the session given to compact()
 FRAMES = StoreSettings(spark_master=None, compaction_engine="dataframes")
+#: the task engine (per-event folds in Spark tasks), on the same session
+TASKS = StoreSettings(spark_master=None, compaction_engine="tasks")
 
 
 SIZES = {
+    "small": Workload(tables=2, live_rows=10_000, versions=100_000, segment_events=50_000),
     "quick": Workload(tables=2, live_rows=20_000, versions=200_000, segment_events=50_000),
     "full": Workload(tables=2, live_rows=250_000, versions=2_000_000, segment_events=100_000),
 }
@@ -114,6 +118,10 @@ def bench_compaction_frames(work: Path, w: Workload, spark: Any) -> dict[str, An
     """Ours, Spark JSON -> Parquet (warm, explicit schema) and Delta MERGE on the same segments."""
     from bench.run import bench_delta_merge
 
+    for name, settings in (("warm_frames", FRAMES), ("warm_tasks", TASKS)):  # both engines warm, like the baseline
+        warm = HistoryStore.open(work / name, database="bench", settings=settings)
+        write_workload(warm, Workload(tables=2, live_rows=500, versions=3_000, segment_events=1_500))
+        warm.compact(spark=spark)
     store = HistoryStore.open(work / "frames", database="bench", settings=FRAMES)
     events = write_workload(store, w)
     copies = work / "frame_segments"
@@ -126,6 +134,11 @@ def bench_compaction_frames(work: Path, w: Workload, spark: Any) -> dict[str, An
         ours_s = time.perf_counter() - start
     versions = summary.versions_written
     paths = [str(p) for p in sorted(copies.iterdir())]
+    tasks_store = HistoryStore.open(work / "tasks", database="bench", settings=TASKS)
+    write_workload(tasks_store, w)
+    start = time.perf_counter()
+    tasks_versions = tasks_store.compact(spark=spark).versions_written
+    tasks_s = time.perf_counter() - start
 
     def spark_json_to_parquet() -> float:
         began = time.perf_counter()
@@ -144,6 +157,9 @@ def bench_compaction_frames(work: Path, w: Workload, spark: Any) -> dict[str, An
         "versions": versions,
         "ours_s": ours_s,
         "ours_versions_per_s": ours_rate,
+        "tasks_engine_s": tasks_s,
+        "tasks_engine_versions_per_s": tasks_versions / tasks_s,
+        "ratio_to_tasks_engine": ours_rate / (tasks_versions / tasks_s),
         "spark_json_to_parquet_warm_s": spark_s,
         "spark_events_per_s": spark_rate,
         "ratio_to_spark_json": ratio,
@@ -163,6 +179,8 @@ def report(r: dict[str, Any]) -> str:
         f"compaction (DataFrame path): {r['versions']:,} versions from {r['events']:,} events "
         f"in {r['segments']} segments",
         f"  ours                          {r['ours_s']:8.2f} s  {r['ours_versions_per_s']:>10,.0f} versions/s",
+        f"  task engine (same session)    {r['tasks_engine_s']:8.2f} s  "
+        f"{r['tasks_engine_versions_per_s']:>10,.0f} versions/s  (ours {r['ratio_to_tasks_engine']:.2f}x)",
         f"  Spark JSON->Parquet (warm)    {r['spark_json_to_parquet_warm_s']:8.2f} s  "
         f"{r['spark_events_per_s']:>10,.0f} events/s",
         f"  Delta MERGE per segment       {r['delta_merge_s']:8.2f} s  "
@@ -177,12 +195,14 @@ def report(r: dict[str, Any]) -> str:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="small sizes")
+    parser.add_argument("--small", action="store_true", help="smaller still (100k versions), for a shared machine")
     args = parser.parse_args(argv)
     from history_pipeline.compaction.spark_session import local_spark
 
-    spark = local_spark("local[2]")
+    spark = local_spark("local[2]", {"spark.ui.showConsoleProgress": "false"})
     with tempfile.TemporaryDirectory() as tmp:
-        result = bench_compaction_frames(Path(tmp), SIZES["quick" if args.quick else "full"], spark)
+        size = "small" if args.small else "quick" if args.quick else "full"
+        result = bench_compaction_frames(Path(tmp), SIZES[size], spark)
     spark.stop()
     print(report(result))
     out = Path(__file__).parent / "results" / "compaction_frames.json"

@@ -4,6 +4,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 from history_pipeline import HistoryStore, StoreSettings
 from history_pipeline.catalog.model import FileKind
 from history_pipeline_tests.spark_scenario import answers
@@ -71,8 +73,6 @@ def test_type_changes_and_defaults_backfill_on_executors(tmp_path, spark):
 
 
 def test_seal_is_verified_streaming_before_spark_reads_the_segment(tmp_path, spark):
-    import pytest
-
     from history_pipeline import SegmentQuarantinedError
     from history_pipeline.wal import SegmentState
     from history_pipeline_tests.test_compaction import rfc_events
@@ -87,3 +87,68 @@ def test_seal_is_verified_streaming_before_spark_reads_the_segment(tmp_path, spa
         store.compact(spark=spark)
     assert store.frontier == 3
     assert [s.segment_id for s in store.segments(SegmentState.QUARANTINED)] == [2]
+
+
+NOT_NULL = {"column_uuid": "nn", "column_name": "nn", "data_type": "SMALLINT", "is_nullable": False}
+FIRST = [  # the good first segment: key 1 deleted, keys 2 and 3 live, a NOT NULL column and a cast target
+    {"op": "create_table", "t": 1, "table_uuid": "T", "table_name": "t",
+     "columns": [{"column_uuid": "c", "column_name": "c", "data_type": "TEXT"}, NOT_NULL]},
+    {"op": "insert", "t": 2, "table_uuid": "T", "key": 1, "values": {"c": "a", "nn": 1}},
+    {"op": "insert", "t": 2, "table_uuid": "T", "key": 2, "values": {"c": "12", "nn": 2}},
+    {"op": "insert", "t": 3, "table_uuid": "T", "key": 3, "values": {"c": "x", "nn": 3}},
+    {"op": "delete", "t": 4, "table_uuid": "T", "key": 1},
+]
+BAD_SEGMENTS = {  # each second segment fails; the DataFrame engine must name the same line and reason
+    "update of a deleted key": [{"op": "update", "t": 5, "table_uuid": "T", "key": 1, "values": {"c": "y"}}],
+    "delete of a missing key": [{"op": "delete", "t": 5, "table_uuid": "T", "key": 9}],
+    "insert of a live key": [{"op": "insert", "t": 5, "table_uuid": "T", "key": 2, "values": {"nn": 1}}],
+    "unknown table": [{"op": "insert", "t": 5, "table_uuid": "nope", "key": 5, "values": {}}],
+    "unknown column": [{"op": "insert", "t": 5, "table_uuid": "T", "key": 5, "values": {"zz": 1, "nn": 1}}],
+    "wrong JSON type": [{"op": "insert", "t": 5, "table_uuid": "T", "key": 5, "values": {"c": 5, "nn": 1}}],
+    "out of range": [{"op": "update", "t": 5, "table_uuid": "T", "key": 2, "values": {"nn": 40000}}],
+    "NOT NULL left empty": [{"op": "insert", "t": 5, "table_uuid": "T", "key": 5, "values": {"c": "v"}}],
+    "NOT NULL set to null": [{"op": "update", "t": 5, "table_uuid": "T", "key": 3, "values": {"nn": None}}],
+    "re-insert within one t, then a delete of the vanished key": [
+        {"op": "insert", "t": 5, "table_uuid": "T", "key": 6, "values": {"nn": 6}},
+        {"op": "delete", "t": 5, "table_uuid": "T", "key": 6},
+        {"op": "delete", "t": 6, "table_uuid": "T", "key": 6},
+    ],
+    "cast fails on two keys (smallest key named)": [
+        {"op": "insert", "t": 5, "table_uuid": "T", "key": 0, "values": {"c": "zero", "nn": 0}},
+        {"op": "change_column_type", "t": 6, "table_uuid": "T", "column_uuid": "c", "data_type": "INTEGER"},
+    ],
+}
+
+
+@pytest.mark.parametrize("case", sorted(BAD_SEGMENTS))
+def test_bad_segments_fail_with_the_reference_line_and_reason(tmp_path, spark, case):
+    from history_pipeline import SegmentQuarantinedError
+
+    messages = []
+    for name, session in (("frames", spark), ("reference", False)):
+        store = HistoryStore.open(tmp_path / name, database="db", settings=FRAMES)
+        write(store, FIRST, BAD_SEGMENTS[case])
+        with pytest.raises(SegmentQuarantinedError) as info:
+            store.compact(spark=session)
+        messages.append(str(info.value))
+        state = store.catalog_state()
+        assert store.frontier == 4 and state.files_of("T", FileKind.VERSIONS)
+        assert {e.segments for e in state.files.values()} == {(1,)}  # nothing of the bad segment
+    assert messages[0] == messages[1]
+    assert "segment 00000000000000000002, line" in messages[0]
+
+
+def test_the_dataframe_engine_names_the_smallest_failing_line(tmp_path, spark):
+    """Several bad lines: the smallest is named (the per-event reference names a bad value before
+    any missing key, whatever their lines, as it decodes the whole segment before folding)."""
+    from history_pipeline import SegmentQuarantinedError
+
+    store = HistoryStore.open(tmp_path, database="db", settings=FRAMES)
+    write(store, FIRST, [
+        {"op": "insert", "t": 5, "table_uuid": "T", "key": 7, "values": {"nn": 7}},
+        {"op": "update", "t": 6, "table_uuid": "T", "key": 8, "values": {"c": "y"}},  # line 3: no key 8
+        {"op": "update", "t": 7, "table_uuid": "T", "key": 3, "values": {"nn": "x"}},  # line 4: not a SMALLINT
+    ])
+    with pytest.raises(SegmentQuarantinedError, match="segment 00000000000000000002, line 3: update of key 8, "
+                                                      "which does not exist"):
+        store.compact(spark=spark)

@@ -239,19 +239,23 @@ def _apply_frames(
 ) -> SegmentResult:
     """The DataFrame path: the driver verifies, routes and plans; Spark decodes, folds and writes."""
     sealed = verify_segment(ref)
-    parsed = frames.parsed_lines(spark, sealed)
-    records, touched = frames.route(spark, parsed)
-    plan = frames.plan_frames(sealed, records, touched, replay_schema_history(state.schema_history), state)
-    on_step("planned")
-    ctx = frames.FrameContext(
-        store_config=executor_store_config(store.objects),
-        database=store.database,
-        prior_as_of=state.frontier + 1,
-        txn_hint=state.txn_id + 1,
-        segment_id=ref.segment_id,
-        attempt=attempt,
-    )
-    outcome = frames.run_segment(spark, plan, parsed, ctx, files_per_table)
+    # routing and every table's decode read the parsed lines: split and parse the file once
+    parsed = frames.parsed_lines(spark, sealed).persist()
+    try:
+        records, touched = frames.route(spark, parsed)
+        plan = frames.plan_frames(sealed, records, touched, replay_schema_history(state.schema_history), state)
+        on_step("planned")
+        ctx = frames.FrameContext(
+            store_config=executor_store_config(store.objects),
+            database=store.database,
+            prior_as_of=state.frontier + 1,
+            txn_hint=state.txn_id + 1,
+            segment_id=ref.segment_id,
+            attempt=attempt,
+        )
+        outcome = frames.run_segment(spark, plan, parsed, ctx, files_per_table)
+    finally:
+        parsed.unpersist()
     if outcome.error is not None:
         for entry in outcome.entries:  # written beside the failing line's check: never committed
             store.objects.delete(entry.path)

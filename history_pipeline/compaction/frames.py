@@ -1,23 +1,20 @@
-"""Compaction as Spark DataFrame operations (the default path of ``HistoryStore.compact``).
+"""Compaction as Spark DataFrame operations (``StoreSettings(compaction_engine="dataframes")``).
 
 Per verified segment the driver runs two Spark actions and never holds the segment:
 
 1. *route*: executors split the segment into (line, text) rows (``mapInArrow`` over byte
-   ranges of the file); the JVM parses each line's envelope (``from_json``). Back to the driver
-   come only the non-row records (schema changes, closes, anything unparsable) and one row per
-   touched table (count, largest t). The driver replays the schema records into epochs.
-2. *validate, fold and write* (one action): per table, executors decode and check each row
+   ranges of the file); the JVM parses each line's envelope (``from_json``); the parsed lines
+   are persisted (every table's decode reads them). One aggregation brings back only the
+   non-row records (schema changes, closes, anything unparsable) and per touched table its
+   row count and largest t. The driver replays the schema records into epochs.
+2. *decode, fold and write* (one action): per table, executors decode and check each row
    event against its epoch (the project's own decoders, so values and messages are those of
-   the contract), the prior live image of the touched keys is read from the table's files on
-   executors, and a window over (key ordered by t, line) finds inserts of live keys and
-   updates or deletes of missing ones.
-   Only the smallest failing line comes back (and the files written beside it are discarded).
-   The fold: per supercolumn a value and a "set" flag (an explicit NULL differs from
-   "not given"; a column not in force at an event is set to NULL); the newest set value per key
-   ordered by (t, line), one version per (key, t), a key born and deleted within one t vanishes.
-   Adding a column with a default, or changing a type, appends per-key backfill rows (casts by
-   ``compaction/casts.py`` in an Arrow UDF) and writes a snapshot of the live rows after it.
-   Executors write sorted Parquet files through the object store and return their statistics.
+   the contract); the prior image is read from the table's files on executors (only the
+   touched keys, a broadcast semi-join, unless a backfill needs every live key); one range
+   shuffle puts whole keys together sorted by (key, t, line), and one Arrow UDF per key range
+   validates, folds (``fold.py``, vectorized), applies backfills, and writes the versions and
+   snapshot files. Back come the files' statistics, or a range's smallest failing line (then
+   the caller discards the files other ranges wrote).
 
 The driver then commits exactly as the in-process path does (``compactor.py``).
 """
@@ -33,7 +30,7 @@ import pyarrow as pa
 
 from history_pipeline.catalog.model import CatalogState, FileEntry, FileKind
 from history_pipeline.compaction.carriers import carrier_type, from_carrier, to_carrier
-from history_pipeline.compaction.casts import CastFailure, cast_value
+from history_pipeline.compaction.fold import GONE, PRIOR, fold
 from history_pipeline.compaction.plan import Backfill, TablePlan, _apply_schema
 from history_pipeline.errors import (
     CastError,
@@ -55,7 +52,7 @@ from history_pipeline.supertable import (
     supertable_schema,
     write_parquet,
 )
-from history_pipeline.types import arrow_native, arrow_type, decode_value, from_arrow_value, to_arrow_value
+from history_pipeline.types import arrow_native, arrow_type, decode_value, to_arrow_value
 from history_pipeline.wal.segments import SealedSegment
 
 ROW_OPS = ("insert", "update", "delete")
@@ -65,11 +62,14 @@ ERROR_CLASSES: dict[str, type[MalformedRecordError]] = {
 }
 #: bytes of segment per parsing task (a segment is split by byte ranges at line starts)
 CHUNK_BYTES = 8 << 20
-STATS_DDL = (
-    "path string, kind string, table_uuid string, size_bytes bigint, row_count bigint, min_t bigint, "
-    "max_t bigint, min_key bigint, max_key bigint, snapshot_as_of bigint"
-)
-ERROR_DDL = "line bigint, key bigint, error_class string, reason string"
+#: what each fold task returns: a written file's statistics, or its first failing line
+OUT_SCHEMA = pa.schema([
+    ("path", pa.string()), ("kind", pa.string()), ("table_uuid", pa.string()), ("size_bytes", pa.int64()),
+    ("row_count", pa.int64()), ("min_t", pa.int64()), ("max_t", pa.int64()), ("min_key", pa.int64()),
+    ("max_key", pa.int64()), ("snapshot_as_of", pa.int64()),
+    ("line", pa.int64()), ("key", pa.int64()), ("error_class", pa.string()), ("reason", pa.string()),
+])
+OUT_DDL = ", ".join(f"{f.name} {'string' if pa.types.is_string(f.type) else 'bigint'}" for f in OUT_SCHEMA)
 
 
 # --- plans the driver makes ------------------------------------------------------------
@@ -155,7 +155,8 @@ def parsed_lines(spark: Any, segment: SealedSegment) -> Any:
     """(line, text, op, t, table_uuid) of every event line of a segment, parsed in the JVM."""
     from pyspark.sql import functions as F
 
-    chunks = max(1, min(16, segment.body_bytes // CHUNK_BYTES + 1))
+    # at least two ranges: parsing and decoding run on both cores of the smallest machine
+    chunks = max(2, min(16, segment.body_bytes // CHUNK_BYTES + 1))
     tasks = spark.createDataFrame(
         [(str(segment.ref.path.absolute()), i) for i in range(chunks)], "path string, chunk int"
     )
@@ -174,23 +175,25 @@ def parsed_lines(spark: Any, segment: SealedSegment) -> Any:
 
 
 def route(spark: Any, parsed: Any) -> tuple[list[tuple[int, bytes]], list[tuple[str, int, int]]]:
-    """One action: the non-row records (line, text) and per touched table (uuid, rows, max t)."""
+    """One action: the non-row records (line, text) and per touched table (uuid, rows, max t).
+
+    One aggregation over one scan of the parsed lines (a union of two branches would let two
+    concurrent stages both parse the segment before its cache is filled): row events group by
+    table; the few other records gather in the group without a table.
+    """
     from pyspark.sql import functions as F
 
-    others = parsed.filter(~F.col("is_row")).select(
-        "line", "text", F.lit(None).cast("string").alias("table_uuid"), F.lit(None).cast("bigint").alias("n"),
-        F.lit(None).cast("bigint").alias("max_t"),
+    row = F.col("is_row")
+    grouped = parsed.groupBy(F.when(row, F.col("table_uuid")).alias("table_uuid")).agg(
+        F.count(F.when(row, F.lit(1))).alias("n"),
+        F.max(F.when(row, F.col("t"))).alias("max_t"),
+        F.collect_list(F.when(~row, F.struct("line", "text"))).alias("records"),
     )
-    tables = parsed.filter(F.col("is_row")).groupBy("table_uuid").agg(
-        F.count(F.lit(1)).alias("n"), F.max("t").alias("max_t")
-    ).select(F.lit(None).cast("bigint").alias("line"), F.lit(None).cast("binary").alias("text"), "table_uuid", "n",
-             "max_t")
     records, touched = [], []
-    for row in others.unionByName(tables).collect():
-        if row["line"] is not None:
-            records.append((int(row["line"]), bytes(row["text"])))
-        else:
-            touched.append((row["table_uuid"], int(row["n"]), row["max_t"]))
+    for r in grouped.collect():
+        records += [(int(x["line"]), bytes(x["text"])) for x in r["records"]]
+        if r["table_uuid"] is not None:
+            touched.append((r["table_uuid"], int(r["n"]), r["max_t"]))
     records.sort()
     return records, sorted(touched)
 
@@ -427,239 +430,81 @@ def _prior_reader(
     return read
 
 
-def prior_image(spark: Any, work: TableWork, ctx: FrameContext, keys: Any | None) -> Any:
-    """The live rows of the table before this segment (only ``keys`` when given), as union rows."""
-    from pyspark.sql import Window
+def prior_rows(spark: Any, work: TableWork, ctx: FrameContext) -> Any:
+    """The table's versions before this segment (snapshot and later versions), as fold rows."""
     from pyspark.sql import functions as F
 
     after = work.supercolumns_after
     before_names = {s.name for s in work.supercolumns_before}
     ddl = ", ".join(["key bigint", "t bigint", "is_deleted boolean", *_value_ddl(after)])
-    if not work.files:
-        return None
-    rows = [
-        (f.path, None if f.kind is FileKind.SNAPSHOT else work.snapshot_as_of) for f in work.files
-    ]
+    rows = [(f.path, None if f.kind is FileKind.SNAPSHOT else work.snapshot_as_of) for f in work.files]
     paths = spark.createDataFrame(rows, "path string, lower bigint")
     if len(rows) > 1:
         paths = paths.repartition(min(len(rows), 8))
     versions = paths.mapInArrow(_prior_reader(work, ctx.store_config, ctx.prior_as_of), ddl)
-    if keys is not None:
-        versions = versions.join(keys, "key", "left_semi")
-    newest = Window.partitionBy("key").orderBy(F.col("t").desc())
-    live = versions.withColumn("_n", F.row_number().over(newest)).filter((F.col("_n") == 1) & ~F.col("is_deleted"))
-    return live.select(
-        "key", "t", F.lit(0).cast("bigint").alias("line"), F.lit("prior").alias("kind"),
+    return versions.select(
+        F.lit(0).cast("bigint").alias("line"), "t",
+        F.when(F.col("is_deleted"), F.lit(GONE)).otherwise(F.lit(PRIOR)).alias("kind"), "key",
+        F.lit(None).cast("string").alias("error_class"), F.lit(None).cast("string").alias("reason"),
         *[F.col(f"v{i}") for i in range(len(after))],
         *[F.lit(s.name in before_names).alias(f"s{i}") for i, s in enumerate(after)],
     )
 
 
-def _backfiller(
-    backfill: Backfill, work: TableWork, segment: str
+# --- stage 3: fold and write ---------------------------------------------------------------
+
+
+def _stats_row(e: FileEntry) -> dict[str, Any]:
+    return {
+        "path": e.path, "kind": e.kind.value, "table_uuid": e.table_uuid, "size_bytes": e.size_bytes,
+        "row_count": e.row_count, "min_t": e.min_t, "max_t": e.max_t, "min_key": e.min_key,
+        "max_key": e.max_key, "snapshot_as_of": e.snapshot_as_of,
+        "line": None, "key": None, "error_class": None, "reason": None,
+    }
+
+
+def _folder(
+    work: TableWork, ctx: FrameContext, upper: int
 ) -> Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]:
-    """An Arrow UDF: (key, source value) of live keys in, (key, new value, error) out."""
-    target_type = arrow_type(backfill.target.data_type)
-    source = backfill.source
-
-    def fill(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-        for batch in batches:
-            keys = batch.column(0).to_pylist()
-            if source is None:
-                values = [backfill.default] * len(keys)
-                errors: list[Any] = [None] * len(keys)
-            else:
-                old = from_carrier(batch.column(1), arrow_type(source.data_type)).to_pylist()
-                values, errors = [], []
-                for key, raw in zip(keys, old, strict=True):
-                    try:
-                        values.append(cast_value(from_arrow_value(source.data_type, raw), source.data_type,
-                                                 backfill.target.data_type))
-                        errors.append(None)
-                    except CastFailure as exc:
-                        values.append(None)
-                        errors.append(
-                            f"change of column {backfill.target.column_uuid} to {backfill.target.data_type}: "
-                            f"key {key} holds a value that cannot be cast: {exc}"
-                        )
-            items = [to_arrow_value(backfill.target.data_type, v) for v in values]
-            yield pa.RecordBatch.from_arrays(
-                [pa.array(keys, pa.int64()), to_carrier(pa.array(items, target_type), target_type),
-                 pa.array(errors, pa.string())],
-                names=["key", "value", "reason"],
-            )
-
-    return fill
-
-
-def _before(b: Backfill) -> Any:
-    from pyspark.sql import functions as F
-
-    return (F.col("t") < b.t) | ((F.col("t") == b.t) & (F.col("line") < b.line))
-
-
-def _latest_images(rows: Any, width: int) -> Any:
-    """Per key: the kind of its last row, the t of its last version and every supercolumn's
-    newest set value (``max_by`` over (t, line), skipping rows that do not set it)."""
-    from pyspark.sql import functions as F
-
-    order = F.struct("t", "line")
-    return rows.groupBy("key").agg(
-        F.max_by("kind", order).alias("last_kind"),
-        F.max_by("t", F.when(F.col("kind") != "backfill", order)).alias("t"),
-        *[F.max_by(f"v{i}", F.when(F.col(f"s{i}"), order)).alias(f"v{i}") for i in range(width)],
-    )
-
-
-def with_backfills(
-    spark: Any, rows: Any, work: TableWork, segment: str, cache: list[Any]
-) -> tuple[Any, list[Any], list[tuple[int, Any]]]:
-    """Append each backfill's per-key rows; return (rows, error frames, (as_of, snapshot frame)).
-
-    Each step reads the one before it several times (images, snapshot, the next step): every
-    step is persisted (and listed in ``cache`` for the caller to release) so none is recomputed.
-    """
-    from pyspark.sql import functions as F
-    from pyspark.sql.pandas.types import from_arrow_type
-
-    width = len(work.supercolumns_after)
-    index = {s.name: i for i, s in enumerate(work.supercolumns_after)}
-    errors, snapshots = [], []
-    if work.backfills:
-        rows = rows.persist()
-        cache.append(rows)
-    for b in work.backfills:
-        images = _latest_images(rows.filter(_before(b)), width).filter(F.col("last_kind") != "delete")
-        target = index[b.target.name]
-        source = F.col(f"v{index[b.source.name]}") if b.source is not None else F.lit(None).cast("binary")
-        value_type = from_arrow_type(carrier_type(arrow_type(b.target.data_type))).simpleString()
-        filled = images.select("key", source.alias("source")).mapInArrow(
-            _backfiller(b, work, segment), f"key bigint, value {value_type}, reason string"
-        )
-        errors.append(filled.filter(F.col("reason").isNotNull()).select(
-            F.lit(b.line).cast("bigint").alias("line"), "key", F.lit("CastError").alias("error_class"), "reason"
-        ))
-        added = filled.select(
-            "key", F.lit(b.t).cast("bigint").alias("t"), F.lit(b.line).cast("bigint").alias("line"),
-            F.lit("backfill").alias("kind"),
-            *[(F.col("value") if i == target else F.lit(None).cast(rows.schema[f"v{i}"].dataType)).alias(f"v{i}")
-              for i in range(width)],
-            *[F.lit(i == target).alias(f"s{i}") for i in range(width)],
-        )
-        rows = rows.unionByName(added).persist()
-        cache.append(rows)
-        upto = rows.filter(_before(b) | ((F.col("t") == b.t) & (F.col("line") == b.line)))
-        snapshot = _latest_images(upto, width).filter(F.col("last_kind") != "delete").select(
-            "key", F.lit(False).alias("is_deleted"), "t", *[f"v{i}" for i in range(width)]
-        )
-        snapshots.append((b.t + 1, snapshot))
-    return rows, errors, snapshots
-
-
-def sequenced(rows: Any, width: int) -> Any:
-    """Each row with whether its key was live just before it, over (key ordered by t, line)."""
-    from pyspark.sql import Window
-    from pyspark.sql import functions as F
-
-    w = Window.partitionBy("key").orderBy("t", "line")
-    prev_kind = F.lag("kind").over(w)
-    return rows.select(
-        "*",
-        (prev_kind.isNotNull() & (prev_kind != "delete")).alias("live_before"),
-        F.lag("t").over(w).alias("prev_t"),
-        F.lead("t").over(w).alias("next_t"),
-    )
-
-
-def sequence_errors(seq: Any) -> Any:
-    """Inserts of live keys, updates and deletes of missing ones."""
-    from pyspark.sql import functions as F
-
-    kind, live = F.col("kind"), F.col("live_before")
-    reason = (
-        F.when((kind == "insert") & live, F.format_string("insert of key %d, which is already live", "key"))
-        .when((kind == "update") & ~live, F.format_string("update of key %d, which does not exist", "key"))
-        .when((kind == "delete") & ~live, F.format_string("delete of key %d, which does not exist", "key"))
-    )
-    return seq.select("line", "key", F.lit("HistoryConflictError").alias("error_class"), reason.alias("reason")).filter(
-        F.col("reason").isNotNull()
-    )
-
-
-def versions_frame(seq: Any, width: int) -> Any:
-    """One full image per (key, t): newest set value per supercolumn; born-and-deleted within t vanishes."""
-    from pyspark.sql import Window
-    from pyspark.sql import functions as F
-
-    running = Window.partitionBy("key").orderBy("t", "line").rowsBetween(Window.unboundedPreceding, Window.currentRow)
-    first_at_t = F.col("prev_t").isNull() | (F.col("prev_t") != F.col("t"))
-    images = seq.select(
-        "key", "t", "kind", "next_t",
-        F.last(F.when(first_at_t, F.col("live_before")), ignorenulls=True).over(running).alias("live_at_t"),
-        *[F.last(F.when(F.col(f"s{i}"), F.struct(F.col(f"v{i}").alias("x"))), ignorenulls=True).over(running)
-          .getField("x").alias(f"v{i}") for i in range(width)],
-    )
-    deleted = F.col("kind") == "delete"
-    last_at_t = F.col("next_t").isNull() | (F.col("next_t") != F.col("t"))
-    keep = F.col("kind").isin(*ROW_OPS) & last_at_t & ~(deleted & ~F.col("live_at_t"))
-    return images.filter(keep).select(
-        "key", deleted.alias("is_deleted"), "t",
-        *[F.when(deleted, None).otherwise(F.col(f"v{i}")).alias(f"v{i}") for i in range(width)],
-    )
-
-
-# --- stage 3: write ------------------------------------------------------------------------
-
-
-def _writer(
-    work: TableWork, ctx: FrameContext, kind: FileKind, snapshot_as_of: int | None, lower: int, upper: int
-) -> Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]:
-    """An Arrow UDF: one partition of sorted versions in, one written file's statistics out."""
+    """An Arrow UDF: one key range's rows, sorted by (key, t, line), in; the statistics of the
+    files written from it out, or its first failing line (then nothing is written)."""
     after = work.supercolumns_after
+    index = {s.name: i for i, s in enumerate(after)}
+    backfills = [(b, index[b.target.name], None if b.source is None else index[b.source.name]) for b in work.backfills]
 
-    def write(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-        parts = [b for b in batches if b.num_rows]
-        if not parts:
-            return
-        table = pa.Table.from_batches(parts)
+    def write(data: pa.Table, kind: FileKind, snapshot_as_of: int | None) -> FileEntry:
         schema = supertable_schema(after)
-        columns = [table.column("key").cast(pa.int64()), table.column("is_deleted"), table.column("t")]
-        columns += [from_carrier(table.column(f"v{i}"), arrow_type(s.data_type)) for i, s in enumerate(after)]
-        data = pa.Table.from_arrays(columns, schema=schema)
-        store = open_executor_store(ctx.store_config)
+        columns = [data.column("key"), data.column("is_deleted"), data.column("t")]
+        columns += [from_carrier(data.column(f"v{i}"), arrow_type(s.data_type)) for i, s in enumerate(after)]
         meta = FileMetadata(
-            database=ctx.database,
-            table_uuid=work.table_uuid,
-            kind=kind,
-            txn_id=ctx.txn_hint,
-            lower=lower,
-            upper=upper,
-            segments=(ctx.segment_id,),
-            snapshot_as_of=snapshot_as_of,
+            database=ctx.database, table_uuid=work.table_uuid, kind=kind, txn_id=ctx.txn_hint,
+            lower=ctx.prior_as_of, upper=upper, segments=(ctx.segment_id,), snapshot_as_of=snapshot_as_of,
             attempt=ctx.attempt,
         )
         path = new_file_path(ctx.database, work.table_uuid, kind, ctx.txn_hint)
-        e = write_parquet(store, path, data, meta)
-        yield pa.RecordBatch.from_pylist(
-            [{
-                "path": e.path, "kind": e.kind.value, "table_uuid": e.table_uuid, "size_bytes": e.size_bytes,
-                "row_count": e.row_count, "min_t": e.min_t, "max_t": e.max_t, "min_key": e.min_key,
-                "max_key": e.max_key, "snapshot_as_of": e.snapshot_as_of,
-            }],
-            schema=pa.schema([
-                ("path", pa.string()), ("kind", pa.string()), ("table_uuid", pa.string()), ("size_bytes", pa.int64()),
-                ("row_count", pa.int64()), ("min_t", pa.int64()), ("max_t", pa.int64()), ("min_key", pa.int64()),
-                ("max_key", pa.int64()), ("snapshot_as_of", pa.int64()),
-            ]),
-        )
+        return write_parquet(open_executor_store(ctx.store_config), path,
+                             pa.Table.from_arrays(columns, schema=schema), meta)
 
-    return write
+    def run(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        parts = [b for b in batches if b.num_rows]
+        if not parts:
+            return
+        folded = fold(pa.Table.from_batches(parts), len(after), backfills)
+        if folded.failure is not None:
+            f = folded.failure
+            out = [{**{c: None for c in _STATS}, "line": f.line, "key": f.key, "error_class": f.error_class,
+                    "reason": f.reason}]
+        else:
+            out = []
+            if folded.versions.num_rows:
+                out.append(_stats_row(write(folded.versions, FileKind.VERSIONS, None)))
+            for as_of, snapshot in folded.snapshots:
+                if snapshot.num_rows:
+                    out.append(_stats_row(write(snapshot, FileKind.SNAPSHOT, as_of)))
+        if out:
+            yield pa.RecordBatch.from_pylist(out, schema=OUT_SCHEMA)
 
-
-def _write(frame: Any, parts: int, udf: Any) -> Any:
-    # one file needs no range bounds (whose sampling would cost a Spark job of its own)
-    spread = frame.repartition(1) if parts == 1 else frame.repartitionByRange(parts, "key")
-    return spread.sortWithinPartitions("key", "t").mapInArrow(udf, STATS_DDL)
+    return run
 
 
 # --- the segment -------------------------------------------------------------------------
@@ -679,49 +524,49 @@ _STATS = ("path", "kind", "table_uuid", "size_bytes", "row_count", "min_t", "max
 _ERRORS = ("line", "key", "error_class", "reason")
 
 
+def table_frame(
+    spark: Any, work: TableWork, parsed: Any, ctx: FrameContext, segment: str, parts: int, cache: list[Any]
+) -> Any:
+    """One table's plan: decode its rows, add the prior image of the keys it touches (all live
+    keys when a backfill needs them), spread whole keys over ``parts`` sorted ranges, fold and
+    write each range in one Arrow UDF. Returns the (statistics, failure) rows; frames it
+    persisted are appended to ``cache`` for the caller to release."""
+    from pyspark.sql import functions as F
+
+    rows = parsed.filter(F.col("is_row") & (F.col("table_uuid") == work.table_uuid)).select("line", "text")
+    decoded = rows.mapInArrow(_decoder(work, segment), _row_ddl(work.supercolumns_after))
+    union = decoded
+    if work.files:
+        prior = prior_rows(spark, work, ctx)
+        if not work.backfills:  # only the touched keys' prior rows travel (a broadcast semi-join)
+            decoded = decoded.persist()  # read twice (keys and rows): decode in Python once
+            cache.append(decoded)
+            union = decoded
+            keys = decoded.filter(F.col("error_class").isNull()).select("key").distinct()
+            prior = prior.join(F.broadcast(keys), "key", "left_semi")
+        union = prior.unionByName(decoded)
+    # one range needs no range bounds (whose sampling would cost a Spark job of its own)
+    spread = union.repartition(1) if parts == 1 else union.repartitionByRange(parts, "key")
+    upper = (work.max_t + 1) if work.max_t is not None else ctx.prior_as_of
+    return spread.sortWithinPartitions("key", "t", "line").mapInArrow(_folder(work, ctx, upper), OUT_DDL)
+
+
 def run_segment(
     spark: Any, plan: SegmentFramePlan, parsed: Any, ctx: FrameContext, files_per_table: Callable[[int], int]
 ) -> FrameOutcome:
     """One action validates, folds and writes every touched table and returns the files'
     statistics with the smallest failing line, if any (then the caller discards the files)."""
-    from pyspark.sql import functions as F
-
     name = plan.segment.ref.name
-    error_frames, stats, cached = [], [], []
-    for work in plan.tables:
-        width = len(work.supercolumns_after)
-        rows = parsed.filter(F.col("is_row") & (F.col("table_uuid") == work.table_uuid)).select("line", "text")
-        # several branches of the plan read the decoded rows: decode (Python) once
-        decoded = rows.mapInArrow(_decoder(work, name), _row_ddl(work.supercolumns_after)).persist()
-        cached.append(decoded)
-        error_frames.append(decoded.filter(F.col("error_class").isNotNull()).select(*_ERRORS))
-        mutations = decoded.filter(F.col("error_class").isNull()).drop("error_class", "reason")
-        keys = None if work.backfills else mutations.select("key").distinct()
-        prior = prior_image(spark, work, ctx, keys)
-        union = mutations if prior is None else prior.unionByName(mutations)
-        union, backfill_errors, snapshots = with_backfills(spark, union, work, name, cached)
-        error_frames += backfill_errors
-        seq = sequenced(union, width)
-        error_frames.append(sequence_errors(seq))
-        upper = (work.max_t + 1) if work.max_t is not None else ctx.prior_as_of
-        parts = files_per_table(work.rows)
-        if work.rows:
-            writer = _writer(work, ctx, FileKind.VERSIONS, None, ctx.prior_as_of, upper)
-            stats.append(_write(versions_frame(seq, width), parts, writer))
-        for as_of, snapshot in snapshots:
-            writer = _writer(work, ctx, FileKind.SNAPSHOT, as_of, ctx.prior_as_of, upper)
-            stats.append(_write(snapshot, parts, writer))
-    parts = [frame.select(*_STATS, *[F.lit(None).cast(t).alias(c) for c, t in _ERROR_TYPES]) for frame in stats]
-    if error_frames:
-        first = _union(error_frames).orderBy("line", "key").limit(1)
-        parts.append(first.select(*[F.lit(None).cast(t).alias(c) for c, t in _STATS_TYPES], *_ERRORS))
+    cache: list[Any] = []
+    frames = [table_frame(spark, w, parsed, ctx, name, files_per_table(w.rows), cache) for w in plan.tables]
     try:
-        rows = _union(parts).collect() if parts else []
+        rows = _union(frames).collect() if frames else []
     finally:
-        for frame in cached:
+        for frame in cache:
             frame.unpersist()
     entries = [_entry(r, ctx.segment_id) for r in rows if r["path"] is not None]
-    failures = [r for r in rows if r["error_class"] is not None]
+    failures = sorted((r for r in rows if r["error_class"] is not None),
+                      key=lambda r: (r["line"], -1 if r["key"] is None else r["key"]))
     error = None
     if failures:
         row = failures[0]
@@ -734,8 +579,6 @@ def run_segment(
     return FrameOutcome(tuple(sorted(entries, key=lambda e: e.path)), versions, error)
 
 
-_STATS_TYPES = [(c, "string" if c in ("path", "kind", "table_uuid") else "bigint") for c in _STATS]
-_ERROR_TYPES = [("line", "bigint"), ("key", "bigint"), ("error_class", "string"), ("reason", "string")]
 
 
 def _union(frames: Sequence[Any]) -> Any:

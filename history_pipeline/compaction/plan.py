@@ -280,6 +280,7 @@ def fold_table(plan: TablePlan, prior: Mapping[int, Image]) -> FoldResult:
 def _backfill(images: dict[int, Image], backfill: Backfill, segment: str) -> dict[int, Image]:
     target = backfill.target
     updated: dict[int, Image] = {}
+    failed: list[tuple[int, str]] = []
     for key, image in images.items():
         if backfill.source is None:
             value = backfill.default
@@ -288,13 +289,17 @@ def _backfill(images: dict[int, Image], backfill: Backfill, segment: str) -> dic
             try:
                 value = cast_value(old, backfill.source.data_type, target.data_type)
             except CastFailure as exc:
-                raise CastError(
-                    f"change of column {target.column_uuid} to {target.data_type}: key {key} holds a value "
-                    f"that cannot be cast: {exc}",
-                    segment=segment,
-                    line=backfill.line,
-                ) from None
+                failed.append((key, str(exc)))
+                continue
         updated[key] = Image(image.t, MappingProxyType({**image.values, target.name: value}))
+    if failed:  # name the smallest failing key: the same whatever order the images were built in
+        key, why = min(failed)
+        raise CastError(
+            f"change of column {target.column_uuid} to {target.data_type}: key {key} holds a value "
+            f"that cannot be cast: {why}",
+            segment=segment,
+            line=backfill.line,
+        )
     return updated
 
 
