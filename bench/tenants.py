@@ -79,12 +79,18 @@ def age(wal_dir: Path, age_s: float = AGE_S) -> None:
             os.utime(folder, (when, when))
 
 
-def seal_next(wal_dir: Path) -> int:
-    """Seal the open segment (rename) and open the next, as the writer does. Returns the sealed id."""
+def seal_next(wal_dir: Path, journal: bool = True) -> int:
+    """Seal the open segment (rename) and open the next, as the writer does, and leave a marker in
+    the change journal as the writer does (unless ``journal`` is False: a tool that does not
+    journal, such as a hand copy). Returns the sealed id."""
+    from history_pipeline.wal.journal import note_change
+
     opened = next((wal_dir / "segments").glob("*.open"))
     segment_id = int(opened.name.partition(".")[0])
     opened.rename(opened.with_name(segment_file(segment_id)))
     (wal_dir / "segments" / segment_file(segment_id + 1, ".open")).write_bytes(b"")
+    if journal:
+        note_change(wal_dir)
     return segment_id
 
 
