@@ -1,6 +1,7 @@
-"""Many tenants under one root: the sensor's cost per tick follows what changed (its cursor), never
-the history; a quarantined or unreadable database holds up only itself; hundreds of databases work;
-and the instance's run queue limits compaction runs per database and over all of them."""
+"""Many tenants under one root: the sensor's cost per tick follows what changed (its cursor and the
+change journal), never the number of databases nor the history; a quarantined or unreadable
+database holds up only itself; hundreds of databases work; and the instance's run queue limits
+compaction runs per database and over all of them."""
 
 import os
 import shutil
@@ -10,10 +11,14 @@ import dagster as dg
 import pytest
 
 from bench.tenants import age, fake_wal, seal_next, segment_file
+from history_pipeline.errors import HistoryError
+from history_pipeline.orchestration import sensors
 from history_pipeline.orchestration.resources import history_root
 from history_pipeline.orchestration.sensors import (
     COMPACTION_TAG,
     DATABASE_TAG,
+    FULL_SCAN_EVERY,
+    FULL_SCAN_EVERY_ENV,
     SETTLE_NS,
     DatabaseListing,
     DatabaseMark,
@@ -21,11 +26,15 @@ from history_pipeline.orchestration.sensors import (
     SegmentView,
     SensorCursor,
     TickFacts,
+    databases_to_check,
     databases_to_list,
     finished_wal_segments_sensor,
+    full_scan_due,
+    full_scan_every,
     plan_tick,
 )
 from history_pipeline.wal import SegmentState
+from history_pipeline.wal.journal import JOURNAL, journal_dir, note_change, read_journal
 from history_pipeline.wal.segments import segment_name
 
 NOW = 10**19  # "now" for the pure tests: every stamp below is long settled
@@ -122,32 +131,74 @@ def test_cursor_round_trips_through_json_and_an_older_cursor_starts_afresh():
     assert SensorCursor.from_json(cursor.to_json()) == cursor
     assert SensorCursor.from_json('["db.00000000000000000002@1"]') == SensorCursor()  # the previous format
     assert SensorCursor.from_json(None) == SensorCursor() == SensorCursor.from_json("not json")
+    counted = SensorCursor(cursor.databases, 7)
+    assert SensorCursor.from_json(counted.to_json()) == counted
+    # a cursor of the sensor before the journal keeps its marks but has no count: it scans fully once
+    older = '{"v":1,"db":{"a":[[1000,2000],[[2,5,1,0]]]}}'
+    assert SensorCursor.from_json(older).since_full_scan is None and full_scan_due(SensorCursor.from_json(older), True)
+
+
+def test_a_full_scan_runs_first_without_a_journal_and_every_nth_tick():
+    assert full_scan_due(SensorCursor(), journal_present=True)  # first tick: no cursor
+    assert full_scan_due(SensorCursor({}, 3), journal_present=False)  # journal gone
+    assert not full_scan_due(SensorCursor({}, 0), True, every=60)
+    assert not full_scan_due(SensorCursor({}, 58), True, every=60) and full_scan_due(SensorCursor({}, 59), True, 60)
+    assert full_scan_due(SensorCursor({}, 0), True, every=1)  # every tick
+    full = plan_tick(SensorCursor({}, 59), {}, [], now_ns=NOW, full_scan=True)
+    steady = plan_tick(full.cursor, {}, [], now_ns=NOW, full_scan=False)
+    assert (full.cursor.since_full_scan, steady.cursor.since_full_scan) == (0, 1)
+
+
+def test_full_scan_interval_comes_from_the_environment(monkeypatch):
+    monkeypatch.delenv(FULL_SCAN_EVERY_ENV, raising=False)
+    assert full_scan_every() == FULL_SCAN_EVERY == 60
+    monkeypatch.setenv(FULL_SCAN_EVERY_ENV, "5")
+    assert full_scan_every() == 5
+    for bad in ("0", "-3", "often"):
+        monkeypatch.setenv(FULL_SCAN_EVERY_ENV, bad)
+        with pytest.raises(HistoryError, match=FULL_SCAN_EVERY_ENV):
+            full_scan_every()
+
+
+def test_a_steady_tick_checks_the_databases_named_by_markers_and_those_not_settled():
+    cursor = SensorCursor({"a": DatabaseMark(OLD), "b": DatabaseMark(None), "c": DatabaseMark(OLD)}, 3)
+    assert databases_to_check(cursor, []) == ["b"]
+    assert databases_to_check(cursor, ["c", "new", "c", "", "../x"]) == ["b", "c", "new"]  # not names: ignored
 
 
 # --- the sensor on real folders and a real Dagster instance -----------------------------------------
 
 
 class Listings:
-    """Records every folder listed under a root (os.listdir and os.scandir, which pathlib uses)."""
+    """Records every folder listed under a root (os.listdir and os.scandir, which pathlib uses) and
+    every path stat-ed under it (os.stat, which pathlib and os.path use)."""
 
     def __init__(self, monkeypatch, root: Path):
         self.root = str(root)
         self.seen: list[str] = []
+        self.stated: list[str] = []
         for name in ("listdir", "scandir"):
             real = getattr(os, name)
-            monkeypatch.setattr(os, name, self._spy(real))
+            monkeypatch.setattr(os, name, self._spy(real, self.seen))
+        monkeypatch.setattr(os, "stat", self._spy(os.stat, self.stated))
 
-    def _spy(self, real):
-        def spy(path="."):
+    def _spy(self, real, record):
+        def spy(path=".", *args, **kwargs):
             text = path if isinstance(path, int) else os.fspath(path)  # (an int is an open folder's fd)
             if isinstance(text, str) and text.startswith(self.root):
-                self.seen.append(os.path.relpath(text, self.root))
-            return real(path)
+                record.append(os.path.relpath(text, self.root))
+            return real(path, *args, **kwargs)
         return spy
 
     def take(self) -> list[str]:
-        seen, self.seen = self.seen, []
-        return sorted(seen)
+        seen = sorted(self.seen)
+        self.seen.clear()  # (in place: the spies append to these lists)
+        return seen
+
+    def take_stats(self) -> list[str]:
+        stated = sorted(self.stated)
+        self.stated.clear()
+        return stated
 
 
 def tick(instance, root, cursor):
@@ -166,21 +217,30 @@ def test_second_tick_over_unchanged_wals_lists_and_requests_nothing(tmp_path, mo
     assert len(first.run_requests) == 10
     listed = listings.take()
     assert "." in listed and not any("applied" in p for p in listed)  # history is never listed
-    assert sorted(p for p in listed if p != ".") == [f"db{n}/wal/segments" for n in range(5)]
+    # the first tick scans every WAL (and finds no journal yet: it creates one)
+    assert sorted(p for p in listed if p != ".") == [JOURNAL] + [f"db{n}/wal/segments" for n in range(5)]
+    assert read_journal(journal_dir(root)) == ()
+    listings.take(), listings.take_stats()  # (the test's own reads)
     second = tick(instance, root, first.cursor)
     assert second.run_requests == [] and second.dynamic_partitions_requests == []
-    assert listings.take() == ["."]  # the root's folder only: every WAL's folder times are unchanged
-    sealed_id = seal_next(root / "db3" / "wal")
+    assert listings.take() == [JOURNAL]  # the journal only: no database folder listed...
+    assert listings.take_stats() == []  # ...nor stat-ed
+    sealed_id = seal_next(root / "db3" / "wal")  # leaves a marker, as the writer does
+    assert [m.database for m in read_journal(journal_dir(root))] == ["db3"]
     listings.take()  # (the test's own writer listed that folder)
     third = tick(instance, root, second.cursor)
     assert [r.partition_key for r in third.run_requests] == [f"db3.{segment_file(sealed_id, '')}"]
-    assert listings.take() == [".", "db3/wal/segments"]
+    assert listings.take() == [JOURNAL, "db3/wal/segments"]
+    assert read_journal(journal_dir(root)) == ()  # its marker was consumed
+    listings.take()
     fourth = tick(instance, root, third.cursor)  # db3 changed a moment ago: listed once more, nothing new
-    assert fourth.run_requests == [] and listings.take() == [".", "db3/wal/segments"]
+    assert fourth.run_requests == [] and listings.take() == [JOURNAL, "db3/wal/segments"]
     age(root / "db3" / "wal")  # seconds later: listed one last time, now settled
     fifth = tick(instance, root, fourth.cursor)
-    assert fifth.run_requests == [] and listings.take() == [".", "db3/wal/segments"]
-    assert tick(instance, root, fifth.cursor).run_requests == [] and listings.take() == ["."]
+    assert fifth.run_requests == [] and listings.take() == [JOURNAL, "db3/wal/segments"]
+    listings.take_stats()
+    assert tick(instance, root, fifth.cursor).run_requests == [] and listings.take() == [JOURNAL]
+    assert listings.take_stats() == []
 
 
 def test_a_quarantined_or_unreadable_database_does_not_hold_up_the_others(tmp_path):
@@ -209,14 +269,22 @@ def test_a_quarantined_or_unreadable_database_does_not_hold_up_the_others(tmp_pa
         (f"stuck.{segment_name(2)}", "line 4: no such key")] * 2
     (broken / "segments").unlink()  # fixed: the next tick lists it like any other
     fake_wal(broken, applied=0, sealed=1)
+    note_change(broken)  # (its writer journals)
     third = tick(instance, root, second.cursor)
     assert [r.partition_key for r in third.run_requests] == [f"broken.{segment_name(1)}"]
     instance.add_dynamic_partitions("wal_segments", [f"broken.{segment_name(1)}"])
     shutil.move(broken / "segments", broken / "aside")  # unreadable again: not taken for a database gone
     (broken / "segments").symlink_to(broken / "segments")
+    note_change(broken)  # named by a marker: a steady tick tries it
     fourth = tick(instance, root, third.cursor)
     assert fourth.run_requests == [] and fourth.dynamic_partitions_requests == []
     assert '"broken"' in fourth.cursor
+    assert [m.database for m in read_journal(journal_dir(root))] == ["broken"]  # kept: tried again next tick
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv(FULL_SCAN_EVERY_ENV, "1")  # a full scan does not take it for a database gone either
+        full = tick(instance, root, fourth.cursor)
+    assert full.run_requests == [] and full.dynamic_partitions_requests == [] and '"broken"' in full.cursor
+    fourth = full
     (broken / "segments").unlink()
     shutil.move(broken / "aside", broken / "segments")
     assert tick(instance, root, fourth.cursor).run_requests == []  # nothing new: requested once
@@ -233,10 +301,12 @@ def test_three_hundred_databases(tmp_path, monkeypatch):
     assert len(first.dynamic_partitions_requests[0].partition_keys) == 300
     listings = Listings(monkeypatch, root)
     second = tick(instance, root, first.cursor)
-    assert second.run_requests == [] and listings.take() == ["."]
+    # a steady tick reads the journal folder and nothing else: no database folder listed or stat-ed
+    assert second.run_requests == [] and listings.take() == [JOURNAL] and listings.take_stats() == []
     assert "300 database(s), 0 listed this tick" in second.skip_reason.skip_message
-    shutil.rmtree(root / "tenant_123")  # a tenant leaves: its partitions go, the others stay
+    shutil.rmtree(root / "tenant_123")  # a tenant leaves: its partitions go (at the next full scan)
     instance.add_dynamic_partitions("wal_segments", list(first.dynamic_partitions_requests[0].partition_keys))
+    monkeypatch.setenv(FULL_SCAN_EVERY_ENV, "1")
     third = tick(instance, root, second.cursor)
     assert third.dynamic_partitions_requests[0].partition_keys == [f"tenant_123.{segment_name(6)}"]
     assert '"tenant_123"' not in third.cursor
@@ -261,7 +331,7 @@ def test_what_a_tick_lists_does_not_depend_on_history(tmp_path, monkeypatch, app
     listings = Listings(monkeypatch, root)
     first = tick(dg.DagsterInstance.ephemeral(), root, None)
     assert len(first.run_requests) == 1
-    assert listings.take() == [".", "db/wal/segments"]
+    assert listings.take() == [".", JOURNAL, "db/wal/segments"]
 
 
 @pytest.mark.parametrize("layout", ["local root", "wal_root", "s3 root"])
@@ -275,3 +345,68 @@ def test_the_sensors_wal_folders_are_those_the_store_uses(tmp_path, monkeypatch,
         fake_wal(history.wal_dir(database), applied=1, sealed=1)
     assert history.wal_dirs() == {db: str(history.wal_dir(db)) for db in ("a", "b.c")}
     assert history.databases() == ["a", "b.c"]
+    # a WAL's markers land in the journal the sensor reads, naming its database
+    with dg.build_sensor_context(instance=dg.DagsterInstance.ephemeral(),
+                                 resources={"history": history}) as context:
+        first = finished_wal_segments_sensor(context)  # (creates the journal)
+    for database in ("a", "b.c"):
+        assert note_change(history.wal_dir(database))
+    assert [m.database for m in read_journal(journal_dir(history.wal_base()))] == ["a", "b.c"]
+    with dg.build_sensor_context(instance=dg.DagsterInstance.ephemeral(), cursor=first.cursor,
+                                 resources={"history": history}) as context:
+        second = finished_wal_segments_sensor(context)
+    assert "2 listed this tick" in second.skip_reason.skip_message
+    assert read_journal(journal_dir(history.wal_base())) == ()
+
+
+def test_a_marker_left_between_the_read_and_the_delete_is_not_lost(tmp_path, monkeypatch):
+    root = tmp_path / "data"
+    for db in ("a", "b"):
+        fake_wal(root / db / "wal", applied=2, sealed=1)
+    instance = dg.DagsterInstance.ephemeral()
+    first = tick(instance, root, None)
+    sealed_a = seal_next(root / "a" / "wal")
+    real = sensors._list_database
+    sealed_meanwhile = []
+
+    def list_and_seal_b(database, wal_dir, stamp):
+        listing = real(database, wal_dir, stamp)
+        if database == "a" and not sealed_meanwhile:  # b seals after the journal was read
+            sealed_meanwhile.append(seal_next(root / "b" / "wal"))
+        return listing
+
+    monkeypatch.setattr(sensors, "_list_database", list_and_seal_b)
+    second = tick(instance, root, first.cursor)
+    assert [r.partition_key for r in second.run_requests] == [f"a.{segment_name(sealed_a)}"]
+    assert [m.database for m in read_journal(journal_dir(root))] == ["b"]  # a's consumed, b's kept
+    monkeypatch.setattr(sensors, "_list_database", real)
+    third = tick(instance, root, second.cursor)
+    assert [r.partition_key for r in third.run_requests] == [f"b.{segment_name(sealed_meanwhile[0])}"]
+
+
+def test_the_periodic_full_scan_finds_a_segment_copied_in_without_a_marker(tmp_path, monkeypatch):
+    root = tmp_path / "data"
+    fake_wal(root / "db" / "wal", applied=2, sealed=1)
+    instance = dg.DagsterInstance.ephemeral()
+    monkeypatch.setenv(FULL_SCAN_EVERY_ENV, "3")
+    cursor = tick(instance, root, None).cursor  # full scan
+    copied = seal_next(root / "db" / "wal", journal=False)  # a hand copy: no marker
+    for _ in range(2):  # steady ticks read the journal only: they cannot see it
+        result = tick(instance, root, cursor)
+        assert result.run_requests == []
+        cursor = result.cursor
+    found = tick(instance, root, cursor)  # the third tick since the last full scan is one
+    assert [r.partition_key for r in found.run_requests] == [f"db.{segment_name(copied)}"]
+    assert SensorCursor.from_json(found.cursor).since_full_scan == 0
+
+
+def test_a_missing_journal_means_a_full_scan_that_recreates_it(tmp_path):
+    root = tmp_path / "data"
+    fake_wal(root / "db" / "wal", applied=2, sealed=1)
+    instance = dg.DagsterInstance.ephemeral()
+    first = tick(instance, root, None)
+    shutil.rmtree(journal_dir(root))  # (someone cleaned up)
+    copied = seal_next(root / "db" / "wal")  # no journal: the writer leaves no marker
+    second = tick(instance, root, first.cursor)
+    assert [r.partition_key for r in second.run_requests] == [f"db.{segment_name(copied)}"]
+    assert read_journal(journal_dir(root)) == ()

@@ -209,3 +209,84 @@ def test_writer_in_another_process_is_refused(wal_dir):
         proc.start()
         proc.join(10)
     assert result.get(timeout=5) == "locked"
+
+
+# --- the change journal (<wal base>/_changes): every transition the sensor must see leaves a marker --
+
+
+def _sealed_segment(wal_dir, t=2):
+    with WalWriter(wal_dir) as wal:
+        wal.append(create_table(t - 1))
+        wal.append(insert(t, 1))
+        wal.append({"op": "close", "t": t})
+        return wal.seal()
+
+
+def _marked(journal_base):
+    from history_pipeline.wal.journal import journal_dir, read_journal
+
+    return [m.database for m in read_journal(journal_dir(journal_base))]
+
+
+def test_seal_quarantine_skip_and_release_each_leave_one_marker_naming_the_database(tmp_path):
+    from history_pipeline.wal.journal import ensure_journal
+    from history_pipeline.wal.repair import skip_segment
+    from history_pipeline.wal.segments import quarantine_segment, release_segment
+
+    base = tmp_path / "data"  # a local root: <root>/<database>/wal
+    wal_dir = base / "tenant.a" / "wal"
+    wal_dir.mkdir(parents=True)
+    assert ensure_journal(base)
+    ref = _sealed_segment(wal_dir)
+    assert _marked(base) == ["tenant.a"]
+    quarantined = quarantine_segment(ref, wal_dir, "line 2: bad", 2)
+    assert _marked(base) == ["tenant.a"] * 2
+    released = release_segment(quarantined, wal_dir)
+    assert _marked(base) == ["tenant.a"] * 3
+    again = quarantine_segment(released, wal_dir, "line 2: still bad", 2)
+    skip_segment(again, wal_dir, reason="bad import")
+    assert _marked(base) == ["tenant.a"] * 5
+    assert sorted(p.name for p in wal_dir.parent.iterdir()) == ["wal"]  # nothing written beside the WAL
+
+
+def test_a_repaired_segment_leaves_a_marker(tmp_path):
+    from history_pipeline.store import HistoryStore
+    from history_pipeline.wal.journal import ensure_journal
+    from history_pipeline.wal.segments import quarantine_segment
+
+    root = tmp_path / "data"
+    store = HistoryStore.open(root, database="db")
+    ref = _sealed_segment(store.wal_dir)
+    quarantine_segment(ref, store.wal_dir, "line 3: bad amount", 3)
+    assert ensure_journal(root) and _marked(root) == []  # (the journal made after: nothing so far)
+    fixed = tmp_path / "fixed.jsonl"
+    fixed.write_text('{"op": "insert", "t": 2, "table_uuid": "tbl-1", "key": 1, '
+                     '"values": {"c-id": 1, "c-amount": "2.00"}}\n')
+    store.repair_segment(1, fixed, reason="typo")
+    assert _marked(root) == ["db"]
+
+
+def test_without_a_journal_folder_a_seal_writes_no_marker_and_creates_nothing(tmp_path):
+    from history_pipeline.wal.journal import JOURNAL, note_change
+
+    wal_dir = tmp_path / "data" / "db" / "wal"
+    _sealed_segment(wal_dir)
+    assert note_change(wal_dir) == []
+    assert not (tmp_path / "data" / JOURNAL).exists() and not (tmp_path / "data" / "db" / JOURNAL).exists()
+
+
+def test_markers_are_unique_and_consuming_deletes_only_those_read(tmp_path):
+    from history_pipeline.wal.journal import consume, ensure_journal, journal_dir, note_change, read_journal
+
+    base = tmp_path / "wals"  # a WAL root: <wal_root>/<database>
+    assert read_journal(journal_dir(base)) is None and not ensure_journal(base)  # no base: no journal
+    (base / "db").mkdir(parents=True)
+    assert ensure_journal(base)
+    written = [note_change(base / "db") for _ in range(50)]
+    assert all(len(w) == 1 for w in written) and len({w[0] for w in written}) == 50
+    read = read_journal(journal_dir(base))
+    assert len(read) == 50 and {m.database for m in read} == {"db"}
+    later = note_change(base / "db")  # left after the read: survives the delete
+    consume(journal_dir(base), read)
+    assert [m.name for m in read_journal(journal_dir(base))] == [os.path.basename(later[0])]
+    consume(journal_dir(base), read)  # consumed twice (two evaluations): no error

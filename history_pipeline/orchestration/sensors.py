@@ -1,16 +1,22 @@
 """finished_wal_segments_sensor: one compaction run per newly sealed segment, at a cost per tick
-that follows what changed, not how long the history is.
+that follows what changed, not how many databases there are nor how long their history is.
 
-Each tick reads the WAL base folder once and stats two folders per database (``segments/`` and
-``quarantine/``). Only a database whose folder times differ from those in the cursor is listed,
-and then only those two folders: ``applied/`` is never listed, no segment's contents are read,
-and no catalog or object store is opened. The decision is a pure function of the listings and the
-cursor (:func:`plan_tick`); the sensor body only gathers them and turns the plan into requests.
+A steady tick reads one folder: the change journal ``<wal base>/_changes/``
+(:mod:`history_pipeline.wal.journal`), where every seal, quarantine, repair, skip and release
+leaves an empty marker naming its database. Only the databases named there (and those whose last
+listing had not settled) are looked at: their two folders (``segments/`` and ``quarantine/``) are
+stat-ed and listed, then the markers read are deleted. A full scan (today's fallback: the WAL base
+read once, two folder stats per database, only changed databases listed) runs on the first tick,
+when the journal is missing, and every :data:`FULL_SCAN_EVERY` ticks, to catch WALs written by
+tools that do not journal. ``applied/`` is never listed, no segment's contents are read, and no
+catalog or object store is opened. The decision is a pure function of the listings and the cursor
+(:func:`plan_tick`); the sensor body only gathers them and turns the plan into requests.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
@@ -18,6 +24,7 @@ from pathlib import Path
 
 import dagster as dg
 
+from history_pipeline.errors import HistoryError
 from history_pipeline.orchestration.assets import compacted_batches, wal_segments
 from history_pipeline.orchestration.partitions import (
     parse_segment_partition_key,
@@ -25,7 +32,9 @@ from history_pipeline.orchestration.partitions import (
     segment_partitions,
 )
 from history_pipeline.orchestration.resources import HistoryRootResource, folder_stamp
+from history_pipeline.store import _DATABASE_RE
 from history_pipeline.wal import SegmentState
+from history_pipeline.wal.journal import Marker, consume, ensure_journal, journal_dir, read_journal
 from history_pipeline.wal.segments import applied_dir, list_segments, quarantine_reason, segment_name
 
 compact_segment_job = dg.define_asset_job(
@@ -44,6 +53,10 @@ COMPACTION_TAG = "history_pipeline/compaction"
 SETTLE_NS = 2_000_000_000
 #: at most this many blocked databases are named in a skip reason
 NAMED_IN_SKIP = 5
+#: a full scan of every WAL runs once in this many ticks (catches WALs written without a journal
+#: marker: old writers, hand copies); ``HISTORY_PIPELINE_SENSOR_FULL_SCAN_EVERY`` overrides it
+FULL_SCAN_EVERY = 60
+FULL_SCAN_EVERY_ENV = "HISTORY_PIPELINE_SENSOR_FULL_SCAN_EVERY"
 
 Stamp = tuple[int, int]  # change times (ns) of a database's segments/ and quarantine/ folders (0: absent)
 
@@ -91,11 +104,14 @@ class SensorCursor:
     """The sensor's cursor: per database, its folder times and pending segments (JSON in Dagster)."""
 
     databases: Mapping[str, DatabaseMark] = field(default_factory=dict)
+    #: ticks since the last full scan; None: no full scan yet (the next tick makes one)
+    since_full_scan: int | None = None
 
     def to_json(self) -> str:
-        """Compact JSON: ``{"v": 1, "db": {name: [stamp | null, [[id, changed_ns, q, done], ...]]}}``."""
+        """Compact JSON: ``{"v": 1, "n": since_full_scan, "db": {name: [stamp | null, [[id, changed_ns, q,
+        done], ...]]}}``."""
         return json.dumps(
-            {"v": 1, "db": {
+            {"v": 1, "n": self.since_full_scan, "db": {
                 name: [list(m.stamp) if m.stamp else None,
                        [[s.segment_id, s.changed_ns, int(s.quarantined), int(s.done)] for s in m.segments]]
                 for name, m in sorted(self.databases.items())
@@ -114,13 +130,14 @@ class SensorCursor:
             return cls()
         if not isinstance(body, dict) or body.get("v") != 1:
             return cls()
+        since = body.get("n")  # absent in cursors of the sensor before the journal: scan fully once
         return cls({
             name: DatabaseMark(
                 (int(stamp[0]), int(stamp[1])) if stamp else None,
                 tuple(SegmentMark(int(i), int(ns), bool(q), bool(d)) for i, ns, q, d in segments),
             )
             for name, (stamp, segments) in body["db"].items()
-        })
+        }, int(since) if isinstance(since, int) else None)
 
 
 @dataclass(frozen=True)
@@ -168,18 +185,33 @@ def databases_to_list(cursor: SensorCursor, stamps: Mapping[str, Stamp]) -> list
     return out
 
 
+def full_scan_due(cursor: SensorCursor, journal_present: bool, every: int = FULL_SCAN_EVERY) -> bool:
+    """Whether this tick scans every WAL: no full scan yet, no journal to read, or the
+    ``every``-th tick since the last full scan."""
+    return not journal_present or cursor.since_full_scan is None or cursor.since_full_scan + 1 >= every
+
+
+def databases_to_check(cursor: SensorCursor, named: Iterable[str]) -> list[str]:
+    """Databases a steady tick (one that reads the journal instead of scanning) stats and lists:
+    those named by journal markers, and those whose last listing had not settled."""
+    pending = {db for db, mark in cursor.databases.items() if mark.stamp is None}
+    return sorted(pending | {db for db in named if _DATABASE_RE.match(db)})
+
+
 def plan_tick(
     cursor: SensorCursor,
     stamps: Mapping[str, Stamp],
     listings: Iterable[DatabaseListing],
     facts: TickFacts = TickFacts(),
     now_ns: int = 0,
+    full_scan: bool = True,
 ) -> TickPlan:
     """Partitions to add (newly seen sealed or quarantined segments) and remove (segments that
     left the WAL other than by being applied, and databases that left it), runs to request (sealed
     segments not requested before, in id order, none behind a quarantined one of its database),
     quarantines to report on their partition (once each, once the partition exists), and the new
     cursor. ``stamps`` holds every database present this tick; databases not listed keep their mark.
+    ``full_scan`` says whether this tick scanned every WAL (the cursor counts ticks since one).
     """
     marks = {db: m for db, m in cursor.databases.items() if db in stamps}
     adds: list[str] = []
@@ -222,7 +254,8 @@ def plan_tick(
                     if i not in seen and segment_partition_key(db, segment_name(i)) not in facts.applied]
         recent = max(listing.stamp) > now_ns - SETTLE_NS
         marks[db] = DatabaseMark(None if recent or not settled else listing.stamp, tuple(new_marks))
-    new_cursor = SensorCursor(dict(sorted(marks.items())))
+    since = 0 if full_scan else (cursor.since_full_scan or 0) + 1
+    new_cursor = SensorCursor(dict(sorted(marks.items())), since)
     skip = None if runs else _skip_reason(new_cursor, stamps, listed, reasons)
     return TickPlan(tuple(adds), tuple(deletes), tuple(runs), tuple(reports), new_cursor, tuple(listed), skip)
 
@@ -279,26 +312,69 @@ def _already_observed(instance: dg.DagsterInstance, view: SegmentView) -> bool:
     )
 
 
+def full_scan_every() -> int:
+    """Ticks between full scans: :data:`FULL_SCAN_EVERY`, or the environment's override."""
+    text = os.environ.get(FULL_SCAN_EVERY_ENV, "").strip()
+    if not text:
+        return FULL_SCAN_EVERY
+    if not text.isdigit() or int(text) < 1:
+        raise HistoryError(f"{FULL_SCAN_EVERY_ENV}={text!r} is not a whole number of ticks >= 1; "
+                           f"set it to e.g. {FULL_SCAN_EVERY} (1: scan every WAL on every tick) or unset it")
+    return int(text)
+
+
+@dataclass(frozen=True)
+class _Gathered:
+    stamps: dict[str, Stamp]
+    listings: list[DatabaseListing]
+    facts: TickFacts
+    full_scan: bool
+    journal: str
+    consumed: tuple[Marker, ...]  # markers to delete once the tick is planned
+
+
 def _gather(context: dg.SensorEvaluationContext, history: HistoryRootResource, cursor: SensorCursor,
-            now_ns: int) -> tuple[dict[str, Stamp], list[DatabaseListing], TickFacts]:
-    wal_dirs = history.wal_dirs()
+            every: int) -> _Gathered:
+    base = str(history.wal_base())
+    journal = journal_dir(base)
+    markers = read_journal(journal)  # read before any WAL: a marker left after this survives the tick
+    full = full_scan_due(cursor, markers is not None, every)
+    if markers is None:
+        # writers journal from now on; this tick's full scan sees everything that came before
+        ensure_journal(base)
+        markers = ()
+    if full:
+        wal_dirs = history.wal_dirs()
+        to_stamp = list(wal_dirs)
+    else:
+        to_stamp = databases_to_check(cursor, {m.database for m in markers})
+        wal_dirs = {db: str(history.wal_dir(db)) for db in to_stamp}
     stamps: dict[str, Stamp] = {}
     unreadable: set[str] = set()
-    for database, wal_dir in wal_dirs.items():
+    for database in to_stamp:
         try:
-            stamp = folder_stamp(wal_dir)
+            stamp = folder_stamp(wal_dirs[database])
         except OSError as exc:  # one unreadable WAL must not hold up the others: it is tried again next tick
             context.log.warning(f"could not read the WAL folder of {database} ({exc}); trying again next tick")
             unreadable.add(database)
             continue
         if stamp is not None:
             stamps[database] = stamp
+    if full:
+        to_list = databases_to_list(cursor, stamps)
+    else:
+        to_list = sorted(stamps)  # named by a marker or not settled: listed whatever their folder times
+        looked_at = set(to_stamp)
+        for database, mark in cursor.databases.items():  # not looked at: still there, mark unchanged
+            if database not in looked_at:
+                stamps[database] = mark.stamp or (0, 0)
     listings = []
-    for database in databases_to_list(cursor, stamps):
+    for database in to_list:
         try:
             listings.append(_list_database(database, Path(wal_dirs[database]), stamps[database]))
         except OSError as exc:  # its mark is kept as it was: the next tick lists it again if still changed
             context.log.warning(f"could not list the WAL of {database} ({exc}); trying again next tick")
+            unreadable.add(database)
     # an unreadable WAL is still there: its mark (and its partitions) stay until it reads again
     for database in unreadable & set(cursor.databases):
         stamps[database] = cursor.databases[database].stamp or (0, 0)
@@ -320,24 +396,30 @@ def _gather(context: dg.SensorEvaluationContext, history: HistoryRootResource, c
         left = set(cursor.databases) - set(stamps)
         gone = sorted(k for k in context.instance.get_dynamic_partitions(segment_partitions.name)
                       if parse_segment_partition_key(k)[0] in left)
-    return stamps, listings, TickFacts(frozenset(observed), frozenset(applied), tuple(gone))
+    # a marker of a WAL that could not be read stays: the next tick tries that database again
+    consumed = tuple(m for m in markers if m.database not in unreadable)
+    return _Gathered(stamps, listings, TickFacts(frozenset(observed), frozenset(applied), tuple(gone)), full,
+                     journal, consumed)
 
 
 @dg.sensor(job=compact_segment_job, minimum_interval_seconds=5, default_status=dg.DefaultSensorStatus.RUNNING)
 def finished_wal_segments_sensor(context: dg.SensorEvaluationContext, history: HistoryRootResource) -> dg.SensorResult:
     """Register every sealed segment as a partition and request one run per segment, in id order.
 
-    The cursor remembers, per database, its folder times and its pending segments, so a tick lists
-    only databases whose WAL changed and requests only segments not requested before. The run key
+    The cursor remembers, per database, its folder times and its pending segments, and a tick
+    reads the change journal to learn which databases to look at (a full scan of every WAL on the
+    first tick and every :data:`FULL_SCAN_EVERY` ticks), so it lists only databases whose WAL
+    changed and requests only segments not requested before. The run key
     is the partition key plus the segment file's change time: a segment an operator repaired,
     skipped or released (a new file) runs again. Partitions of segments that left the WAL are
     removed; a quarantined segment's partition gets an observation saying so and why.
     """
     now_ns = time.time_ns()
     cursor = SensorCursor.from_json(context.cursor)
-    stamps, listings, facts = _gather(context, history, cursor, now_ns)
-    plan = plan_tick(cursor, stamps, listings, facts, now_ns)
-    context.log.info(f"{len(stamps)} database(s), {len(plan.listed)} listed, {len(plan.runs)} run(s) requested")
+    got = _gather(context, history, cursor, full_scan_every())
+    plan = plan_tick(cursor, got.stamps, got.listings, got.facts, now_ns, got.full_scan)
+    context.log.info(f"{len(got.stamps)} database(s), {'full scan' if got.full_scan else 'journal read'}, "
+                     f"{len(plan.listed)} listed, {len(plan.runs)} run(s) requested")
     if plan.skip_reason:
         context.log.info(plan.skip_reason)  # in the tick's logs too, beside the tick's skip reason
     requests = [
@@ -366,6 +448,9 @@ def finished_wal_segments_sensor(context: dg.SensorEvaluationContext, history: H
         for v in plan.report_quarantined
         for asset in (wal_segments.key, compacted_batches.key)
     ]
+    # the plan holds what the markers announced: delete them (the next full scan catches a change whose
+    # marker went with a tick whose cursor Dagster then failed to store)
+    consume(got.journal, got.consumed)
     return dg.SensorResult(
         run_requests=requests,
         dynamic_partitions_requests=partition_requests,
@@ -376,5 +461,6 @@ def finished_wal_segments_sensor(context: dg.SensorEvaluationContext, history: H
 
 
 __all__ = ["COMPACTION_TAG", "DATABASE_TAG", "DatabaseListing", "DatabaseMark", "SegmentMark", "SegmentView",
-           "SensorCursor", "TickFacts", "TickPlan", "compact_segment_job", "databases_to_list",
-           "finished_wal_segments_sensor", "parse_segment_partition_key", "plan_tick"]
+           "SensorCursor", "TickFacts", "TickPlan", "compact_segment_job", "databases_to_check",
+           "databases_to_list", "finished_wal_segments_sensor", "full_scan_due", "full_scan_every",
+           "parse_segment_partition_key", "plan_tick"]

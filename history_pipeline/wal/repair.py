@@ -25,6 +25,7 @@ from pathlib import Path
 
 from history_pipeline.errors import InputRecordError, MalformedRecordError, SegmentCorruptedError
 from history_pipeline.events import Close, Event, event_to_line, parse_line
+from history_pipeline.wal.journal import note_change
 from history_pipeline.wal.segments import (
     SegmentRef,
     SegmentState,
@@ -165,6 +166,7 @@ def rewrite_quarantined(
     ref.path.unlink()
     error_file.unlink(missing_ok=True)
     fsync_dir(ref.path.parent)
+    note_change(wal_dir)
     return SegmentRef(ref.segment_id, SegmentState.SEALED, target), record
 
 

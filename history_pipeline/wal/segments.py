@@ -24,6 +24,7 @@ from pathlib import Path
 
 from history_pipeline.errors import MalformedRecordError, SegmentCorruptedError
 from history_pipeline.events import Close, Event, SealDigest, event_to_line, parse_line
+from history_pipeline.wal.journal import note_change
 
 ID_WIDTH = 20
 
@@ -226,6 +227,7 @@ def quarantine_segment(ref: SegmentRef, wal_dir: Path, error: str, line: int | N
     moved = move_segment(ref, SegmentState.QUARANTINED, wal_dir)
     reason = {"segment": ref.name, "line": line, "error": error}
     (quarantine_dir(wal_dir) / f"{ref.name}.error.json").write_text(json.dumps(reason, indent=2))
+    note_change(wal_dir)  # after the reason is written: the sensor reports it
     return moved
 
 
@@ -242,6 +244,7 @@ def release_segment(ref: SegmentRef, wal_dir: Path) -> SegmentRef:
     target = segments_dir(wal_dir) / f"{ref.name}.sealed"
     os.replace(ref.path, target)
     (ref.path.parent / f"{ref.name}.error.json").unlink(missing_ok=True)
+    note_change(wal_dir)
     return SegmentRef(ref.segment_id, SegmentState.SEALED, target)
 
 

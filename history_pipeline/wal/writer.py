@@ -42,6 +42,7 @@ from history_pipeline.events import (
     parse_event,
     parse_line,
 )
+from history_pipeline.wal.journal import note_change
 from history_pipeline.wal.segments import (
     SegmentRef,
     SegmentState,
@@ -192,6 +193,7 @@ class WalWriter:
         ref = SegmentRef(self._open_id or 0, SegmentState.SEALED, sealed)
         self._open_id = None
         self._write_head()
+        note_change(self.wal_dir)  # tells the sensor (after the rename: the marker never runs ahead)
         return ref
 
     @property
@@ -288,6 +290,7 @@ class WalWriter:
                 # Crashed between writing the seal and renaming: finish the seal.
                 sealed = ref.path.with_suffix(".sealed")
                 os.replace(ref.path, sealed)
+                note_change(self.wal_dir)
                 return WalPosition(closed_t=event.t)
             if number == 1:
                 position = WalPosition(closed_t=max(position.closed_t, event.t))
