@@ -448,3 +448,22 @@ def test_a_compaction_racing_an_erasure_commits_nothing_and_its_rerun_has_no_era
         assert store.fetch_row("t", 1, as_of) is None
     assert store.row_history("t", 1) == []
     assert store.load_table("t", 4).to_pylist() == [{"synthetic_key": 2, "v": "keep"}]
+
+
+def test_a_quarantine_reason_quoting_an_erased_value_is_redacted(tmp_path):
+    store = HistoryStore.open(tmp_path, database="db")
+    columns = [{"column_uuid": "v", "column_name": "v", "data_type": "INTEGER"}]
+    write(store, [
+        {"op": "create_table", "t": 1, "table_uuid": "T", "table_name": "t", "columns": columns},
+        {"op": "insert", "t": 2, "table_uuid": "T", "key": 1, "values": {"v": 1}},
+    ], [
+        {"op": "update", "t": 3, "table_uuid": "T", "key": 1, "values": {"v": "SECRET-XYZ"}},  # not an integer
+    ])
+    with pytest.raises(HistoryError):
+        store.compact(spark=False)
+    reasons = list(store.wal_dir.rglob("*.error.json"))
+    assert reasons and "SECRET-XYZ" in reasons[0].read_text()  # the reason quotes the value
+    store.erase("t", [1], requested_by="test")
+    reason = json.loads(reasons[0].read_text())
+    assert "SECRET-XYZ" not in json.dumps(reason) and reason["line"] is None and "redacted" in reason["error"]
+    assert not [p for p in tmp_path.rglob("*") if p.is_file() and b"SECRET-XYZ" in p.read_bytes()]

@@ -15,6 +15,7 @@ The caller holds the WAL writer lock, so no open segment grows meanwhile.
 
 from __future__ import annotations
 
+import json
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -118,8 +119,27 @@ def mask_file(path: Path, table_uuid: str, keys: Sequence[int]) -> MaskedFile | 
         tmp.unlink()
         return None
     os.replace(tmp, path)
+    _redact_reason(path, int(removed))
     fsync_dir(path.parent)
     return MaskedFile(str(path), int(removed), sealed is not None)
+
+
+def _redact_reason(segment: Path, removed: int) -> None:
+    """A quarantined segment's (or its audit copy's) reason may quote an erased value, and its line
+    numbers are stale once lines are gone: keep which segment, drop the message."""
+    reason_path = segment.with_name(f"{segment.stem}.error.json")
+    if not reason_path.exists():
+        return
+    reason = json.loads(reason_path.read_text())
+    redacted = {
+        "segment": reason.get("segment", segment.stem),
+        "line": None,
+        "error": f"redacted by an erasure that removed {removed} event(s) from this segment; "
+                 "release it to compact it again and see what, if anything, is still wrong",
+    }
+    tmp = reason_path.with_name(f".{reason_path.name}.tmp")
+    tmp.write_text(json.dumps(redacted, indent=2))
+    os.replace(tmp, reason_path)
 
 
 def mask_wal(wal_dir: Path, table_uuid: str, keys: Sequence[int]) -> list[MaskedFile]:
