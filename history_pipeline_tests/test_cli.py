@@ -261,13 +261,14 @@ def test_every_command_documents_its_arguments():
 
     parser = build_parser()
     commands = parser._subparsers._group_actions[0].choices  # the registered commands, whoever added them
-    for name in commands:
-        result = subprocess.run([SCRIPT, name, "--help"], capture_output=True, text=True, timeout=60)
-        assert result.returncode == 0, name
-        for action in commands[name]._actions:
+    for name, command in commands.items():
+        # in-process: a subprocess per command costs seconds of imports and tests nothing more
+        text = command.format_help()
+        for action in command._actions:
             if action.help is None or action.dest == "help":
                 continue
             assert action.help.strip(), f"{name}: {action.dest} has no help"
-        assert "--debug" in result.stdout and "--root" in result.stdout, name
+        assert "--debug" in text and "--root" in text, name
+    # the installed console script runs and prints the help
     sql_help = subprocess.run([SCRIPT, "sql", "--help"], capture_output=True, text=True, timeout=60).stdout
     assert "default: table" in sql_help and "frontier + 1" in sql_help
