@@ -1,5 +1,5 @@
-"""Many tenants under one root: the sensor's cost per tick follows what changed (its cursor and the
-change journal), never the number of databases nor the history; a quarantined or unreadable
+"""Many tenants under one root: the sensor's cost per tick follows what changed (the change journal,
+and the marks store it reads only for the databases named), never the number of databases nor the history; a quarantined or unreadable
 database holds up only itself; hundreds of databases work; and the instance's run queue limits
 compaction runs per database and over all of them."""
 
@@ -449,3 +449,153 @@ def test_a_missing_journal_means_a_full_scan_that_recreates_it(tmp_path):
     second = tick(instance, root, first.cursor)
     assert [r.partition_key for r in second.run_requests] == [f"db.{segment_name(copied)}"]
     assert read_journal(journal_dir(root)) == ()
+
+
+# --- the marks store: per-database state outside the Dagster cursor --------------------------------
+
+
+def test_marks_store_reads_a_write_whose_cursor_was_not_stored_as_the_version_before(tmp_path):
+    a1 = DatabaseMark(OLD, (SegmentMark(1, 5, True, True), SegmentMark(2, 5, False, False)))
+    a2 = DatabaseMark((3, 3), (SegmentMark(2, 5, False, True),))
+    with MarksStore.open(marks_path(tmp_path / "base")) as store:  # (creates its folder)
+        store.start_epoch("e")
+        store.write("e", 0, {"a": a1, "b": DatabaseMark(None)})  # generation 1
+        assert store.read("e", 1, ["a", "b", "c"]) == {"a": a1, "b": DatabaseMark(None)}
+        assert store.read("e", 0, ["a", "b"]) == {}  # a reader whose cursor predates the write sees nothing
+        assert store.pending("e", 1) == ["b"]  # not settled
+        assert store.pending("e", 0) == ["a", "b"]  # written by a tick whose cursor was not stored
+        store.write("e", 1, {"a": a2})  # generation 2 ...
+        assert store.read("e", 1, ["a"]) == {"a": a1} and store.read("e", 2, ["a"]) == {"a": a2}
+        store.write("e", 1, {"a": a2})  # ... retried after Dagster lost its cursor: the version before stays
+        assert store.read("e", 1, ["a"]) == {"a": a1}
+        assert store.blocked("e", 5) == summarize_blocked({"a": a2, "b": DatabaseMark(None)}, 5) == BlockedSummary()
+        store.write("e", 1, {"a": a1})
+        assert store.blocked("e", 5) == summarize_blocked({"a": a1}, 5) == BlockedSummary(1, 1, (("a", 1),))
+        store.write("e", 2, {}, gone=["a"])  # generation 3: a left the WAL base
+        assert store.read_all("e", 3) == {"b": DatabaseMark(None)}
+        assert store.read_all("e", 2) == {"a": a1, "b": DatabaseMark(None)}
+        store.purge_gone("e", 3)
+        assert store.read_all("e", 2) == {"b": DatabaseMark(None)}
+        store.start_epoch("f")  # a reset cursor: a new epoch drops the old one
+        assert not store.has_epoch("e") and store.has_epoch("f") and store.read_all("e", 9) == {}
+
+
+def test_marks_survive_across_ticks_outside_the_cursor(tmp_path):
+    root = tmp_path / "data"
+    for n in range(50):
+        fake_wal(root / f"db{n:02d}" / "wal", applied=2, sealed=3)
+    instance = dg.DagsterInstance.ephemeral()
+    first = tick(instance, root, None)
+    assert len(first.run_requests) == 150
+    cursor = SensorCursor.from_json(first.cursor)
+    assert cursor.generation == 1 and cursor.databases == 50 and len(first.cursor) < 100  # no per-database state
+    marks = marks_of(root, first.cursor)
+    assert sorted(marks) == [f"db{n:02d}" for n in range(50)]
+    assert [(s.segment_id, s.done) for s in marks["db07"].segments] == [(3, True), (4, True), (5, True)]
+    # a later tick (a new process, a new instance object: nothing kept in memory) knows them from the store
+    sealed_id = seal_next(root / "db07" / "wal")
+    second = tick(dg.DagsterInstance.ephemeral(), root, first.cursor)
+    assert [r.partition_key for r in second.run_requests] == [f"db07.{segment_name(sealed_id)}"]
+    assert [s.segment_id for s in marks_of(root, second.cursor)["db07"].segments] == [3, 4, 5, sealed_id]
+    assert len(second.cursor) == len(first.cursor)
+
+
+class StoreSpy:
+    """Records the databases whose marks each tick reads and writes through the MarksStore API."""
+
+    def __init__(self, monkeypatch):
+        self.read: list[str] = []
+        self.written: list[str] = []
+        self.read_all = 0
+        spy = self
+
+        def read(store, epoch, committed, databases):
+            databases = list(databases)
+            spy.read += databases
+            return real_read(store, epoch, committed, databases)
+
+        def read_all(store, epoch, committed):
+            spy.read_all += 1
+            return real_read_all(store, epoch, committed)
+
+        def write(store, epoch, committed, marks, gone=()):
+            gone = list(gone)
+            spy.written += [*marks, *gone]
+            return real_write(store, epoch, committed, marks, gone)
+
+        real_read, real_read_all, real_write = MarksStore.read, MarksStore.read_all, MarksStore.write
+        monkeypatch.setattr(MarksStore, "read", read)
+        monkeypatch.setattr(MarksStore, "read_all", read_all)
+        monkeypatch.setattr(MarksStore, "write", write)
+
+    def take(self) -> tuple[list[str], list[str], int]:
+        out = (sorted(self.read), sorted(self.written), self.read_all)
+        self.read, self.written, self.read_all = [], [], 0
+        return out
+
+
+def test_a_steady_tick_reads_and_writes_only_the_marks_of_the_databases_named(tmp_path, monkeypatch):
+    root = tmp_path / "data"
+    for n in range(300):
+        fake_wal(root / f"tenant_{n:03d}" / "wal", applied=1, sealed=1)
+    instance = dg.DagsterInstance.ephemeral()
+    spy = StoreSpy(monkeypatch)
+    first = tick(instance, root, None)  # a full scan: every mark
+    assert spy.take()[2] == 1 and len(first.run_requests) == 300
+    second = tick(instance, root, first.cursor)
+    assert second.run_requests == [] and spy.take() == ([], [], 0)  # nothing named: no mark read or written
+    sealed = [seal_next(root / f"tenant_{n:03d}" / "wal") for n in (17, 250)]
+    third = tick(instance, root, second.cursor)
+    assert [r.partition_key for r in third.run_requests] == [
+        f"tenant_017.{segment_name(sealed[0])}", f"tenant_250.{segment_name(sealed[1])}"]
+    assert spy.take() == (["tenant_017", "tenant_250"], ["tenant_017", "tenant_250"], 0)
+    for n in (17, 250):
+        age(root / f"tenant_{n:03d}" / "wal")
+    fourth = tick(instance, root, third.cursor)  # changed a moment ago: pending, looked at once more
+    assert spy.take() == (["tenant_017", "tenant_250"], ["tenant_017", "tenant_250"], 0)
+    assert tick(instance, root, fourth.cursor).run_requests == [] and spy.take() == ([], [], 0)
+
+
+def test_a_lost_cursor_neither_loses_nor_duplicates_a_run_request(tmp_path):
+    """Dagster may fail to store a tick's cursor after the sensor wrote its marks (and consumed the
+    markers): the next tick, given the cursor before, requests the same runs under the same keys."""
+    root = tmp_path / "data"
+    for db in ("a", "b"):
+        fake_wal(root / db / "wal", applied=1, sealed=1)
+    instance = dg.DagsterInstance.ephemeral()
+    first = tick(instance, root, None)
+    sealed_a = seal_next(root / "a" / "wal")
+    lost = tick(instance, root, first.cursor)  # its cursor is never stored
+    assert [r.partition_key for r in lost.run_requests] == [f"a.{segment_name(sealed_a)}"]
+    assert read_journal(journal_dir(root)) == ()  # the marker is gone with it
+    retried = tick(instance, root, first.cursor)
+    assert [r.run_key for r in retried.run_requests] == [r.run_key for r in lost.run_requests]
+    lost_again = tick(instance, root, first.cursor)  # lost twice: still the same request, once
+    assert [r.run_key for r in lost_again.run_requests] == [r.run_key for r in lost.run_requests]
+    stored = lost_again.cursor
+    age(root / "a" / "wal")
+    after = tick(instance, root, stored)  # once a cursor is stored, nothing is requested twice
+    assert after.run_requests == []
+    assert tick(instance, root, after.cursor).run_requests == []
+
+
+def test_the_resource_field_sets_the_full_scan_interval_through_an_env_var(tmp_path, monkeypatch):
+    root = tmp_path / "data"
+    fake_wal(root / "db" / "wal", applied=1, sealed=1)
+    history = HistoryRootResource(root=str(root), s3=S3Resource(),
+                                  sensor_full_scan_every=dg.EnvVar.int("TEST_SENSOR_FULL_SCAN_EVERY"))
+    instance = dg.DagsterInstance.ephemeral()
+
+    def scans(cursor):
+        with dg.build_sensor_context(instance=instance, cursor=cursor, resources={"history": history}) as context:
+            result = finished_wal_segments_sensor(context)
+        return SensorCursor.from_json(result.cursor).since_full_scan == 0, result.cursor
+
+    monkeypatch.setenv("TEST_SENSOR_FULL_SCAN_EVERY", "1")
+    full, cursor = scans(None)
+    assert full and scans(cursor)[0]  # every tick
+    monkeypatch.setenv("TEST_SENSOR_FULL_SCAN_EVERY", "2")
+    assert [scans(cursor)[0], scans(scans(cursor)[1])[0]] == [False, True]
+    monkeypatch.setenv("TEST_SENSOR_FULL_SCAN_EVERY", "0")
+    with pytest.raises(HistoryError, match="sensor_full_scan_every=0"):
+        scans(cursor)
