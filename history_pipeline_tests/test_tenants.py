@@ -1,7 +1,7 @@
 """Many tenants under one root: the sensor's cost per tick follows what changed (the change journal,
-and the marks store it reads only for the databases named), never the number of databases nor the history; a quarantined or unreadable
-database holds up only itself; hundreds of databases work; and the instance's run queue limits
-compaction runs per database and over all of them."""
+and the marks store it reads only for the databases named), never the number of databases nor the
+history; a quarantined or unreadable database holds up only itself; hundreds of databases work; and
+the instance's run queue limits compaction runs per database and over all of them."""
 
 import os
 import shutil
