@@ -599,3 +599,30 @@ def test_the_resource_field_sets_the_full_scan_interval_through_an_env_var(tmp_p
     monkeypatch.setenv("TEST_SENSOR_FULL_SCAN_EVERY", "0")
     with pytest.raises(HistoryError, match="sensor_full_scan_every=0"):
         scans(cursor)
+
+
+def test_the_marks_stores_steady_queries_do_not_grow_with_the_number_of_databases(tmp_path):
+    """Counted in SQLite virtual-machine steps (its progress handler): a steady tick's queries
+    (epoch, pending, blocked, the named marks) cost the same over 100 and over 20,000 databases."""
+    def steps(databases: int) -> int:
+        path = marks_path(tmp_path / str(databases))
+        with MarksStore.open(path) as store:
+            store.start_epoch("e")
+            settled = DatabaseMark(OLD, (SegmentMark(1, 1, False, True),))
+            store.write("e", 0, {f"db{n:05d}": settled for n in range(databases)})
+            store.write("e", 1, {"db00042": DatabaseMark(None, (SegmentMark(1, 1, True, False),))})
+        with MarksStore.open(path) as store:
+            counted = [0]
+
+            def count() -> int:
+                counted[0] += 1
+                return 0  # (go on)
+
+            store._db.set_progress_handler(count, 1)
+            assert store.has_epoch("e") and store.pending("e", 2) == ["db00042"]
+            assert store.read("e", 2, ["db00042", "db00007"])["db00007"] == settled
+            assert store.blocked("e", NAMED_IN_SKIP) == BlockedSummary(1, 0, (("db00042", 1),))
+            return counted[0]
+
+    small, large = steps(100), steps(20_000)
+    assert large <= small * 1.2, (small, large)
