@@ -84,9 +84,9 @@ class BlockedSummary:
 
 def summarize_blocked(marks: Mapping[str, DatabaseMark], limit: int) -> BlockedSummary:
     """:meth:`MarksStore.blocked` computed over marks in memory (the tests' reference)."""
-    blocked = sorted((db, m) for db, m in marks.items() if m.first_quarantined is not None)
-    return BlockedSummary(len(blocked), sum(m.waiting for _, m in blocked),
-                          tuple((db, m.first_quarantined) for db, m in blocked[:limit]))  # type: ignore[misc]
+    blocked = sorted((db, first, m.waiting) for db, m in marks.items() if (first := m.first_quarantined) is not None)
+    return BlockedSummary(len(blocked), sum(waiting for _, _, waiting in blocked),
+                          tuple((db, first) for db, first, _ in blocked[:limit]))
 
 
 def marks_path(wal_base: str | os.PathLike[str]) -> str:
