@@ -1,7 +1,7 @@
-"""Many tenants under one root: the sensor's cost per tick follows what changed (its cursor and the
-change journal), never the number of databases nor the history; a quarantined or unreadable
-database holds up only itself; hundreds of databases work; and the instance's run queue limits
-compaction runs per database and over all of them."""
+"""Many tenants under one root: the sensor's cost per tick follows what changed (the change journal,
+and the marks store it reads only for the databases named), never the number of databases nor the
+history; a quarantined or unreadable database holds up only itself; hundreds of databases work; and
+the instance's run queue limits compaction runs per database and over all of them."""
 
 import os
 import shutil
@@ -9,16 +9,18 @@ from pathlib import Path
 
 import dagster as dg
 import pytest
+from dagster_aws.s3 import S3Resource
 
 from bench.tenants import age, fake_wal, seal_next, segment_file
 from history_pipeline.errors import HistoryError
 from history_pipeline.orchestration import sensors
-from history_pipeline.orchestration.resources import history_root
+from history_pipeline.orchestration.resources import HistoryRootResource, history_root
+from history_pipeline.orchestration.sensor_marks import BlockedSummary, MarksStore, marks_path, summarize_blocked
 from history_pipeline.orchestration.sensors import (
     COMPACTION_TAG,
     DATABASE_TAG,
     FULL_SCAN_EVERY,
-    FULL_SCAN_EVERY_ENV,
+    NAMED_IN_SKIP,
     SETTLE_NS,
     DatabaseListing,
     DatabaseMark,
@@ -32,6 +34,7 @@ from history_pipeline.orchestration.sensors import (
     full_scan_due,
     full_scan_every,
     plan_tick,
+    skip_reason,
 )
 from history_pipeline.wal import SegmentState
 from history_pipeline.wal.journal import JOURNAL, journal_dir, note_change, read_journal
@@ -39,6 +42,7 @@ from history_pipeline.wal.segments import segment_name
 
 NOW = 10**19  # "now" for the pure tests: every stamp below is long settled
 OLD = (1_000, 2_000)
+CURSOR = SensorCursor("e", 0, None, 0)  # a new epoch's first tick
 
 
 def sealed(db, i, ns=1):
@@ -58,112 +62,138 @@ def key(db, i):
 
 def test_plan_tick_requests_each_sealed_segment_once_in_id_order():
     listing = DatabaseListing("a", OLD, (sealed("a", 3), sealed("a", 2)))
-    first = plan_tick(SensorCursor(), {"a": OLD}, [listing], now_ns=NOW)
+    first = plan_tick(CURSOR, {}, {"a": OLD}, [listing], now_ns=NOW)
     assert [v.segment_id for v in first.runs] == [2, 3]
     assert first.add_partitions == (key("a", 2), key("a", 3)) and first.delete_partitions == ()
-    assert first.cursor.databases["a"] == DatabaseMark(OLD, (SegmentMark(2, 1, False, True),
-                                                             SegmentMark(3, 1, False, True)))
-    assert databases_to_list(first.cursor, {"a": OLD}) == []  # unchanged folders: not listed again
+    assert first.marks == {"a": DatabaseMark(OLD, (SegmentMark(2, 1, False, True), SegmentMark(3, 1, False, True)))}
+    assert first.cursor == SensorCursor("e", 1, 0, 1)  # the marks are not in the cursor: four numbers
+    assert databases_to_list(first.marks, {"a": OLD}) == []  # unchanged folders: not listed again
     moved = (OLD[0] + 1, OLD[1])
-    assert databases_to_list(first.cursor, {"a": moved}) == ["a"]
+    assert databases_to_list(first.marks, {"a": moved}) == ["a"]
     # listed again (a new segment was sealed): only the new one runs
-    again = plan_tick(first.cursor, {"a": moved},
+    again = plan_tick(first.cursor, first.marks, {"a": moved},
                       [DatabaseListing("a", moved, (sealed("a", 2), sealed("a", 3), sealed("a", 4)))], now_ns=NOW)
     assert [v.segment_id for v in again.runs] == [4] and again.add_partitions == (key("a", 4),)
     # a segment repaired in place is a new file (new change time): it runs again, keeps its partition
-    repaired = plan_tick(again.cursor, {"a": OLD},
+    repaired = plan_tick(again.cursor, again.marks, {"a": OLD},
                          [DatabaseListing("a", OLD, (sealed("a", 2, ns=9), sealed("a", 3), sealed("a", 4)))],
                          now_ns=NOW)
     assert [v.version for v in repaired.runs] == [f"{key('a', 2)}@9"] and repaired.add_partitions == ()
+
+
+def skip(plan, marks):
+    """The skip reason over the marks the store holds after the tick."""
+    return skip_reason(plan, summarize_blocked(marks, NAMED_IN_SKIP))
 
 
 def test_plan_tick_holds_back_only_the_quarantined_database_and_reports_once_its_partition_exists():
     stamps = {"q": OLD, "ok": OLD}
     listings = [DatabaseListing("q", OLD, (quarantined("q", 2), sealed("q", 3))),
                 DatabaseListing("ok", OLD, (sealed("ok", 1),))]
-    first = plan_tick(SensorCursor(), stamps, listings, now_ns=NOW)
+    first = plan_tick(CURSOR, {}, stamps, listings, now_ns=NOW)
     assert [v.key for v in first.runs] == [key("ok", 1)]  # q's segment 3 waits behind its segment 2
     assert set(first.add_partitions) == {key("q", 2), key("q", 3), key("ok", 1)}
     assert first.report_quarantined == ()  # the partition is only being added
-    assert first.cursor.databases["q"].stamp is None  # so q is listed again next tick
-    assert databases_to_list(first.cursor, stamps) == ["q"]
-    second = plan_tick(first.cursor, stamps, [DatabaseListing("q", OLD, listings[0].segments)], now_ns=NOW)
+    assert first.marks["q"].stamp is None  # so q is listed again next tick
+    assert databases_to_list(first.marks, stamps) == ["q"]
+    second = plan_tick(first.cursor, first.marks, stamps, [DatabaseListing("q", OLD, listings[0].segments)],
+                       now_ns=NOW, full_scan=False)
     assert [v.key for v in second.report_quarantined] == [key("q", 2)] and second.runs == ()
-    assert "q.00000000000000000002 is quarantined (line 2: bad)" in second.skip_reason
-    assert "1 sealed segment(s) wait behind them" in second.skip_reason
-    assert databases_to_list(second.cursor, stamps) == []  # settled: reported once
-    third = plan_tick(second.cursor, stamps, [], now_ns=NOW)
-    assert "q.00000000000000000002 is quarantined (the reason is on its partition)" in third.skip_reason
+    marks = {**first.marks, **second.marks}
+    assert "(2 database(s), 1 listed this tick; q.00000000000000000002 is quarantined (line 2: bad)" in skip(
+        second, marks)
+    assert "1 sealed segment(s) wait behind them" in skip(second, marks)
+    assert databases_to_list(marks, stamps) == []  # settled: reported once
+    third = plan_tick(second.cursor, {}, {}, [], now_ns=NOW, full_scan=False)  # a steady tick looks at nothing
+    assert third.marks == {} and third.gone == () and third.cursor.databases == 2
+    assert "q.00000000000000000002 is quarantined (the reason is on its partition)" in skip(third, marks)
     # a quarantine the failing run already reported on the partition is not reported again
-    observed = plan_tick(first.cursor, stamps, [DatabaseListing("q", OLD, listings[0].segments)],
+    observed = plan_tick(first.cursor, first.marks, stamps, [DatabaseListing("q", OLD, listings[0].segments)],
                          TickFacts(observed=frozenset({quarantined("q", 2).version})), now_ns=NOW)
     assert observed.report_quarantined == ()
     # repaired: the quarantined file left, a re-sealed one is in segments/: both run, in order
-    fixed = plan_tick(second.cursor, stamps, [DatabaseListing("q", OLD, (sealed("q", 2, ns=5), sealed("q", 3)))],
-                      now_ns=NOW)
+    fixed = plan_tick(second.cursor, marks, stamps,
+                      [DatabaseListing("q", OLD, (sealed("q", 2, ns=5), sealed("q", 3)))], now_ns=NOW)
     assert [v.segment_id for v in fixed.runs] == [2, 3] and fixed.add_partitions == ()
+    assert summarize_blocked({**marks, **fixed.marks}, NAMED_IN_SKIP) == BlockedSummary()
+
+
+def test_the_skip_reason_names_a_few_blocked_databases_and_counts_the_rest():
+    marks = {f"db{n}": DatabaseMark(OLD, (SegmentMark(n + 1, 1, True, True), SegmentMark(n + 2, 1, False, False)))
+             for n in range(8)}
+    plan = plan_tick(SensorCursor("e", 4, 3, 8), {}, {}, [], now_ns=NOW, full_scan=False)
+    text = skip(plan, marks)
+    assert text.count("is quarantined (the reason is on its partition)") == NAMED_IN_SKIP
+    assert "db0.00000000000000000001" in text and "db5." not in text
+    assert "and 3 more quarantined database(s); 8 sealed segment(s) wait behind them; repair or skip them)" in text
+
+
+def test_plan_tick_counts_databases_added_and_gone():
+    cursor = SensorCursor("e", 5, 2, 2)
+    marks = {"a": DatabaseMark(OLD), "gone": DatabaseMark(OLD, (SegmentMark(7, 1, False, True),))}
+    plan = plan_tick(cursor, marks, {"a": OLD, "new": OLD},
+                     [DatabaseListing("a", OLD, ()), DatabaseListing("new", OLD, ())], now_ns=NOW, full_scan=False)
+    assert plan.gone == ("gone",) and set(plan.marks) == {"a", "new"}
+    assert plan.cursor == SensorCursor("e", 6, 3, 2)  # one came, one left
+    assert plan_tick(cursor, marks, {"a": OLD}, [], now_ns=NOW).cursor.databases == 1  # a full scan counts
 
 
 def test_plan_tick_keeps_partitions_of_applied_segments_and_removes_those_gone():
-    cursor = SensorCursor({"a": DatabaseMark(OLD, (SegmentMark(1, 1, False, True), SegmentMark(2, 1, False, True))),
-                           "gone": DatabaseMark(OLD, (SegmentMark(7, 1, False, True),))})
-    plan = plan_tick(cursor, {"a": OLD}, [DatabaseListing("a", OLD, ())],
+    marks = {"a": DatabaseMark(OLD, (SegmentMark(1, 1, False, True), SegmentMark(2, 1, False, True))),
+             "gone": DatabaseMark(OLD, (SegmentMark(7, 1, False, True),))}
+    plan = plan_tick(CURSOR, marks, {"a": OLD}, [DatabaseListing("a", OLD, ())],
                      TickFacts(applied=frozenset({key("a", 1)}), partitions_of_gone=(key("gone", 3), key("gone", 7))),
                      now_ns=NOW)
     # segment 1 was applied (its partition stays, green); segment 2 left the WAL; "gone" left the root
     assert plan.delete_partitions == (key("gone", 3), key("gone", 7), key("a", 2))
-    assert set(plan.cursor.databases) == {"a"} and plan.cursor.databases["a"].segments == ()
+    assert plan.marks == {"a": DatabaseMark(OLD)} and plan.gone == ("gone",)
 
 
 def test_a_folder_changed_just_now_is_listed_again_on_the_next_tick():
     now = 50 * SETTLE_NS
     recent = (now - SETTLE_NS // 2, 0)
-    plan = plan_tick(SensorCursor(), {"a": recent}, [DatabaseListing("a", recent, (sealed("a", 1),))], now_ns=now)
+    plan = plan_tick(CURSOR, {}, {"a": recent}, [DatabaseListing("a", recent, (sealed("a", 1),))], now_ns=now)
     # folder times are coarse: a segment sealed in the same clock tick could leave the same time
-    assert plan.cursor.databases["a"].stamp is None and databases_to_list(plan.cursor, {"a": recent}) == ["a"]
-    settled = plan_tick(plan.cursor, {"a": recent}, [DatabaseListing("a", recent, (sealed("a", 1),))],
+    assert plan.marks["a"].stamp is None and databases_to_list(plan.marks, {"a": recent}) == ["a"]
+    settled = plan_tick(plan.cursor, plan.marks, {"a": recent}, [DatabaseListing("a", recent, (sealed("a", 1),))],
                         now_ns=now + SETTLE_NS)
-    assert settled.runs == () and settled.cursor.databases["a"].stamp == recent
+    assert settled.runs == () and settled.marks["a"].stamp == recent
 
 
 def test_cursor_round_trips_through_json_and_an_older_cursor_starts_afresh():
-    cursor = SensorCursor({"a": DatabaseMark(OLD, (SegmentMark(2, 5, True, False),)), "b": DatabaseMark(None)})
+    cursor = SensorCursor("0123abcd", 41, 7, 1_000)
     assert SensorCursor.from_json(cursor.to_json()) == cursor
-    assert SensorCursor.from_json('["db.00000000000000000002@1"]') == SensorCursor()  # the previous format
+    assert len(cursor.to_json()) < 80  # whatever the number of databases
+    assert SensorCursor.from_json('["db.00000000000000000002@1"]') == SensorCursor()  # the first format
     assert SensorCursor.from_json(None) == SensorCursor() == SensorCursor.from_json("not json")
-    counted = SensorCursor(cursor.databases, 7)
-    assert SensorCursor.from_json(counted.to_json()) == counted
-    # a cursor of the sensor before the journal keeps its marks but has no count: it scans fully once
-    older = '{"v":1,"db":{"a":[[1000,2000],[[2,5,1,0]]]}}'
-    assert SensorCursor.from_json(older).since_full_scan is None and full_scan_due(SensorCursor.from_json(older), True)
+    # a cursor that held the marks itself (format 1): start afresh, with a full scan
+    older = '{"v":1,"n":3,"db":{"a":[[1000,2000],[[2,5,1,0]]]}}'
+    assert SensorCursor.from_json(older) == SensorCursor() and full_scan_due(SensorCursor.from_json(older), True)
 
 
 def test_a_full_scan_runs_first_without_a_journal_and_every_nth_tick():
     assert full_scan_due(SensorCursor(), journal_present=True)  # first tick: no cursor
-    assert full_scan_due(SensorCursor({}, 3), journal_present=False)  # journal gone
-    assert not full_scan_due(SensorCursor({}, 0), True, every=60)
-    assert not full_scan_due(SensorCursor({}, 58), True, every=60) and full_scan_due(SensorCursor({}, 59), True, 60)
-    assert full_scan_due(SensorCursor({}, 0), True, every=1)  # every tick
-    full = plan_tick(SensorCursor({}, 59), {}, [], now_ns=NOW, full_scan=True)
-    steady = plan_tick(full.cursor, {}, [], now_ns=NOW, full_scan=False)
+    assert full_scan_due(SensorCursor("e", 4, 3), journal_present=False)  # journal gone
+    assert not full_scan_due(SensorCursor("e", 4, 0), True, every=60)
+    assert not full_scan_due(SensorCursor("e", 4, 58), True, every=60)
+    assert full_scan_due(SensorCursor("e", 4, 59), True, 60)
+    assert full_scan_due(SensorCursor("e", 4, 0), True, every=1)  # every tick
+    full = plan_tick(SensorCursor("e", 4, 59), {}, {}, [], now_ns=NOW, full_scan=True)
+    steady = plan_tick(full.cursor, {}, {}, [], now_ns=NOW, full_scan=False)
     assert (full.cursor.since_full_scan, steady.cursor.since_full_scan) == (0, 1)
+    assert (full.cursor.generation, steady.cursor.generation) == (5, 6)
 
 
-def test_full_scan_interval_comes_from_the_environment(monkeypatch):
-    monkeypatch.delenv(FULL_SCAN_EVERY_ENV, raising=False)
-    assert full_scan_every() == FULL_SCAN_EVERY == 60
-    monkeypatch.setenv(FULL_SCAN_EVERY_ENV, "5")
-    assert full_scan_every() == 5
-    for bad in ("0", "-3", "often"):
-        monkeypatch.setenv(FULL_SCAN_EVERY_ENV, bad)
-        with pytest.raises(HistoryError, match=FULL_SCAN_EVERY_ENV):
-            full_scan_every()
+def test_full_scan_interval_is_a_field_of_the_resource(monkeypatch):
+    assert full_scan_every(history_root("data")) == FULL_SCAN_EVERY == 60
+    assert full_scan_every(HistoryRootResource(root="data", s3=S3Resource(), sensor_full_scan_every=5)) == 5
+    with pytest.raises(HistoryError, match="sensor_full_scan_every=0"):
+        full_scan_every(HistoryRootResource(root="data", s3=S3Resource(), sensor_full_scan_every=0))
 
 
-def test_a_steady_tick_checks_the_databases_named_by_markers_and_those_not_settled():
-    cursor = SensorCursor({"a": DatabaseMark(OLD), "b": DatabaseMark(None), "c": DatabaseMark(OLD)}, 3)
-    assert databases_to_check(cursor, []) == ["b"]
-    assert databases_to_check(cursor, ["c", "new", "c", "", "../x"]) == ["b", "c", "new"]  # not names: ignored
+def test_a_steady_tick_checks_the_databases_named_by_markers_and_those_pending():
+    assert databases_to_check(["b"], []) == ["b"]
+    assert databases_to_check(["b"], ["c", "new", "c", "", "../x"]) == ["b", "c", "new"]  # not names: ignored
 
 
 # --- the sensor on real folders and a real Dagster instance -----------------------------------------
@@ -201,10 +231,21 @@ class Listings:
         return stated
 
 
-def tick(instance, root, cursor):
+def resource(root, every=FULL_SCAN_EVERY):
+    return HistoryRootResource(root=str(root), s3=S3Resource(), sensor_full_scan_every=every)
+
+
+def tick(instance, root, cursor, every=FULL_SCAN_EVERY):
     with dg.build_sensor_context(instance=instance, cursor=cursor,
-                                 resources={"history": history_root(str(root))}) as context:
+                                 resources={"history": resource(root, every)}) as context:
         return finished_wal_segments_sensor(context)
+
+
+def marks_of(root, cursor):
+    """The marks the sensor's cursor commits, as a tick with that cursor reads them."""
+    cursor = SensorCursor.from_json(cursor)
+    with MarksStore.open(marks_path(root)) as store:
+        return store.read_all(cursor.epoch, cursor.generation)
 
 
 def test_second_tick_over_unchanged_wals_lists_and_requests_nothing(tmp_path, monkeypatch):
@@ -278,12 +319,11 @@ def test_a_quarantined_or_unreadable_database_does_not_hold_up_the_others(tmp_pa
     note_change(broken)  # named by a marker: a steady tick tries it
     fourth = tick(instance, root, third.cursor)
     assert fourth.run_requests == [] and fourth.dynamic_partitions_requests == []
-    assert '"broken"' in fourth.cursor
+    assert "broken" in marks_of(root, fourth.cursor)
     assert [m.database for m in read_journal(journal_dir(root))] == ["broken"]  # kept: tried again next tick
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv(FULL_SCAN_EVERY_ENV, "1")  # a full scan does not take it for a database gone either
-        full = tick(instance, root, fourth.cursor)
-    assert full.run_requests == [] and full.dynamic_partitions_requests == [] and '"broken"' in full.cursor
+    full = tick(instance, root, fourth.cursor, every=1)  # a full scan does not take it for a database gone either
+    assert full.run_requests == [] and full.dynamic_partitions_requests == []
+    assert "broken" in marks_of(root, full.cursor)
     fourth = full
     (broken / "segments").unlink()
     shutil.move(broken / "aside", broken / "segments")
@@ -306,10 +346,10 @@ def test_three_hundred_databases(tmp_path, monkeypatch):
     assert "300 database(s), 0 listed this tick" in second.skip_reason.skip_message
     shutil.rmtree(root / "tenant_123")  # a tenant leaves: its partitions go (at the next full scan)
     instance.add_dynamic_partitions("wal_segments", list(first.dynamic_partitions_requests[0].partition_keys))
-    monkeypatch.setenv(FULL_SCAN_EVERY_ENV, "1")
-    third = tick(instance, root, second.cursor)
+    third = tick(instance, root, second.cursor, every=1)
     assert third.dynamic_partitions_requests[0].partition_keys == [f"tenant_123.{segment_name(6)}"]
-    assert '"tenant_123"' not in third.cursor
+    assert "tenant_123" not in marks_of(root, third.cursor) and len(marks_of(root, third.cursor)) == 299
+    assert "299 database(s)" in tick(instance, root, third.cursor).skip_reason.skip_message
 
 
 def test_instance_limits_compaction_runs_per_database_and_over_all_databases(tmp_path):
@@ -384,18 +424,17 @@ def test_a_marker_left_between_the_read_and_the_delete_is_not_lost(tmp_path, mon
     assert [r.partition_key for r in third.run_requests] == [f"b.{segment_name(sealed_meanwhile[0])}"]
 
 
-def test_the_periodic_full_scan_finds_a_segment_copied_in_without_a_marker(tmp_path, monkeypatch):
+def test_the_periodic_full_scan_finds_a_segment_copied_in_without_a_marker(tmp_path):
     root = tmp_path / "data"
     fake_wal(root / "db" / "wal", applied=2, sealed=1)
     instance = dg.DagsterInstance.ephemeral()
-    monkeypatch.setenv(FULL_SCAN_EVERY_ENV, "3")
-    cursor = tick(instance, root, None).cursor  # full scan
+    cursor = tick(instance, root, None, every=3).cursor  # full scan
     copied = seal_next(root / "db" / "wal", journal=False)  # a hand copy: no marker
     for _ in range(2):  # steady ticks read the journal only: they cannot see it
-        result = tick(instance, root, cursor)
+        result = tick(instance, root, cursor, every=3)
         assert result.run_requests == []
         cursor = result.cursor
-    found = tick(instance, root, cursor)  # the third tick since the last full scan is one
+    found = tick(instance, root, cursor, every=3)  # the third tick since the last full scan is one
     assert [r.partition_key for r in found.run_requests] == [f"db.{segment_name(copied)}"]
     assert SensorCursor.from_json(found.cursor).since_full_scan == 0
 
@@ -410,3 +449,180 @@ def test_a_missing_journal_means_a_full_scan_that_recreates_it(tmp_path):
     second = tick(instance, root, first.cursor)
     assert [r.partition_key for r in second.run_requests] == [f"db.{segment_name(copied)}"]
     assert read_journal(journal_dir(root)) == ()
+
+
+# --- the marks store: per-database state outside the Dagster cursor --------------------------------
+
+
+def test_marks_store_reads_a_write_whose_cursor_was_not_stored_as_the_version_before(tmp_path):
+    a1 = DatabaseMark(OLD, (SegmentMark(1, 5, True, True), SegmentMark(2, 5, False, False)))
+    a2 = DatabaseMark((3, 3), (SegmentMark(2, 5, False, True),))
+    with MarksStore.open(marks_path(tmp_path / "base")) as store:  # (creates its folder)
+        store.start_epoch("e")
+        store.write("e", 0, {"a": a1, "b": DatabaseMark(None)})  # generation 1
+        assert store.read("e", 1, ["a", "b", "c"]) == {"a": a1, "b": DatabaseMark(None)}
+        assert store.read("e", 0, ["a", "b"]) == {}  # a reader whose cursor predates the write sees nothing
+        assert store.pending("e", 1) == ["b"]  # not settled
+        assert store.pending("e", 0) == ["a", "b"]  # written by a tick whose cursor was not stored
+        store.write("e", 1, {"a": a2})  # generation 2 ...
+        assert store.read("e", 1, ["a"]) == {"a": a1} and store.read("e", 2, ["a"]) == {"a": a2}
+        store.write("e", 1, {"a": a2})  # ... retried after Dagster lost its cursor: the version before stays
+        assert store.read("e", 1, ["a"]) == {"a": a1}
+        assert store.blocked("e", 5) == summarize_blocked({"a": a2, "b": DatabaseMark(None)}, 5) == BlockedSummary()
+        store.write("e", 1, {"a": a1})
+        assert store.blocked("e", 5) == summarize_blocked({"a": a1}, 5) == BlockedSummary(1, 1, (("a", 1),))
+        store.write("e", 2, {}, gone=["a"])  # generation 3: a left the WAL base
+        assert store.read_all("e", 3) == {"b": DatabaseMark(None)}
+        assert store.read_all("e", 2) == {"a": a1, "b": DatabaseMark(None)}
+        store.purge_gone("e", 3)
+        assert store.read_all("e", 2) == {"b": DatabaseMark(None)}
+        store.start_epoch("f")  # a reset cursor: a new epoch drops the old one
+        assert not store.has_epoch("e") and store.has_epoch("f") and store.read_all("e", 9) == {}
+
+
+def test_marks_survive_across_ticks_outside_the_cursor(tmp_path):
+    root = tmp_path / "data"
+    for n in range(50):
+        fake_wal(root / f"db{n:02d}" / "wal", applied=2, sealed=3)
+    instance = dg.DagsterInstance.ephemeral()
+    first = tick(instance, root, None)
+    assert len(first.run_requests) == 150
+    cursor = SensorCursor.from_json(first.cursor)
+    assert cursor.generation == 1 and cursor.databases == 50 and len(first.cursor) < 100  # no per-database state
+    marks = marks_of(root, first.cursor)
+    assert sorted(marks) == [f"db{n:02d}" for n in range(50)]
+    assert [(s.segment_id, s.done) for s in marks["db07"].segments] == [(3, True), (4, True), (5, True)]
+    # a later tick (a new process, a new instance object: nothing kept in memory) knows them from the store
+    sealed_id = seal_next(root / "db07" / "wal")
+    second = tick(dg.DagsterInstance.ephemeral(), root, first.cursor)
+    assert [r.partition_key for r in second.run_requests] == [f"db07.{segment_name(sealed_id)}"]
+    assert [s.segment_id for s in marks_of(root, second.cursor)["db07"].segments] == [3, 4, 5, sealed_id]
+    assert len(second.cursor) == len(first.cursor)
+
+
+class StoreSpy:
+    """Records the databases whose marks each tick reads and writes through the MarksStore API."""
+
+    def __init__(self, monkeypatch):
+        self.read: list[str] = []
+        self.written: list[str] = []
+        self.read_all = 0
+        spy = self
+
+        def read(store, epoch, committed, databases):
+            databases = list(databases)
+            spy.read += databases
+            return real_read(store, epoch, committed, databases)
+
+        def read_all(store, epoch, committed):
+            spy.read_all += 1
+            return real_read_all(store, epoch, committed)
+
+        def write(store, epoch, committed, marks, gone=()):
+            gone = list(gone)
+            spy.written += [*marks, *gone]
+            return real_write(store, epoch, committed, marks, gone)
+
+        real_read, real_read_all, real_write = MarksStore.read, MarksStore.read_all, MarksStore.write
+        monkeypatch.setattr(MarksStore, "read", read)
+        monkeypatch.setattr(MarksStore, "read_all", read_all)
+        monkeypatch.setattr(MarksStore, "write", write)
+
+    def take(self) -> tuple[list[str], list[str], int]:
+        out = (sorted(self.read), sorted(self.written), self.read_all)
+        self.read, self.written, self.read_all = [], [], 0
+        return out
+
+
+def test_a_steady_tick_reads_and_writes_only_the_marks_of_the_databases_named(tmp_path, monkeypatch):
+    root = tmp_path / "data"
+    for n in range(300):
+        fake_wal(root / f"tenant_{n:03d}" / "wal", applied=1, sealed=1)
+    instance = dg.DagsterInstance.ephemeral()
+    spy = StoreSpy(monkeypatch)
+    first = tick(instance, root, None)  # a full scan: every mark
+    assert spy.take()[2] == 1 and len(first.run_requests) == 300
+    second = tick(instance, root, first.cursor)
+    assert second.run_requests == [] and spy.take() == ([], [], 0)  # nothing named: no mark read or written
+    sealed = [seal_next(root / f"tenant_{n:03d}" / "wal") for n in (17, 250)]
+    third = tick(instance, root, second.cursor)
+    assert [r.partition_key for r in third.run_requests] == [
+        f"tenant_017.{segment_name(sealed[0])}", f"tenant_250.{segment_name(sealed[1])}"]
+    assert spy.take() == (["tenant_017", "tenant_250"], ["tenant_017", "tenant_250"], 0)
+    for n in (17, 250):
+        age(root / f"tenant_{n:03d}" / "wal")
+    fourth = tick(instance, root, third.cursor)  # changed a moment ago: pending, looked at once more
+    assert spy.take() == (["tenant_017", "tenant_250"], ["tenant_017", "tenant_250"], 0)
+    assert tick(instance, root, fourth.cursor).run_requests == [] and spy.take() == ([], [], 0)
+
+
+def test_a_lost_cursor_neither_loses_nor_duplicates_a_run_request(tmp_path):
+    """Dagster may fail to store a tick's cursor after the sensor wrote its marks (and consumed the
+    markers): the next tick, given the cursor before, requests the same runs under the same keys."""
+    root = tmp_path / "data"
+    for db in ("a", "b"):
+        fake_wal(root / db / "wal", applied=1, sealed=1)
+    instance = dg.DagsterInstance.ephemeral()
+    first = tick(instance, root, None)
+    sealed_a = seal_next(root / "a" / "wal")
+    lost = tick(instance, root, first.cursor)  # its cursor is never stored
+    assert [r.partition_key for r in lost.run_requests] == [f"a.{segment_name(sealed_a)}"]
+    assert read_journal(journal_dir(root)) == ()  # the marker is gone with it
+    retried = tick(instance, root, first.cursor)
+    assert [r.run_key for r in retried.run_requests] == [r.run_key for r in lost.run_requests]
+    lost_again = tick(instance, root, first.cursor)  # lost twice: still the same request, once
+    assert [r.run_key for r in lost_again.run_requests] == [r.run_key for r in lost.run_requests]
+    stored = lost_again.cursor
+    age(root / "a" / "wal")
+    after = tick(instance, root, stored)  # once a cursor is stored, nothing is requested twice
+    assert after.run_requests == []
+    assert tick(instance, root, after.cursor).run_requests == []
+
+
+def test_the_resource_field_sets_the_full_scan_interval_through_an_env_var(tmp_path, monkeypatch):
+    root = tmp_path / "data"
+    fake_wal(root / "db" / "wal", applied=1, sealed=1)
+    history = HistoryRootResource(root=str(root), s3=S3Resource(),
+                                  sensor_full_scan_every=dg.EnvVar.int("TEST_SENSOR_FULL_SCAN_EVERY"))
+    instance = dg.DagsterInstance.ephemeral()
+
+    def scans(cursor):
+        with dg.build_sensor_context(instance=instance, cursor=cursor, resources={"history": history}) as context:
+            result = finished_wal_segments_sensor(context)
+        return SensorCursor.from_json(result.cursor).since_full_scan == 0, result.cursor
+
+    monkeypatch.setenv("TEST_SENSOR_FULL_SCAN_EVERY", "1")
+    full, cursor = scans(None)
+    assert full and scans(cursor)[0]  # every tick
+    monkeypatch.setenv("TEST_SENSOR_FULL_SCAN_EVERY", "2")
+    assert [scans(cursor)[0], scans(scans(cursor)[1])[0]] == [False, True]
+    monkeypatch.setenv("TEST_SENSOR_FULL_SCAN_EVERY", "0")
+    with pytest.raises(HistoryError, match="sensor_full_scan_every=0"):
+        scans(cursor)
+
+
+def test_the_marks_stores_steady_queries_do_not_grow_with_the_number_of_databases(tmp_path):
+    """Counted in SQLite virtual-machine steps (its progress handler): a steady tick's queries
+    (epoch, pending, blocked, the named marks) cost the same over 100 and over 20,000 databases."""
+    def steps(databases: int) -> int:
+        path = marks_path(tmp_path / str(databases))
+        with MarksStore.open(path) as store:
+            store.start_epoch("e")
+            settled = DatabaseMark(OLD, (SegmentMark(1, 1, False, True),))
+            store.write("e", 0, {f"db{n:05d}": settled for n in range(databases)})
+            store.write("e", 1, {"db00042": DatabaseMark(None, (SegmentMark(1, 1, True, False),))})
+        with MarksStore.open(path) as store:
+            counted = [0]
+
+            def count() -> int:
+                counted[0] += 1
+                return 0  # (go on)
+
+            store._db.set_progress_handler(count, 1)
+            assert store.has_epoch("e") and store.pending("e", 2) == ["db00042"]
+            assert store.read("e", 2, ["db00042", "db00007"])["db00007"] == settled
+            assert store.blocked("e", NAMED_IN_SKIP) == BlockedSummary(1, 0, (("db00042", 1),))
+            return counted[0]
+
+    small, large = steps(100), steps(20_000)
+    assert large <= small * 1.2, (small, large)

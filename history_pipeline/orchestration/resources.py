@@ -15,6 +15,10 @@ from history_pipeline.io.store import S3Options
 from history_pipeline.store import _DATABASE_RE, HistoryStore, StoreSettings, default_wal_base, wal_dir_of
 from history_pipeline.wal.segments import segments_dir
 
+#: the sensor scans every WAL once in this many ticks by default (catches WALs written without a
+#: journal marker: old writers, hand copies); ``HistoryRootResource.sensor_full_scan_every`` sets it
+FULL_SCAN_EVERY = 60
+
 
 def folder_stamp(wal_dir: str | Path) -> tuple[int, int] | None:
     """Change times (ns) of a WAL's ``segments/`` and ``quarantine/`` folders (0 when absent), or
@@ -45,6 +49,8 @@ class HistoryRootResource(dg.ConfigurableResource):
     s3: S3Resource
     snapshot_min_versions: int = 200_000
     wal_root: str | None = None
+    #: ticks between the sensor's full scans of every WAL (1: every tick); ``dg.EnvVar.int(...)`` works
+    sensor_full_scan_every: int = FULL_SCAN_EVERY
 
     def wal_base(self) -> Path:
         """The local folder holding one folder per database's WAL."""

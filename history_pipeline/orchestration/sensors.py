@@ -3,21 +3,24 @@ that follows what changed, not how many databases there are nor how long their h
 
 A steady tick reads one folder: the change journal ``<wal base>/_changes/``
 (:mod:`history_pipeline.wal.journal`), where every seal, quarantine, repair, skip and release
-leaves an empty marker naming its database. Only the databases named there (and those whose last
-listing had not settled) are looked at: their two folders (``segments/`` and ``quarantine/``) are
-stat-ed and listed, then the markers read are deleted. A full scan (today's fallback: the WAL base
-read once, two folder stats per database, only changed databases listed) runs on the first tick,
-when the journal is missing, and every :data:`FULL_SCAN_EVERY` ticks, to catch WALs written by
-tools that do not journal. ``applied/`` is never listed, no segment's contents are read, and no
-catalog or object store is opened. The decision is a pure function of the listings and the cursor
+leaves an empty marker naming its database. Only the databases named there (and those pending:
+not settled when last listed) are looked at: their two folders (``segments/`` and
+``quarantine/``) are stat-ed and listed, their marks read from and written to the
+:class:`~history_pipeline.orchestration.sensor_marks.MarksStore` (``<wal base>/_sensor/``), then
+the markers read are deleted. The Dagster cursor holds four numbers (:class:`SensorCursor`), not
+per-database state. A full scan (the WAL base read once, two folder stats per database, only
+changed databases listed) runs on the first tick, when the journal is missing, and every
+``HistoryRootResource.sensor_full_scan_every`` ticks, to catch WALs written by tools that do not
+journal. ``applied/`` is never listed, no segment's contents are read, and no catalog or object
+store is opened. The decision is a pure function of the listings, the marks and the cursor
 (:func:`plan_tick`); the sensor body only gathers them and turns the plan into requests.
 """
 
 from __future__ import annotations
 
 import json
-import os
 import time
+import uuid
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -31,7 +34,16 @@ from history_pipeline.orchestration.partitions import (
     segment_partition_key,
     segment_partitions,
 )
-from history_pipeline.orchestration.resources import HistoryRootResource, folder_stamp
+from history_pipeline.orchestration.resources import FULL_SCAN_EVERY, HistoryRootResource, folder_stamp
+from history_pipeline.orchestration.sensor_marks import (
+    BlockedSummary,
+    DatabaseMark,
+    MarksStore,
+    SegmentMark,
+    Stamp,
+    marks_path,
+    summarize_blocked,
+)
 from history_pipeline.store import _DATABASE_RE
 from history_pipeline.wal import SegmentState
 from history_pipeline.wal.journal import Marker, consume, ensure_journal, journal_dir, read_journal
@@ -53,13 +65,6 @@ COMPACTION_TAG = "history_pipeline/compaction"
 SETTLE_NS = 2_000_000_000
 #: at most this many blocked databases are named in a skip reason
 NAMED_IN_SKIP = 5
-#: a full scan of every WAL runs once in this many ticks (catches WALs written without a journal
-#: marker: old writers, hand copies); ``HISTORY_PIPELINE_SENSOR_FULL_SCAN_EVERY`` overrides it
-FULL_SCAN_EVERY = 60
-FULL_SCAN_EVERY_ENV = "HISTORY_PIPELINE_SENSOR_FULL_SCAN_EVERY"
-
-Stamp = tuple[int, int]  # change times (ns) of a database's segments/ and quarantine/ folders (0: absent)
-
 
 @dataclass(frozen=True)
 class SegmentView:
@@ -82,42 +87,24 @@ class SegmentView:
 
 
 @dataclass(frozen=True)
-class SegmentMark:
-    """A sealed or quarantined segment the sensor registered a partition for."""
-
-    segment_id: int
-    changed_ns: int
-    quarantined: bool
-    done: bool  # sealed: its run was requested; quarantined: reported on its partition
-
-
-@dataclass(frozen=True)
-class DatabaseMark:
-    """What the sensor remembers of one database between ticks."""
-
-    stamp: Stamp | None  # folder times when last listed; None: list it again on the next tick
-    segments: tuple[SegmentMark, ...] = ()  # its sealed and quarantined segments, in id order
-
-
-@dataclass(frozen=True)
 class SensorCursor:
-    """The sensor's cursor: per database, its folder times and pending segments (JSON in Dagster)."""
+    """The sensor's Dagster cursor: four numbers, whatever the number of databases (their marks
+    are in the :class:`MarksStore`, whose rows this cursor commits)."""
 
-    databases: Mapping[str, DatabaseMark] = field(default_factory=dict)
+    #: names this cursor's rows in the marks store; None: start afresh (a new epoch, a full scan)
+    epoch: str | None = None
+    #: ticks committed in this epoch: marks written at a higher generation belong to a tick whose
+    #: cursor Dagster did not store, and are read as their previous version
+    generation: int = 0
     #: ticks since the last full scan; None: no full scan yet (the next tick makes one)
     since_full_scan: int | None = None
+    #: how many databases have a mark (for the skip reason)
+    databases: int = 0
 
     def to_json(self) -> str:
-        """Compact JSON: ``{"v": 1, "n": since_full_scan, "db": {name: [stamp | null, [[id, changed_ns, q,
-        done], ...]]}}``."""
-        return json.dumps(
-            {"v": 1, "n": self.since_full_scan, "db": {
-                name: [list(m.stamp) if m.stamp else None,
-                       [[s.segment_id, s.changed_ns, int(s.quarantined), int(s.done)] for s in m.segments]]
-                for name, m in sorted(self.databases.items())
-            }},
-            separators=(",", ":"),
-        )
+        """Compact JSON: ``{"v": 2, "e": epoch, "g": generation, "n": since_full_scan, "d": databases}``."""
+        return json.dumps({"v": 2, "e": self.epoch, "g": self.generation, "n": self.since_full_scan,
+                           "d": self.databases}, separators=(",", ":"))
 
     @classmethod
     def from_json(cls, text: str | None) -> SensorCursor:
@@ -128,16 +115,11 @@ class SensorCursor:
             body = json.loads(text) if text else None
         except json.JSONDecodeError:
             return cls()
-        if not isinstance(body, dict) or body.get("v") != 1:
+        if not isinstance(body, dict) or body.get("v") != 2 or not isinstance(body.get("e"), str):
             return cls()
-        since = body.get("n")  # absent in cursors of the sensor before the journal: scan fully once
-        return cls({
-            name: DatabaseMark(
-                (int(stamp[0]), int(stamp[1])) if stamp else None,
-                tuple(SegmentMark(int(i), int(ns), bool(q), bool(d)) for i, ns, q, d in segments),
-            )
-            for name, (stamp, segments) in body["db"].items()
-        }, int(since) if isinstance(since, int) else None)
+        since, gen, count = body.get("n"), body.get("g"), body.get("d")
+        return cls(body["e"], gen if isinstance(gen, int) else 0, since if isinstance(since, int) else None,
+                   count if isinstance(count, int) else 0)
 
 
 @dataclass(frozen=True)
@@ -170,16 +152,18 @@ class TickPlan:
     runs: tuple[SegmentView, ...]
     report_quarantined: tuple[SegmentView, ...]
     cursor: SensorCursor
+    marks: Mapping[str, DatabaseMark]  # the new marks of the databases listed this tick
+    gone: tuple[str, ...]  # databases that left the WAL base: their marks go
     listed: tuple[str, ...]  # databases listed this tick
-    skip_reason: str | None
+    reasons: Mapping[str, str] = field(default_factory=dict)  # why a listed database is held up
 
 
-def databases_to_list(cursor: SensorCursor, stamps: Mapping[str, Stamp]) -> list[str]:
-    """Databases whose folders may hold something new: unknown to the cursor, not settled when
-    last listed, or with a folder time that moved since."""
+def databases_to_list(marks: Mapping[str, DatabaseMark], stamps: Mapping[str, Stamp]) -> list[str]:
+    """Databases (of a full scan) whose folders may hold something new: without a mark, not
+    settled when last listed, or with a folder time that moved since."""
     out = []
     for database, stamp in sorted(stamps.items()):
-        mark = cursor.databases.get(database)
+        mark = marks.get(database)
         if mark is None or mark.stamp is None or mark.stamp != stamp:
             out.append(database)
     return out
@@ -191,15 +175,15 @@ def full_scan_due(cursor: SensorCursor, journal_present: bool, every: int = FULL
     return not journal_present or cursor.since_full_scan is None or cursor.since_full_scan + 1 >= every
 
 
-def databases_to_check(cursor: SensorCursor, named: Iterable[str]) -> list[str]:
+def databases_to_check(pending: Iterable[str], named: Iterable[str]) -> list[str]:
     """Databases a steady tick (one that reads the journal instead of scanning) stats and lists:
-    those named by journal markers, and those whose last listing had not settled."""
-    pending = {db for db, mark in cursor.databases.items() if mark.stamp is None}
-    return sorted(pending | {db for db in named if _DATABASE_RE.match(db)})
+    those named by journal markers, and the pending ones (:meth:`MarksStore.pending`)."""
+    return sorted(set(pending) | {db for db in named if _DATABASE_RE.match(db)})
 
 
 def plan_tick(
     cursor: SensorCursor,
+    marks: Mapping[str, DatabaseMark],
     stamps: Mapping[str, Stamp],
     listings: Iterable[DatabaseListing],
     facts: TickFacts = TickFacts(),
@@ -209,23 +193,22 @@ def plan_tick(
     """Partitions to add (newly seen sealed or quarantined segments) and remove (segments that
     left the WAL other than by being applied, and databases that left it), runs to request (sealed
     segments not requested before, in id order, none behind a quarantined one of its database),
-    quarantines to report on their partition (once each, once the partition exists), and the new
-    cursor. ``stamps`` holds every database present this tick; databases not listed keep their mark.
-    ``full_scan`` says whether this tick scanned every WAL (the cursor counts ticks since one).
+    quarantines to report on their partition (once each, once the partition exists), the new marks
+    of the databases listed, and the new cursor. ``marks`` holds the marks of every database looked
+    at this tick (all of them on a full scan), ``stamps`` those of them still present: a database
+    with a mark and no stamp left the WAL base. ``full_scan`` says whether this tick scanned every WAL.
     """
-    marks = {db: m for db, m in cursor.databases.items() if db in stamps}
     adds: list[str] = []
     deletes: list[str] = list(facts.partitions_of_gone)
     runs: list[SegmentView] = []
     reports: list[SegmentView] = []
     reasons: dict[str, str] = {}
-    listed = []
+    new_marks: dict[str, DatabaseMark] = {}
     for listing in sorted(listings, key=lambda x: x.database):
         db = listing.database
-        listed.append(db)
         before = {s.segment_id: s for s in (marks[db].segments if db in marks else ())}
         views = sorted(listing.segments, key=lambda v: v.segment_id)
-        new_marks: list[SegmentMark] = []
+        segments: list[SegmentMark] = []
         blocked, settled = False, True
         for v in views:
             old = before.get(v.segment_id)
@@ -242,40 +225,40 @@ def plan_tick(
                     reports.append(v)
                     done = True
                 settled = settled and done  # a partition added just now is reported on the next tick
-                new_marks.append(SegmentMark(v.segment_id, v.changed_ns, True, done))
+                segments.append(SegmentMark(v.segment_id, v.changed_ns, True, done))
             else:
                 done = same and old is not None and old.done
                 if not done and not blocked:
                     runs.append(v)
                     done = True
-                new_marks.append(SegmentMark(v.segment_id, v.changed_ns, False, done))
+                segments.append(SegmentMark(v.segment_id, v.changed_ns, False, done))
         seen = {v.segment_id for v in views}
         deletes += [segment_partition_key(db, segment_name(i)) for i in sorted(before)
                     if i not in seen and segment_partition_key(db, segment_name(i)) not in facts.applied]
         recent = max(listing.stamp) > now_ns - SETTLE_NS
-        marks[db] = DatabaseMark(None if recent or not settled else listing.stamp, tuple(new_marks))
+        new_marks[db] = DatabaseMark(None if recent or not settled else listing.stamp, tuple(segments))
+    gone = tuple(sorted(db for db in marks if db not in stamps))
+    added = sum(db not in marks for db in new_marks)
+    count = len(stamps) if full_scan else max(0, cursor.databases + added - len(gone))
     since = 0 if full_scan else (cursor.since_full_scan or 0) + 1
-    new_cursor = SensorCursor(dict(sorted(marks.items())), since)
-    skip = None if runs else _skip_reason(new_cursor, stamps, listed, reasons)
-    return TickPlan(tuple(adds), tuple(deletes), tuple(runs), tuple(reports), new_cursor, tuple(listed), skip)
+    new_cursor = SensorCursor(cursor.epoch, cursor.generation + 1, since, count)
+    return TickPlan(tuple(adds), tuple(deletes), tuple(runs), tuple(reports), new_cursor, new_marks, gone,
+                    tuple(sorted(new_marks)), reasons)
 
 
-def _skip_reason(cursor: SensorCursor, stamps: Mapping[str, Stamp], listed: list[str],
-                 reasons: Mapping[str, str]) -> str:
-    """Why no run was requested: how much was looked at, and which databases wait on an operator."""
-    waiting = sum(not s.quarantined and not s.done for m in cursor.databases.values() for s in m.segments)
-    skip = f"no sealed segment is waiting to be requested ({len(stamps)} database(s), {len(listed)} listed this tick"
-    blocked = []
-    for db, mark in cursor.databases.items():
-        stuck = [s for s in mark.segments if s.quarantined]
-        if stuck:
-            key = segment_partition_key(db, segment_name(stuck[0].segment_id))
-            blocked.append(reasons.get(db, f"{key} is quarantined (the reason is on its partition)"))
-    if blocked:
-        skip += "; " + "; ".join(blocked[:NAMED_IN_SKIP])
-        if len(blocked) > NAMED_IN_SKIP:
-            skip += f"; and {len(blocked) - NAMED_IN_SKIP} more quarantined database(s)"
-        skip += (f"; {waiting} sealed segment(s) wait behind them" if waiting else "") + "; repair or skip them"
+def skip_reason(plan: TickPlan, blocked: BlockedSummary) -> str:
+    """Why no run was requested: how much was looked at, and which databases wait on an operator
+    (``blocked``: the databases with a quarantined segment after this tick, from the marks store)."""
+    skip = (f"no sealed segment is waiting to be requested ({plan.cursor.databases} database(s), "
+            f"{len(plan.listed)} listed this tick")
+    if blocked.databases:
+        named = [plan.reasons.get(db, f"{segment_partition_key(db, segment_name(first))} is quarantined "
+                                      "(the reason is on its partition)") for db, first in blocked.first]
+        skip += "; " + "; ".join(named[:NAMED_IN_SKIP])
+        if blocked.databases > NAMED_IN_SKIP:
+            skip += f"; and {blocked.databases - NAMED_IN_SKIP} more quarantined database(s)"
+        skip += (f"; {blocked.waiting} sealed segment(s) wait behind them" if blocked.waiting else "")
+        skip += "; repair or skip them"
     return skip + ")"
 
 
@@ -312,19 +295,18 @@ def _already_observed(instance: dg.DagsterInstance, view: SegmentView) -> bool:
     )
 
 
-def full_scan_every() -> int:
-    """Ticks between full scans: :data:`FULL_SCAN_EVERY`, or the environment's override."""
-    text = os.environ.get(FULL_SCAN_EVERY_ENV, "").strip()
-    if not text:
-        return FULL_SCAN_EVERY
-    if not text.isdigit() or int(text) < 1:
-        raise HistoryError(f"{FULL_SCAN_EVERY_ENV}={text!r} is not a whole number of ticks >= 1; "
-                           f"set it to e.g. {FULL_SCAN_EVERY} (1: scan every WAL on every tick) or unset it")
-    return int(text)
+def full_scan_every(history: HistoryRootResource) -> int:
+    """Ticks between full scans: the resource's ``sensor_full_scan_every`` (a whole number >= 1)."""
+    every = history.sensor_full_scan_every
+    if every < 1:
+        raise HistoryError(f"HistoryRootResource.sensor_full_scan_every={every} is not a whole number of ticks "
+                           f">= 1; set it to e.g. {FULL_SCAN_EVERY} (1: scan every WAL on every tick)")
+    return every
 
 
 @dataclass(frozen=True)
 class _Gathered:
+    marks: dict[str, DatabaseMark]  # of every database looked at
     stamps: dict[str, Stamp]
     listings: list[DatabaseListing]
     facts: TickFacts
@@ -333,8 +315,8 @@ class _Gathered:
     consumed: tuple[Marker, ...]  # markers to delete once the tick is planned
 
 
-def _gather(context: dg.SensorEvaluationContext, history: HistoryRootResource, cursor: SensorCursor,
-            every: int) -> _Gathered:
+def _gather(context: dg.SensorEvaluationContext, history: HistoryRootResource, store: MarksStore,
+            cursor: SensorCursor, every: int) -> _Gathered:
     base = str(history.wal_base())
     journal = journal_dir(base)
     markers = read_journal(journal)  # read before any WAL: a marker left after this survives the tick
@@ -343,11 +325,14 @@ def _gather(context: dg.SensorEvaluationContext, history: HistoryRootResource, c
         # writers journal from now on; this tick's full scan sees everything that came before
         ensure_journal(base)
         markers = ()
+    epoch, committed = cursor.epoch or "", cursor.generation
     if full:
+        marks = store.read_all(epoch, committed)
         wal_dirs = history.wal_dirs()
         to_stamp = list(wal_dirs)
     else:
-        to_stamp = databases_to_check(cursor, {m.database for m in markers})
+        to_stamp = databases_to_check(store.pending(epoch, committed), {m.database for m in markers})
+        marks = store.read(epoch, committed, to_stamp)
         wal_dirs = {db: str(history.wal_dir(db)) for db in to_stamp}
     stamps: dict[str, Stamp] = {}
     unreadable: set[str] = set()
@@ -360,14 +345,8 @@ def _gather(context: dg.SensorEvaluationContext, history: HistoryRootResource, c
             continue
         if stamp is not None:
             stamps[database] = stamp
-    if full:
-        to_list = databases_to_list(cursor, stamps)
-    else:
-        to_list = sorted(stamps)  # named by a marker or not settled: listed whatever their folder times
-        looked_at = set(to_stamp)
-        for database, mark in cursor.databases.items():  # not looked at: still there, mark unchanged
-            if database not in looked_at:
-                stamps[database] = mark.stamp or (0, 0)
+    # a full scan lists what moved; a steady tick what a marker named or was pending, whatever its times
+    to_list = databases_to_list(marks, stamps) if full else sorted(stamps)
     listings = []
     for database in to_list:
         try:
@@ -376,11 +355,11 @@ def _gather(context: dg.SensorEvaluationContext, history: HistoryRootResource, c
             context.log.warning(f"could not list the WAL of {database} ({exc}); trying again next tick")
             unreadable.add(database)
     # an unreadable WAL is still there: its mark (and its partitions) stay until it reads again
-    for database in unreadable & set(cursor.databases):
-        stamps[database] = cursor.databases[database].stamp or (0, 0)
+    for database in unreadable & set(marks):
+        stamps[database] = marks[database].stamp or (0, 0)
     observed, applied = set(), set()
     for listing in listings:
-        before = cursor.databases.get(listing.database, DatabaseMark(None))
+        before = marks.get(listing.database, DatabaseMark(None))
         done = {(s.segment_id, s.changed_ns) for s in before.segments if s.quarantined and s.done}
         for v in listing.segments:
             if (v.state is SegmentState.QUARANTINED and (v.segment_id, v.changed_ns) not in done
@@ -392,36 +371,54 @@ def _gather(context: dg.SensorEvaluationContext, history: HistoryRootResource, c
                                              / f"{segment_name(s.segment_id)}.sealed").exists():
                 applied.add(segment_partition_key(listing.database, segment_name(s.segment_id)))
     gone: list[str] = []
-    if set(cursor.databases) - set(stamps):  # rare: a database left the root; find its partitions
-        left = set(cursor.databases) - set(stamps)
+    left = set(marks) - set(stamps)
+    if left:  # rare: a database left the root; find its partitions
         gone = sorted(k for k in context.instance.get_dynamic_partitions(segment_partitions.name)
                       if parse_segment_partition_key(k)[0] in left)
     # a marker of a WAL that could not be read stays: the next tick tries that database again
     consumed = tuple(m for m in markers if m.database not in unreadable)
-    return _Gathered(stamps, listings, TickFacts(frozenset(observed), frozenset(applied), tuple(gone)), full,
-                     journal, consumed)
+    return _Gathered(marks, stamps, listings, TickFacts(frozenset(observed), frozenset(applied), tuple(gone)),
+                     full, journal, consumed)
+
+
+def _begin(store: MarksStore, cursor: SensorCursor) -> SensorCursor:
+    """The cursor to plan from: the stored one, or a new epoch (with a full scan) when there is
+    none, it is of an older format, or the marks store no longer holds its epoch."""
+    if cursor.epoch is not None and store.has_epoch(cursor.epoch):
+        return cursor
+    fresh = SensorCursor(uuid.uuid4().hex)
+    store.start_epoch(fresh.epoch or "")
+    return fresh
 
 
 @dg.sensor(job=compact_segment_job, minimum_interval_seconds=5, default_status=dg.DefaultSensorStatus.RUNNING)
 def finished_wal_segments_sensor(context: dg.SensorEvaluationContext, history: HistoryRootResource) -> dg.SensorResult:
     """Register every sealed segment as a partition and request one run per segment, in id order.
 
-    The cursor remembers, per database, its folder times and its pending segments, and a tick
+    Per database, the marks store remembers its folder times and its pending segments, and a tick
     reads the change journal to learn which databases to look at (a full scan of every WAL on the
-    first tick and every :data:`FULL_SCAN_EVERY` ticks), so it lists only databases whose WAL
+    first tick and every ``sensor_full_scan_every`` ticks), so it lists only databases whose WAL
     changed and requests only segments not requested before. The run key
     is the partition key plus the segment file's change time: a segment an operator repaired,
     skipped or released (a new file) runs again. Partitions of segments that left the WAL are
     removed; a quarantined segment's partition gets an observation saying so and why.
     """
     now_ns = time.time_ns()
-    cursor = SensorCursor.from_json(context.cursor)
-    got = _gather(context, history, cursor, full_scan_every())
-    plan = plan_tick(cursor, got.stamps, got.listings, got.facts, now_ns, got.full_scan)
-    context.log.info(f"{len(got.stamps)} database(s), {'full scan' if got.full_scan else 'journal read'}, "
+    every = full_scan_every(history)
+    with MarksStore.open(marks_path(history.wal_base())) as store:
+        cursor = _begin(store, SensorCursor.from_json(context.cursor))
+        got = _gather(context, history, store, cursor, every)
+        plan = plan_tick(cursor, got.marks, got.stamps, got.listings, got.facts, now_ns, got.full_scan)
+        epoch = cursor.epoch or ""
+        if got.full_scan:
+            store.purge_gone(epoch, cursor.generation)
+        # written at the plan's generation: they count only once Dagster stores the plan's cursor
+        store.write(epoch, cursor.generation, plan.marks, plan.gone)
+        skip = None if plan.runs else skip_reason(plan, store.blocked(epoch, NAMED_IN_SKIP))
+    context.log.info(f"{plan.cursor.databases} database(s), {'full scan' if got.full_scan else 'journal read'}, "
                      f"{len(plan.listed)} listed, {len(plan.runs)} run(s) requested")
-    if plan.skip_reason:
-        context.log.info(plan.skip_reason)  # in the tick's logs too, beside the tick's skip reason
+    if skip:
+        context.log.info(skip)  # in the tick's logs too, beside the tick's skip reason
     requests = [
         dg.RunRequest(run_key=v.version, partition_key=v.key,
                       tags={DATABASE_TAG: v.database, COMPACTION_TAG: "segment"})
@@ -448,19 +445,20 @@ def finished_wal_segments_sensor(context: dg.SensorEvaluationContext, history: H
         for v in plan.report_quarantined
         for asset in (wal_segments.key, compacted_batches.key)
     ]
-    # the plan holds what the markers announced: delete them (the next full scan catches a change whose
-    # marker went with a tick whose cursor Dagster then failed to store)
+    # the marks are written: delete the markers read. If Dagster then fails to store the cursor, the
+    # next tick reads the rows written here as uncommitted: it lists those databases again and plans
+    # from their previous marks, so the same runs are requested again under the same run keys
     consume(got.journal, got.consumed)
     return dg.SensorResult(
         run_requests=requests,
         dynamic_partitions_requests=partition_requests,
         asset_events=observations,
         cursor=plan.cursor.to_json(),
-        skip_reason=plan.skip_reason,
+        skip_reason=skip,
     )
 
 
-__all__ = ["COMPACTION_TAG", "DATABASE_TAG", "DatabaseListing", "DatabaseMark", "SegmentMark", "SegmentView",
-           "SensorCursor", "TickFacts", "TickPlan", "compact_segment_job", "databases_to_check",
-           "databases_to_list", "finished_wal_segments_sensor", "full_scan_due", "full_scan_every",
-           "parse_segment_partition_key", "plan_tick"]
+__all__ = ["COMPACTION_TAG", "DATABASE_TAG", "FULL_SCAN_EVERY", "BlockedSummary", "DatabaseListing", "DatabaseMark",
+           "MarksStore", "SegmentMark", "SegmentView", "SensorCursor", "TickFacts", "TickPlan", "compact_segment_job",
+           "databases_to_check", "databases_to_list", "finished_wal_segments_sensor", "full_scan_due",
+           "full_scan_every", "parse_segment_partition_key", "plan_tick", "skip_reason", "summarize_blocked"]
