@@ -144,3 +144,19 @@ def test_the_per_t_schemas_of_the_sandbox_cannot_be_named(tmp_path):
             store.sql(query, 3)
     # the view made for T=4 does not answer for T=3
     assert store.sql("SELECT a FROM items WHERE synthetic_key = 1", 3).to_pylist() == [{"a": 1}]
+
+
+def test_streamed_load_table_keeps_uuid_and_json_types_on_the_shared_reader_database(tmp_path):
+    store = HistoryStore.open(tmp_path, database="db")
+    create = {"op": "create_table", "t": 1, "table_uuid": "U", "table_name": "typed",
+              "columns": [{"column_uuid": "u", "column_name": "u", "data_type": "UUID"},
+                          {"column_uuid": "j", "column_name": "j", "data_type": "JSONB"}]}
+    rows = [{"op": "insert", "t": 2, "table_uuid": "U", "key": k,
+             "values": {"u": f"0b4f6f36-5d1e-4c47-9b8a-2f0f3d6e9a{k:02d}", "j": {"k": [k, None]}}} for k in range(20)]
+    change = [{"op": "update", "t": 3, "table_uuid": "U", "key": 4, "values": {"j": {"k": "new"}}},
+              {"op": "delete", "t": 3, "table_uuid": "U", "key": 5}]
+    _load(store, [[create] + rows, change])
+    for as_of in (2, 3, 4):
+        for _ in range(2):  # the second read reuses the database the first one opened
+            streamed = store.load_table_reader("typed", as_of, batch_size=7).read_all()
+            assert streamed.equals(store.load_table("typed", as_of)), as_of

@@ -37,6 +37,7 @@ from history_pipeline.query.sandbox import (
     AS_OF_SCHEMA,
     SandboxViews,
     parser_cursor,
+    reader_cursor,
     register_schema_history,
     sandbox_cursor,
 )
@@ -148,15 +149,15 @@ class QueryContext:
     def load_table_reader(self, table: str, as_of: int, batch_size: int = 100_000) -> pa.RecordBatchReader:
         """``load_table`` as a stream of record batches in key order, for tables larger than memory.
 
-        DuckDB reads the catalog's files for ``as_of`` (no user SQL runs here, so no sandbox);
-        the connection closes when the reader is exhausted or closed.
+        DuckDB reads the catalog's files for ``as_of`` (no user SQL runs here, so no sandbox) on a
+        cursor of one process-wide database (opening one costs more than a small read); the cursor
+        and its TEMP view close when the reader is exhausted or closed.
         """
         self.check_as_of(as_of)
         descriptor = self.resolve(table, as_of)
         supercolumns = self.supercolumns(descriptor.table_uuid)
-        con = duckdb.connect(":memory:")
+        con = reader_cursor()
         try:
-            con.execute("SET arrow_lossless_conversion = true")  # UUID and JSON keep their Arrow types
             view = live_view(con, self.store, self.state, descriptor.table_uuid, supercolumns, as_of,
                              [c.supercolumn for c in descriptor.columns], "__live")
             source = con.sql(f"SELECT * FROM {_ident(view.name)} ORDER BY {KEY}").to_arrow_reader(batch_size)

@@ -63,6 +63,7 @@ AS_OF_SCHEMA = "__hp_asof_{as_of}"
 
 _sandboxes: OrderedDict[tuple[str, ...], tuple[duckdb.DuckDBPyConnection, SandboxViews]] = OrderedDict()
 _parser: list[duckdb.DuckDBPyConnection] = []
+_reader: list[duckdb.DuckDBPyConnection] = []
 
 
 def _ident(name: str) -> str:
@@ -112,6 +113,18 @@ def sandbox_cursor(
         else:
             _sandboxes.move_to_end(key)
         return entry[0].cursor(), entry[1]
+
+
+def reader_cursor() -> duckdb.DuckDBPyConnection:
+    """A cursor on one process-wide database for reads no user SQL takes part in (``load_table_reader``):
+    Arrow types kept lossless (UUID, JSON), Parquet footers cached; each reader's views are TEMP."""
+    with _lock:
+        if not _reader:
+            database = duckdb.connect(":memory:")
+            database.execute("SET GLOBAL arrow_lossless_conversion = true")
+            database.execute("SET GLOBAL parquet_metadata_cache = true")
+            _reader.append(database)
+        return _reader[0].cursor()
 
 
 def parser_cursor() -> Any:
