@@ -359,7 +359,7 @@ class QueryContext:
                            lambda d=descriptor: self._table_view(con, d, as_of))
             for name, dataset in view.datasets:
                 con.register(name, dataset)
-            kept.ensure(con, schema, descriptor.table_name, view.sql)
+            kept.ensure(con, schema, descriptor.table_name, view.sql, view.changes)
             wide.extend(view.wide)
         con.execute(f"USE {_ident(schema)}")
         return wide
@@ -387,8 +387,11 @@ class QueryContext:
                 fits[c.supercolumn] = (max(1, int_digits + scale), scale) if int_digits + scale <= 38 else None
                 if fits[c.supercolumn] is None:
                     wide.append(f"{descriptor.table_name}.{c.column_name}")
-        return _TableView(f"SELECT {_sql_columns(descriptor, fits)} FROM ({live.sql}) live", live.datasets,
-                          tuple(wide))
+        columns = _sql_columns(descriptor, fits)
+        changes = None
+        if live.changes_sql is not None and live.materialized_sql is not None:
+            changes = (live.changes_sql, live.changes_rows, f"SELECT {columns} FROM ({live.materialized_sql}) live")
+        return _TableView(f"SELECT {columns} FROM ({live.sql}) live", live.datasets, tuple(wide), changes)
 
     def _expose_materialized(self, con: Any, descriptor: TableDescriptor, as_of: int, index: int) -> list[str]:
         """A table with array columns is exposed from its reconstructed Arrow table: arrays are stored
@@ -428,6 +431,7 @@ class _TableView:
     sql: str
     datasets: tuple[tuple[str, Any], ...]
     wide: tuple[str, ...]
+    changes: tuple[str, int, str] | None = None  # see SandboxViews.ensure
 
 
 @dataclass(frozen=True)

@@ -25,8 +25,12 @@ from typing import Any
 import duckdb
 import pyarrow as pa
 
+from history_pipeline.query.scan import CHANGES_TOKEN
+
 #: the sandboxes kept (the newest states of the stores a process reads)
 KEPT = 4
+#: the most (key, t) rows one sandbox keeps as tables (each key's newest change since a snapshot, per T)
+KEPT_ROWS = 10_000_000
 
 _SCHEMA_HISTORY_SCHEMA = pa.schema([
     pa.field("table_uuid", pa.string()),
@@ -46,16 +50,30 @@ class SandboxViews:
         self.lock = threading.Lock()
         self.created: set[tuple[str, str]] = set()
         self.schemas: set[str] = set()
+        self.kept_rows = 0
 
-    def ensure(self, cursor: duckdb.DuckDBPyConnection, schema: str, name: str | None, sql: str = "") -> None:
-        """Create ``schema`` and view ``schema.name AS sql`` through ``cursor`` unless made before."""
+    def ensure(self, cursor: duckdb.DuckDBPyConnection, schema: str, name: str | None, sql: str = "",
+               changes: tuple[str, int, str] | None = None) -> None:
+        """Create ``schema`` and view ``schema.name AS sql`` through ``cursor`` unless made before.
+
+        ``changes`` (SELECT, its row bound, the view's SQL over the table at ``CHANGES_TOKEN``):
+        the rows are kept as table ``<schema>_changes.name`` and the view reads them from there,
+        while this sandbox keeps fewer than ``KEPT_ROWS`` such rows in all.
+        """
         with self.lock:
             if schema not in self.schemas:
                 cursor.execute(f"CREATE SCHEMA IF NOT EXISTS {_ident(schema)}")
                 self.schemas.add(schema)
-            if name is not None and (schema, name) not in self.created:
-                cursor.execute(f"CREATE OR REPLACE VIEW {_ident(schema)}.{_ident(name)} AS {sql}")
-                self.created.add((schema, name))
+            if name is None or (schema, name) in self.created:
+                return
+            if changes is not None and self.kept_rows + changes[1] <= KEPT_ROWS:
+                kept = f"{_ident(schema + '_changes')}.{_ident(name)}"
+                cursor.execute(f"CREATE SCHEMA IF NOT EXISTS {_ident(schema + '_changes')}")
+                cursor.execute(f"CREATE OR REPLACE TABLE {kept} AS {changes[0]}")
+                self.kept_rows += changes[1]
+                sql = changes[2].replace(CHANGES_TOKEN, kept)
+            cursor.execute(f"CREATE OR REPLACE VIEW {_ident(schema)}.{_ident(name)} AS {sql}")
+            self.created.add((schema, name))
 
 
 #: the schema a query as of T resolves its table names in (``USE``); users may not name it

@@ -315,6 +315,17 @@ class LiveSql:
     sql: str
     datasets: tuple[tuple[str, ds.Dataset], ...]
     paths: tuple[str, ...]
+    #: (key, newest t) of the changes since the snapshot, to keep as a table; its row bound; and
+    #: ``sql`` reading that table at ``CHANGES_TOKEN``
+    changes_sql: str | None = None
+    changes_rows: int = 0
+    materialized_sql: str | None = None
+
+
+#: up to this many version rows since the snapshot, all of them are the changes (else the tail)
+MATERIALIZE_ROWS = 1_000_000
+#: where ``LiveSql.materialized_sql`` names the kept table
+CHANGES_TOKEN = "__HP_CHANGES_TABLE__"
 
 
 def version_layers(versions: Sequence[FileEntry]) -> tuple[tuple[FileEntry, ...], tuple[FileEntry, ...]]:
@@ -347,7 +358,9 @@ def live_sql(
     the snapshot's rows whose key has no version in [snapshot, as_of); the head of those versions
     (files of one single oldest t) whose key the tail does not rewrite; the newest tail version
     per key (a semi join on (key, max t), which unlike a window lets the query's filters reach
-    the scan). A layer that is empty at ``as_of`` costs nothing; deletes are dropped last. The
+    the scan). A layer that is empty at ``as_of`` costs nothing; deletes are dropped last.
+    ``materialized_sql`` is the same with (key, newest t) of the changes read from a table made
+    once (two integer columns), so a query scans each change file once. The
     ``t`` range is a filter on each scan, so row groups outside it are skipped by their min/max.
     Local files are read by DuckDB's Parquet reader (only the columns and row groups a query
     needs); object-store files through Arrow datasets registered as ``{name}__{part}``.
@@ -381,29 +394,53 @@ def live_sql(
         files_sql = "[" + ", ".join(_literal(p) for p in full) + "]"
         return f"(SELECT {', '.join(projected)} FROM read_parquet({files_sql}, union_by_name = true){where})"
 
+    def newest(part: str) -> str:
+        """Each key's newest row of ``part`` (deletes included): a semi join on (key, max t)."""
+        latest = f"SELECT {k}, max({lt}) AS {lt} FROM {part} GROUP BY {k}"
+        return f"(SELECT r.* FROM {part} r SEMI JOIN ({latest}) m USING ({k}, {lt}))"
+
+    def assemble(head_sql: str | None, changes: str | None, changes_keys: str | None) -> str:
+        """The layers: snapshot rows whose key has no change, head rows whose key the changes
+        do not rewrite, the changes' (unique) rows; deletes dropped last."""
+        parts = []
+        if selection.snapshot:
+            # a snapshot holds the state as of its snapshot_as_of <= as_of: every row is below as_of
+            base = f"SELECT * FROM {source(selection.snapshot, 'snapshot', '')} s WHERE NOT s.{d}"
+            rewritten = " UNION ALL ".join(
+                [f"SELECT {k} FROM {head_sql}"] * bool(head_sql) + [changes_keys] * bool(changes_keys))
+            if rewritten:
+                base = f"SELECT s.* FROM ({base}) s ANTI JOIN ({rewritten}) n USING ({k})"
+            parts.append(base)
+        if head_sql:
+            first = f"SELECT * FROM {head_sql} h WHERE NOT h.{d}"
+            if changes_keys:
+                first = f"SELECT h.* FROM ({first}) h ANTI JOIN ({changes_keys}) n USING ({k})"
+            parts.append(first)
+        if changes:
+            parts.append(f"SELECT * FROM {changes} c WHERE NOT c.{d}")
+        if not parts:
+            nulls = ", ".join(f"CAST(NULL AS {types[c]}) AS {_quote(c)}" for c in wanted)
+            parts.append(f"SELECT {nulls} WHERE false")
+        return " UNION ALL ".join(f"({part})" for part in parts)
+
     head, tail = version_layers(selection.versions)
     head_sql = source(head, "head", in_range) if head else None
     tail_sql = source(tail, "tail", in_range) if tail else None
-    parts = []
-    if selection.snapshot:
-        # a snapshot holds the state as of its snapshot_as_of <= as_of: every row is below as_of
-        base = f"SELECT * FROM {source(selection.snapshot, 'snapshot', '')} s WHERE NOT s.{d}"
-        rewritten = " UNION ALL ".join(f"SELECT {k} FROM {part}" for part in (head_sql, tail_sql) if part)
-        if rewritten:
-            base = f"SELECT s.* FROM ({base}) s ANTI JOIN ({rewritten}) n USING ({k})"
-        parts.append(base)
-    if head_sql:
-        first = f"SELECT * FROM {head_sql} h WHERE NOT h.{d}"
-        if tail_sql:
-            first = f"SELECT h.* FROM ({first}) h ANTI JOIN (SELECT {k} FROM {tail_sql}) n USING ({k})"
-        parts.append(first)
-    if tail_sql:
-        newest = f"SELECT {k}, max({lt}) AS {lt} FROM {tail_sql} GROUP BY {k}"
-        parts.append(f"SELECT r.* FROM {tail_sql} r SEMI JOIN ({newest}) m USING ({k}, {lt}) WHERE NOT r.{d}")
-    if not parts:
-        nulls = ", ".join(f"CAST(NULL AS {types[c]}) AS {_quote(c)}" for c in wanted)
-        parts.append(f"SELECT {nulls} WHERE false")
-    return LiveSql(" UNION ALL ".join(f"({part})" for part in parts), tuple(datasets), tuple(paths))
+    sql = assemble(head_sql, newest(tail_sql) if tail_sql else None,
+                   f"SELECT {k} FROM {tail_sql}" if tail_sql else None)
+    # (key, newest t) of the changes is worth keeping as a table: the rows are still read from
+    # the files (only the columns a query uses), joined to it once instead of keyed by a grouping
+    changes_sql, changes_rows, materialized_sql = None, 0, None
+    keys = f"SELECT {k} FROM {CHANGES_TOKEN}"
+    if tail:
+        rows = sum(f.row_count for f in selection.versions)
+        part, first = (source(selection.versions, "versions", in_range), None) if rows <= MATERIALIZE_ROWS \
+            else (tail_sql, head_sql)
+        changes_sql = f"SELECT {k}, max({lt}) AS {lt} FROM {part} GROUP BY {k}"
+        changes_rows = rows if first is None else sum(f.row_count for f in tail)
+        newest_rows = f"(SELECT r.* FROM {part} r SEMI JOIN {CHANGES_TOKEN} m USING ({k}, {lt}))"
+        materialized_sql = assemble(first, newest_rows, keys)
+    return LiveSql(sql, tuple(datasets), tuple(paths), changes_sql, changes_rows, materialized_sql)
 
 
 def live_view(
