@@ -56,9 +56,9 @@ class SandboxViews:
                changes: tuple[str, int, str] | None = None) -> None:
         """Create ``schema`` and view ``schema.name AS sql`` through ``cursor`` unless made before.
 
-        ``changes`` (SELECT, its row bound, the view's SQL over the table at ``CHANGES_TOKEN``):
-        the rows are kept as table ``<schema>_changes.name`` and the view reads them from there,
-        while this sandbox keeps fewer than ``KEPT_ROWS`` such rows in all.
+        ``changes`` (SELECT of (key, newest t) of the table's changes, its row bound, the view's SQL
+        over it at ``CHANGES_TOKEN``): kept as table ``<schema>_changes.name`` for the view to
+        join, while this sandbox keeps at most ``KEPT_ROWS`` such rows in all.
         """
         with self.lock:
             if schema not in self.schemas:
