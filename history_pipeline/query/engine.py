@@ -10,7 +10,11 @@ from __future__ import annotations
 import bisect
 import contextlib
 import functools
-from collections.abc import Mapping, Sequence
+import hashlib
+import re
+import threading
+from collections import OrderedDict
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -28,9 +32,16 @@ from history_pipeline.errors import (
     TableNotFoundError,
 )
 from history_pipeline.io.store import ObjectStore
-from history_pipeline.query.exact_avg import rewrite_exact_averages
-from history_pipeline.query.sandbox import parser_cursor, query_cursor, register_schema_history
-from history_pipeline.query.scan import live_rows, live_view, read_key
+from history_pipeline.query.exact_avg import exact_average_rewrite
+from history_pipeline.query.sandbox import (
+    AS_OF_SCHEMA,
+    SandboxViews,
+    parser_cursor,
+    reader_cursor,
+    register_schema_history,
+    sandbox_cursor,
+)
+from history_pipeline.query.scan import live_rows, live_sql, live_view, read_key
 from history_pipeline.schema import (
     SchemaHistoryEntry,
     TableDescriptor,
@@ -138,15 +149,15 @@ class QueryContext:
     def load_table_reader(self, table: str, as_of: int, batch_size: int = 100_000) -> pa.RecordBatchReader:
         """``load_table`` as a stream of record batches in key order, for tables larger than memory.
 
-        DuckDB reads the catalog's files for ``as_of`` (no user SQL runs here, so no sandbox);
-        the connection closes when the reader is exhausted or closed.
+        DuckDB reads the catalog's files for ``as_of`` (no user SQL runs here, so no sandbox) on a
+        cursor of one process-wide database (opening one costs more than a small read); the cursor
+        and its TEMP view close when the reader is exhausted or closed.
         """
         self.check_as_of(as_of)
         descriptor = self.resolve(table, as_of)
         supercolumns = self.supercolumns(descriptor.table_uuid)
-        con = duckdb.connect(":memory:")
+        con = reader_cursor()
         try:
-            con.execute("SET arrow_lossless_conversion = true")  # UUID and JSON keep their Arrow types
             view = live_view(con, self.store, self.state, descriptor.table_uuid, supercolumns, as_of,
                              [c.supercolumn for c in descriptor.columns], "__live")
             source = con.sql(f"SELECT * FROM {_ident(view.name)} ORDER BY {KEY}").to_arrow_reader(batch_size)
@@ -263,23 +274,24 @@ class QueryContext:
         The DuckDB connection behind it closes when the reader is exhausted or closed.
         """
         self.check_as_of(as_of)
-        con = query_cursor(self._sandbox_key(), self._readable_paths())
+        _check_read_only(query)
+        con, kept = sandbox_cursor(self._sandbox_key(), self._readable_paths())
         try:
-            _check_read_only(con, query)
             referenced = _referenced_tables(query)
             tables = [
                 d for d in self.get_catalog(as_of) if referenced is None or d.table_name.lower() in referenced
             ]
-            self._create_views(con, tables, as_of)
-            wide = self._expose_numerics(con, tables, as_of)
+            wide = self._create_views(con, kept, tables, as_of)
             with self._sql_errors(as_of, wide):
-                exact = rewrite_exact_averages(con, query)
-                names = con.sql(query).columns if exact != query else None  # the user's column names
-                relation = con.sql(exact)
+                exact = _cached(_REWRITES, (*self._sandbox_key(), as_of, query),
+                                lambda: _rewrite(con, query))
+                for macro in exact.macros:
+                    con.execute(macro)  # harmless where the probe already made it on this cursor
+                relation = con.sql(exact.query)
                 duck_types = [str(t) for t in relation.types]
                 source = relation.to_arrow_reader(batch_size)
-            if names is not None:
-                source = _renamed_reader(source, names)
+            if exact.names is not None:
+                source = _renamed_reader(source, list(exact.names))
             schema = _restore_types(source.schema.empty_table(), duck_types).schema
         except BaseException:
             con.close()
@@ -323,48 +335,63 @@ class QueryContext:
             return None
         return [self.store.full_path(f.path) for f in self.state.files.values()]
 
-    def _create_views(self, con: Any, tables: Sequence[TableDescriptor], as_of: int) -> None:
-        """One TEMP view per table (its live rows read from its files), plus the schema history.
+    def _create_views(self, con: Any, kept: SandboxViews, tables: Sequence[TableDescriptor], as_of: int) -> list[str]:
+        """Resolve the query's table names to their live rows at ``as_of``, under their names then,
+        plus the schema history. Returns the NUMERIC columns too wide for DECIMAL(38, s).
 
-        The sandbox already allows every live file of the state, so the paths the views read are not needed.
+        What a view reads and how it is typed depends only on (state, T, table): its SQL and its
+        NUMERIC probe are made once per process (``_VIEWS``), the view itself once per sandbox in
+        the schema of T (``AS_OF_SCHEMA``), which the cursor ``USE``s; a table with array columns
+        is a TEMP view of its reconstruction, which the cursor finds first.
         """
-        history = [e for e in self.state.schema_history if e.logical_timestamp < as_of]
-        register_schema_history(con, schema_history_arrow(history))
+        key = (*self._sandbox_key(), as_of)
+        register_schema_history(con, _cached(_HISTORIES, key, lambda: schema_history_arrow(
+            [e for e in self.state.schema_history if e.logical_timestamp < as_of])))
+        schema = AS_OF_SCHEMA.format(as_of=as_of)
+        kept.ensure(con, schema, None)
+        wide: list[str] = []
         for index, descriptor in enumerate(tables):
             self.check_table_as_of(descriptor, as_of)
-            live_view(
-                con, self.store, self.state, descriptor.table_uuid, self.supercolumns(descriptor.table_uuid),
-                as_of, [c.supercolumn for c in descriptor.columns], f"__live_{index}",
-            )
-
-    def _expose_numerics(self, con: Any, tables: Sequence[TableDescriptor], as_of: int) -> list[str]:
-        """Create the user views; unconstrained NUMERIC as DECIMAL(p, s) fitted to the live values.
-
-        Returns the columns whose values do not fit DECIMAL(38, s) (exposed as exact text).
-        """
-        wide = []
-        for index, descriptor in enumerate(tables):
             if any(c.data_type.kind is TypeKind.ARRAY for c in descriptor.columns):
                 wide.extend(self._expose_materialized(con, descriptor, as_of, index))
                 continue
-            raw = f"__live_{index}"
-            fits: dict[str, tuple[int, int] | None] = {}
-            unconstrained = [c for c in descriptor.columns
-                             if c.data_type.kind is TypeKind.NUMERIC and not c.data_type.is_exact_decimal]
-            if unconstrained:
-                probe = ", ".join(f"{_NUMERIC_INT_DIGITS.format(c=_ident(c.supercolumn))}, "
-                                  f"{_NUMERIC_SCALE.format(c=_ident(c.supercolumn))}" for c in unconstrained)
-                row = con.execute(f"SELECT {probe} FROM {raw}").fetchall()[0]
-                for n, c in enumerate(unconstrained):
-                    int_digits, scale = row[2 * n] or 0, row[2 * n + 1] or 0
-                    # the precision the values need, so that an exact AVG keeps as many decimals as room allows
-                    fits[c.supercolumn] = (max(1, int_digits + scale), scale) if int_digits + scale <= 38 else None
-                    if fits[c.supercolumn] is None:
-                        wide.append(f"{descriptor.table_name}.{c.column_name}")
-            con.execute(f"CREATE TEMP VIEW {_ident(descriptor.table_name)} AS SELECT {_sql_columns(descriptor, fits)} "
-                        f"FROM {raw}")
+            view = _cached(_VIEWS, (*key, descriptor.table_uuid),
+                           lambda d=descriptor: self._table_view(con, d, as_of))
+            for name, dataset in view.datasets:
+                con.register(name, dataset)
+            kept.ensure(con, schema, descriptor.table_name, view.sql, view.changes)
+            wide.extend(view.wide)
+        con.execute(f"USE {_ident(schema)}")
         return wide
 
+    def _table_view(self, con: Any, descriptor: TableDescriptor, as_of: int) -> _TableView:
+        """The SELECT a table's view runs as of ``as_of``; unconstrained NUMERIC as DECIMAL(p, s)
+        fitted to the live values (probed here, once) or exact text when wider than DECIMAL(38)."""
+        supercolumns = self.supercolumns(descriptor.table_uuid)
+        live = live_sql(self.store, self.state, descriptor.table_uuid, supercolumns, as_of,
+                        [c.supercolumn for c in descriptor.columns],
+                        f"__live_{hashlib.sha1(descriptor.table_uuid.encode()).hexdigest()[:16]}_{as_of}", con)
+        for name, dataset in live.datasets:
+            con.register(name, dataset)
+        fits: dict[str, tuple[int, int] | None] = {}
+        wide = []
+        unconstrained = [c for c in descriptor.columns
+                         if c.data_type.kind is TypeKind.NUMERIC and not c.data_type.is_exact_decimal]
+        if unconstrained:
+            probe = ", ".join(f"{_NUMERIC_INT_DIGITS.format(c=_ident(c.supercolumn))}, "
+                              f"{_NUMERIC_SCALE.format(c=_ident(c.supercolumn))}" for c in unconstrained)
+            row = con.execute(f"SELECT {probe} FROM ({live.sql}) live").fetchall()[0]
+            for n, c in enumerate(unconstrained):
+                int_digits, scale = row[2 * n] or 0, row[2 * n + 1] or 0
+                # the precision the values need, so that an exact AVG keeps as many decimals as room allows
+                fits[c.supercolumn] = (max(1, int_digits + scale), scale) if int_digits + scale <= 38 else None
+                if fits[c.supercolumn] is None:
+                    wide.append(f"{descriptor.table_name}.{c.column_name}")
+        columns = _sql_columns(descriptor, fits)
+        changes = None
+        if live.changes_sql is not None and live.materialized_sql is not None:
+            changes = (live.changes_sql, live.changes_rows, f"SELECT {columns} FROM ({live.materialized_sql}) live")
+        return _TableView(f"SELECT {columns} FROM ({live.sql}) live", live.datasets, tuple(wide), changes)
 
     def _expose_materialized(self, con: Any, descriptor: TableDescriptor, as_of: int, index: int) -> list[str]:
         """A table with array columns is exposed from its reconstructed Arrow table: arrays are stored
@@ -395,6 +422,55 @@ class QueryContext:
                 parts.append(ident)
         con.execute(f"CREATE TEMP VIEW {_ident(descriptor.table_name)} AS SELECT {', '.join(parts)} FROM {raw}")
         return wide
+
+@dataclass(frozen=True)
+class _TableView:
+    """What a query's view of one table is at (state, T): its SELECT, the datasets it names, and
+    its NUMERIC columns too wide for DECIMAL(38, s)."""
+
+    sql: str
+    datasets: tuple[tuple[str, Any], ...]
+    wide: tuple[str, ...]
+    changes: tuple[str, int, str] | None = None  # see SandboxViews.ensure
+
+
+@dataclass(frozen=True)
+class _Rewrite:
+    """A query as run (averages exact), the macros it calls and the user's column names when renamed."""
+
+    query: str
+    macros: tuple[str, ...]
+    names: tuple[str, ...] | None
+
+
+def _rewrite(con: Any, query: str) -> _Rewrite:
+    exact = exact_average_rewrite(con, query)
+    names = tuple(con.sql(query).columns) if exact.query != query else None  # the user's column names
+    return _Rewrite(exact.query, exact.macros, names)
+
+
+#: per (store, database, transaction, T[, table]) what a query builds before it runs: catalog
+#: states are immutable, so these never go stale; bounded, oldest dropped first
+_CACHE_SIZE = 1024
+_cache_lock = threading.Lock()
+_VIEWS: OrderedDict[tuple[Any, ...], _TableView] = OrderedDict()
+_REWRITES: OrderedDict[tuple[Any, ...], _Rewrite] = OrderedDict()
+_HISTORIES: OrderedDict[tuple[Any, ...], pa.Table] = OrderedDict()
+
+
+def _cached(cache: OrderedDict[tuple[Any, ...], Any], key: tuple[Any, ...], make: Callable[[], Any]) -> Any:
+    """``cache[key]``, made by ``make()`` on a miss (outside the lock: two makers agree)."""
+    with _cache_lock:
+        if key in cache:
+            cache.move_to_end(key)
+            return cache[key]
+    value = make()
+    with _cache_lock:
+        cache[key] = value
+        while len(cache) > _CACHE_SIZE:
+            cache.popitem(last=False)
+    return value
+
 
 def _named(row: dict[str, Any], descriptor: TableDescriptor | None) -> dict[str, Any]:
     assert descriptor is not None
@@ -448,14 +524,15 @@ def _restore_types(table: pa.Table, duckdb_types: list[str]) -> pa.Table:
     return pa.table(columns, names=table.column_names)
 
 
-def _referenced_tables(query: str) -> set[str] | None:
+@functools.lru_cache(maxsize=1024)
+def _referenced_tables(query: str) -> frozenset[str] | None:
     """Lower-cased names the query reads (None when DuckDB cannot tell), found inside a sandbox.
 
     Naming the tables binds table functions, so it runs with external access already off.
     """
     probe = parser_cursor()
     try:
-        return {name.lower() for name in probe.get_table_names(query)}
+        return frozenset(name.lower() for name in probe.get_table_names(query))
     except duckdb.PermissionException as exc:
         raise SandboxViolationError(f"refused by the read-only sandbox: {exc}") from None
     except duckdb.Error:
@@ -573,8 +650,19 @@ def exact_decimal_array(column: Any, fit_precision: bool = False) -> Any | None:
         con.close()
 
 
-def _check_read_only(con: Any, query: str) -> None:
-    statements = con.extract_statements(query)
+@functools.lru_cache(maxsize=1024)
+def _check_read_only(query: str) -> None:
+    """Refuse anything but SELECT statements (parsed once per query text), and any mention of the
+    sandbox's per-T schemas (a query reads its own T only through the names it resolves)."""
+    if _INTERNAL_SCHEMA.search(query):
+        raise SandboxViolationError(
+            "refused by the read-only sandbox: names starting with __hp_asof_ are internal; name the tables as of T"
+        )
+    probe = parser_cursor()
+    try:
+        statements = probe.extract_statements(query)
+    finally:
+        probe.close()
     if not statements:
         raise SandboxViolationError("empty SQL")
     for statement in statements:
@@ -583,6 +671,8 @@ def _check_read_only(con: Any, query: str) -> None:
                 f"only read-only SELECT queries run against history; got a {statement.type.name} statement"
             )
 
+
+_INTERNAL_SCHEMA = re.compile(AS_OF_SCHEMA.split("{")[0], re.IGNORECASE)
 
 # Decimal text as written by Python's str(Decimal): "-12.3400", "1.5E-7", "1.2345E+7".
 # Integer digits and scale of each value (over-estimated, never under), to pick DECIMAL(38, s).

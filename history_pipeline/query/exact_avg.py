@@ -23,6 +23,7 @@ import copy
 import json
 import re
 from collections.abc import Iterator
+from dataclasses import dataclass
 from typing import Any
 
 import duckdb
@@ -80,32 +81,46 @@ def exact_average_macro(scale: int, result_scale: int) -> tuple[str, str]:
 
 def rewrite_exact_averages(con: duckdb.DuckDBPyConnection, query: str) -> str:
     """``query`` with every exactly computable average made exact (macros created on ``con``)."""
+    return exact_average_rewrite(con, query).query
+
+
+@dataclass(frozen=True)
+class ExactRewrite:
+    """A query with its averages made exact, and the TEMP macros it calls (already created on the
+    cursor that probed it; another cursor of the same views runs ``macros`` first)."""
+
+    query: str
+    macros: tuple[str, ...] = ()
+
+
+def exact_average_rewrite(con: duckdb.DuckDBPyConnection, query: str) -> ExactRewrite:
+    """Probe and rewrite ``query``'s averages on ``con``; a query naming no avg/mean costs nothing."""
     if not _MENTIONS_AVERAGE.search(query):
-        return query
+        return ExactRewrite(query)
     tree = _serialize(con, query)
     if tree is None:
-        return query
+        return ExactRewrite(query)
     calls = list(_average_calls(tree))
     if not calls:
-        return query
+        return ExactRewrite(query)
     scales: list[tuple[int, int] | None] = []
     for index in range(len(calls)):
         probe = copy.deepcopy(tree)
         node = list(_average_calls(probe))[index]
         scales.append(_probe_scale(con, probe, node))
     if all(s is None for s in scales):
-        return query
-    created: set[tuple[int, int]] = set()
+        return ExactRewrite(query)
+    created: dict[tuple[int, int], str] = {}
     for node, scale in zip(calls, scales, strict=True):
         if scale is None:
             continue
         name, statement = exact_average_macro(*scale)
         if scale not in created:
             con.execute(statement)
-            created.add(scale)
+            created[scale] = statement
         _replace_in_place(node, _exact_call(node, name))
     rewritten = _deserialize(con, tree)
-    return rewritten if rewritten is not None else query
+    return ExactRewrite(rewritten, tuple(created.values())) if rewritten is not None else ExactRewrite(query)
 
 
 def _serialize(con: duckdb.DuckDBPyConnection, query: str) -> dict[str, Any] | None:

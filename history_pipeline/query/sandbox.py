@@ -3,10 +3,13 @@
 A new DuckDB database costs 50-100 ms, more than a small query. So one sandboxed
 database is kept per catalog state (root, database, transaction): its only readable
 files are that state's live files (``allowed_paths``, set before external access goes
-off), its configuration is locked, and it holds nothing but the empty
-``_history_catalog`` schema. Each query takes a cursor of it (microseconds) and
-creates its views there as TEMP objects, which vanish with the cursor; queries are
-SELECT only, so no query can leave anything behind for the next.
+off), its configuration is locked, and it holds the empty ``_history_catalog`` schema
+plus the views of its tables as of each T asked so far: schema ``__hp_asof_<T>``, one
+view per table, made on first use by the engine (binding a view over Parquet files
+costs milliseconds, so it is bound once per (state, T, table), not per query). Each
+query takes a cursor (microseconds), ``USE``s the schema of its T, and creates its
+schema-history rows, datasets and macros as TEMP objects, which vanish with the cursor;
+queries are SELECT only, so no query can leave anything behind for the next.
 
 Parsing (syntax checks, naming the tables a query reads) uses one more sandbox with no
 readable file at all.
@@ -22,8 +25,12 @@ from typing import Any
 import duckdb
 import pyarrow as pa
 
+from history_pipeline.query.scan import CHANGES_TOKEN
+
 #: the sandboxes kept (the newest states of the stores a process reads)
 KEPT = 4
+#: the most (key, t) rows one sandbox keeps as tables (each key's newest change since a snapshot, per T)
+KEPT_ROWS = 10_000_000
 
 _SCHEMA_HISTORY_SCHEMA = pa.schema([
     pa.field("table_uuid", pa.string()),
@@ -33,8 +40,52 @@ _SCHEMA_HISTORY_SCHEMA = pa.schema([
 ])
 
 _lock = threading.Lock()
-_sandboxes: OrderedDict[tuple[str, ...], duckdb.DuckDBPyConnection] = OrderedDict()
+
+
+class SandboxViews:
+    """The views made once in one sandbox and kept for its lifetime: one schema per T
+    (``AS_OF_SCHEMA``), one view per table there (created on first use, from any cursor)."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.created: set[tuple[str, str]] = set()
+        self.schemas: set[str] = set()
+        self.kept_rows = 0
+
+    def ensure(self, cursor: duckdb.DuckDBPyConnection, schema: str, name: str | None, sql: str = "",
+               changes: tuple[str, int, str] | None = None) -> None:
+        """Create ``schema`` and view ``schema.name AS sql`` through ``cursor`` unless made before.
+
+        ``changes`` (SELECT of (key, newest t) of the table's changes, its row bound, the view's SQL
+        over it at ``CHANGES_TOKEN``): kept as table ``<schema>_changes.name`` for the view to
+        join, while this sandbox keeps at most ``KEPT_ROWS`` such rows in all.
+        """
+        with self.lock:
+            if schema not in self.schemas:
+                cursor.execute(f"CREATE SCHEMA IF NOT EXISTS {_ident(schema)}")
+                self.schemas.add(schema)
+            if name is None or (schema, name) in self.created:
+                return
+            if changes is not None and self.kept_rows + changes[1] <= KEPT_ROWS:
+                kept = f"{_ident(schema + '_changes')}.{_ident(name)}"
+                cursor.execute(f"CREATE SCHEMA IF NOT EXISTS {_ident(schema + '_changes')}")
+                cursor.execute(f"CREATE OR REPLACE TABLE {kept} AS {changes[0]}")
+                self.kept_rows += changes[1]
+                sql = changes[2].replace(CHANGES_TOKEN, kept)
+            cursor.execute(f"CREATE OR REPLACE VIEW {_ident(schema)}.{_ident(name)} AS {sql}")
+            self.created.add((schema, name))
+
+
+#: the schema a query as of T resolves its table names in (``USE``); users may not name it
+AS_OF_SCHEMA = "__hp_asof_{as_of}"
+
+_sandboxes: OrderedDict[tuple[str, ...], tuple[duckdb.DuckDBPyConnection, SandboxViews]] = OrderedDict()
 _parser: list[duckdb.DuckDBPyConnection] = []
+_reader: list[duckdb.DuckDBPyConnection] = []
+
+
+def _ident(name: str) -> str:
+    return '"' + name.replace('"', '""') + '"'
 
 
 def _sql_list(items: Sequence[str]) -> str:
@@ -52,6 +103,8 @@ def _new_sandbox(allowed_paths: Sequence[str] | None) -> duckdb.DuckDBPyConnecti
     database.register("__schema_history", _SCHEMA_HISTORY_SCHEMA.empty_table())
     database.execute("CREATE VIEW _history_catalog.schema_history AS SELECT * FROM __schema_history")
     database.unregister("__schema_history")
+    # catalog files are immutable: their footers are kept instead of re-read at every bind
+    database.execute("SET GLOBAL parquet_metadata_cache = true")
     if allowed_paths:
         database.execute("SET allowed_paths = " + _sql_list(sorted(allowed_paths)))
     database.execute("SET enable_external_access = false")
@@ -61,16 +114,35 @@ def _new_sandbox(allowed_paths: Sequence[str] | None) -> duckdb.DuckDBPyConnecti
 
 def query_cursor(key: tuple[str, ...], allowed_paths: Sequence[str] | None) -> duckdb.DuckDBPyConnection:
     """A cursor of the sandbox of catalog state ``key`` (made on first use, reading only ``allowed_paths``)."""
+    return sandbox_cursor(key, allowed_paths)[0]
+
+
+def sandbox_cursor(
+    key: tuple[str, ...], allowed_paths: Sequence[str] | None
+) -> tuple[duckdb.DuckDBPyConnection, SandboxViews]:
+    """``query_cursor``, with the record of the views kept in that cursor's sandbox."""
     with _lock:
-        database = _sandboxes.get(key)
-        if database is None:
-            database = _new_sandbox(allowed_paths)
-            _sandboxes[key] = database
+        entry = _sandboxes.get(key)
+        if entry is None:
+            entry = (_new_sandbox(allowed_paths), SandboxViews())
+            _sandboxes[key] = entry
             while len(_sandboxes) > KEPT:
                 _sandboxes.popitem(last=False)  # its open cursors keep it alive until they close
         else:
             _sandboxes.move_to_end(key)
-        return database.cursor()
+        return entry[0].cursor(), entry[1]
+
+
+def reader_cursor() -> duckdb.DuckDBPyConnection:
+    """A cursor on one process-wide database for reads no user SQL takes part in (``load_table_reader``):
+    Arrow types kept lossless (UUID, JSON), Parquet footers cached; each reader's views are TEMP."""
+    with _lock:
+        if not _reader:
+            database = duckdb.connect(":memory:")
+            database.execute("SET GLOBAL arrow_lossless_conversion = true")
+            database.execute("SET GLOBAL parquet_metadata_cache = true")
+            _reader.append(database)
+        return _reader[0].cursor()
 
 
 def parser_cursor() -> Any:

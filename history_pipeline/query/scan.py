@@ -307,6 +307,142 @@ class LiveView:
     paths: tuple[str, ...]
 
 
+@dataclass(frozen=True)
+class LiveSql:
+    """The SELECT of a table's live rows as of T, the Arrow datasets it names (object-store files,
+    registered per cursor) and the local files it reads. Plain text: cacheable per (state, T, table)."""
+
+    sql: str
+    datasets: tuple[tuple[str, ds.Dataset], ...]
+    paths: tuple[str, ...]
+    #: (key, newest t) of the changes since the snapshot, to keep as a table; its row bound; and
+    #: ``sql`` reading that table at ``CHANGES_TOKEN``
+    changes_sql: str | None = None
+    changes_rows: int = 0
+    materialized_sql: str | None = None
+
+
+#: up to this many version rows since the snapshot, all of them are the changes (else the tail)
+MATERIALIZE_ROWS = 1_000_000
+#: where ``LiveSql.materialized_sql`` names the kept table
+CHANGES_TOKEN = "__HP_CHANGES_TABLE__"
+
+
+def version_layers(versions: Sequence[FileEntry]) -> tuple[tuple[FileEntry, ...], tuple[FileEntry, ...]]:
+    """(head, tail) of the version files read at T: the head is every file holding the one oldest
+    timestamp alone, when every other file is newer; (key, t) is unique, so the head's keys are
+    unique and it needs no keep-latest, only the keys the tail rewrites taken out. No head: ((), all)."""
+    if not versions or any(f.min_t is None or f.max_t is None for f in versions):
+        return (), tuple(versions)
+    oldest = min(f.min_t for f in versions)  # type: ignore[type-var]
+    head = tuple(f for f in versions if f.min_t == f.max_t == oldest)
+    tail = tuple(f for f in versions if not f.min_t == f.max_t == oldest)
+    if not head or any(f.min_t <= oldest for f in tail):  # type: ignore[operator]
+        return (), tuple(versions)
+    return head, tail
+
+
+def live_sql(
+    store: ObjectStore,
+    state: CatalogState,
+    table_uuid: str,
+    supercolumns: Sequence[Supercolumn],
+    as_of: int,
+    columns: Sequence[str],
+    name: str,
+    con: object,
+) -> LiveSql:
+    """The live rows of a supertable as of ``as_of`` as one SELECT (the Reconstruction Invariant).
+
+    Read from the catalog's files for ``as_of``, in up to three layers whose keys are each unique:
+    the snapshot's rows whose key has no version in [snapshot, as_of); the head of those versions
+    (files of one single oldest t) whose key the tail does not rewrite; the newest tail version
+    per key (a semi join on (key, max t), which unlike a window lets the query's filters reach
+    the scan). A layer that is empty at ``as_of`` costs nothing; deletes are dropped last.
+    ``materialized_sql`` is the same with (key, newest t) of the changes read from a table made
+    once (two integer columns), so a query scans each change file once. The
+    ``t`` range is a filter on each scan, so row groups outside it are skipped by their min/max.
+    Local files are read by DuckDB's Parquet reader (only the columns and row groups a query
+    needs); object-store files through Arrow datasets registered as ``{name}__{part}``.
+    Columns: synthetic_key, is_deleted, logical_timestamp, then ``columns`` (supercolumn names).
+    ``con`` only names DuckDB's types (of columns no file has yet); nothing is created on it.
+    """
+    from history_pipeline.io.store import LocalStore
+
+    selection = select_files(state, table_uuid, as_of)
+    schema = supertable_schema(supercolumns)
+    wanted = [KEY, DELETED, LT] + [c for c in columns if c not in (KEY, DELETED, LT)]
+    types = _duckdb_types(con, schema)
+    local = isinstance(store, LocalStore)
+    paths: list[str] = []
+    datasets: list[tuple[str, ds.Dataset]] = []
+    k, d, lt = _quote(KEY), _quote(DELETED), _quote(LT)
+    lower = "" if selection.snapshot_as_of is None else f" AND {lt} >= {selection.snapshot_as_of}"
+    in_range = f" WHERE {lt} < {as_of}{lower}"
+
+    def source(files: Sequence[FileEntry], part: str, where: str) -> str:
+        if not local:
+            registered = f"{name}__{part}"
+            datasets.append((registered, dataset_of(store, files, schema)))
+            return f"(SELECT {', '.join(_quote(c) for c in wanted)} FROM {_quote(registered)}{where})"
+        full = [store.full_path(f.path) for f in files]
+        paths.extend(full)
+        present = set().union(*(footer(store, f.path).columns for f in files))
+        projected = [
+            _quote(c) if c in present else f"CAST(NULL AS {types[c]}) AS {_quote(c)}" for c in wanted
+        ]
+        files_sql = "[" + ", ".join(_literal(p) for p in full) + "]"
+        return f"(SELECT {', '.join(projected)} FROM read_parquet({files_sql}, union_by_name = true){where})"
+
+    def newest(part: str) -> str:
+        """Each key's newest row of ``part`` (deletes included): a semi join on (key, max t)."""
+        latest = f"SELECT {k}, max({lt}) AS {lt} FROM {part} GROUP BY {k}"
+        return f"(SELECT r.* FROM {part} r SEMI JOIN ({latest}) m USING ({k}, {lt}))"
+
+    def assemble(head_sql: str | None, changes: str | None, changes_keys: str | None) -> str:
+        """The layers: snapshot rows whose key has no change, head rows whose key the changes
+        do not rewrite, the changes' (unique) rows; deletes dropped last."""
+        parts = []
+        if selection.snapshot:
+            # a snapshot holds the state as of its snapshot_as_of <= as_of: every row is below as_of
+            base = f"SELECT * FROM {source(selection.snapshot, 'snapshot', '')} s WHERE NOT s.{d}"
+            rewritten = " UNION ALL ".join(
+                [f"SELECT {k} FROM {head_sql}"] * bool(head_sql) + [changes_keys] * bool(changes_keys))
+            if rewritten:
+                base = f"SELECT s.* FROM ({base}) s ANTI JOIN ({rewritten}) n USING ({k})"
+            parts.append(base)
+        if head_sql:
+            first = f"SELECT * FROM {head_sql} h WHERE NOT h.{d}"
+            if changes_keys:
+                first = f"SELECT h.* FROM ({first}) h ANTI JOIN ({changes_keys}) n USING ({k})"
+            parts.append(first)
+        if changes:
+            parts.append(f"SELECT * FROM {changes} c WHERE NOT c.{d}")
+        if not parts:
+            nulls = ", ".join(f"CAST(NULL AS {types[c]}) AS {_quote(c)}" for c in wanted)
+            parts.append(f"SELECT {nulls} WHERE false")
+        return " UNION ALL ".join(f"({part})" for part in parts)
+
+    head, tail = version_layers(selection.versions)
+    head_sql = source(head, "head", in_range) if head else None
+    tail_sql = source(tail, "tail", in_range) if tail else None
+    sql = assemble(head_sql, newest(tail_sql) if tail_sql else None,
+                   f"SELECT {k} FROM {tail_sql}" if tail_sql else None)
+    # (key, newest t) of the changes is worth keeping as a table: the rows are still read from
+    # the files (only the columns a query uses), joined to it once instead of keyed by a grouping
+    changes_sql, changes_rows, materialized_sql = None, 0, None
+    keys = f"SELECT {k} FROM {CHANGES_TOKEN}"
+    if tail:
+        rows = sum(f.row_count for f in selection.versions)
+        part, first = (source(selection.versions, "versions", in_range), None) if rows <= MATERIALIZE_ROWS \
+            else (tail_sql, head_sql)
+        changes_sql = f"SELECT {k}, max({lt}) AS {lt} FROM {part} GROUP BY {k}"
+        changes_rows = rows if first is None else sum(f.row_count for f in tail)
+        newest_rows = f"(SELECT r.* FROM {part} r SEMI JOIN {CHANGES_TOKEN} m USING ({k}, {lt}))"
+        materialized_sql = assemble(first, newest_rows, keys)
+    return LiveSql(sql, tuple(datasets), tuple(paths), changes_sql, changes_rows, materialized_sql)
+
+
 def live_view(
     con: object,
     store: ObjectStore,
@@ -317,55 +453,9 @@ def live_view(
     columns: Sequence[str],
     name: str,
 ) -> LiveView:
-    """Create view ``name``: the live rows of a supertable as of ``as_of`` (the Reconstruction Invariant).
-
-    The view reads the catalog's files for ``as_of`` directly: the snapshot's rows whose key has no
-    later version, plus the newest version per key among the versions in [snapshot, as_of) that is
-    not a delete. Local files are read by DuckDB's Parquet reader (so a query reads only the
-    columns and row groups it needs); object-store files through a registered Arrow dataset, which
-    DuckDB also projects and filters. Columns: synthetic_key, is_deleted, logical_timestamp, then
-    ``columns`` (supercolumn names). The caller allows the returned paths before sandboxing.
-    """
-    from history_pipeline.io.store import LocalStore
-
-    selection = select_files(state, table_uuid, as_of)
-    schema = supertable_schema(supercolumns)
-    wanted = [KEY, DELETED, LT] + [c for c in columns if c not in (KEY, DELETED, LT)]
-    types = _duckdb_types(con, schema)
-    local = isinstance(store, LocalStore)
-    paths: list[str] = []
-
-    def source(files: Sequence[FileEntry], part: str) -> str:
-        if not local:
-            con.register(f"{name}__{part}", dataset_of(store, files, schema))  # type: ignore[attr-defined]
-            return f"SELECT {', '.join(_quote(c) for c in wanted)} FROM {_quote(name + '__' + part)}"
-        full = [store.full_path(f.path) for f in files]
-        paths.extend(full)
-        present = set().union(*(footer(store, f.path).columns for f in files))
-        projected = [
-            _quote(c) if c in present else f"CAST(NULL AS {types[c]}) AS {_quote(c)}" for c in wanted
-        ]
-        files_sql = "[" + ", ".join(_literal(p) for p in full) + "]"
-        return f"SELECT {', '.join(projected)} FROM read_parquet({files_sql}, union_by_name = true)"
-
-    parts = []
-    newest = f"{name}__newest"
-    if selection.versions:
-        lower = "" if selection.snapshot_as_of is None else f" AND {LT} >= {selection.snapshot_as_of}"
-        con.execute(  # type: ignore[attr-defined]
-            f"CREATE TEMP VIEW {_quote(newest)} AS SELECT * FROM ({source(selection.versions, 'versions')}) "
-            f"WHERE {LT} < {as_of}{lower} "
-            f"QUALIFY row_number() OVER (PARTITION BY {KEY} ORDER BY {LT} DESC) = 1"
-        )
-        parts.append(f"SELECT * FROM {_quote(newest)} WHERE NOT {DELETED}")
-    if selection.snapshot:
-        # a snapshot holds the state as of its snapshot_as_of <= as_of: every row is below as_of
-        base = f"SELECT * FROM ({source(selection.snapshot, 'snapshot')}) WHERE NOT {DELETED}"
-        if selection.versions:
-            base = f"SELECT s.* FROM ({base}) s ANTI JOIN {_quote(newest)} n USING ({KEY})"
-        parts.insert(0, base)
-    if not parts:
-        nulls = ", ".join(f"CAST(NULL AS {types[c]}) AS {_quote(c)}" for c in wanted)
-        parts.append(f"SELECT {nulls} WHERE false")
-    con.execute(f"CREATE TEMP VIEW {_quote(name)} AS " + " UNION ALL ".join(parts))  # type: ignore[attr-defined]
-    return LiveView(name, tuple(paths))
+    """Create TEMP view ``name`` on ``con``: the live rows of a supertable as of ``as_of`` (see ``live_sql``)."""
+    live = live_sql(store, state, table_uuid, supercolumns, as_of, columns, name, con)
+    for registered, dataset in live.datasets:
+        con.register(registered, dataset)  # type: ignore[attr-defined]
+    con.execute(f"CREATE TEMP VIEW {_quote(name)} AS {live.sql}")  # type: ignore[attr-defined]
+    return LiveView(name, live.paths)
