@@ -89,3 +89,17 @@ def test_a_file_outside_the_state_stays_unreadable_from_a_reused_sandbox(tmp_pat
     pq.write_table(pa.table({"secret": ["x"]}), stray)
     with pytest.raises(SandboxViolationError):
         store.sql(f"SELECT * FROM read_parquet('{stray}')", as_of=3)
+
+
+def test_a_sandbox_asked_at_ever_new_t_is_replaced_before_it_grows_without_bound(monkeypatch):
+    monkeypatch.setattr(sandbox, "KEPT_AS_OF", 3)
+    key = ("test", "many-t", "0")
+    first, views = sandbox.sandbox_cursor(key, None)
+    for as_of in range(4):
+        views.ensure(first, sandbox.AS_OF_SCHEMA.format(as_of=as_of), None)
+    assert len(views.schemas) == 4
+    again, fresh = sandbox.sandbox_cursor(key, None)
+    assert fresh is not views and fresh.schemas == set()
+    names = {row[0] for row in again.sql("SELECT schema_name FROM information_schema.schemata").fetchall()}
+    assert not any(name.startswith("__hp_asof_") for name in names)
+    assert sandbox.sandbox_cursor(key, None)[1] is fresh  # under the bound it is reused

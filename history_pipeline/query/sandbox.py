@@ -31,6 +31,9 @@ from history_pipeline.query.scan import CHANGES_TOKEN
 KEPT = 4
 #: the most (key, t) rows one sandbox keeps as tables (each key's newest change since a snapshot, per T)
 KEPT_ROWS = 10_000_000
+#: the most as-of schemas one sandbox holds; past it the state gets a fresh sandbox (a service asked
+#: at ever new T would otherwise grow one schema of views per T for the state's lifetime)
+KEPT_AS_OF = 256
 
 _SCHEMA_HISTORY_SCHEMA = pa.schema([
     pa.field("table_uuid", pa.string()),
@@ -123,7 +126,7 @@ def sandbox_cursor(
     """``query_cursor``, with the record of the views kept in that cursor's sandbox."""
     with _lock:
         entry = _sandboxes.get(key)
-        if entry is None:
+        if entry is None or len(entry[1].schemas) > KEPT_AS_OF:
             entry = (_new_sandbox(allowed_paths), SandboxViews())
             _sandboxes[key] = entry
             while len(_sandboxes) > KEPT:
