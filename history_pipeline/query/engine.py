@@ -407,7 +407,7 @@ def _differs(
     before_desc: TableDescriptor | None,
     after_desc: TableDescriptor | None,
 ) -> bool:
-    from history_pipeline.compaction.casts import CastFailure, cast_value
+    from history_pipeline.casts import CastFailure, cast_value
 
     assert before_desc is not None and after_desc is not None
     for column in after_desc.columns:
