@@ -412,7 +412,7 @@ def main(argv: list[str] | None = None) -> int:
     size = "quick" if args.quick else "full"
     config = SIZES[size]
     RESULTS.mkdir(parents=True, exist_ok=True)
-    from history_pipeline.compaction.spark_session import local_spark
+    from history_pipeline.execution import local_spark
 
     spark = local_spark("local[2]")
     results: dict[str, Any] = {

@@ -39,15 +39,21 @@ from history_pipeline.catalog.model import (
 )
 from history_pipeline.compaction import frames
 from history_pipeline.compaction.plan import SegmentPlan, TablePlan, fold_table, images_from_rows, plan_segment
-from history_pipeline.compaction.spark_session import map_tasks
 from history_pipeline.errors import (
     HistoryError,
     MalformedRecordError,
     SegmentCorruptedError,
     SegmentQuarantinedError,
 )
-from history_pipeline.execution import check_paths_visible, executor_store_config, share_credentials
-from history_pipeline.io.store import ObjectStore, open_store
+from history_pipeline.execution import (
+    check_paths_visible,
+    executor_store_config,
+    map_tasks,
+    open_executor_store,
+    share_credentials,
+    store_for_tasks,
+)
+from history_pipeline.io.store import ObjectStore
 from history_pipeline.query.scan import live_rows
 from history_pipeline.schema import SchemaHistoryEntry, Supercolumn, replay_schema_history
 from history_pipeline.supertable import (
@@ -102,7 +108,7 @@ def run_table_task(task: TableTask) -> TaskOutcome:
 
 
 def _run_table_task(task: TableTask) -> TaskOutcome:
-    store = open_store(task.store_config)
+    store = open_executor_store(task.store_config)
     plan = task.plan
     keys = None if plan.needs_all_keys else sorted(plan.touched_keys)
     prior: dict = {}
@@ -217,7 +223,7 @@ def _apply_in_process(
     schema = replay_schema_history(state.schema_history)
     plan = plan_segment(contents, schema)
     on_step("planned")
-    tasks = _tasks(store, state, plan, attempt)
+    tasks = _tasks(store, state, plan, attempt, store_for_tasks(spark, store.objects))
     outcomes = run_tasks(tasks, spark)
     failed = next((o.error for o in outcomes if o.error is not None), None)
     if failed is not None:
@@ -351,7 +357,9 @@ def split_by_key(plan: TablePlan, buckets: int) -> list[TablePlan]:
     return [p for p in pieces if p.mutations]
 
 
-def _tasks(store: Any, state: CatalogState, plan: SegmentPlan, attempt: str) -> list[TableTask]:
+def _tasks(
+    store: Any, state: CatalogState, plan: SegmentPlan, attempt: str, store_config: dict[str, Any]
+) -> list[TableTask]:
     tasks = []
     txn_hint = state.txn_id + 1
     pieces = [
@@ -364,7 +372,7 @@ def _tasks(store: Any, state: CatalogState, plan: SegmentPlan, attempt: str) -> 
         table_uuid = table_plan.table_uuid
         tasks.append(
             TableTask(
-                store_config=store.objects.config(),
+                store_config=store_config,
                 database=store.database,
                 plan=table_plan,
                 files=tuple(state.files_of(table_uuid)),

@@ -46,9 +46,9 @@ from history_pipeline.catalog.model import (
     RemoveFile,
 )
 from history_pipeline.catalog.records import prune_records, write_base
-from history_pipeline.compaction.spark_session import map_tasks
 from history_pipeline.errors import CommitConflictError, MaintenanceInputError, ObjectNotFoundError
-from history_pipeline.io.store import ObjectStore, now, open_store
+from history_pipeline.execution import map_tasks, open_executor_store, store_for_tasks
+from history_pipeline.io.store import ObjectStore, now
 from history_pipeline.query.scan import dataset_of
 from history_pipeline.schema import Supercolumn, replay_schema_history
 from history_pipeline.supertable import (
@@ -148,7 +148,7 @@ class EraseOutcome:
 
 def erase_file_task(task: EraseTask) -> EraseOutcome:
     """Rewrite one file without the keys; nothing is committed here."""
-    objects = open_store(task.store_config)
+    objects = open_executor_store(task.store_config)
     entry = task.file
     dataset = dataset_of(objects, [entry], supertable_schema(task.supercolumns))
     erased = pa.array(task.keys, pa.int64())
@@ -181,8 +181,9 @@ def _rewrite_and_commit(
         state: CatalogState = store.catalog.latest()
         supers = tuple(replay_schema_history(state.schema_history).supercolumns.get(table_uuid, ()))
         planned = {f.path for f in state.files_of(table_uuid)}
+        store_config = store_for_tasks(spark, store.objects)
         tasks = [
-            EraseTask(store.objects.config(), store.database, table_uuid, f, supers, keys, state.txn_id + 1)
+            EraseTask(store_config, store.database, table_uuid, f, supers, keys, state.txn_id + 1)
             for f in state.files_of(table_uuid) if f.kind in ERASABLE and may_hold(f, keys)
         ]
         outcomes = [o for o in map_tasks(spark, erase_file_task, tasks) if o.removed is not None]

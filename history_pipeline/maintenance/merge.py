@@ -12,8 +12,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from history_pipeline.catalog.model import AddFile, CatalogState, FileEntry, FileKind, RemoveFile
-from history_pipeline.compaction.spark_session import map_tasks
-from history_pipeline.io.store import now, open_store
+from history_pipeline.execution import map_tasks, open_executor_store, store_for_tasks
+from history_pipeline.io.store import now
 from history_pipeline.query.scan import dataset_of
 from history_pipeline.schema import Supercolumn, replay_schema_history
 from history_pipeline.supertable import (
@@ -61,7 +61,7 @@ class MergeSummary:
 
 def merge_table_task(task: MergeTask) -> tuple[FileEntry, ...]:
     """Read a table's small files, sort by (key, t), write them back as large files."""
-    store = open_store(task.store_config)
+    store = open_executor_store(task.store_config)
     schema = supertable_schema(task.supercolumns)
     rows = dataset_of(store, task.files, schema).to_table().sort_by([(KEY, "ascending"), (LT, "ascending")])
     replaces = tuple(f.path for f in task.files)
@@ -117,7 +117,7 @@ def merge(
 ) -> MergeSummary:
     """Merge small version files of every table of ``store`` (on Spark when a session is given)."""
     state = store.catalog.latest()
-    tasks = plan_merges(state, store.objects.config(), store.database, small_file_bytes, target_rows)
+    tasks = plan_merges(state, store_for_tasks(spark, store.objects), store.database, small_file_bytes, target_rows)
     summary = MergeSummary()
     if not tasks:
         return summary

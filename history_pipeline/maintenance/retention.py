@@ -38,8 +38,8 @@ from history_pipeline.catalog.model import (
     RemoveFile,
     SetEarliest,
 )
-from history_pipeline.compaction.spark_session import map_tasks
 from history_pipeline.errors import HistoryError
+from history_pipeline.execution import map_tasks, open_executor_store, store_for_tasks
 from history_pipeline.io.store import ObjectStore, now
 from history_pipeline.query.scan import dataset_of, live_rows
 from history_pipeline.schema import replay_schema_history
@@ -85,9 +85,7 @@ class RetentionOutcome:
 
 def retain_table_task(task: RetentionTask) -> RetentionOutcome:
     """Rewrite one table's files for the purge point; nothing is committed here."""
-    from history_pipeline.io.store import open_store
-
-    objects = open_store(task.store_config)
+    objects = open_executor_store(task.store_config)
     purge_before, txn_hint = task.purge_before, task.txn_hint
     state = CatalogState(files=MappingProxyType({f.path: f for f in task.files}))
     schema = supertable_schema(task.supercolumns)
@@ -136,6 +134,7 @@ def retain(
         return summary
     supers = replay_schema_history(state.schema_history).supercolumns
     tasks = []
+    store_config = store_for_tasks(spark, store.objects)
     for table_uuid in sorted({f.table_uuid for f in state.files.values() if f.table_uuid}):
         files = tuple(state.files_of(table_uuid))
         needs = any(
@@ -144,7 +143,7 @@ def retain(
             for f in files
         )
         if needs:
-            tasks.append(RetentionTask(store.objects.config(), store.database, table_uuid, files,
+            tasks.append(RetentionTask(store_config, store.database, table_uuid, files,
                                        tuple(supers.get(table_uuid, ())), purge_before, state.txn_id + 1))
     outcomes = map_tasks(spark, retain_table_task, tasks)
     removed = [f for o in outcomes for f in o.removed]

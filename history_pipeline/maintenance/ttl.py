@@ -17,8 +17,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from history_pipeline.catalog.model import AddFile, CatalogState, RemoveFile, SetTableEarliest, SetTableTtl
-from history_pipeline.compaction.spark_session import map_tasks
 from history_pipeline.errors import HistoryError, MaintenanceInputError
+from history_pipeline.execution import map_tasks, store_for_tasks
 from history_pipeline.io.store import now
 from history_pipeline.maintenance.retention import RetentionTask, retain_table_task
 from history_pipeline.schema import replay_schema_history
@@ -62,8 +62,9 @@ def apply_ttl(store: Any, spark: Any | None = None) -> TtlSummary:
     if not due:
         return summary
     supers = replay_schema_history(state.schema_history).supercolumns
+    store_config = store_for_tasks(spark, store.objects)
     tasks = [
-        RetentionTask(store.objects.config(), store.database, table_uuid, tuple(state.files_of(table_uuid)),
+        RetentionTask(store_config, store.database, table_uuid, tuple(state.files_of(table_uuid)),
                       tuple(supers.get(table_uuid, ())), point, state.txn_id + 1)
         for table_uuid, point in sorted(due.items())
     ]
