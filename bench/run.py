@@ -157,7 +157,7 @@ def bench_delta_merge(work: Path, store: HistoryStore) -> dict[str, Any]:
 
 
 def _latest_per_key(table: pa.Table) -> pa.Table:
-    from history_pipeline.query.scan import keep_latest
+    from history_pipeline.supertable.read import keep_latest
 
     return keep_latest(table, include_deleted=True)
 

@@ -28,6 +28,7 @@ from typing import Any
 
 import pyarrow as pa
 
+from history_pipeline.catalog.files import live_rows, write_parquet
 from history_pipeline.catalog.model import (
     AddFile,
     AddSchemaHistory,
@@ -54,13 +55,12 @@ from history_pipeline.execution import (
     store_for_tasks,
 )
 from history_pipeline.io.store import ObjectStore
-from history_pipeline.query.scan import live_rows
 from history_pipeline.schema import SchemaHistoryEntry, Supercolumn, replay_schema_history
 from history_pipeline.supertable import (
     FileMetadata,
     new_file_path,
+    schema_history_table,
     versions_to_arrow,
-    write_parquet,
 )
 from history_pipeline.types import from_arrow_value
 from history_pipeline.wal.segments import (
@@ -385,29 +385,6 @@ def _tasks(
             )
         )
     return tasks
-
-
-SCHEMA_HISTORY_SCHEMA = pa.schema(
-    [
-        pa.field("table_uuid", pa.string(), nullable=False),
-        pa.field("table_name", pa.string(), nullable=False),
-        pa.field("logical_timestamp", pa.int64(), nullable=False),
-        pa.field("schema_descriptor", pa.json_(), nullable=True),
-    ]
-)
-
-
-def schema_history_table(entries: Sequence[SchemaHistoryEntry]) -> pa.Table:
-    """``_history_catalog.schema_history`` rows as Arrow."""
-    return pa.table(
-        {
-            "table_uuid": [e.table_uuid for e in entries],
-            "table_name": [e.table_name for e in entries],
-            "logical_timestamp": [e.logical_timestamp for e in entries],
-            "schema_descriptor": pa.array([e.descriptor_text() for e in entries], pa.json_()),
-        },
-        schema=SCHEMA_HISTORY_SCHEMA,
-    )
 
 
 def _write_schema_history(store: Any, state: CatalogState, plan: SegmentResult, attempt: str) -> FileEntry:

@@ -36,6 +36,7 @@ import pyarrow.compute as pc
 import pyarrow.dataset as ds
 import pyarrow.parquet as pq
 
+from history_pipeline.catalog.files import write_parquet
 from history_pipeline.catalog.model import (
     AddFile,
     CatalogState,
@@ -49,7 +50,6 @@ from history_pipeline.catalog.records import prune_records, write_base
 from history_pipeline.errors import CommitConflictError, MaintenanceInputError, ObjectNotFoundError
 from history_pipeline.execution import map_tasks, open_executor_store, store_for_tasks
 from history_pipeline.io.store import ObjectStore, now
-from history_pipeline.query.scan import dataset_of
 from history_pipeline.schema import Supercolumn, replay_schema_history
 from history_pipeline.supertable import (
     KEY,
@@ -58,8 +58,8 @@ from history_pipeline.supertable import (
     new_file_path,
     read_file_metadata,
     supertable_schema,
-    write_parquet,
 )
+from history_pipeline.supertable.read import dataset_of
 
 INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
 ERASABLE = (FileKind.VERSIONS, FileKind.SNAPSHOT)

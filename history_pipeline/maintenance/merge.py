@@ -11,10 +11,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from history_pipeline.catalog.files import write_parquet
 from history_pipeline.catalog.model import AddFile, CatalogState, FileEntry, FileKind, RemoveFile
 from history_pipeline.execution import map_tasks, open_executor_store, store_for_tasks
 from history_pipeline.io.store import now
-from history_pipeline.query.scan import dataset_of
 from history_pipeline.schema import Supercolumn, replay_schema_history
 from history_pipeline.supertable import (
     KEY,
@@ -23,8 +23,8 @@ from history_pipeline.supertable import (
     new_file_path,
     read_file_metadata,
     supertable_schema,
-    write_parquet,
 )
+from history_pipeline.supertable.read import dataset_of
 
 DEFAULT_SMALL_FILE_BYTES = 32 * 1024 * 1024
 DEFAULT_TARGET_ROWS = 2_000_000

@@ -30,6 +30,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.dataset as ds
 
+from history_pipeline.catalog.files import live_rows, write_parquet
 from history_pipeline.catalog.model import (
     AddFile,
     CatalogState,
@@ -41,9 +42,9 @@ from history_pipeline.catalog.model import (
 from history_pipeline.errors import HistoryError
 from history_pipeline.execution import map_tasks, open_executor_store, store_for_tasks
 from history_pipeline.io.store import ObjectStore, now
-from history_pipeline.query.scan import dataset_of, live_rows
 from history_pipeline.schema import replay_schema_history
-from history_pipeline.supertable import KEY, LT, FileMetadata, new_file_path, supertable_schema, write_parquet
+from history_pipeline.supertable import KEY, LT, FileMetadata, new_file_path, supertable_schema
+from history_pipeline.supertable.read import dataset_of
 
 
 @dataclass

@@ -11,10 +11,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from history_pipeline.catalog.files import live_rows, write_parquet
 from history_pipeline.catalog.model import AddFile, CatalogState, FileKind
-from history_pipeline.query.scan import live_rows
 from history_pipeline.schema import replay_schema_history
-from history_pipeline.supertable import FileMetadata, new_file_path, supertable_schema, write_parquet
+from history_pipeline.supertable import FileMetadata, new_file_path, supertable_schema
 
 
 @dataclass

@@ -18,6 +18,7 @@ import duckdb
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from history_pipeline.catalog.files import live_rows
 from history_pipeline.catalog.model import CatalogState, FileKind
 from history_pipeline.errors import (
     FutureTimestampError,
@@ -30,7 +31,7 @@ from history_pipeline.errors import (
 from history_pipeline.io.store import ObjectStore
 from history_pipeline.query.exact_avg import rewrite_exact_averages
 from history_pipeline.query.sandbox import parser_cursor, query_cursor, register_schema_history
-from history_pipeline.query.scan import live_rows, live_view, read_key
+from history_pipeline.query.scan import live_view
 from history_pipeline.schema import (
     SchemaHistoryEntry,
     TableDescriptor,
@@ -38,6 +39,7 @@ from history_pipeline.schema import (
     tables_at,
 )
 from history_pipeline.supertable import DELETED, KEY, LT, supertable_schema
+from history_pipeline.supertable.read import read_key
 from history_pipeline.types import (
     INTERVAL_ARROW,
     ArrayResultType,
@@ -516,7 +518,7 @@ def _user_array(column: Any, data_type: DataType) -> Any:
 
 
 def schema_history_arrow(entries: Sequence[SchemaHistoryEntry]) -> pa.Table:
-    from history_pipeline.compaction.compactor import schema_history_table
+    from history_pipeline.supertable import schema_history_table
 
     return schema_history_table(entries)
 
