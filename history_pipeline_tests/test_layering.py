@@ -155,3 +155,19 @@ def test_core_modules_do_not_import_dagster():
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == "False"
     assert len(core) > 15
+
+
+
+def test_history_store_is_the_narrow_handle_the_core_takes(tmp_path):
+    """Compaction and maintenance take ``DatabaseHandle`` / ``CompactionHandle``, not the whole store."""
+    from history_pipeline import HistoryStore, StoreSettings
+    from history_pipeline.catalog.handle import CompactionHandle, CompactionSettings, DatabaseHandle
+
+    store = HistoryStore.open(tmp_path / "root", database="db", settings=StoreSettings(spark_master=None))
+    assert isinstance(store, CompactionHandle)
+    assert isinstance(store.settings, CompactionSettings)
+
+    class NoWal:
+        database, objects, catalog = store.database, store.objects, store.catalog
+
+    assert not isinstance(NoWal(), DatabaseHandle)

@@ -29,6 +29,7 @@ from typing import Any
 import pyarrow as pa
 
 from history_pipeline.catalog.files import live_rows, write_parquet
+from history_pipeline.catalog.handle import CompactionHandle
 from history_pipeline.catalog.model import (
     AddFile,
     AddSchemaHistory,
@@ -216,7 +217,7 @@ class SegmentResult:
 
 
 def _apply_in_process(
-    store: Any, ref: SegmentRef, state: CatalogState, on_step: StepHook, spark: Any | None, attempt: str
+    store: CompactionHandle, ref: SegmentRef, state: CatalogState, on_step: StepHook, spark: Any | None, attempt: str
 ) -> SegmentResult:
     """The per-event path: plan on the driver, fold in table tasks (on Spark executors when a session is given)."""
     contents = read_segment(ref)
@@ -241,7 +242,7 @@ def files_per_table(rows: int) -> int:
 
 
 def _apply_frames(
-    store: Any, ref: SegmentRef, state: CatalogState, spark: Any, on_step: StepHook, attempt: str
+    store: CompactionHandle, ref: SegmentRef, state: CatalogState, spark: Any, on_step: StepHook, attempt: str
 ) -> SegmentResult:
     """The DataFrame path: the driver verifies, routes and plans; Spark decodes, folds and writes."""
     sealed = verify_segment(ref)
@@ -273,7 +274,7 @@ def _apply_frames(
 
 
 def compact_segment(
-    store: Any,
+    store: CompactionHandle,
     ref: SegmentRef,
     spark: Any | None,
     summary: CompactionSummary,
@@ -358,7 +359,7 @@ def split_by_key(plan: TablePlan, buckets: int) -> list[TablePlan]:
 
 
 def _tasks(
-    store: Any, state: CatalogState, plan: SegmentPlan, attempt: str, store_config: dict[str, Any]
+    store: CompactionHandle, state: CatalogState, plan: SegmentPlan, attempt: str, store_config: dict[str, Any]
 ) -> list[TableTask]:
     tasks = []
     txn_hint = state.txn_id + 1
@@ -387,7 +388,7 @@ def _tasks(
     return tasks
 
 
-def _write_schema_history(store: Any, state: CatalogState, plan: SegmentResult, attempt: str) -> FileEntry:
+def _write_schema_history(store: CompactionHandle, state: CatalogState, plan: SegmentResult, attempt: str) -> FileEntry:
     """The commit's own record: its schema entries, segment and frontier, rebuildable from the file."""
     meta = FileMetadata(
         database=store.database,
@@ -414,7 +415,9 @@ def _write_schema_history(store: Any, state: CatalogState, plan: SegmentResult, 
     )
 
 
-def compact_pending(store: Any, spark: Any | None = None, on_step: StepHook = lambda s: None) -> CompactionSummary:
+def compact_pending(
+    store: CompactionHandle, spark: Any | None = None, on_step: StepHook = lambda s: None
+) -> CompactionSummary:
     """Compact every pending sealed segment of ``store`` in order; quarantine stops the line."""
     summary = CompactionSummary(frontier=store.catalog.latest().frontier)
     state = store.catalog.latest()

@@ -37,6 +37,7 @@ import pyarrow.dataset as ds
 import pyarrow.parquet as pq
 
 from history_pipeline.catalog.files import write_parquet
+from history_pipeline.catalog.handle import DatabaseHandle
 from history_pipeline.catalog.model import (
     AddFile,
     CatalogState,
@@ -174,7 +175,7 @@ class _Replan(Exception):
 
 
 def _rewrite_and_commit(
-    store: Any, table_uuid: str, keys: tuple[int, ...], record: RecordErasure, spark: Any | None, step: Any
+    store: DatabaseHandle, table_uuid: str, keys: tuple[int, ...], record: RecordErasure, spark: Any | None, step: Any
 ) -> tuple[int, int, int, list[str]]:
     """(txn id, files rewritten, versions removed, paths removed), after one commit."""
     for _ in range(MAX_REPLANS):
@@ -373,7 +374,7 @@ def known_targets(objects: ObjectStore, database: str) -> list[str]:
 # --- physical deletion ----------------------------------------------------------------
 
 
-def purge_erased(store: Any, paths: Sequence[str]) -> int:
+def purge_erased(store: DatabaseHandle, paths: Sequence[str]) -> int:
     """Delete the files an erasure replaced now, rather than after the grace period.
 
     The log (and the commit records) are pruned up to the newest state first, so no
@@ -414,7 +415,7 @@ class ErasureRequest:
     targets: tuple[ObjectStore, ...] = field(default=())
 
 
-def erase(store: Any, request: ErasureRequest, *, spark: Any | None = None, purge_now: bool = False,
+def erase(store: DatabaseHandle, request: ErasureRequest, *, spark: Any | None = None, purge_now: bool = False,
           on_step: Any = None) -> ErasureSummary:
     """Erase ``request.keys`` of one table from the WAL, the warehouse, the cold tier and exports."""
     from history_pipeline.wal.masking import mask_wal

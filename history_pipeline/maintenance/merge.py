@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from history_pipeline.catalog.files import write_parquet
+from history_pipeline.catalog.handle import DatabaseHandle
 from history_pipeline.catalog.model import AddFile, CatalogState, FileEntry, FileKind, RemoveFile
 from history_pipeline.execution import map_tasks, open_executor_store, store_for_tasks
 from history_pipeline.io.store import now
@@ -109,7 +110,7 @@ def plan_merges(
 
 
 def merge(
-    store: Any,
+    store: DatabaseHandle,
     spark: Any | None = None,
     small_file_bytes: int = DEFAULT_SMALL_FILE_BYTES,
     target_rows: int = DEFAULT_TARGET_ROWS,

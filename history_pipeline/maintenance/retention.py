@@ -31,6 +31,7 @@ import pyarrow.compute as pc
 import pyarrow.dataset as ds
 
 from history_pipeline.catalog.files import live_rows, write_parquet
+from history_pipeline.catalog.handle import DatabaseHandle
 from history_pipeline.catalog.model import (
     AddFile,
     CatalogState,
@@ -117,7 +118,7 @@ def retain_table_task(task: RetentionTask) -> RetentionOutcome:
 
 
 def retain(
-    store: Any,
+    store: DatabaseHandle,
     purge_before: int,
     cold_tier: ObjectStore | None = None,
     spark: Any | None = None,
@@ -169,7 +170,7 @@ def retain(
 
 
 def _export_purged(
-    store: Any, cold: ObjectStore, purge_before: int, removed: list[FileEntry], added: list[FileEntry]
+    store: DatabaseHandle, cold: ObjectStore, purge_before: int, removed: list[FileEntry], added: list[FileEntry]
 ) -> str:
     prefix = f"{store.database}/purged/before-{purge_before:020d}"
     for f in removed:
@@ -185,7 +186,7 @@ def _export_purged(
     return f"{cold.uri}/{prefix}"
 
 
-def load_cold_tier(store: Any, cold: ObjectStore, purge_before: int | None = None) -> int:
+def load_cold_tier(store: DatabaseHandle, cold: ObjectStore, purge_before: int | None = None) -> int:
     """Bring purged history back from the cold tier, newest purge first; returns the new earliest."""
     manifests = sorted(
         (o.path for o in cold.list(f"{store.database}/purged/") if o.path.endswith("/manifest.json")),
@@ -256,7 +257,7 @@ def _identities(rows: pa.Table) -> Any:
     )
 
 
-def _restore(store: Any, cold: ObjectStore, manifest_path: str) -> int:
+def _restore(store: DatabaseHandle, cold: ObjectStore, manifest_path: str) -> int:
     """Undo one retention: its removed files come back, the versions it synthesized go."""
     manifest = json.loads(cold.get(manifest_path))
     prefix = manifest_path.rsplit("/", 1)[0]
