@@ -197,7 +197,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help="small sizes")
     parser.add_argument("--small", action="store_true", help="smaller still (100k versions), for a shared machine")
     args = parser.parse_args(argv)
-    from history_pipeline.compaction.spark_session import local_spark
+    from history_pipeline.execution import local_spark
 
     spark = local_spark("local[2]", {"spark.ui.showConsoleProgress": "false"})
     with tempfile.TemporaryDirectory() as tmp:

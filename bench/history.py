@@ -15,10 +15,11 @@ import pyarrow as pa
 
 from history_pipeline import HistoryStore
 from history_pipeline.catalog import AddFile, AddSchemaHistory, AdvanceFrontier
+from history_pipeline.catalog.files import write_parquet
 from history_pipeline.catalog.model import FileKind
 from history_pipeline.events import CreateTable, parse_event
 from history_pipeline.schema import SchemaState, apply_schema_change
-from history_pipeline.supertable import FileMetadata, new_file_path, supertable_schema, write_parquet
+from history_pipeline.supertable import FileMetadata, new_file_path, supertable_schema
 
 TABLE_UUID = "bench-table"
 HOT_KEY = 0  # a key updated in every batch, for row_history

@@ -93,7 +93,7 @@ def _delta_bytes(work: Path, store: HistoryStore) -> int:
     """Delta Lake holding the same history: one MERGE per version batch, as a CDC sink would."""
     from deltalake import DeltaTable, write_deltalake
 
-    from history_pipeline.query.scan import keep_latest
+    from history_pipeline.supertable.read import keep_latest
 
     files = sorted(store.catalog_state().files_of(TABLE_UUID, FileKind.VERSIONS), key=lambda f: f.min_t or 0)
     path = work / f"delta_{store.frontier}"

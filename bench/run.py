@@ -157,7 +157,7 @@ def bench_delta_merge(work: Path, store: HistoryStore) -> dict[str, Any]:
 
 
 def _latest_per_key(table: pa.Table) -> pa.Table:
-    from history_pipeline.query.scan import keep_latest
+    from history_pipeline.supertable.read import keep_latest
 
     return keep_latest(table, include_deleted=True)
 
@@ -412,7 +412,7 @@ def main(argv: list[str] | None = None) -> int:
     size = "quick" if args.quick else "full"
     config = SIZES[size]
     RESULTS.mkdir(parents=True, exist_ok=True)
-    from history_pipeline.compaction.spark_session import local_spark
+    from history_pipeline.execution import local_spark
 
     spark = local_spark("local[2]")
     results: dict[str, Any] = {

@@ -1,5 +1,6 @@
-"""Where the data work runs: facts about a SparkSession (classic or Connect) and what executors
-need from the driver, passed by configuration, never inside pickled task payloads.
+"""Where the data work runs: the SparkSession's settings, facts about a session (classic or
+Connect), running picklable tasks on it, and what executors need from the driver, passed by
+configuration, never inside pickled task payloads.
 
 Only DataFrame and session-conf calls are used (no ``sparkContext``): the same code runs on a
 local session, a standalone cluster and Spark Connect.
@@ -7,7 +8,13 @@ local session, a standalone cluster and Spark Connect.
 
 from __future__ import annotations
 
-from typing import Any
+import os
+import pickle
+import sys
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any, TypeVar
+
+import pyarrow as pa
 
 from history_pipeline.errors import HistoryError
 from history_pipeline.io.store import ObjectStore, S3Options, S3Store, open_store
@@ -18,8 +25,80 @@ S3_ACCESS_KEY_CONF = "spark.history_pipeline.s3.access.key"
 S3_SECRET_CONF = "spark.history_pipeline.s3.secret"
 
 
+T = TypeVar("T")
+R = TypeVar("R")
+
+
 class ExecutionError(HistoryError):
     """The Spark session cannot run this work as configured (say, executors cannot see a path)."""
+
+
+def spark_config(master: str = "local[*]", conf: dict[str, str] | None = None) -> dict[str, str]:
+    """Spark settings for ``master``: loopback binding and few shuffle partitions when local."""
+    settings = {"spark.master": master, "spark.app.name": "history_pipeline", "spark.ui.enabled": "false"}
+    if master.startswith("local"):
+        os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+        os.environ.setdefault("PYSPARK_PYTHON", sys.executable)  # executors need this interpreter's packages
+        settings.update(
+            {
+                "spark.driver.bindAddress": "127.0.0.1",
+                "spark.driver.host": "127.0.0.1",
+                "spark.sql.shuffle.partitions": "4",
+            }
+        )
+    settings.update(conf or {})
+    return settings
+
+
+def local_spark(master: str = "local[*]", conf: dict[str, str] | None = None) -> Any:
+    """Create (or reuse) a SparkSession: bound to loopback, executors on this interpreter when local."""
+    from pyspark.sql import SparkSession
+
+    builder = SparkSession.builder
+    for key, value in spark_config(master, conf).items():
+        builder = builder.config(key, value)
+    return builder.getOrCreate()
+
+
+_TASKS_DDL = "i long, payload binary"
+
+
+def map_tasks(spark: Any | None, fn: Callable[[T], R], tasks: Sequence[T]) -> list[R]:
+    """``fn`` over picklable tasks, results in the tasks' order: on Spark one partition per task,
+    or in-process without a session.
+
+    DataFrames only (no ``sparkContext``, absent under Spark Connect): a frame of (index, pickled
+    task) rows is range-partitioned by index, and ``mapInArrow`` runs ``fn`` on each task and
+    returns its pickled result. ``fn`` itself travels as the UDF (cloudpickled by reference to its
+    module). Payloads must not hold credentials: build them with :func:`store_for_tasks`.
+    """
+    if not tasks:
+        return []
+    if spark is None:
+        return [fn(task) for task in tasks]
+    rows = [(i, pickle.dumps(task)) for i, task in enumerate(tasks)]
+    frame = spark.createDataFrame(rows, _TASKS_DDL).repartitionByRange(len(tasks), "i")
+    collected = frame.mapInArrow(_task_runner(fn), _TASKS_DDL).collect()
+    results = {int(row["i"]): pickle.loads(row["payload"]) for row in collected}
+    if sorted(results) != list(range(len(tasks))):  # cannot happen unless Spark lost or repeated a row
+        raise ExecutionError(f"Spark returned results for tasks {sorted(results)} of {len(tasks)}; rerun the job")
+    return [results[i] for i in range(len(tasks))]
+
+
+def _task_runner(fn: Callable[[Any], Any]) -> Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]:
+    """The Arrow UDF of :func:`map_tasks`: each (index, pickled task) row in, (index, pickled result) out."""
+
+    def run(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        for batch in batches:
+            indexes = batch.column("i").to_pylist()
+            payloads = batch.column("payload").to_pylist()
+            # one Python call per task (a task is a whole file or table of work, not a row)
+            results = [pickle.dumps(fn(pickle.loads(p))) for p in payloads]
+            yield pa.RecordBatch.from_arrays(
+                [pa.array(indexes, pa.int64()), pa.array(results, pa.binary())], names=["i", "payload"]
+            )
+
+    return run
 
 
 def spark_master(spark: Any) -> str:
@@ -62,6 +141,15 @@ def executor_store_config(objects: ObjectStore) -> dict[str, Any]:
     return config
 
 
+def store_for_tasks(spark: Any | None, objects: ObjectStore) -> dict[str, Any]:
+    """The store configuration to put in task payloads: whole when tasks run in-process (nothing is
+    shipped), else without secrets, which go to the session conf (:func:`share_credentials`)."""
+    if spark is None:
+        return objects.config()
+    share_credentials(spark, objects)
+    return executor_store_config(objects)
+
+
 def share_credentials(spark: Any, objects: ObjectStore) -> None:
     """Put the store's S3 credentials in the session conf, from where executors read them."""
     if isinstance(objects, S3Store) and objects.options.access_key_id:
@@ -71,8 +159,9 @@ def share_credentials(spark: Any, objects: ObjectStore) -> None:
 
 def open_executor_store(config: dict[str, Any]) -> ObjectStore:
     """On an executor: the store of ``config``, with credentials from the task's configuration,
-    else from the executor's environment (the usual AWS variables)."""
-    if "s3" not in config:
+    else from the executor's environment (the usual AWS variables). A config that still holds its
+    credentials (tasks run in-process by :func:`map_tasks`) opens as it is."""
+    if "s3" not in config or config["s3"].get("access_key_id"):
         return open_store(config)
     from pyspark import TaskContext
 

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field, replace
 from types import MappingProxyType
 from typing import Any
 
+from history_pipeline.casts import CastFailure, cast_value
 from history_pipeline.errors import HistoryConflictError
 from history_pipeline.events import (
     AddColumn,
@@ -27,7 +28,7 @@ from history_pipeline.events import (
     ReorderColumn,
     SchemaChange,
 )
-from history_pipeline.types import DataType, parse_data_type
+from history_pipeline.types import DataType, decode_value, parse_data_type
 
 
 @dataclass(frozen=True)
@@ -75,9 +76,6 @@ class ColumnDescriptor:
         """The Python value an insert that omits this column stores (None: NULL)."""
         if self.default is None:
             return None
-        from history_pipeline.compaction.casts import CastFailure, cast_value
-        from history_pipeline.types import decode_value
-
         declared = self.default_type or self.data_type
         try:
             return cast_value(decode_value(declared, self.default), declared, self.data_type)
@@ -334,9 +332,6 @@ def _default_survives(column: ColumnDescriptor, target: DataType) -> bool:
     """Can the column's default still be stored once the column is of type ``target``?"""
     if column.default is None:
         return False
-    from history_pipeline.compaction.casts import CastFailure, cast_value
-    from history_pipeline.types import decode_value
-
     declared = column.default_type or column.data_type
     try:
         return cast_value(decode_value(declared, column.default), declared, target) is not None

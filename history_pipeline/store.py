@@ -326,7 +326,7 @@ class HistoryStore:
             return spark
         if self.settings.spark_master is None:
             return None
-        from history_pipeline.compaction.spark_session import local_spark
+        from history_pipeline.execution import local_spark
 
         return local_spark(self.settings.spark_master)
 

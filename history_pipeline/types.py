@@ -735,7 +735,15 @@ pa.register_extension_type(ArrayResultType("TEXT"))
 
 
 def canonical_json(value: Any) -> str:
-    """JSONB's normalized text, as PostgreSQL prints it (keys by length then bytes)."""
-    from history_pipeline.compaction.casts import jsonb_text
+    """JSONB's normalized text, as PostgreSQL prints it: keys ordered by length then bytes, ', ' and ': '
+    separators."""
+    return json.dumps(_jsonb_order(value), ensure_ascii=False)
 
-    return jsonb_text(value)
+
+def _jsonb_order(value: Any) -> Any:
+    if isinstance(value, dict):
+        keys = sorted(value, key=lambda k: (len(k.encode()), k.encode()))
+        return {k: _jsonb_order(value[k]) for k in keys}
+    if isinstance(value, list):
+        return [_jsonb_order(v) for v in value]
+    return value

@@ -9,7 +9,7 @@ from __future__ import annotations
 import copy
 from typing import Any
 
-from history_pipeline.compaction.casts import cast_value
+from history_pipeline.casts import cast_value
 from history_pipeline.types import decode_value, parse_data_type
 
 

@@ -20,10 +20,10 @@ from history_pipeline.io.store import S3Options
 from history_pipeline_tests.test_compaction import write
 
 
-def answers(store: HistoryStore) -> dict[str, Any]:
-    """Every table's rows at every answerable T (values as text, so any type compares)."""
+def answers(store: HistoryStore, start: int = 0) -> dict[str, Any]:
+    """Every table's rows at every answerable T from ``start`` on (values as text, so any type compares)."""
     out: dict[str, Any] = {"frontier": store.frontier}
-    for as_of in range(0, store.frontier + 2):
+    for as_of in range(start, store.frontier + 2):
         tables = {}
         for descriptor in store.get_catalog(as_of):
             rows = store.load_table(descriptor.table_uuid, as_of).to_pylist()
@@ -74,8 +74,22 @@ def main(job: dict[str, Any]) -> list[dict[str, Any]]:
         spark.stop()
 
 
+def maintain(store: HistoryStore, spark: Any, purge_before: int) -> dict[str, Any]:
+    """Merge every small file, then purge history below ``purge_before``, both on ``spark``;
+    what they did and every answer left."""
+    merged = store.merge(spark=spark, small_file_bytes=10**9)
+    retained = store.retain(purge_before=purge_before, spark=spark)
+    return {
+        "merge_files_removed": merged.files_removed,
+        "merge_files_added": merged.files_added,
+        "retention_versions_removed": retained.versions_removed,
+        "answers": answers(store, purge_before),
+    }
+
+
 def run(spark: Any, spec: dict[str, Any]) -> dict[str, Any]:
-    """Write the segments, compact them on ``spark``, read every answer back."""
+    """Write the segments, compact them on ``spark``, read every answer back (then, when the spec
+    says ``purge_before``, merge and retention on ``spark`` and the answers after them)."""
     result: dict[str, Any] = {}
     store = open_store(spec, shared=False)
     write_segments(store, spec["batches"])
@@ -89,6 +103,8 @@ def run(spark: Any, spec: dict[str, Any]) -> dict[str, Any]:
     summary = store.compact(spark=spark)
     result["segments_applied"] = summary.segments_applied
     result["answers"] = answers(store)
+    if spec.get("purge_before") is not None:
+        result["maintenance"] = maintain(store, spark, spec["purge_before"])
     return result
 
 

@@ -5,7 +5,7 @@ from decimal import Decimal
 
 import pytest
 
-from history_pipeline.compaction.casts import CastFailure, cast_value
+from history_pipeline.casts import CastFailure, cast_value
 from history_pipeline.types import Interval, parse_data_type
 
 CASES = [

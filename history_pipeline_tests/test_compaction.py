@@ -364,7 +364,7 @@ def test_reconstruction_invariant_with_spark(tmp_path, spark):
 @pytest.mark.parametrize("seed", [5, 6, 7])
 def test_periodic_snapshots_keep_the_invariant_and_bound_reads(tmp_path, seed):
     from history_pipeline import StoreSettings
-    from history_pipeline.query.scan import select_files
+    from history_pipeline.catalog.files import select_files
 
     events = random_history(seed, n_events=90)
     store = HistoryStore.open(

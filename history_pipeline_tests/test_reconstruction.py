@@ -10,7 +10,7 @@ from decimal import Decimal
 import pytest
 
 from history_pipeline import HistoryStore, TableNotFoundError
-from history_pipeline.compaction.casts import CastFailure, cast_value
+from history_pipeline.casts import CastFailure, cast_value
 from history_pipeline_tests.model import BaseDatabase, names_of, rows_by_uuid, table_uuid_named
 from history_pipeline_tests.test_compaction import _split, random_history, write
 

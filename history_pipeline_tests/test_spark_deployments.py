@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 
 from history_pipeline import HistoryStore, StoreSettings
-from history_pipeline_tests.spark_scenario import answers, write_segments
+from history_pipeline_tests.spark_scenario import answers, maintain, write_segments
 from history_pipeline_tests.test_compaction import _split, random_history
 
 SPARK_HOME = Path(__import__("pyspark").__file__).parent
@@ -140,8 +140,9 @@ def _batches(seed: int) -> list[list[dict]]:
     return _split(events, random.Random(seed))
 
 
-def _reference(tmp_path: Path, batches, spark) -> dict:
-    """The answers of the same segments compacted by the test run's local session."""
+def _reference(tmp_path: Path, batches, spark, purge_before: int | None = None) -> dict:
+    """The answers of the same segments compacted by the test run's local session (with
+    ``purge_before``: then merged and purged below it on that session, as ``maintenance``)."""
     store = HistoryStore.open(tmp_path / "reference", database="db",
                               settings=StoreSettings(spark_master=None, compaction_engine="dataframes"))
     write_segments(store, batches)
@@ -150,7 +151,10 @@ def _reference(tmp_path: Path, batches, spark) -> dict:
     write_segments(inprocess, batches)
     inprocess.compact(spark=False)
     assert answers(store) == answers(inprocess)  # the DataFrame path agrees with the per-event reference
-    return json.loads(json.dumps(answers(store)))
+    expected = answers(store)
+    if purge_before is not None:
+        expected["maintenance"] = maintain(store, spark, purge_before)
+    return json.loads(json.dumps(expected))
 
 
 def _run(tmp_path: Path, session: dict, runs: list[dict]) -> list[dict]:
@@ -187,11 +191,20 @@ def test_standalone_cluster_gives_the_local_answers(tmp_path, spark, standalone_
 
 
 def test_spark_connect_gives_the_local_answers(tmp_path, spark, connect_server, s3_bucket, s3_options):
+    """Compaction, then merge and retention on the S3 root: maintenance runs its table tasks through
+    DataFrames (no ``sparkContext`` under Connect), the S3 credentials in the session conf, not in
+    the task payloads. One Connect run does both, to keep the suite's time."""
     batches = _batches(78)
-    expected = _reference(tmp_path, batches, spark)
+    purge_before = 1 + max(e["t"] for batch in batches for e in batch) // 3
+    expected = _reference(tmp_path, batches, spark, purge_before)
+    maintenance = expected.pop("maintenance")
+    assert maintenance["merge_files_removed"] > 1 and maintenance["retention_versions_removed"] > 0
     runs = _runs(tmp_path, batches, s3_bucket, s3_options)
     runs[0]["expect_refusal"] = False  # the server's master is local: its executors see local paths
     runs[0]["shared"] = False
+    runs[1]["purge_before"] = purge_before
     local_root, s3_root = _run(tmp_path, {"remote": connect_server}, runs)
     assert local_root["answers"] == expected
     assert s3_root["answers"] == expected
+    assert s3_root["maintenance"] == maintenance
+

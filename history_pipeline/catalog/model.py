@@ -7,7 +7,6 @@ remove of a file that is not live, a segment applied twice).
 
 from __future__ import annotations
 
-import enum
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from types import MappingProxyType
@@ -16,14 +15,9 @@ from typing import Any, Union
 from history_pipeline.errors import CommitConflictError
 from history_pipeline.events import GENESIS_T
 from history_pipeline.schema import SchemaHistoryEntry
+from history_pipeline.supertable import FileKind  # a file's kind is the file's own (its footer says it)
 
 FORMAT_VERSION = 1
-
-
-class FileKind(enum.Enum):
-    VERSIONS = "versions"  # row versions written by compaction (or merged from such files)
-    SNAPSHOT = "snapshot"  # the newest version of each live key as of ``snapshot_as_of``
-    SCHEMA_HISTORY = "schema_history"  # schema_history rows (and the commit's own record)
 
 
 @dataclass(frozen=True)

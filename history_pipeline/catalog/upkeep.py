@@ -39,9 +39,9 @@ from history_pipeline.catalog.model import (
 from history_pipeline.catalog.records import list_record_ids, prune_records, records_after, write_base
 from history_pipeline.errors import CatalogError, HistoryError, ObjectExistsError
 from history_pipeline.io.store import ObjectStore, now
-from history_pipeline.query.scan import dataset_of
 from history_pipeline.schema import SchemaHistoryEntry
 from history_pipeline.supertable import DELETED, KEY, LT, FileMetadata, read_file_metadata
+from history_pipeline.supertable.read import dataset_of
 from history_pipeline.wal.segments import SegmentState, list_segments
 
 DATA_PREFIXES = ("tables/", "_history_catalog/")

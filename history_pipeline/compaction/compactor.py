@@ -28,6 +28,8 @@ from typing import Any
 
 import pyarrow as pa
 
+from history_pipeline.catalog.files import live_rows, write_parquet
+from history_pipeline.catalog.handle import CompactionHandle
 from history_pipeline.catalog.model import (
     AddFile,
     AddSchemaHistory,
@@ -39,22 +41,27 @@ from history_pipeline.catalog.model import (
 )
 from history_pipeline.compaction import frames
 from history_pipeline.compaction.plan import SegmentPlan, TablePlan, fold_table, images_from_rows, plan_segment
-from history_pipeline.compaction.spark_session import map_tasks
 from history_pipeline.errors import (
     HistoryError,
     MalformedRecordError,
     SegmentCorruptedError,
     SegmentQuarantinedError,
 )
-from history_pipeline.execution import check_paths_visible, executor_store_config, share_credentials
-from history_pipeline.io.store import ObjectStore, open_store
-from history_pipeline.query.scan import live_rows
+from history_pipeline.execution import (
+    check_paths_visible,
+    executor_store_config,
+    map_tasks,
+    open_executor_store,
+    share_credentials,
+    store_for_tasks,
+)
+from history_pipeline.io.store import ObjectStore
 from history_pipeline.schema import SchemaHistoryEntry, Supercolumn, replay_schema_history
 from history_pipeline.supertable import (
     FileMetadata,
     new_file_path,
+    schema_history_table,
     versions_to_arrow,
-    write_parquet,
 )
 from history_pipeline.types import from_arrow_value
 from history_pipeline.wal.segments import (
@@ -102,7 +109,7 @@ def run_table_task(task: TableTask) -> TaskOutcome:
 
 
 def _run_table_task(task: TableTask) -> TaskOutcome:
-    store = open_store(task.store_config)
+    store = open_executor_store(task.store_config)
     plan = task.plan
     keys = None if plan.needs_all_keys else sorted(plan.touched_keys)
     prior: dict = {}
@@ -210,14 +217,14 @@ class SegmentResult:
 
 
 def _apply_in_process(
-    store: Any, ref: SegmentRef, state: CatalogState, on_step: StepHook, spark: Any | None, attempt: str
+    store: CompactionHandle, ref: SegmentRef, state: CatalogState, on_step: StepHook, spark: Any | None, attempt: str
 ) -> SegmentResult:
     """The per-event path: plan on the driver, fold in table tasks (on Spark executors when a session is given)."""
     contents = read_segment(ref)
     schema = replay_schema_history(state.schema_history)
     plan = plan_segment(contents, schema)
     on_step("planned")
-    tasks = _tasks(store, state, plan, attempt)
+    tasks = _tasks(store, state, plan, attempt, store_for_tasks(spark, store.objects))
     outcomes = run_tasks(tasks, spark)
     failed = next((o.error for o in outcomes if o.error is not None), None)
     if failed is not None:
@@ -235,7 +242,7 @@ def files_per_table(rows: int) -> int:
 
 
 def _apply_frames(
-    store: Any, ref: SegmentRef, state: CatalogState, spark: Any, on_step: StepHook, attempt: str
+    store: CompactionHandle, ref: SegmentRef, state: CatalogState, spark: Any, on_step: StepHook, attempt: str
 ) -> SegmentResult:
     """The DataFrame path: the driver verifies, routes and plans; Spark decodes, folds and writes."""
     sealed = verify_segment(ref)
@@ -267,7 +274,7 @@ def _apply_frames(
 
 
 def compact_segment(
-    store: Any,
+    store: CompactionHandle,
     ref: SegmentRef,
     spark: Any | None,
     summary: CompactionSummary,
@@ -351,7 +358,9 @@ def split_by_key(plan: TablePlan, buckets: int) -> list[TablePlan]:
     return [p for p in pieces if p.mutations]
 
 
-def _tasks(store: Any, state: CatalogState, plan: SegmentPlan, attempt: str) -> list[TableTask]:
+def _tasks(
+    store: CompactionHandle, state: CatalogState, plan: SegmentPlan, attempt: str, store_config: dict[str, Any]
+) -> list[TableTask]:
     tasks = []
     txn_hint = state.txn_id + 1
     pieces = [
@@ -364,7 +373,7 @@ def _tasks(store: Any, state: CatalogState, plan: SegmentPlan, attempt: str) -> 
         table_uuid = table_plan.table_uuid
         tasks.append(
             TableTask(
-                store_config=store.objects.config(),
+                store_config=store_config,
                 database=store.database,
                 plan=table_plan,
                 files=tuple(state.files_of(table_uuid)),
@@ -379,30 +388,7 @@ def _tasks(store: Any, state: CatalogState, plan: SegmentPlan, attempt: str) -> 
     return tasks
 
 
-SCHEMA_HISTORY_SCHEMA = pa.schema(
-    [
-        pa.field("table_uuid", pa.string(), nullable=False),
-        pa.field("table_name", pa.string(), nullable=False),
-        pa.field("logical_timestamp", pa.int64(), nullable=False),
-        pa.field("schema_descriptor", pa.json_(), nullable=True),
-    ]
-)
-
-
-def schema_history_table(entries: Sequence[SchemaHistoryEntry]) -> pa.Table:
-    """``_history_catalog.schema_history`` rows as Arrow."""
-    return pa.table(
-        {
-            "table_uuid": [e.table_uuid for e in entries],
-            "table_name": [e.table_name for e in entries],
-            "logical_timestamp": [e.logical_timestamp for e in entries],
-            "schema_descriptor": pa.array([e.descriptor_text() for e in entries], pa.json_()),
-        },
-        schema=SCHEMA_HISTORY_SCHEMA,
-    )
-
-
-def _write_schema_history(store: Any, state: CatalogState, plan: SegmentResult, attempt: str) -> FileEntry:
+def _write_schema_history(store: CompactionHandle, state: CatalogState, plan: SegmentResult, attempt: str) -> FileEntry:
     """The commit's own record: its schema entries, segment and frontier, rebuildable from the file."""
     meta = FileMetadata(
         database=store.database,
@@ -429,7 +415,9 @@ def _write_schema_history(store: Any, state: CatalogState, plan: SegmentResult, 
     )
 
 
-def compact_pending(store: Any, spark: Any | None = None, on_step: StepHook = lambda s: None) -> CompactionSummary:
+def compact_pending(
+    store: CompactionHandle, spark: Any | None = None, on_step: StepHook = lambda s: None
+) -> CompactionSummary:
     """Compact every pending sealed segment of ``store`` in order; quarantine stops the line."""
     summary = CompactionSummary(frontier=store.catalog.latest().frontier)
     state = store.catalog.latest()

@@ -19,8 +19,8 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from history_pipeline.casts import CastFailure, cast_value
 from history_pipeline.compaction.carriers import from_carrier, to_carrier
-from history_pipeline.compaction.casts import CastFailure, cast_value
 from history_pipeline.compaction.plan import Backfill
 from history_pipeline.types import arrow_type, from_arrow_value, to_arrow_value
 

@@ -28,6 +28,7 @@ from typing import Any
 
 import pyarrow as pa
 
+from history_pipeline.catalog.files import select_files, write_parquet
 from history_pipeline.catalog.model import CatalogState, FileEntry, FileKind
 from history_pipeline.compaction.carriers import carrier_type, from_carrier, to_carrier
 from history_pipeline.compaction.fold import GONE, PRIOR, fold
@@ -41,7 +42,6 @@ from history_pipeline.errors import (
 )
 from history_pipeline.events import Close, Delete, Insert, Update, is_schema_change, parse_line
 from history_pipeline.execution import open_executor_store
-from history_pipeline.query.scan import select_files
 from history_pipeline.schema import SchemaHistoryEntry, SchemaState, Supercolumn, TableDescriptor
 from history_pipeline.supertable import (
     DELETED,
@@ -50,7 +50,6 @@ from history_pipeline.supertable import (
     FileMetadata,
     new_file_path,
     supertable_schema,
-    write_parquet,
 )
 from history_pipeline.types import arrow_native, arrow_type, decode_value, to_arrow_value
 from history_pipeline.wal.segments import SealedSegment

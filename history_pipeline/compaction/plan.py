@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any
 
-from history_pipeline.compaction.casts import CastFailure, cast_value
+from history_pipeline.casts import CastFailure, cast_value
 from history_pipeline.errors import CastError, HistoryConflictError, ValueTypeError
 from history_pipeline.events import (
     AddColumn,

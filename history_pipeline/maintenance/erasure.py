@@ -36,6 +36,8 @@ import pyarrow.compute as pc
 import pyarrow.dataset as ds
 import pyarrow.parquet as pq
 
+from history_pipeline.catalog.files import write_parquet
+from history_pipeline.catalog.handle import DatabaseHandle
 from history_pipeline.catalog.model import (
     AddFile,
     CatalogState,
@@ -46,10 +48,9 @@ from history_pipeline.catalog.model import (
     RemoveFile,
 )
 from history_pipeline.catalog.records import prune_records, write_base
-from history_pipeline.compaction.spark_session import map_tasks
 from history_pipeline.errors import CommitConflictError, MaintenanceInputError, ObjectNotFoundError
-from history_pipeline.io.store import ObjectStore, now, open_store
-from history_pipeline.query.scan import dataset_of
+from history_pipeline.execution import map_tasks, open_executor_store, store_for_tasks
+from history_pipeline.io.store import ObjectStore, now
 from history_pipeline.schema import Supercolumn, replay_schema_history
 from history_pipeline.supertable import (
     KEY,
@@ -58,8 +59,8 @@ from history_pipeline.supertable import (
     new_file_path,
     read_file_metadata,
     supertable_schema,
-    write_parquet,
 )
+from history_pipeline.supertable.read import dataset_of
 
 INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
 ERASABLE = (FileKind.VERSIONS, FileKind.SNAPSHOT)
@@ -148,7 +149,7 @@ class EraseOutcome:
 
 def erase_file_task(task: EraseTask) -> EraseOutcome:
     """Rewrite one file without the keys; nothing is committed here."""
-    objects = open_store(task.store_config)
+    objects = open_executor_store(task.store_config)
     entry = task.file
     dataset = dataset_of(objects, [entry], supertable_schema(task.supercolumns))
     erased = pa.array(task.keys, pa.int64())
@@ -174,15 +175,16 @@ class _Replan(Exception):
 
 
 def _rewrite_and_commit(
-    store: Any, table_uuid: str, keys: tuple[int, ...], record: RecordErasure, spark: Any | None, step: Any
+    store: DatabaseHandle, table_uuid: str, keys: tuple[int, ...], record: RecordErasure, spark: Any | None, step: Any
 ) -> tuple[int, int, int, list[str]]:
     """(txn id, files rewritten, versions removed, paths removed), after one commit."""
     for _ in range(MAX_REPLANS):
         state: CatalogState = store.catalog.latest()
         supers = tuple(replay_schema_history(state.schema_history).supercolumns.get(table_uuid, ()))
         planned = {f.path for f in state.files_of(table_uuid)}
+        store_config = store_for_tasks(spark, store.objects)
         tasks = [
-            EraseTask(store.objects.config(), store.database, table_uuid, f, supers, keys, state.txn_id + 1)
+            EraseTask(store_config, store.database, table_uuid, f, supers, keys, state.txn_id + 1)
             for f in state.files_of(table_uuid) if f.kind in ERASABLE and may_hold(f, keys)
         ]
         outcomes = [o for o in map_tasks(spark, erase_file_task, tasks) if o.removed is not None]
@@ -372,7 +374,7 @@ def known_targets(objects: ObjectStore, database: str) -> list[str]:
 # --- physical deletion ----------------------------------------------------------------
 
 
-def purge_erased(store: Any, paths: Sequence[str]) -> int:
+def purge_erased(store: DatabaseHandle, paths: Sequence[str]) -> int:
     """Delete the files an erasure replaced now, rather than after the grace period.
 
     The log (and the commit records) are pruned up to the newest state first, so no
@@ -413,7 +415,7 @@ class ErasureRequest:
     targets: tuple[ObjectStore, ...] = field(default=())
 
 
-def erase(store: Any, request: ErasureRequest, *, spark: Any | None = None, purge_now: bool = False,
+def erase(store: DatabaseHandle, request: ErasureRequest, *, spark: Any | None = None, purge_now: bool = False,
           on_step: Any = None) -> ErasureSummary:
     """Erase ``request.keys`` of one table from the WAL, the warehouse, the cold tier and exports."""
     from history_pipeline.wal.masking import mask_wal

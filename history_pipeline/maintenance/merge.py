@@ -11,10 +11,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from history_pipeline.catalog.files import write_parquet
+from history_pipeline.catalog.handle import DatabaseHandle
 from history_pipeline.catalog.model import AddFile, CatalogState, FileEntry, FileKind, RemoveFile
-from history_pipeline.compaction.spark_session import map_tasks
-from history_pipeline.io.store import now, open_store
-from history_pipeline.query.scan import dataset_of
+from history_pipeline.execution import map_tasks, open_executor_store, store_for_tasks
+from history_pipeline.io.store import now
 from history_pipeline.schema import Supercolumn, replay_schema_history
 from history_pipeline.supertable import (
     KEY,
@@ -23,8 +24,8 @@ from history_pipeline.supertable import (
     new_file_path,
     read_file_metadata,
     supertable_schema,
-    write_parquet,
 )
+from history_pipeline.supertable.read import dataset_of
 
 DEFAULT_SMALL_FILE_BYTES = 32 * 1024 * 1024
 DEFAULT_TARGET_ROWS = 2_000_000
@@ -61,7 +62,7 @@ class MergeSummary:
 
 def merge_table_task(task: MergeTask) -> tuple[FileEntry, ...]:
     """Read a table's small files, sort by (key, t), write them back as large files."""
-    store = open_store(task.store_config)
+    store = open_executor_store(task.store_config)
     schema = supertable_schema(task.supercolumns)
     rows = dataset_of(store, task.files, schema).to_table().sort_by([(KEY, "ascending"), (LT, "ascending")])
     replaces = tuple(f.path for f in task.files)
@@ -109,7 +110,7 @@ def plan_merges(
 
 
 def merge(
-    store: Any,
+    store: DatabaseHandle,
     spark: Any | None = None,
     small_file_bytes: int = DEFAULT_SMALL_FILE_BYTES,
     target_rows: int = DEFAULT_TARGET_ROWS,
@@ -117,7 +118,7 @@ def merge(
 ) -> MergeSummary:
     """Merge small version files of every table of ``store`` (on Spark when a session is given)."""
     state = store.catalog.latest()
-    tasks = plan_merges(state, store.objects.config(), store.database, small_file_bytes, target_rows)
+    tasks = plan_merges(state, store_for_tasks(spark, store.objects), store.database, small_file_bytes, target_rows)
     summary = MergeSummary()
     if not tasks:
         return summary

@@ -30,6 +30,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.dataset as ds
 
+from history_pipeline.catalog.files import live_rows, write_parquet
+from history_pipeline.catalog.handle import DatabaseHandle
 from history_pipeline.catalog.model import (
     AddFile,
     CatalogState,
@@ -38,12 +40,12 @@ from history_pipeline.catalog.model import (
     RemoveFile,
     SetEarliest,
 )
-from history_pipeline.compaction.spark_session import map_tasks
 from history_pipeline.errors import HistoryError
+from history_pipeline.execution import map_tasks, open_executor_store, store_for_tasks
 from history_pipeline.io.store import ObjectStore, now
-from history_pipeline.query.scan import dataset_of, live_rows
 from history_pipeline.schema import replay_schema_history
-from history_pipeline.supertable import KEY, LT, FileMetadata, new_file_path, supertable_schema, write_parquet
+from history_pipeline.supertable import KEY, LT, FileMetadata, new_file_path, supertable_schema
+from history_pipeline.supertable.read import dataset_of
 
 
 @dataclass
@@ -85,9 +87,7 @@ class RetentionOutcome:
 
 def retain_table_task(task: RetentionTask) -> RetentionOutcome:
     """Rewrite one table's files for the purge point; nothing is committed here."""
-    from history_pipeline.io.store import open_store
-
-    objects = open_store(task.store_config)
+    objects = open_executor_store(task.store_config)
     purge_before, txn_hint = task.purge_before, task.txn_hint
     state = CatalogState(files=MappingProxyType({f.path: f for f in task.files}))
     schema = supertable_schema(task.supercolumns)
@@ -118,7 +118,7 @@ def retain_table_task(task: RetentionTask) -> RetentionOutcome:
 
 
 def retain(
-    store: Any,
+    store: DatabaseHandle,
     purge_before: int,
     cold_tier: ObjectStore | None = None,
     spark: Any | None = None,
@@ -136,6 +136,7 @@ def retain(
         return summary
     supers = replay_schema_history(state.schema_history).supercolumns
     tasks = []
+    store_config = store_for_tasks(spark, store.objects)
     for table_uuid in sorted({f.table_uuid for f in state.files.values() if f.table_uuid}):
         files = tuple(state.files_of(table_uuid))
         needs = any(
@@ -144,7 +145,7 @@ def retain(
             for f in files
         )
         if needs:
-            tasks.append(RetentionTask(store.objects.config(), store.database, table_uuid, files,
+            tasks.append(RetentionTask(store_config, store.database, table_uuid, files,
                                        tuple(supers.get(table_uuid, ())), purge_before, state.txn_id + 1))
     outcomes = map_tasks(spark, retain_table_task, tasks)
     removed = [f for o in outcomes for f in o.removed]
@@ -169,7 +170,7 @@ def retain(
 
 
 def _export_purged(
-    store: Any, cold: ObjectStore, purge_before: int, removed: list[FileEntry], added: list[FileEntry]
+    store: DatabaseHandle, cold: ObjectStore, purge_before: int, removed: list[FileEntry], added: list[FileEntry]
 ) -> str:
     prefix = f"{store.database}/purged/before-{purge_before:020d}"
     for f in removed:
@@ -185,7 +186,7 @@ def _export_purged(
     return f"{cold.uri}/{prefix}"
 
 
-def load_cold_tier(store: Any, cold: ObjectStore, purge_before: int | None = None) -> int:
+def load_cold_tier(store: DatabaseHandle, cold: ObjectStore, purge_before: int | None = None) -> int:
     """Bring purged history back from the cold tier, newest purge first; returns the new earliest."""
     manifests = sorted(
         (o.path for o in cold.list(f"{store.database}/purged/") if o.path.endswith("/manifest.json")),
@@ -256,7 +257,7 @@ def _identities(rows: pa.Table) -> Any:
     )
 
 
-def _restore(store: Any, cold: ObjectStore, manifest_path: str) -> int:
+def _restore(store: DatabaseHandle, cold: ObjectStore, manifest_path: str) -> int:
     """Undo one retention: its removed files come back, the versions it synthesized go."""
     manifest = json.loads(cold.get(manifest_path))
     prefix = manifest_path.rsplit("/", 1)[0]

@@ -11,10 +11,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from history_pipeline.catalog.files import live_rows, write_parquet
+from history_pipeline.catalog.handle import DatabaseHandle
 from history_pipeline.catalog.model import AddFile, CatalogState, FileKind
-from history_pipeline.query.scan import live_rows
 from history_pipeline.schema import replay_schema_history
-from history_pipeline.supertable import FileMetadata, new_file_path, supertable_schema, write_parquet
+from history_pipeline.supertable import FileMetadata, new_file_path, supertable_schema
 
 
 @dataclass
@@ -41,7 +42,7 @@ def versions_since_snapshot(state: CatalogState, table_uuid: str) -> tuple[int, 
     return since, snapshot_rows, newest
 
 
-def refresh_snapshots(store: Any, min_versions: int, ratio: float, force: bool = False) -> SnapshotSummary:
+def refresh_snapshots(store: DatabaseHandle, min_versions: int, ratio: float, force: bool = False) -> SnapshotSummary:
     """Write a snapshot as of frontier + 1 for every table whose history since its last one is long."""
     state: CatalogState = store.catalog.latest()
     as_of = state.frontier + 1

@@ -16,9 +16,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from history_pipeline.catalog.handle import DatabaseHandle
 from history_pipeline.catalog.model import AddFile, CatalogState, RemoveFile, SetTableEarliest, SetTableTtl
-from history_pipeline.compaction.spark_session import map_tasks
 from history_pipeline.errors import HistoryError, MaintenanceInputError
+from history_pipeline.execution import map_tasks, store_for_tasks
 from history_pipeline.io.store import now
 from history_pipeline.maintenance.retention import RetentionTask, retain_table_task
 from history_pipeline.schema import replay_schema_history
@@ -37,7 +38,7 @@ class TtlSummary:
         return dict(self.__dict__)
 
 
-def set_ttl(store: Any, table_uuid: str, ttl: int | None) -> None:
+def set_ttl(store: DatabaseHandle, table_uuid: str, ttl: int | None) -> None:
     """Set (or with None clear) a table's TTL in logical-timestamp units."""
     if ttl is not None and (isinstance(ttl, bool) or not isinstance(ttl, int) or ttl < 1):
         raise MaintenanceInputError(f"a time-to-live is a positive number of logical-timestamp units, not {ttl!r}")
@@ -54,7 +55,7 @@ def ttl_purge_points(state: CatalogState) -> dict[str, int]:
     return due
 
 
-def apply_ttl(store: Any, spark: Any | None = None) -> TtlSummary:
+def apply_ttl(store: DatabaseHandle, spark: Any | None = None) -> TtlSummary:
     """Retention of every table with a TTL to its purge point (see the module docstring)."""
     state: CatalogState = store.catalog.latest()
     summary = TtlSummary()
@@ -62,8 +63,9 @@ def apply_ttl(store: Any, spark: Any | None = None) -> TtlSummary:
     if not due:
         return summary
     supers = replay_schema_history(state.schema_history).supercolumns
+    store_config = store_for_tasks(spark, store.objects)
     tasks = [
-        RetentionTask(store.objects.config(), store.database, table_uuid, tuple(state.files_of(table_uuid)),
+        RetentionTask(store_config, store.database, table_uuid, tuple(state.files_of(table_uuid)),
                       tuple(supers.get(table_uuid, ())), point, state.txn_id + 1)
         for table_uuid, point in sorted(due.items())
     ]

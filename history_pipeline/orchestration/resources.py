@@ -10,7 +10,7 @@ import dagster as dg
 from dagster_aws.s3 import S3Resource
 from dagster_pyspark import PySparkResource
 
-from history_pipeline.compaction.spark_session import spark_config
+from history_pipeline.execution import spark_config
 from history_pipeline.io.store import S3Options
 from history_pipeline.store import _DATABASE_RE, HistoryStore, StoreSettings, default_wal_base, wal_dir_of
 from history_pipeline.wal.segments import segments_dir

@@ -22,6 +22,7 @@ import duckdb
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from history_pipeline.catalog.files import live_rows
 from history_pipeline.catalog.model import CatalogState, FileKind
 from history_pipeline.errors import (
     FutureTimestampError,
@@ -41,7 +42,7 @@ from history_pipeline.query.sandbox import (
     register_schema_history,
     sandbox_cursor,
 )
-from history_pipeline.query.scan import live_rows, live_sql, live_view, read_key
+from history_pipeline.query.scan import live_sql, live_view
 from history_pipeline.schema import (
     SchemaHistoryEntry,
     TableDescriptor,
@@ -49,6 +50,7 @@ from history_pipeline.schema import (
     tables_at,
 )
 from history_pipeline.supertable import DELETED, KEY, LT, supertable_schema
+from history_pipeline.supertable.read import read_key
 from history_pipeline.types import (
     INTERVAL_ARROW,
     ArrayResultType,
@@ -483,7 +485,7 @@ def _differs(
     before_desc: TableDescriptor | None,
     after_desc: TableDescriptor | None,
 ) -> bool:
-    from history_pipeline.compaction.casts import CastFailure, cast_value
+    from history_pipeline.casts import CastFailure, cast_value
 
     assert before_desc is not None and after_desc is not None
     for column in after_desc.columns:
@@ -593,7 +595,7 @@ def _user_array(column: Any, data_type: DataType) -> Any:
 
 
 def schema_history_arrow(entries: Sequence[SchemaHistoryEntry]) -> pa.Table:
-    from history_pipeline.compaction.compactor import schema_history_table
+    from history_pipeline.supertable import schema_history_table
 
     return schema_history_table(entries)
 

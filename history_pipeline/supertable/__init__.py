@@ -5,10 +5,15 @@ Every supertable file holds row versions (``synthetic_key``, ``is_deleted``,
 groups small enough that a key lookup reads little. Its footer metadata names
 the database, table, kind, timestamp range and transaction, so the catalog can
 be rebuilt from the files alone.
+
+This layer reads and writes files and returns their statistics (:class:`WrittenFile`); it knows
+nothing of the catalog, which turns statistics into entries (``catalog/files.py``). Reading
+files back is ``supertable/read.py``.
 """
 
 from __future__ import annotations
 
+import enum
 import io
 import json
 import uuid
@@ -20,15 +25,20 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from history_pipeline.catalog.model import FileEntry, FileKind
 from history_pipeline.io.store import ObjectStore
-from history_pipeline.schema import Supercolumn
+from history_pipeline.schema import SchemaHistoryEntry, Supercolumn
 from history_pipeline.types import arrow_native, arrow_type, to_arrow_value
 
 KEY, DELETED, LT = "synthetic_key", "is_deleted", "logical_timestamp"
 RESERVED = (KEY, DELETED, LT)
 ROW_GROUP_ROWS = 16_384
 METADATA_KEY = b"history_pipeline"
+
+
+class FileKind(enum.Enum):
+    VERSIONS = "versions"  # row versions written by compaction (or merged from such files)
+    SNAPSHOT = "snapshot"  # the newest version of each live key as of ``snapshot_as_of``
+    SCHEMA_HISTORY = "schema_history"  # schema_history rows (and the commit's own record)
 
 
 def supertable_schema(supercolumns: Sequence[Supercolumn]) -> pa.Schema:
@@ -128,8 +138,44 @@ def table_dir(database: str, table_uuid: str) -> str:
     return f"{database}/tables/{table_uuid}"
 
 
-def write_parquet(store: ObjectStore, path: str, table: pa.Table, meta: FileMetadata) -> FileEntry:
-    """Write ``table`` to ``path`` with ``meta`` in its footer; return its catalog entry."""
+SCHEMA_HISTORY_SCHEMA = pa.schema(
+    [
+        pa.field("table_uuid", pa.string(), nullable=False),
+        pa.field("table_name", pa.string(), nullable=False),
+        pa.field("logical_timestamp", pa.int64(), nullable=False),
+        pa.field("schema_descriptor", pa.json_(), nullable=True),
+    ]
+)
+
+
+def schema_history_table(entries: Sequence[SchemaHistoryEntry]) -> pa.Table:
+    """``_history_catalog.schema_history`` rows as Arrow."""
+    return pa.table(
+        {
+            "table_uuid": [e.table_uuid for e in entries],
+            "table_name": [e.table_name for e in entries],
+            "logical_timestamp": [e.logical_timestamp for e in entries],
+            "schema_descriptor": pa.array([e.descriptor_text() for e in entries], pa.json_()),
+        },
+        schema=SCHEMA_HISTORY_SCHEMA,
+    )
+
+
+@dataclass(frozen=True)
+class WrittenFile:
+    """A file just written and its statistics (the catalog makes its entry of them)."""
+
+    path: str
+    size_bytes: int
+    row_count: int
+    min_t: int | None
+    max_t: int | None
+    min_key: int | None
+    max_key: int | None
+
+
+def write_file(store: ObjectStore, path: str, table: pa.Table, meta: FileMetadata) -> WrittenFile:
+    """Write ``table`` to ``path`` with ``meta`` in its footer; return its statistics."""
     schema = table.schema.with_metadata({**(table.schema.metadata or {}), METADATA_KEY: meta.to_bytes()})
     table = table.replace_schema_metadata(schema.metadata)
     buffer = io.BytesIO()
@@ -143,18 +189,14 @@ def write_parquet(store: ObjectStore, path: str, table: pa.Table, meta: FileMeta
     )
     data = buffer.getvalue()
     store.put(path, data)
-    return FileEntry(
+    return WrittenFile(
         path=path,
-        kind=meta.kind,
-        table_uuid=meta.table_uuid,
         size_bytes=len(data),
         row_count=table.num_rows,
         min_t=_stat(table, LT, "min"),
         max_t=_stat(table, LT, "max"),
         min_key=_stat(table, KEY, "min"),
         max_key=_stat(table, KEY, "max"),
-        segments=meta.segments,
-        snapshot_as_of=meta.snapshot_as_of,
     )
 
 

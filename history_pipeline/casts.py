@@ -19,6 +19,7 @@ from history_pipeline.types import (
     Interval,
     TypeKind,
     array_base,
+    canonical_json,
     decode_value,
     encode_value,
     map_leaves,
@@ -175,7 +176,7 @@ def to_text(value: Any, source: DataType) -> str:
     if kind is TypeKind.TIME:
         return _trim_fraction(value.isoformat())
     if kind is TypeKind.JSONB:
-        return jsonb_text(value)
+        return canonical_json(value)
     if kind is TypeKind.INTERVAL:
         return _interval_text(value)
     if kind is TypeKind.ARRAY:
@@ -215,20 +216,6 @@ def _trim_fraction(text: str) -> str:
     head, _, fraction = text.rpartition(".")
     fraction = fraction.rstrip("0")
     return f"{head}.{fraction}" if fraction else head
-
-
-def jsonb_text(value: Any) -> str:
-    """PostgreSQL's jsonb text: keys ordered by length then bytes, ', ' and ': ' separators."""
-    return json.dumps(_jsonb_order(value), ensure_ascii=False)
-
-
-def _jsonb_order(value: Any) -> Any:
-    if isinstance(value, dict):
-        keys = sorted(value, key=lambda k: (len(k.encode()), k.encode()))
-        return {k: _jsonb_order(value[k]) for k in keys}
-    if isinstance(value, list):
-        return [_jsonb_order(v) for v in value]
-    return value
 
 
 def _interval_text(value: Interval) -> str:

@@ -1,0 +1,191 @@
+"""Reading supertable files back: Arrow datasets over files, one key's versions through cached
+footers, and the newest version per key (the Reconstruction Invariant on Arrow tables).
+
+Files are whatever has a path and a key range (:class:`StoredFile`): the catalog's entries fit,
+and this layer never imports the catalog.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.dataset as ds
+import pyarrow.parquet as pq
+
+from history_pipeline.io.store import ObjectStore
+from history_pipeline.supertable import DELETED, KEY, LT
+
+
+class StoredFile(Protocol):
+    """What reading needs of a file: its path and, when known, its key range."""
+
+    @property
+    def path(self) -> str: ...
+
+    @property
+    def min_key(self) -> int | None: ...
+
+    @property
+    def max_key(self) -> int | None: ...
+
+
+def dataset_of(store: ObjectStore, files: Iterable[StoredFile], schema: pa.Schema) -> ds.Dataset:
+    """One Arrow dataset over files, with columns missing from older files read as nulls."""
+    fs, _ = store.arrow_filesystem()
+    paths = [store.full_path(f.path) for f in files]
+    return ds.dataset(paths, schema=schema, format="parquet", filesystem=fs)
+
+
+@dataclass(frozen=True)
+class Footer:
+    """What a point lookup needs from a file: its footer, its columns, each row group's key range."""
+
+    meta: pq.FileMetaData
+    columns: frozenset[str]
+    key_ranges: tuple[tuple[int, int] | None, ...]
+
+    def row_groups_holding(self, key: int) -> list[int]:
+        return [rg for rg, bounds in enumerate(self.key_ranges) if bounds is None or bounds[0] <= key <= bounds[1]]
+
+
+_FOOTERS: OrderedDict[tuple[str, str], Footer] = OrderedDict()
+_FOOTER_CACHE_SIZE = 4096
+
+
+def footer(store: ObjectStore, path: str) -> Footer:
+    """A file's footer, cached: files are immutable, so a path's footer never changes."""
+    cache_key = (store.uri, path)
+    cached = _FOOTERS.get(cache_key)
+    if cached is None:
+        fs, _ = store.arrow_filesystem()
+        with fs.open_input_file(store.full_path(path)) as handle:
+            meta = pq.read_metadata(handle)
+        arrow_schema = meta.schema.to_arrow_schema()
+        index = arrow_schema.get_field_index(KEY)
+        ranges: list[tuple[int, int] | None] = []
+        for rg in range(meta.num_row_groups):
+            stats = meta.row_group(rg).column(index).statistics
+            ranges.append((stats.min, stats.max) if stats is not None and stats.has_min_max else None)
+        cached = Footer(meta, frozenset(arrow_schema.names), tuple(ranges))
+        _FOOTERS[cache_key] = cached
+        if len(_FOOTERS) > _FOOTER_CACHE_SIZE:
+            _FOOTERS.popitem(last=False)
+    return cached
+
+
+def read_key(
+    store: ObjectStore,
+    files: Sequence[StoredFile],
+    schema: pa.Schema,
+    wanted: Sequence[str],
+    key: int,
+    lower: int | None,
+    upper: int,
+) -> pa.Table:
+    """Every version of one key with ``lower <= t < upper`` in ``files``, reading only its row groups."""
+    parts = []
+    fs, _ = store.arrow_filesystem()
+    for f in files:
+        if f.min_key is not None and f.max_key is not None and not f.min_key <= key <= f.max_key:
+            continue
+        cached = footer(store, f.path)
+        groups = cached.row_groups_holding(key)
+        if not groups:
+            continue
+        with fs.open_input_file(store.full_path(f.path)) as handle:
+            table = pq.ParquetFile(handle, metadata=cached.meta).read_row_groups(
+                groups, columns=[c for c in wanted if c in cached.columns]
+            )
+        mask = pc.equal(table.column(KEY), key)
+        mask = pc.and_(mask, pc.less(table.column(LT), upper))
+        if lower is not None:
+            mask = pc.and_(mask, pc.greater_equal(table.column(LT), lower))
+        table = table.filter(mask)
+        columns = [
+            table.column(c).cast(schema.field(c).type) if c in table.column_names
+            else pa.nulls(table.num_rows, schema.field(c).type)
+            for c in wanted
+        ]
+        parts.append(pa.table(columns, schema=pa.schema([schema.field(c) for c in wanted])))
+    if not parts:
+        return schema.empty_table().select(list(wanted))
+    return pa.concat_tables(parts)
+
+
+def keep_latest(candidates: pa.Table, *, include_deleted: bool = False) -> pa.Table:
+    """The newest version of each key, without deleted keys (the Reconstruction Invariant).
+
+    One sort by (key, timestamp) and one pass keeping each key's last row; Arrow
+    types (UUID, JSON extensions) survive untouched.
+    """
+    if candidates.num_rows == 0:
+        return candidates
+    ordered = candidates if _sorted_by_key_and_t(candidates) else candidates.sort_by(
+        [(KEY, "ascending"), (LT, "ascending")]
+    )
+    keys = ordered.column(KEY).combine_chunks()
+    if len(keys) > 1:
+        last = pc.not_equal(keys.slice(0, len(keys) - 1), keys.slice(1))
+        last = pa.concat_arrays([last, pa.array([True])])
+    else:
+        last = pa.array([True])
+    latest = ordered.filter(last)
+    if not include_deleted:
+        latest = latest.filter(pc.invert(latest.column(DELETED)))
+    return latest
+
+
+def _sorted_by_key_and_t(table: pa.Table) -> bool:
+    """Already in (key, timestamp) order? (one file's rows are; checking costs less than sorting)."""
+    if table.num_rows < 2:
+        return True
+    keys = table.column(KEY).combine_chunks()
+    lts = table.column(LT).combine_chunks()
+    head_k, tail_k = keys.slice(0, len(keys) - 1), keys.slice(1)
+    head_t, tail_t = lts.slice(0, len(lts) - 1), lts.slice(1)
+    in_order = pc.or_(pc.less(head_k, tail_k), pc.and_(pc.equal(head_k, tail_k), pc.less(head_t, tail_t)))
+    return bool(pc.all(in_order).as_py())
+
+
+def overlay(base: pa.Table, changes: pa.Table) -> pa.Table:
+    """Snapshot rows overridden by the newest later version of their key (deletes drop the key).
+
+    Works on indices: the changes' keys and timestamps are sorted (not their rows), the snapshot
+    (already one live row per key) is filtered by a set lookup, and the rows are gathered once,
+    in key order. The cost is the live rows plus the changes, not the history.
+    """
+    if changes.num_rows == 0:
+        return base.filter(pc.invert(base.column(DELETED))) if base.num_rows else base
+    order = pc.sort_indices(
+        pa.table({"k": changes.column(KEY), "t": changes.column(LT)}),
+        sort_keys=[("k", "ascending"), ("t", "ascending")],
+    )
+    keys = pc.take(changes.column(KEY), order).combine_chunks()
+    if len(keys) > 1:
+        last = pa.concat_arrays([pc.not_equal(keys.slice(0, len(keys) - 1), keys.slice(1)), pa.array([True])])
+    else:
+        last = pa.array([True])
+    newest = order.filter(last)
+    alive = pc.invert(_contiguous(pc.take(changes.column(DELETED), newest)))
+    newest_alive = _contiguous(newest.filter(alive)).cast(pa.int64())
+    if not base.num_rows:
+        return changes.take(newest_alive)
+    keep = pc.and_(
+        pc.invert(pc.is_in(base.column(KEY), value_set=keys.filter(last))), pc.invert(base.column(DELETED))
+    ).combine_chunks()
+    rows = pa.concat_arrays([
+        _contiguous(pc.indices_nonzero(keep)).cast(pa.int64()),
+        _contiguous(pc.add(newest_alive, pa.scalar(base.num_rows, pa.int64()))),
+    ])
+    combined = pa.concat_tables([base, changes.cast(base.schema)])
+    in_key_order = pc.take(rows, pc.sort_indices(pc.take(combined.column(KEY), rows)))
+    return combined.take(in_key_order)
+
+
+def _contiguous(values: pa.Array | pa.ChunkedArray) -> pa.Array:
+    return values.combine_chunks() if isinstance(values, pa.ChunkedArray) else values
