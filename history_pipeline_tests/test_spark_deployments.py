@@ -135,9 +135,12 @@ def connect_server(tmp_path_factory):
         _stop([proc])
 
 
-def _batches(seed: int) -> list[list[dict]]:
-    events = random_history(seed, n_events=50)
-    return _split(events, random.Random(seed))
+def _batches(seed: int, segments: int = 4) -> list[list[dict]]:
+    """A random history cut into ``segments`` segments at timestamp boundaries (a few: every
+    segment costs a handful of Spark jobs, each slow on a cluster, and the suite has a budget)."""
+    cuts = _split(random_history(seed, n_events=50), random.Random(seed))
+    per = -(-len(cuts) // segments)
+    return [[e for cut in cuts[i:i + per] for e in cut] for i in range(0, len(cuts), per)]
 
 
 def _reference(tmp_path: Path, batches, spark, purge_before: int | None = None) -> dict:
