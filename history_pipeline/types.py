@@ -95,7 +95,6 @@ _INT_RANGES = {
 
 #: Arrow's decimal128 holds at most 38 digits; wider or unconstrained NUMERIC is kept as text.
 MAX_DECIMAL128_PRECISION = 38
-_FLOAT32_MAX = 3.4028234663852886e38
 
 
 @dataclass(frozen=True)
@@ -245,9 +244,15 @@ def _decode_float(t: DataType, v: Any) -> float:
     if math.isinf(f) or math.isnan(f):
         raise _fail(t, v, 'non-finite numbers are written as strings ("NaN", "Infinity")')
     if t.kind is TypeKind.REAL:
-        if abs(f) > _FLOAT32_MAX:
-            raise _fail(t, v, "out of range for REAL")
-        f = real_from_float32(struct.unpack("<f", struct.pack("<f", f))[0])
+        # PostgreSQL's float4in: out of range when the nearest float32 overflows or a nonzero value
+        # underflows to zero (3.4028235e38, FLT_MAX as PostgreSQL prints it, is in range)
+        try:
+            single = struct.unpack("<f", struct.pack("<f", f))[0]
+        except OverflowError:
+            raise _fail(t, v, "out of range for REAL") from None
+        if single == 0.0 and f != 0.0:
+            raise _fail(t, v, "out of range for REAL (underflow)")
+        f = real_from_float32(single)
     return f
 
 
@@ -258,8 +263,11 @@ def real_from_float32(f: float) -> float:
     packed = struct.pack("<f", f)
     for digits in range(1, 10):
         candidate = float(f"{f:.{digits}g}")
-        if struct.pack("<f", candidate) == packed:
-            return candidate
+        try:
+            if struct.pack("<f", candidate) == packed:
+                return candidate
+        except OverflowError:  # a reading of FLT_MAX rounded up past it: not the shortest one
+            continue
     return f
 
 
@@ -293,6 +301,8 @@ def _decode_numeric(t: DataType, v: Any) -> Decimal:
 def _decode_text(t: DataType, v: Any) -> str:
     if not isinstance(v, str):
         raise _fail(t, v, "expected a string")
+    if not _is_unicode(v):
+        raise _fail(t, v, "not valid Unicode (a lone surrogate escape such as \\ud800)")
     if "\x00" in v:
         raise _fail(t, v, "text cannot contain NUL characters")
     if t.length is not None and len(v) > t.length:
@@ -392,7 +402,18 @@ def _decode_jsonb(t: DataType, v: Any) -> Any:
         json.dumps(v, allow_nan=False)
     except (TypeError, ValueError) as exc:
         raise _fail(t, v, f"not a JSON value: {exc}") from exc
+    if not _is_unicode(json.dumps(v, ensure_ascii=False)):
+        raise _fail(t, v, "not valid Unicode (a lone surrogate escape such as \\ud800)")
     return v
+
+
+def _is_unicode(text: str) -> bool:
+    """False for text holding a lone surrogate (JSON allows the escape; UTF-8 and PostgreSQL do not)."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 #: PostgreSQL's limit on array dimensions (MAXDIM)

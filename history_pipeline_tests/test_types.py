@@ -1,6 +1,7 @@
 """Every SQL type of the contract: parsing, validation of WAL values, and exact round trips."""
 
 import datetime as dt
+import json
 import math
 import uuid
 from decimal import Decimal
@@ -136,3 +137,31 @@ def test_data_types_compare_equal_to_their_spellings():
     assert parse_data_type("TEXT[]") != "TEXT"
     assert parse_data_type("TEXT") != "BLOB"
     assert len({parse_data_type("int"), parse_data_type("INTEGER")}) == 1
+
+
+@pytest.mark.parametrize(
+    ("value", "expected"),
+    [
+        (3.4028234663852886e38, 3.4028235e38),  # FLT_MAX: its shortest reading rounds past it when packed
+        (3.4028235e38, 3.4028235e38),  # FLT_MAX as PostgreSQL prints it goes back in
+        (-3.4028235e38, -3.4028235e38),
+        (1e-40, 1e-40),  # a subnormal float32, accepted as by PostgreSQL's float4in
+    ],
+)
+def test_real_at_the_float32_limits_is_read_as_postgresql_reads_it(value, expected):
+    assert decode_value(parse_data_type("REAL"), value) == expected
+
+
+@pytest.mark.parametrize("value", [3.4028236e38, 1e39, -1e39, 1e-50])
+def test_real_out_of_float32_range_is_a_typed_error(value):
+    with pytest.raises(ValueTypeError, match="out of range for REAL"):
+        decode_value(parse_data_type("REAL"), value)
+
+
+@pytest.mark.parametrize("type_text", ["TEXT", "VARCHAR(5)", "JSONB"])
+def test_a_lone_surrogate_is_a_typed_error_not_a_crash(type_text):
+    lone = json.loads('"a\\ud800"')
+    with pytest.raises(ValueTypeError, match="lone surrogate"):
+        decode_value(parse_data_type(type_text), lone if type_text != "JSONB" else {"k": [lone]})
+    with pytest.raises(ValueTypeError, match="lone surrogate"):
+        decode_value(parse_data_type(type_text + "[]"), [lone])
