@@ -229,8 +229,7 @@ def report(results: dict[str, Any]) -> str:
     lines = [
         "# Sensor tick time against tenants and history (`python -m bench.tenants`)",
         "",
-        f"Machine: {results['machine']}; run {results['date']}. The 2 cores were shared with other "
-        "engineers' work, so figures carry ±20 % noise or more.",
+        f"Machine: {results['machine']}; run {results['date']}. {results.get('note', '')}".rstrip(),
         "",
         "Every database: applied segments (history), 3 new sealed segments, 1 open segment, as plain files.",
         "",
@@ -302,6 +301,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help="10 and 100 databases, a shorter sweep")
     parser.add_argument("--one", nargs=3, type=int, metavar=("DATABASES", "APPLIED", "SEALED"),
                         help="measure one configuration and print its figures as JSON (used by the others)")
+    parser.add_argument("--note", default="", help="what else ran on the machine, printed beside the figures")
     args = parser.parse_args(argv)
     if args.one:
         logging.getLogger("dagster").setLevel(logging.WARNING)
@@ -313,6 +313,7 @@ def main(argv: list[str] | None = None) -> int:
         "size": "quick" if args.quick else "full",
         "machine": f"{platform.platform()}, {os.cpu_count()} cores, Python {platform.python_version()}",
         "date": time.strftime("%Y-%m-%d %H:%M"),
+        "note": args.note,
         "by_databases": [],
         "sweep": [],
     }
