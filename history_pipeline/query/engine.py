@@ -22,6 +22,7 @@ import duckdb
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from history_pipeline.casts import CastFailure, cast_value
 from history_pipeline.catalog.files import live_rows
 from history_pipeline.catalog.model import CatalogState, FileKind
 from history_pipeline.errors import (
@@ -32,7 +33,7 @@ from history_pipeline.errors import (
     SandboxViolationError,
     TableNotFoundError,
 )
-from history_pipeline.io.store import ObjectStore
+from history_pipeline.io.store import LocalStore, ObjectStore
 from history_pipeline.query.exact_avg import exact_average_rewrite
 from history_pipeline.query.sandbox import (
     AS_OF_SCHEMA,
@@ -49,7 +50,7 @@ from history_pipeline.schema import (
     replay_schema_history,
     tables_at,
 )
-from history_pipeline.supertable import DELETED, KEY, LT, supertable_schema
+from history_pipeline.supertable import DELETED, KEY, LT, schema_history_table, supertable_schema
 from history_pipeline.supertable.read import read_key
 from history_pipeline.types import (
     INTERVAL_ARROW,
@@ -331,8 +332,6 @@ class QueryContext:
 
     def _readable_paths(self) -> list[str] | None:
         """Every live file of this state on a local root (S3 files are read as registered datasets)."""
-        from history_pipeline.io.store import LocalStore
-
         if not isinstance(self.store, LocalStore):
             return None
         return [self.store.full_path(f.path) for f in self.state.files.values()]
@@ -347,7 +346,7 @@ class QueryContext:
         is a TEMP view of its reconstruction, which the cursor finds first.
         """
         key = (*self._sandbox_key(), as_of)
-        register_schema_history(con, _cached(_HISTORIES, key, lambda: schema_history_arrow(
+        register_schema_history(con, _cached(_HISTORIES, key, lambda: schema_history_table(
             [e for e in self.state.schema_history if e.logical_timestamp < as_of])))
         schema = AS_OF_SCHEMA.format(as_of=as_of)
         kept.ensure(con, schema, None)
@@ -485,8 +484,6 @@ def _differs(
     before_desc: TableDescriptor | None,
     after_desc: TableDescriptor | None,
 ) -> bool:
-    from history_pipeline.casts import CastFailure, cast_value
-
     assert before_desc is not None and after_desc is not None
     for column in after_desc.columns:
         old = before_desc.column(column.column_uuid)
@@ -593,11 +590,6 @@ def _user_array(column: Any, data_type: DataType) -> Any:
         return pa.array(values, pa.month_day_nano_interval())
     return column
 
-
-def schema_history_arrow(entries: Sequence[SchemaHistoryEntry]) -> pa.Table:
-    from history_pipeline.supertable import schema_history_table
-
-    return schema_history_table(entries)
 
 
 def _ident(name: str) -> str:

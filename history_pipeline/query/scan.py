@@ -13,7 +13,7 @@ import pyarrow.dataset as ds
 
 from history_pipeline.catalog.files import select_files
 from history_pipeline.catalog.model import CatalogState, FileEntry
-from history_pipeline.io.store import ObjectStore
+from history_pipeline.io.store import LocalStore, ObjectStore
 from history_pipeline.schema import Supercolumn
 from history_pipeline.supertable import DELETED, KEY, LT, supertable_schema
 from history_pipeline.supertable.read import dataset_of, footer
@@ -110,8 +110,6 @@ def live_sql(
     Columns: synthetic_key, is_deleted, logical_timestamp, then ``columns`` (supercolumn names).
     ``con`` only names DuckDB's types (of columns no file has yet); nothing is created on it.
     """
-    from history_pipeline.io.store import LocalStore
-
     selection = select_files(state, table_uuid, as_of)
     schema = supertable_schema(supercolumns)
     wanted = [KEY, DELETED, LT] + [c for c in columns if c not in (KEY, DELETED, LT)]
