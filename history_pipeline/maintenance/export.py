@@ -9,22 +9,37 @@ from __future__ import annotations
 
 import io
 import json
-from typing import Any
+from collections.abc import Callable
+from typing import Any, Protocol
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 
 from history_pipeline.errors import HistoryError
 from history_pipeline.io.store import ObjectStore
+from history_pipeline.query.engine import QueryContext, exact_decimal_array
+from history_pipeline.schema import TableDescriptor
+from history_pipeline.types import TypeKind
 
 MANIFEST = "manifest.json"
+
+
+class ExportSource(Protocol):
+    """What an export reads: the database's name and a frozen view of its newest state."""
+
+    @property
+    def database(self) -> str: ...
+
+    def query_context(self) -> QueryContext: ...
 
 
 def export_prefix(database: str, as_of: int) -> str:
     return f"{database}/exports/as_of={as_of:020d}"
 
 
-def export_database(store: Any, as_of: int, target: ObjectStore, on_table: Any = None) -> dict[str, Any]:
+def export_database(
+    store: ExportSource, as_of: int, target: ObjectStore, on_table: Callable[[str], None] | None = None
+) -> dict[str, Any]:
     """Write every table as of ``as_of`` to ``target``; returns the manifest."""
     context = store.query_context()
     tables = context.get_catalog(as_of)
@@ -47,12 +62,9 @@ def export_database(store: Any, as_of: int, target: ObjectStore, on_table: Any =
     return manifest
 
 
-def _exact_numerics(data: pa.Table, descriptor: Any) -> pa.Table:
+def _exact_numerics(data: pa.Table, descriptor: TableDescriptor) -> pa.Table:
     """Unconstrained NUMERIC columns as DECIMAL(38, s) when every value fits (any reader sums them
     exactly); otherwise they stay exact decimal text, never a float."""
-    from history_pipeline.query.engine import exact_decimal_array
-    from history_pipeline.types import TypeKind
-
     for column in descriptor.columns:
         if column.data_type.kind is TypeKind.NUMERIC and not column.data_type.is_exact_decimal:
             index = data.column_names.index(column.column_name)

@@ -3,6 +3,7 @@ history and the cold tier. Bodies stay thin: open the store, call the core, repo
 
 
 import json
+from collections.abc import Iterable
 from typing import Any
 
 import dagster as dg
@@ -14,12 +15,13 @@ from history_pipeline.maintenance.export import export_database
 from history_pipeline.orchestration.metadata import md_table
 from history_pipeline.orchestration.partitions import parse_segment_partition_key, segment_partitions
 from history_pipeline.orchestration.resources import HistoryRootResource, SparkResource
-from history_pipeline.wal.segments import segment_name, verify_or_quarantine
+from history_pipeline.store import HistoryStore
+from history_pipeline.wal.segments import SegmentRef, segment_name, verify_or_quarantine
 
 GROUP = "history"
 
 
-def _segment_ref(history: HistoryRootResource, partition_key: str) -> tuple[Any, Any]:
+def _segment_ref(history: HistoryRootResource, partition_key: str) -> tuple[HistoryStore, SegmentRef]:
     database, segment_id = parse_segment_partition_key(partition_key)
     store = history.open(database)
     for ref in store.segments():
@@ -120,13 +122,13 @@ def compacted_batches(
     )
 
 
-def _table_names(store: Any, table_uuids: Any) -> list[str]:
+def _table_names(store: HistoryStore, table_uuids: Iterable[str]) -> list[str]:
     """Names (as of the frontier) of the touched tables; a uuid when the table is gone."""
     names = {d.table_uuid: d.table_name for d in store.get_catalog(store.frontier + 1)}
     return sorted(names.get(u, u) for u in table_uuids)
 
 
-def _preview(store: Any, as_of: int, rows: int = 5) -> str:
+def _preview(store: HistoryStore, as_of: int, rows: int = 5) -> str:
     lines = []
     for descriptor in store.get_catalog(as_of)[:3]:
         table = store.load_table(descriptor.table_name, as_of).slice(0, rows).to_pylist()

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Literal
 
 import dagster as dg
 from dagster_aws.s3 import S3Resource
@@ -14,6 +14,9 @@ from history_pipeline.execution import spark_config
 from history_pipeline.io.store import S3Options
 from history_pipeline.store import _DATABASE_RE, HistoryStore, StoreSettings, default_wal_base, wal_dir_of
 from history_pipeline.wal.segments import segments_dir
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
 
 #: the sensor scans every WAL once in this many ticks by default (catches WALs written without a
 #: journal marker: old writers, hand copies); ``HistoryRootResource.sensor_full_scan_every`` sets it
@@ -106,7 +109,7 @@ class SparkResource(dg.ConfigurableResource):
     spark_conf: dict[str, str] = {}
     enabled: bool = True
 
-    def session(self) -> Any:
+    def session(self) -> SparkSession | Literal[False]:
         """The session for compaction, merge and retention; False runs their tasks in-process."""
         if not self.enabled:
             return False

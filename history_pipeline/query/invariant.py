@@ -11,9 +11,12 @@ from __future__ import annotations
 
 import random
 from dataclasses import dataclass
-from typing import Any
+from pathlib import Path
+from typing import Any, Protocol
 
 from history_pipeline.events import AddColumn, ChangeColumnType, Delete, Insert, Update
+from history_pipeline.query.engine import QueryContext
+from history_pipeline.schema import TableDescriptor
 from history_pipeline.types import decode_value
 from history_pipeline.wal.segments import SegmentState, list_segments, read_segment
 
@@ -25,10 +28,19 @@ class InvariantSample:
     reason: str = ""  # why nothing was checked, when ``checked`` is 0
 
 
-def sample_reconstruction(store: Any, samples: int = 5, seed: int | None = None) -> InvariantSample:
+class RetainedHistory(Protocol):
+    """What the check reads: the WAL folder (its applied segments) and the store's newest state."""
+
+    @property
+    def wal_dir(self) -> Path: ...
+
+    def query_context(self) -> QueryContext: ...
+
+
+def sample_reconstruction(store: RetainedHistory, samples: int = 5, seed: int | None = None) -> InvariantSample:
     """Re-derive ``samples`` random keys from retained segments and compare with the store."""
     rng = random.Random(seed)
-    histories: dict[tuple[str, int], list[Any]] = {}
+    histories: dict[tuple[str, int], list[Insert | Update | Delete]] = {}
     rewrites: dict[str, list[tuple[int, str]]] = {}  # table -> (t, column uuid) whose old values were rewritten
     for ref in list_segments(store.wal_dir, SegmentState.APPLIED):
         for _, event in read_segment(ref).events:
@@ -86,14 +98,14 @@ def sample_reconstruction(store: Any, samples: int = 5, seed: int | None = None)
     return InvariantSample(checked, tuple(mismatches), reason)
 
 
-def _descriptor(context: Any, table_uuid: str, as_of: int) -> Any:
+def _descriptor(context: QueryContext, table_uuid: str, as_of: int) -> TableDescriptor | None:
     for descriptor in context.get_catalog(as_of):
         if descriptor.table_uuid == table_uuid:
             return descriptor
     return None
 
 
-def _equal(a: Any, b: Any) -> bool:
+def _equal(a: object, b: object) -> bool:
     if isinstance(a, float) and isinstance(b, float) and a != a and b != b:
         return True
     return a == b
