@@ -666,6 +666,24 @@ def array_json(data_type: DataType, value: list[Any]) -> str:
     return json.dumps(encode_value(data_type, value), separators=(",", ":"), ensure_ascii=False)
 
 
+#: kinds whose ``to_pylist`` value is already the Python form (``from_arrow_value`` returns it as is)
+_PYLIST_FORM = frozenset(TypeKind) - {
+    TypeKind.UUID, TypeKind.INTERVAL, TypeKind.JSONB, TypeKind.NUMERIC, TypeKind.TIMESTAMPTZ, TypeKind.REAL,
+    TypeKind.ARRAY,
+}
+
+
+def from_arrow_values(data_type: DataType, column: pa.Array | pa.ChunkedArray) -> list[Any]:
+    """The Python form of every value of an ``arrow_type`` column (``from_arrow_value`` of each).
+
+    Most kinds need no per-value work: their ``to_pylist`` values are already the Python form.
+    """
+    values = column.to_pylist()
+    if data_type.kind in _PYLIST_FORM or (data_type.kind is TypeKind.NUMERIC and data_type.is_exact_decimal):
+        return values
+    return [from_arrow_value(data_type, v) for v in values]
+
+
 def from_arrow_value(data_type: DataType, value: Any) -> Any:
     """The Python form of a value read back with ``to_pylist`` from ``arrow_type``."""
     if value is None:

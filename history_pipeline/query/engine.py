@@ -11,6 +11,7 @@ import bisect
 import contextlib
 import functools
 import hashlib
+import itertools
 import re
 import threading
 from collections import OrderedDict
@@ -59,6 +60,7 @@ from history_pipeline.types import (
     TypeKind,
     array_result_array,
     from_arrow_value,
+    from_arrow_values,
     jsonb_result_array,
     numeric_result_array,
 )
@@ -204,15 +206,27 @@ class QueryContext:
         table_ = read_key(self.store, files, schema, schema.names, key, None, 2**63 - 1)
         table_ = table_.sort_by([(LT, "ascending")])
         epochs = _descriptor_epochs(self.state.schema_history, descriptor.table_uuid)
-        out = []
-        for row in table_.to_pylist():
-            t = row[LT]
-            at = _epoch_at(epochs, t + 1)
-            values = None
-            if not row[DELETED] and at is not None:
-                values = {c.column_name: from_arrow_value(c.data_type, row[c.supercolumn]) for c in at.columns}
-            out.append({"logical_timestamp": t, "is_deleted": row[DELETED], "values": values})
-        return out
+        ts = table_.column(LT).to_pylist()
+        deleted = table_.column(DELETED).to_pylist()
+        values: list[dict[str, Any] | None] = [None] * len(ts)
+        # rows are in timestamp order, so each schema epoch is one run of rows: the values of a
+        # run are converted column by column (not value by value), named as in that epoch
+        bounds = [bisect.bisect_left(ts, t) for t, _ in epochs[1:]] + [len(ts)]
+        start = bisect.bisect_left(ts, epochs[0][0]) if epochs else len(ts)
+        for (_, at), end in zip(epochs, bounds, strict=True):
+            if at is not None and end > start:
+                run = table_.slice(start, end - start)
+                names = [c.column_name for c in at.columns]
+                columns = [from_arrow_values(c.data_type, run.column(c.supercolumn)) for c in at.columns]
+                rows = zip(*columns, strict=True) if columns else itertools.repeat((), end - start)
+                for i, row in enumerate(rows, start):
+                    if not deleted[i]:
+                        values[i] = dict(zip(names, row, strict=True))
+            start = end
+        return [
+            {"logical_timestamp": t, "is_deleted": d, "values": v}
+            for t, d, v in zip(ts, deleted, values, strict=True)
+        ]
 
     def _resolve_any_time(self, table: str) -> TableDescriptor:
         latest = self.state.frontier + 1

@@ -174,20 +174,81 @@ class WrittenFile:
     max_key: int | None
 
 
+#: columns written with DELTA_BINARY_PACKED instead of a dictionary: in a file sorted by (key, t)
+#: the keys ascend (deltas of a few bits, where a dictionary stores every distinct key once more)
+#: and a key's timestamps ascend; see docs/DECISIONS.md (storage)
+DELTA_COLUMNS = (KEY, LT)
+#: a column gets a dictionary when its first row group holds at most this share of distinct values;
+#: above it, indices plus a dictionary of nearly every value cost more than zstd over plain values
+DICTIONARY_MAX_DISTINCT = 0.1
+
+
+def writer_options(table: pa.Table) -> dict[str, Any]:
+    """The Parquet writer settings of a supertable file (compaction on Arrow or Spark, snapshots,
+    merge, retention, erasure all write through ``write_file``): zstd, small row groups with
+    statistics, the reserved integer columns delta-encoded, a dictionary for low-cardinality columns."""
+    schema = table.schema
+    delta = [name for name in DELTA_COLUMNS
+             if name in schema.names and schema.field(name).type in (pa.int64(), pa.int32())]
+    sample = table.slice(0, ROW_GROUP_ROWS)
+    dictionary = [
+        path
+        for field in schema
+        if field.name not in delta and _few_distinct(sample.column(field.name))
+        for path in _leaf_paths(field.name, field.type)
+    ]
+    return {
+        "compression": "zstd",
+        "row_group_size": ROW_GROUP_ROWS,
+        "write_statistics": True,
+        "store_schema": True,
+        "use_dictionary": dictionary,
+        "column_encoding": {name: "DELTA_BINARY_PACKED" for name in delta} or None,
+    }
+
+
+def _few_distinct(column: pa.ChunkedArray) -> bool:
+    """Worth a dictionary? (Extension columns are counted on their storage; nested and other
+    columns keep one, as before.)"""
+    if isinstance(column.type, pa.BaseExtensionType):
+        column = pa.chunked_array([chunk.storage for chunk in column.chunks], column.type.storage_type)
+    kind = column.type
+    countable = (pa.types.is_integer(kind) or pa.types.is_floating(kind) or pa.types.is_decimal(kind)
+                 or pa.types.is_temporal(kind) or pa.types.is_string(kind) or pa.types.is_large_string(kind)
+                 or pa.types.is_binary(kind) or pa.types.is_large_binary(kind)
+                 or pa.types.is_fixed_size_binary(kind))
+    if not countable or len(column) == 0:
+        return True
+    return pc.count_distinct(column, mode="all").as_py() <= DICTIONARY_MAX_DISTINCT * len(column)
+
+
+def _leaf_paths(name: str, type_: pa.DataType) -> list[str]:
+    """The Parquet column paths under an Arrow field (dictionary settings name leaves, not fields)."""
+    if isinstance(type_, pa.BaseExtensionType):
+        return _leaf_paths(name, type_.storage_type)
+    if pa.types.is_struct(type_):
+        return [p for i in range(type_.num_fields) for p in _leaf_paths(f"{name}.{type_.field(i).name}",
+                                                                          type_.field(i).type)]
+    if pa.types.is_list(type_) or pa.types.is_large_list(type_) or pa.types.is_fixed_size_list(type_):
+        return _leaf_paths(f"{name}.list.element", type_.value_type)
+    if pa.types.is_map(type_):
+        return _leaf_paths(f"{name}.key_value.key", type_.key_type) + _leaf_paths(
+            f"{name}.key_value.value", type_.item_type)
+    return [name]
+
+
+def parquet_bytes(table: pa.Table) -> bytes:
+    """``table`` as a supertable Parquet file (``writer_options``), schema metadata kept."""
+    buffer = io.BytesIO()
+    pq.write_table(table, buffer, **writer_options(table))
+    return buffer.getvalue()
+
+
 def write_file(store: ObjectStore, path: str, table: pa.Table, meta: FileMetadata) -> WrittenFile:
     """Write ``table`` to ``path`` with ``meta`` in its footer; return its statistics."""
     schema = table.schema.with_metadata({**(table.schema.metadata or {}), METADATA_KEY: meta.to_bytes()})
     table = table.replace_schema_metadata(schema.metadata)
-    buffer = io.BytesIO()
-    pq.write_table(
-        table,
-        buffer,
-        compression="zstd",
-        row_group_size=ROW_GROUP_ROWS,
-        write_statistics=True,
-        store_schema=True,
-    )
-    data = buffer.getvalue()
+    data = parquet_bytes(table)
     store.put(path, data)
     return WrittenFile(
         path=path,

@@ -7,8 +7,10 @@ and this layer never imports the catalog.
 
 from __future__ import annotations
 
+import os
 from collections import OrderedDict
 from collections.abc import Iterable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -78,6 +80,22 @@ def footer(store: ObjectStore, path: str) -> Footer:
     return cached
 
 
+_READERS: dict[int, ThreadPoolExecutor] = {}
+
+
+def _readers() -> ThreadPoolExecutor:
+    """Threads reading one key's row groups from many files at once (decoding releases the GIL, and
+    on an object store each file is a request whose latency overlaps the others'). One pool per
+    process: a forked child has none of its parent's threads."""
+    pid = os.getpid()
+    pool = _READERS.get(pid)
+    if pool is None:
+        _READERS.clear()
+        pool = _READERS[pid] = ThreadPoolExecutor(max_workers=min(8, os.cpu_count() or 2),
+                                                  thread_name_prefix="read-key")
+    return pool
+
+
 def read_key(
     store: ObjectStore,
     files: Sequence[StoredFile],
@@ -87,34 +105,48 @@ def read_key(
     lower: int | None,
     upper: int,
 ) -> pa.Table:
-    """Every version of one key with ``lower <= t < upper`` in ``files``, reading only its row groups."""
-    parts = []
-    fs, _ = store.arrow_filesystem()
+    """Every version of one key with ``lower <= t < upper`` in ``files``, reading only its row groups.
+
+    Files whose key range (catalog entry, then each row group's statistics in the cached footer)
+    excludes the key are not opened; the others' row groups are read in parallel, brought to one
+    schema, and filtered once.
+    """
+    target = pa.schema([schema.field(c) for c in wanted])
+    reads = []
     for f in files:
         if f.min_key is not None and f.max_key is not None and not f.min_key <= key <= f.max_key:
             continue
         cached = footer(store, f.path)
         groups = cached.row_groups_holding(key)
-        if not groups:
-            continue
-        with fs.open_input_file(store.full_path(f.path)) as handle:
+        if groups:
+            reads.append((f.path, cached, groups))
+    if not reads:
+        return target.empty_table()
+    fs, _ = store.arrow_filesystem()
+
+    def read(path: str, cached: Footer, groups: list[int]) -> pa.Table:
+        with fs.open_input_file(store.full_path(path)) as handle:
             table = pq.ParquetFile(handle, metadata=cached.meta).read_row_groups(
-                groups, columns=[c for c in wanted if c in cached.columns]
+                groups, columns=[c for c in wanted if c in cached.columns], use_threads=False
             )
-        mask = pc.equal(table.column(KEY), key)
-        mask = pc.and_(mask, pc.less(table.column(LT), upper))
-        if lower is not None:
-            mask = pc.and_(mask, pc.greater_equal(table.column(LT), lower))
-        table = table.filter(mask)
-        columns = [
-            table.column(c).cast(schema.field(c).type) if c in table.column_names
-            else pa.nulls(table.num_rows, schema.field(c).type)
-            for c in wanted
-        ]
-        parts.append(pa.table(columns, schema=pa.schema([schema.field(c) for c in wanted])))
-    if not parts:
-        return schema.empty_table().select(list(wanted))
-    return pa.concat_tables(parts)
+        if table.schema.equals(target):
+            return table
+        # an older file lacks later supercolumns (nulls), or stores a type Arrow reads back differently
+        return pa.table(
+            [table.column(c).cast(target.field(c).type) if c in table.column_names
+             else pa.nulls(table.num_rows, target.field(c).type) for c in wanted],
+            schema=target,
+        )
+
+    if len(reads) == 1:
+        parts = [read(*reads[0])]
+    else:
+        parts = list(_readers().map(lambda r: read(*r), reads))
+    table = pa.concat_tables(parts)
+    mask = pc.and_(pc.equal(table.column(KEY), key), pc.less(table.column(LT), upper))
+    if lower is not None:
+        mask = pc.and_(mask, pc.greater_equal(table.column(LT), lower))
+    return table.filter(mask).combine_chunks()
 
 
 def keep_latest(candidates: pa.Table, *, include_deleted: bool = False) -> pa.Table:
