@@ -14,13 +14,23 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.dataset as ds
 
 from history_pipeline.catalog.model import CatalogState, FileEntry, FileKind
 from history_pipeline.io.store import ObjectStore
 from history_pipeline.schema import Supercolumn
-from history_pipeline.supertable import DELETED, KEY, LT, FileMetadata, WrittenFile, supertable_schema, write_file
-from history_pipeline.supertable.read import dataset_of, overlay, read_key
+from history_pipeline.supertable import (
+    DELETED,
+    KEY,
+    LT,
+    SUPERSEDED,
+    FileMetadata,
+    WrittenFile,
+    supertable_schema,
+    write_file,
+)
+from history_pipeline.supertable.read import dataset_of, footer, overlay, read_key
 
 
 def entry_of(written: WrittenFile, meta: FileMetadata) -> FileEntry:
@@ -37,6 +47,7 @@ def entry_of(written: WrittenFile, meta: FileMetadata) -> FileEntry:
         max_key=written.max_key,
         segments=meta.segments,
         snapshot_as_of=meta.snapshot_as_of,
+        closed_until=meta.closed_until,
     )
 
 
@@ -50,6 +61,16 @@ class FileSelection:
     snapshot: tuple[FileEntry, ...]
     snapshot_as_of: int | None
     versions: tuple[FileEntry, ...]
+    #: the oldest snapshot above ``as_of``: the end of the interval being read (None: open interval)
+    next_snapshot: int | None = None
+
+    @property
+    def closed(self) -> bool:
+        """Every file read is marked closed for this interval: its rows carry ``superseded_at``
+        (their key's next version below ``next_snapshot``), so the read is a filter, no join."""
+        files = self.snapshot + self.versions
+        return (self.next_snapshot is not None and bool(files)
+                and all(f.closed_until == self.next_snapshot for f in files))
 
 
 def select_files(
@@ -62,6 +83,8 @@ def select_files(
         if f.snapshot_as_of is not None and f.snapshot_as_of <= as_of
     ]
     snapshot_as_of = max((f.snapshot_as_of for f in snapshots), default=None)  # type: ignore[type-var]
+    next_snapshot = min((f.snapshot_as_of for f in state.files_of(table_uuid, FileKind.SNAPSHOT)
+                         if f.snapshot_as_of is not None and f.snapshot_as_of > as_of), default=None)
     chosen = tuple(f for f in snapshots if f.snapshot_as_of == snapshot_as_of)
     lower = snapshot_as_of if snapshot_as_of is not None else None
     versions = tuple(
@@ -76,7 +99,7 @@ def select_files(
         low, high = min(keys, default=0), max(keys, default=-1)
         chosen = tuple(f for f in chosen if _overlaps(f, low, high))
         versions = tuple(f for f in versions if _overlaps(f, low, high))
-    return FileSelection(chosen, snapshot_as_of, versions)
+    return FileSelection(chosen, snapshot_as_of, versions, next_snapshot)
 
 
 def _overlaps(f: FileEntry, low: int, high: int) -> bool:
@@ -133,5 +156,54 @@ def live_rows(
 ) -> pa.Table:
     """The live rows of a supertable as of ``as_of``: synthetic_key, logical_timestamp and supercolumns."""
     selection = select_files(state, table_uuid, as_of, keys)
+    if is_closed_read(store, selection) and not (keys is not None and len(set(keys)) == 1):
+        return read_closed(store, selection, supercolumns, as_of, keys, columns)
     base, changes = read_parts(store, selection, supercolumns, as_of, keys, columns)
     return overlay(base, changes)
+
+
+def is_closed_read(store: ObjectStore, selection: FileSelection) -> bool:
+    """Can ``selection`` be read by filters alone? Its interval is closed (every file marked for
+    it) and every file holds ``superseded_at`` (footers are cached, so asking again is free)."""
+    return selection.closed and all(
+        SUPERSEDED in footer(store, f.path).columns for f in selection.snapshot + selection.versions)
+
+
+def closed_filter(as_of: int) -> ds.Expression:
+    """Rows current at ``as_of`` in a closed interval: not deleted, not superseded below ``as_of``."""
+    superseded = ds.field(SUPERSEDED)
+    return ~ds.field(DELETED) & (superseded.is_null() | (superseded >= as_of))
+
+
+def read_closed(
+    store: ObjectStore,
+    selection: FileSelection,
+    supercolumns: Sequence[Supercolumn],
+    as_of: int,
+    keys: Sequence[int] | None = None,
+    columns: Sequence[str] | None = None,
+) -> pa.Table:
+    """The live rows as of ``as_of`` of a closed interval (``is_closed_read``), in key order: the
+    snapshot's and the versions' rows not superseded below ``as_of``, two filtered scans (the
+    keys are unique across both, so no join)."""
+    schema = supertable_schema(supercolumns)
+    wanted = list(columns) if columns is not None else schema.names
+    for reserved in (LT, DELETED, KEY):
+        if reserved not in wanted:
+            wanted.insert(0, reserved)
+    marked = schema.append(pa.field(SUPERSEDED, pa.int64()))
+    current = closed_filter(as_of)
+    if keys is not None:
+        current = current & ds.field(KEY).isin(pa.array(sorted(set(keys)), pa.int64()))
+    parts = []
+    if selection.snapshot:
+        parts.append(dataset_of(store, selection.snapshot, marked).to_table(columns=wanted, filter=current))
+    if selection.versions:
+        in_range = ds.field(LT) < as_of
+        if selection.snapshot_as_of is not None:
+            in_range = in_range & (ds.field(LT) >= selection.snapshot_as_of)
+        parts.append(dataset_of(store, selection.versions, marked).to_table(columns=wanted, filter=in_range & current))
+    if not parts:
+        return schema.empty_table().select(wanted)
+    rows = pa.concat_tables(parts) if len(parts) > 1 else parts[0]
+    return rows.take(pc.sort_indices(rows.column(KEY)))

@@ -435,6 +435,7 @@ def _entry_from_footer(path: str, meta: FileMetadata, footer: pq.FileMetaData, s
         max_key=max_key,
         segments=meta.segments,
         snapshot_as_of=meta.snapshot_as_of,
+        closed_until=meta.closed_until,
     )
 
 

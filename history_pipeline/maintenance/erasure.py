@@ -55,12 +55,13 @@ from history_pipeline.schema import Supercolumn, replay_schema_history
 from history_pipeline.supertable import (
     KEY,
     METADATA_KEY,
+    SUPERSEDED,
     FileMetadata,
     new_file_path,
     read_file_metadata,
     supertable_schema,
 )
-from history_pipeline.supertable.read import dataset_of
+from history_pipeline.supertable.read import dataset_of, footer
 
 INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
 ERASABLE = (FileKind.VERSIONS, FileKind.SNAPSHOT)
@@ -151,7 +152,13 @@ def erase_file_task(task: EraseTask) -> EraseOutcome:
     """Rewrite one file without the keys; nothing is committed here."""
     objects = open_executor_store(task.store_config)
     entry = task.file
-    dataset = dataset_of(objects, [entry], supertable_schema(task.supercolumns))
+    schema = supertable_schema(task.supercolumns)
+    # removing whole keys leaves every other row's next version as it was: a closed interval's
+    # superseded_at (and the file's mark) is kept
+    marked = SUPERSEDED in footer(objects, entry.path).columns
+    if marked:
+        schema = schema.append(pa.field(SUPERSEDED, pa.int64()))
+    dataset = dataset_of(objects, [entry], schema)
     erased = pa.array(task.keys, pa.int64())
     hits = pc.sum(pc.is_in(dataset.to_table(columns=[KEY]).column(KEY), value_set=erased)).as_py() or 0
     if not hits:
@@ -165,7 +172,8 @@ def erase_file_task(task: EraseTask) -> EraseOutcome:
         meta = FileMetadata(task.database, task.table_uuid, entry.kind, task.txn_hint, entry.min_t,
                             None if entry.max_t is None else entry.max_t + 1, segments=entry.segments,
                             snapshot_as_of=entry.snapshot_as_of)
-    meta = replace(meta, txn_id=task.txn_hint, replaces=(entry.path,))
+    meta = replace(meta, txn_id=task.txn_hint, replaces=(entry.path,),
+                   closed_until=meta.closed_until if marked else None)
     path = new_file_path(task.database, task.table_uuid, entry.kind, task.txn_hint)
     return EraseOutcome(entry.path, write_parquet(objects, path, rest, meta), hits)
 

@@ -11,11 +11,11 @@ from dataclasses import dataclass
 import pyarrow as pa
 import pyarrow.dataset as ds
 
-from history_pipeline.catalog.files import select_files
+from history_pipeline.catalog.files import is_closed_read, select_files
 from history_pipeline.catalog.model import CatalogState, FileEntry
 from history_pipeline.io.store import LocalStore, ObjectStore
 from history_pipeline.schema import Supercolumn
-from history_pipeline.supertable import DELETED, KEY, LT, supertable_schema
+from history_pipeline.supertable import DELETED, KEY, LT, SUPERSEDED, supertable_schema
 from history_pipeline.supertable.read import dataset_of, footer
 
 
@@ -120,11 +120,14 @@ def live_sql(
     k, d, lt = _quote(KEY), _quote(DELETED), _quote(LT)
     lower = "" if selection.snapshot_as_of is None else f" AND {lt} >= {selection.snapshot_as_of}"
     in_range = f" WHERE {lt} < {as_of}{lower}"
+    closed = is_closed_read(store, selection)
+    marked = schema.append(pa.field(SUPERSEDED, pa.int64()))
+    sup = _quote(SUPERSEDED)
 
     def source(files: Sequence[FileEntry], part: str, where: str) -> str:
         if not local:
             registered = f"{name}__{part}"
-            datasets.append((registered, dataset_of(store, files, schema)))
+            datasets.append((registered, dataset_of(store, files, marked if closed else schema)))
             return f"(SELECT {', '.join(_quote(c) for c in wanted)} FROM {_quote(registered)}{where})"
         full = [store.full_path(f.path) for f in files]
         paths.extend(full)
@@ -164,6 +167,17 @@ def live_sql(
             parts.append(f"SELECT {nulls} WHERE false")
         return " UNION ALL ".join(f"({part})" for part in parts)
 
+    if closed:
+        # a closed interval: each layer's current rows are those not superseded below as_of, and
+        # their keys are unique across layers, so the read is filtered scans, no join
+        current = f" AND NOT {d} AND ({sup} IS NULL OR {sup} >= {as_of})"
+        parts = []
+        if selection.snapshot:
+            parts.append(source(selection.snapshot, "snapshot", f" WHERE true{current}"))
+        if selection.versions:
+            parts.append(source(selection.versions, "versions", f"{in_range}{current}"))
+        return LiveSql(" UNION ALL ".join(f"(SELECT * FROM {part})" for part in parts), tuple(datasets),
+                       tuple(paths))
     head, tail = version_layers(selection.versions)
     head_sql = source(head, "head", in_range) if head else None
     tail_sql = source(tail, "tail", in_range) if tail else None
