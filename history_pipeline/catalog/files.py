@@ -69,8 +69,11 @@ class FileSelection:
         """Every file read is marked closed for this interval: its rows carry ``superseded_at``
         (their key's next version below ``next_snapshot``), so the read is a filter, no join."""
         files = self.snapshot + self.versions
+        lower = self.snapshot_as_of
         return (self.next_snapshot is not None and bool(files)
-                and all(f.closed_until == self.next_snapshot for f in files))
+                and all(f.closed_until == self.next_snapshot for f in files)
+                # marking never takes a version file reaching below its interval's snapshot
+                and all(lower is None or (f.min_t is not None and f.min_t >= lower) for f in self.versions))
 
 
 def select_files(
@@ -169,12 +172,6 @@ def is_closed_read(store: ObjectStore, selection: FileSelection) -> bool:
         SUPERSEDED in footer(store, f.path).columns for f in selection.snapshot + selection.versions)
 
 
-def closed_filter(as_of: int) -> ds.Expression:
-    """Rows current at ``as_of`` in a closed interval: not deleted, not superseded below ``as_of``."""
-    superseded = ds.field(SUPERSEDED)
-    return ~ds.field(DELETED) & (superseded.is_null() | (superseded >= as_of))
-
-
 def read_closed(
     store: ObjectStore,
     selection: FileSelection,
@@ -184,26 +181,22 @@ def read_closed(
     columns: Sequence[str] | None = None,
 ) -> pa.Table:
     """The live rows as of ``as_of`` of a closed interval (``is_closed_read``), in key order: the
-    snapshot's and the versions' rows not superseded below ``as_of``, two filtered scans (the
-    keys are unique across both, so no join)."""
+    snapshot's and the versions' rows not superseded below ``as_of`` (keys are unique across both,
+    so no join). One scan of every file (snapshot rows are all below ``as_of``, and the marked
+    version files hold no t below the snapshot), then the mask and the key order are computed on
+    the four integer columns and the rows gathered by a single take."""
     schema = supertable_schema(supercolumns)
     wanted = list(columns) if columns is not None else schema.names
     for reserved in (LT, DELETED, KEY):
         if reserved not in wanted:
             wanted.insert(0, reserved)
+    files = selection.snapshot + selection.versions
+    key_filter = ds.field(KEY).isin(pa.array(sorted(set(keys)), pa.int64())) if keys is not None else None
     marked = schema.append(pa.field(SUPERSEDED, pa.int64()))
-    current = closed_filter(as_of)
-    if keys is not None:
-        current = current & ds.field(KEY).isin(pa.array(sorted(set(keys)), pa.int64()))
-    parts = []
-    if selection.snapshot:
-        parts.append(dataset_of(store, selection.snapshot, marked).to_table(columns=wanted, filter=current))
-    if selection.versions:
-        in_range = ds.field(LT) < as_of
-        if selection.snapshot_as_of is not None:
-            in_range = in_range & (ds.field(LT) >= selection.snapshot_as_of)
-        parts.append(dataset_of(store, selection.versions, marked).to_table(columns=wanted, filter=in_range & current))
-    if not parts:
-        return schema.empty_table().select(wanted)
-    rows = pa.concat_tables(parts) if len(parts) > 1 else parts[0]
-    return rows.take(pc.sort_indices(rows.column(KEY)))
+    rows = dataset_of(store, files, marked).to_table(columns=[*wanted, SUPERSEDED], filter=key_filter)
+    superseded = rows.column(SUPERSEDED)
+    current = pc.and_(pc.and_(pc.invert(rows.column(DELETED)), pc.less(rows.column(LT), as_of)),
+                      pc.or_kleene(pc.is_null(superseded), pc.greater_equal(superseded, as_of)))
+    chosen = pc.indices_nonzero(current)
+    in_key_order = pc.take(chosen, pc.sort_indices(pc.take(rows.column(KEY), chosen)))
+    return rows.select(wanted).take(in_key_order)
