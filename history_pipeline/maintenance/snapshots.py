@@ -159,7 +159,7 @@ def mark_file(store: ObjectStore, database: str, entry: FileEntry, superseded: p
     if SUPERSEDED in table.column_names:
         table = table.drop_columns([SUPERSEDED])
     table = table.sort_by([(KEY, "ascending"), (LT, "ascending")])
-    if table.num_rows != superseded.num_rows or not pc.all(pc.equal(table.column(KEY), superseded.column(KEY))).as_py():
+    if not table.column(KEY).equals(superseded.column(KEY)):
         raise CatalogError(f"{entry.path} no longer holds the rows the catalog lists for it; run verify()")
     table = table.append_column(pa.field(SUPERSEDED, pa.int64()), superseded.column(SUPERSEDED))
     meta, _ = read_file_metadata(store, entry.path)
