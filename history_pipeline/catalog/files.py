@@ -5,7 +5,9 @@ For ``as_of = T`` a table is read from its newest snapshot with
 ``snapshot_as_of <= T`` plus the version files holding timestamps in
 ``[snapshot_as_of, T)`` (or all versions below ``T`` when no snapshot is that
 old). Cost grows with the live rows and the changes since that snapshot, not
-with the whole history. Only files the catalog lists are read.
+with the whole history. Only files the catalog lists are read. When T lies in a closed
+interval (every file read is marked ``closed_until`` the next snapshot, see
+``maintenance/snapshots.py``), the rows are a filter on ``superseded_at``: no per-key grouping.
 """
 
 from __future__ import annotations

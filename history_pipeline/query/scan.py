@@ -107,6 +107,9 @@ def live_sql(
     ``t`` range is a filter on each scan, so row groups outside it are skipped by their min/max.
     Local files are read by DuckDB's Parquet reader (only the columns and row groups a query
     needs); object-store files through Arrow datasets registered as ``{name}__{part}``.
+    In a closed interval (``FileSelection.closed``: every file marked for [snapshot, next
+    snapshot) and holding ``superseded_at``) the read is two filtered scans instead, no join:
+    the rows not deleted whose ``superseded_at`` is NULL or at/above ``as_of``.
     Columns: synthetic_key, is_deleted, logical_timestamp, then ``columns`` (supercolumn names).
     ``con`` only names DuckDB's types (of columns no file has yet); nothing is created on it.
     """
