@@ -382,8 +382,11 @@ def known_targets(objects: ObjectStore, database: str) -> list[str]:
 # --- physical deletion ----------------------------------------------------------------
 
 
-def purge_erased(store: DatabaseHandle, paths: Sequence[str]) -> int:
-    """Delete the files an erasure replaced now, rather than after the grace period.
+def purge_erased(store: DatabaseHandle, paths: Sequence[str], table_uuid: str | None = None,
+                 keys: Sequence[int] = ()) -> int:
+    """Delete the files an erasure replaced now, rather than after the grace period, and every
+    other tombstone of ``table_uuid`` that may hold one of the sorted ``keys`` (files an earlier
+    merge or interval close replaced still hold them until ``cleanup``).
 
     The log (and the commit records) are pruned up to the newest state first, so no
     retained transaction can read the deleted files: time travel to a catalog
@@ -397,7 +400,9 @@ def purge_erased(store: DatabaseHandle, paths: Sequence[str]) -> int:
     if log.records_prefix is not None:
         write_base(store.objects, log.records_prefix, state)
         prune_records(store.objects, log.records_prefix, state.txn_id)
-    gone = [p for p in paths if p in state.tombstones and p not in state.files]
+    stale = [p for p, tomb in state.tombstones.items()
+             if tomb.entry.table_uuid == table_uuid and tomb.entry.kind in ERASABLE and may_hold(tomb.entry, keys)]
+    gone = [p for p in dict.fromkeys([*paths, *stale]) if p in state.tombstones and p not in state.files]
     for path in gone:
         store.objects.delete(path)
     if gone:
@@ -449,5 +454,5 @@ def erase(store: DatabaseHandle, request: ErasureRequest, *, spark: Any | None =
         summary.export_files_rewritten += erase_exports(target, store.database, request.table_uuid, keys)
     step("cold_tier_written")
     if purge_now:
-        summary.files_deleted = purge_erased(store, removed)
+        summary.files_deleted = purge_erased(store, removed, request.table_uuid, keys)
     return summary

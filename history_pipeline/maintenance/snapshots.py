@@ -14,6 +14,7 @@ key's next version below S' (NULL: none), and marks them ``closed_until = S'``; 
 
 from __future__ import annotations
 
+import bisect
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -116,15 +117,25 @@ def closed_intervals(state: CatalogState, table_uuid: str) -> list[Interval]:
     the layered reconstruction."""
     snapshots = state.files_of(table_uuid, FileKind.SNAPSHOT)
     bounds = sorted({f.snapshot_as_of for f in snapshots if f.snapshot_as_of is not None})
-    versions = [f for f in state.files_of(table_uuid, FileKind.VERSIONS)
-                if f.row_count and f.min_t is not None and f.max_t is not None]
+    if not bounds:
+        return []
+    # interval i is [bounds[i-1], bounds[i]) (i = 0: the table's start); len(bounds) is the open one
+    inside: dict[int, list[FileEntry]] = {}
+    straddling: set[int] = set()
+    for f in state.files_of(table_uuid, FileKind.VERSIONS):
+        if not f.row_count or f.min_t is None or f.max_t is None:
+            continue
+        first, last = bisect.bisect_right(bounds, f.min_t), bisect.bisect_right(bounds, f.max_t)
+        inside.setdefault(first, []).append(f)
+        if first != last:
+            straddling.update(range(first, last + 1))
     found = []
-    for lower, upper in zip([None, *bounds], bounds, strict=False):
-        inside = [f for f in versions if (lower is None or f.max_t >= lower) and f.min_t < upper]  # type: ignore[operator]
-        if any((lower is not None and f.min_t < lower) or f.max_t >= upper for f in inside):  # type: ignore[operator]
+    for i, upper in enumerate(bounds):
+        lower = bounds[i - 1] if i else None
+        if i in straddling:
             continue
         base = [f for f in snapshots if lower is not None and f.snapshot_as_of == lower]
-        interval = Interval(table_uuid, lower, upper, tuple(base + inside))
+        interval = Interval(table_uuid, lower, upper, tuple(base + inside.get(i, [])))
         if interval.unmarked:
             found.append(interval)
     return found
