@@ -178,3 +178,14 @@ def test_random_histories_with_schema_changes_equal_the_model_and_use_the_filter
     assert closed > 0
     check_against_model(store, events)
     check_sql_against_model(store, events, range(0, store.frontier + 2))
+
+
+def test_closed_intervals_on_an_s3_root(tmp_path, s3_bucket, s3_options):
+    """On S3 the interval is closed through Arrow datasets (no local paths) and read the same way."""
+    store = HistoryStore.open(s3_bucket, database="db", wal_dir=tmp_path / "wal", s3=s3_options,
+                              settings=SMALL_SNAPSHOTS)
+    events = _items_history(store)
+    snapshots = _snapshots(store)
+    closed = [t for t in range(3, store.frontier + 2) if _closed(store, t)]
+    assert closed and max(closed) == snapshots[-1] - 1
+    _check_items(store, events, [closed[0], closed[len(closed) // 2], closed[-1], store.frontier + 1])

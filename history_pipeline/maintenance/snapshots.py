@@ -183,15 +183,21 @@ def mark_file(store: ObjectStore, database: str, entry: FileEntry, superseded: p
     return write_parquet(store, path, table, meta)
 
 
-def close_intervals(store: DatabaseHandle) -> int:
-    """Mark every closed interval's files (see the module docstring) in one transaction that
-    replaces them; returns how many files were rewritten. A file removed meanwhile (a merge, an
-    erasure) leaves the catalog as it was: the next call tries again."""
+#: intervals marked per call and table, newest first: a store written before closed intervals
+#: existed is marked over several snapshot refreshes, not in one long transaction
+MAX_INTERVALS_PER_CALL = 4
+
+
+def close_intervals(store: DatabaseHandle, max_intervals: int = MAX_INTERVALS_PER_CALL) -> int:
+    """Mark closed intervals' files (see the module docstring), up to ``max_intervals`` per table
+    and newest first, in one transaction that replaces them; returns how many files were
+    rewritten. A file removed meanwhile (a merge, an erasure) leaves the catalog as it was: the
+    next call tries again."""
     state: CatalogState = store.catalog.latest()
     txn_hint = state.txn_id + 1
     replaced: list[tuple[str, FileEntry]] = []
     for table_uuid in sorted({f.table_uuid for f in state.files.values() if f.table_uuid}):
-        for interval in closed_intervals(state, table_uuid):
+        for interval in closed_intervals(state, table_uuid)[::-1][:max_intervals]:
             unmarked = {f.path for f in interval.unmarked}
             rows = superseded_at(store.objects, interval.files)
             index = rows.column("f")
