@@ -9,6 +9,7 @@ from __future__ import annotations
 import random
 
 import duckdb
+import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
@@ -92,6 +93,7 @@ def test_every_t_below_the_newest_snapshot_is_a_filter_scan_equal_to_the_model(t
                           or f.kind is FileKind.VERSIONS and f.max_t < snapshots[-1])
     for as_of in range(3, store.frontier + 2):  # at 2 there is nothing to read
         assert _closed(store, as_of) == (as_of < snapshots[-1]), as_of
+    assert store.verify() == []  # every mark agrees with the versions
     # the SQL itself has no join on the filter path, and keeps the layered one above the newest snapshot
     supers = replay_schema_history(state.schema_history).supercolumns["T"]
     with duckdb.connect() as db:
@@ -189,3 +191,19 @@ def test_closed_intervals_on_an_s3_root(tmp_path, s3_bucket, s3_options):
     closed = [t for t in range(3, store.frontier + 2) if _closed(store, t)]
     assert closed and max(closed) == snapshots[-1] - 1
     _check_items(store, events, [closed[0], closed[len(closed) // 2], closed[-1], store.frontier + 1])
+
+
+def test_verify_names_a_file_whose_superseded_at_is_wrong(tmp_path):
+    store = HistoryStore.open(tmp_path, database="db", settings=SMALL_SNAPSHOTS)
+    _items_history(store)
+    marked = [f for f in store.catalog_state().files_of("T", FileKind.VERSIONS) if f.closed_until is not None]
+    victim = max(marked, key=lambda f: f.row_count)
+    path = store.objects.full_path(victim.path)
+    table = pq.read_table(path)
+    column = table.schema.get_field_index(SUPERSEDED)
+    assert table.column(column).null_count < table.num_rows  # some row is superseded inside its interval
+    table = table.set_column(column, table.schema.field(column), pa.nulls(table.num_rows, pa.int64()))
+    pq.write_table(table, path)
+    problems = store.verify()
+    assert problems and {p.kind for p in problems} == {"superseded_mismatch"}
+    assert all(p.path == victim.path for p in problems)
