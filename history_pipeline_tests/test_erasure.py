@@ -413,7 +413,8 @@ def test_erasure_on_an_s3_root_rewrites_the_files_on_s3(tmp_path, s3_bucket, s3_
     store.compact(spark=False)
     before = _answers(store)
     summary = store.erase("people", [2], requested_by="dpo", spark=False, purge_now=True)
-    assert summary.files_rewritten >= 1 and summary.files_deleted == summary.files_rewritten
+    # the files it replaced, and the older tombstones that may hold the key (a closed interval's originals)
+    assert summary.files_rewritten >= 1 and summary.files_deleted >= summary.files_rewritten
     _gone(store)
     assert _answers(store) == before
     assert store.verify() == []

@@ -5,7 +5,9 @@ For ``as_of = T`` a table is read from its newest snapshot with
 ``snapshot_as_of <= T`` plus the version files holding timestamps in
 ``[snapshot_as_of, T)`` (or all versions below ``T`` when no snapshot is that
 old). Cost grows with the live rows and the changes since that snapshot, not
-with the whole history. Only files the catalog lists are read.
+with the whole history. Only files the catalog lists are read. When T lies in a closed
+interval (every file read is marked ``closed_until`` the next snapshot, see
+``maintenance/snapshots.py``), the rows are a filter on ``superseded_at``: no per-key grouping.
 """
 
 from __future__ import annotations
@@ -14,13 +16,23 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.dataset as ds
 
 from history_pipeline.catalog.model import CatalogState, FileEntry, FileKind
 from history_pipeline.io.store import ObjectStore
 from history_pipeline.schema import Supercolumn
-from history_pipeline.supertable import DELETED, KEY, LT, FileMetadata, WrittenFile, supertable_schema, write_file
-from history_pipeline.supertable.read import dataset_of, overlay, read_key
+from history_pipeline.supertable import (
+    DELETED,
+    KEY,
+    LT,
+    SUPERSEDED,
+    FileMetadata,
+    WrittenFile,
+    supertable_schema,
+    write_file,
+)
+from history_pipeline.supertable.read import dataset_of, footer, overlay, read_key
 
 
 def entry_of(written: WrittenFile, meta: FileMetadata) -> FileEntry:
@@ -37,6 +49,7 @@ def entry_of(written: WrittenFile, meta: FileMetadata) -> FileEntry:
         max_key=written.max_key,
         segments=meta.segments,
         snapshot_as_of=meta.snapshot_as_of,
+        closed_until=meta.closed_until,
     )
 
 
@@ -50,6 +63,19 @@ class FileSelection:
     snapshot: tuple[FileEntry, ...]
     snapshot_as_of: int | None
     versions: tuple[FileEntry, ...]
+    #: the oldest snapshot above ``as_of``: the end of the interval being read (None: open interval)
+    next_snapshot: int | None = None
+
+    @property
+    def closed(self) -> bool:
+        """Every file read is marked closed for this interval: its rows carry ``superseded_at``
+        (their key's next version below ``next_snapshot``), so the read is a filter, no join."""
+        files = self.snapshot + self.versions
+        lower = self.snapshot_as_of
+        return (self.next_snapshot is not None and bool(files)
+                and all(f.closed_until == self.next_snapshot for f in files)
+                # marking never takes a version file reaching below its interval's snapshot
+                and all(lower is None or (f.min_t is not None and f.min_t >= lower) for f in self.versions))
 
 
 def select_files(
@@ -62,6 +88,8 @@ def select_files(
         if f.snapshot_as_of is not None and f.snapshot_as_of <= as_of
     ]
     snapshot_as_of = max((f.snapshot_as_of for f in snapshots), default=None)  # type: ignore[type-var]
+    next_snapshot = min((f.snapshot_as_of for f in state.files_of(table_uuid, FileKind.SNAPSHOT)
+                         if f.snapshot_as_of is not None and f.snapshot_as_of > as_of), default=None)
     chosen = tuple(f for f in snapshots if f.snapshot_as_of == snapshot_as_of)
     lower = snapshot_as_of if snapshot_as_of is not None else None
     versions = tuple(
@@ -76,7 +104,7 @@ def select_files(
         low, high = min(keys, default=0), max(keys, default=-1)
         chosen = tuple(f for f in chosen if _overlaps(f, low, high))
         versions = tuple(f for f in versions if _overlaps(f, low, high))
-    return FileSelection(chosen, snapshot_as_of, versions)
+    return FileSelection(chosen, snapshot_as_of, versions, next_snapshot)
 
 
 def _overlaps(f: FileEntry, low: int, high: int) -> bool:
@@ -133,5 +161,61 @@ def live_rows(
 ) -> pa.Table:
     """The live rows of a supertable as of ``as_of``: synthetic_key, logical_timestamp and supercolumns."""
     selection = select_files(state, table_uuid, as_of, keys)
+    if is_closed_read(store, selection) and not (keys is not None and len(set(keys)) == 1):
+        return read_closed(store, selection, supercolumns, as_of, keys, columns)
     base, changes = read_parts(store, selection, supercolumns, as_of, keys, columns)
     return overlay(base, changes)
+
+
+def is_closed_read(store: ObjectStore, selection: FileSelection) -> bool:
+    """Can ``selection`` be read by filters alone? Its interval is closed (every file marked for
+    it) and every file holds ``superseded_at`` (footers are cached, so asking again is free)."""
+    return selection.closed and all(
+        SUPERSEDED in footer(store, f.path).columns for f in selection.snapshot + selection.versions)
+
+
+#: a version file with more than this share of its t range at or after as_of is filtered while scanned
+LATE_SHARE = 0.25
+
+
+def _share_at_or_after(f: FileEntry, as_of: int) -> float:
+    """The share of ``f``'s timestamp range at or after ``as_of`` (its rows are not read at T)."""
+    if f.min_t is None or f.max_t is None:
+        return 0.0
+    return max(0, f.max_t - as_of + 1) / (f.max_t - f.min_t + 1)
+
+
+def read_closed(
+    store: ObjectStore,
+    selection: FileSelection,
+    supercolumns: Sequence[Supercolumn],
+    as_of: int,
+    keys: Sequence[int] | None = None,
+    columns: Sequence[str] | None = None,
+) -> pa.Table:
+    """The live rows as of ``as_of`` of a closed interval (``is_closed_read``), in key order: the
+    snapshot's and the versions' rows not superseded below ``as_of`` (keys are unique across both,
+    so no join). One scan of every file (snapshot rows are all below ``as_of``, and the marked
+    version files hold no t below the snapshot), then the mask and the key order are computed on
+    the four integer columns and the rows gathered by a single take."""
+    schema = supertable_schema(supercolumns)
+    wanted = list(columns) if columns is not None else schema.names
+    for reserved in (LT, DELETED, KEY):
+        if reserved not in wanted:
+            wanted.insert(0, reserved)
+    key_filter = ds.field(KEY).isin(pa.array(sorted(set(keys)), pa.int64())) if keys is not None else None
+    marked = schema.append(pa.field(SUPERSEDED, pa.int64()))
+    # a version file mostly at or after as_of (a T early in the interval) drops those rows while
+    # scanning; elsewhere the mask below is cheaper than the scan's filter
+    late = tuple(f for f in selection.versions if _share_at_or_after(f, as_of) > LATE_SHARE)
+    groups = [(selection.snapshot + tuple(f for f in selection.versions if f not in late), key_filter),
+              (late, ds.field(LT) < as_of if key_filter is None else key_filter & (ds.field(LT) < as_of))]
+    parts = [dataset_of(store, files, marked).to_table(columns=[*wanted, SUPERSEDED], filter=where)
+             for files, where in groups if files]
+    rows = pa.concat_tables(parts) if len(parts) > 1 else parts[0]
+    superseded = rows.column(SUPERSEDED)
+    current = pc.and_(pc.and_(pc.invert(rows.column(DELETED)), pc.less(rows.column(LT), as_of)),
+                      pc.or_kleene(pc.is_null(superseded), pc.greater_equal(superseded, as_of)))
+    chosen = pc.indices_nonzero(current)
+    in_key_order = pc.take(chosen, pc.sort_indices(pc.take(rows.column(KEY), chosen)))
+    return rows.select(wanted).take(in_key_order)

@@ -35,6 +35,8 @@ class FileEntry:
     max_key: int | None = None
     segments: tuple[int, ...] = ()
     snapshot_as_of: int | None = None
+    #: the file's rows carry ``superseded_at`` for the closed interval ending at this snapshot t
+    closed_until: int | None = None
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -49,6 +51,7 @@ class FileEntry:
             "max_key": self.max_key,
             "segments": list(self.segments),
             "snapshot_as_of": self.snapshot_as_of,
+            **({"closed_until": self.closed_until} if self.closed_until is not None else {}),
         }
 
     @staticmethod
@@ -65,6 +68,7 @@ class FileEntry:
             max_key=obj.get("max_key"),
             segments=tuple(obj.get("segments", ())),
             snapshot_as_of=obj.get("snapshot_as_of"),
+            closed_until=obj.get("closed_until"),
         )
 
 

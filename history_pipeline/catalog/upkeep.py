@@ -40,7 +40,7 @@ from history_pipeline.catalog.records import list_record_ids, prune_records, rec
 from history_pipeline.errors import CatalogError, HistoryError, ObjectExistsError
 from history_pipeline.io.store import ObjectStore, now
 from history_pipeline.schema import SchemaHistoryEntry
-from history_pipeline.supertable import DELETED, KEY, LT, FileMetadata, read_file_metadata
+from history_pipeline.supertable import DELETED, KEY, LT, SUPERSEDED, FileMetadata, read_file_metadata
 from history_pipeline.supertable.read import dataset_of
 from history_pipeline.wal.segments import SegmentState, list_segments
 
@@ -237,7 +237,8 @@ def verify_data(state: CatalogState, store: ObjectStore, snapshot_samples: int =
       retention to a later purge point than the catalog says;
     * a sample of snapshots (the newest of each table, and random others up to
       ``snapshot_samples``) hold exactly the newest live version of each key that the
-      version files give as of the snapshot.
+      version files give as of the snapshot;
+    * every file marked for a closed interval holds each row's next version (``superseded_at``).
     """
     rng = random.Random(seed)
     problems: list[Problem] = []
@@ -293,9 +294,40 @@ def verify_data(state: CatalogState, store: ObjectStore, snapshot_samples: int =
                     problems.append(Problem("snapshot_mismatch", snapshot.path,
                                             f"key {key} differs from the versions as of {snapshot.snapshot_as_of}"))
                 con.unregister("s")
+            problems += _check_superseded(con, store, state, table_uuid)
             con.unregister("v")
     finally:
         con.close()
+    return problems
+
+
+_MARKED_SCHEMA = _RESERVED_SCHEMA.append(pa.field(SUPERSEDED, pa.int64()))
+
+
+def _check_superseded(con: duckdb.DuckDBPyConnection, store: ObjectStore, state: CatalogState,
+                      table_uuid: str) -> list[Problem]:
+    """Every file marked closed until S' holds, per row, its key's next version below S' (a
+    snapshot row: its key's first version in [snapshot, S')), from the live versions (view ``v``)."""
+    problems: list[Problem] = []
+    for entry in state.files_of(table_uuid):
+        upper = entry.closed_until
+        if upper is None or not entry.row_count:
+            continue
+        con.register("m", dataset_of(store, [entry], _MARKED_SCHEMA))
+        if entry.kind is FileKind.SNAPSHOT:
+            expected = (f"SELECT {KEY}, min({LT}) AS nxt FROM v WHERE {LT} >= {entry.snapshot_as_of} "
+                        f"AND {LT} < {upper} GROUP BY {KEY}")
+            join = f"LEFT JOIN ({expected}) n USING ({KEY})"
+        else:
+            expected = f"SELECT {KEY}, {LT}, lead({LT}) OVER (PARTITION BY {KEY} ORDER BY {LT}) AS nxt FROM v"
+            join = f"LEFT JOIN ({expected}) n USING ({KEY}, {LT})"
+        wrong = con.execute(
+            f"SELECT m.{KEY}, m.{LT} FROM m {join} WHERE m.{SUPERSEDED} IS DISTINCT FROM "
+            f"(CASE WHEN n.nxt < {upper} THEN n.nxt END) ORDER BY 1, 2 LIMIT 3").fetchall()
+        for key, t in wrong:
+            problems.append(Problem("superseded_mismatch", entry.path,
+                                    f"key {key} at t {t}: superseded_at is not its next version below {upper}"))
+        con.unregister("m")
     return problems
 
 
@@ -435,6 +467,7 @@ def _entry_from_footer(path: str, meta: FileMetadata, footer: pq.FileMetaData, s
         max_key=max_key,
         segments=meta.segments,
         snapshot_as_of=meta.snapshot_as_of,
+        closed_until=meta.closed_until,
     )
 
 

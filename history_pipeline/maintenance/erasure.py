@@ -55,12 +55,13 @@ from history_pipeline.schema import Supercolumn, replay_schema_history
 from history_pipeline.supertable import (
     KEY,
     METADATA_KEY,
+    SUPERSEDED,
     FileMetadata,
     new_file_path,
     read_file_metadata,
     supertable_schema,
 )
-from history_pipeline.supertable.read import dataset_of
+from history_pipeline.supertable.read import dataset_of, footer
 
 INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
 ERASABLE = (FileKind.VERSIONS, FileKind.SNAPSHOT)
@@ -151,7 +152,13 @@ def erase_file_task(task: EraseTask) -> EraseOutcome:
     """Rewrite one file without the keys; nothing is committed here."""
     objects = open_executor_store(task.store_config)
     entry = task.file
-    dataset = dataset_of(objects, [entry], supertable_schema(task.supercolumns))
+    schema = supertable_schema(task.supercolumns)
+    # removing whole keys leaves every other row's next version as it was: a closed interval's
+    # superseded_at (and the file's mark) is kept
+    marked = SUPERSEDED in footer(objects, entry.path).columns
+    if marked:
+        schema = schema.append(pa.field(SUPERSEDED, pa.int64()))
+    dataset = dataset_of(objects, [entry], schema)
     erased = pa.array(task.keys, pa.int64())
     hits = pc.sum(pc.is_in(dataset.to_table(columns=[KEY]).column(KEY), value_set=erased)).as_py() or 0
     if not hits:
@@ -165,7 +172,8 @@ def erase_file_task(task: EraseTask) -> EraseOutcome:
         meta = FileMetadata(task.database, task.table_uuid, entry.kind, task.txn_hint, entry.min_t,
                             None if entry.max_t is None else entry.max_t + 1, segments=entry.segments,
                             snapshot_as_of=entry.snapshot_as_of)
-    meta = replace(meta, txn_id=task.txn_hint, replaces=(entry.path,))
+    meta = replace(meta, txn_id=task.txn_hint, replaces=(entry.path,),
+                   closed_until=meta.closed_until if marked else None)
     path = new_file_path(task.database, task.table_uuid, entry.kind, task.txn_hint)
     return EraseOutcome(entry.path, write_parquet(objects, path, rest, meta), hits)
 
@@ -374,8 +382,11 @@ def known_targets(objects: ObjectStore, database: str) -> list[str]:
 # --- physical deletion ----------------------------------------------------------------
 
 
-def purge_erased(store: DatabaseHandle, paths: Sequence[str]) -> int:
-    """Delete the files an erasure replaced now, rather than after the grace period.
+def purge_erased(store: DatabaseHandle, paths: Sequence[str], table_uuid: str | None = None,
+                 keys: Sequence[int] = ()) -> int:
+    """Delete the files an erasure replaced now, rather than after the grace period, and every
+    other tombstone of ``table_uuid`` that may hold one of the sorted ``keys`` (files an earlier
+    merge or interval close replaced still hold them until ``cleanup``).
 
     The log (and the commit records) are pruned up to the newest state first, so no
     retained transaction can read the deleted files: time travel to a catalog
@@ -389,7 +400,9 @@ def purge_erased(store: DatabaseHandle, paths: Sequence[str]) -> int:
     if log.records_prefix is not None:
         write_base(store.objects, log.records_prefix, state)
         prune_records(store.objects, log.records_prefix, state.txn_id)
-    gone = [p for p in paths if p in state.tombstones and p not in state.files]
+    stale = [p for p, tomb in state.tombstones.items()
+             if tomb.entry.table_uuid == table_uuid and tomb.entry.kind in ERASABLE and may_hold(tomb.entry, keys)]
+    gone = [p for p in dict.fromkeys([*paths, *stale]) if p in state.tombstones and p not in state.files]
     for path in gone:
         store.objects.delete(path)
     if gone:
@@ -441,5 +454,5 @@ def erase(store: DatabaseHandle, request: ErasureRequest, *, spark: Any | None =
         summary.export_files_rewritten += erase_exports(target, store.database, request.table_uuid, keys)
     step("cold_tier_written")
     if purge_now:
-        summary.files_deleted = purge_erased(store, removed)
+        summary.files_deleted = purge_erased(store, removed, request.table_uuid, keys)
     return summary

@@ -11,6 +11,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+import pyarrow as pa
+
 from history_pipeline.catalog.files import write_parquet
 from history_pipeline.catalog.handle import DatabaseHandle
 from history_pipeline.catalog.model import AddFile, CatalogState, FileEntry, FileKind, RemoveFile
@@ -20,12 +22,13 @@ from history_pipeline.schema import Supercolumn, replay_schema_history
 from history_pipeline.supertable import (
     KEY,
     LT,
+    SUPERSEDED,
     FileMetadata,
     new_file_path,
     read_file_metadata,
     supertable_schema,
 )
-from history_pipeline.supertable.read import dataset_of
+from history_pipeline.supertable.read import dataset_of, footer
 
 DEFAULT_SMALL_FILE_BYTES = 32 * 1024 * 1024
 DEFAULT_TARGET_ROWS = 2_000_000
@@ -64,6 +67,14 @@ def merge_table_task(task: MergeTask) -> tuple[FileEntry, ...]:
     """Read a table's small files, sort by (key, t), write them back as large files."""
     store = open_executor_store(task.store_config)
     schema = supertable_schema(task.supercolumns)
+    # files of one closed interval stay marked (merging only regroups its rows, so each row's
+    # superseded_at still holds); anything else loses the column and the mark
+    closed = task.files[0].closed_until
+    if closed is not None and all(f.closed_until == closed and SUPERSEDED in footer(store, f.path).columns
+                                  for f in task.files):
+        schema = schema.append(pa.field(SUPERSEDED, pa.int64()))
+    else:
+        closed = None
     rows = dataset_of(store, task.files, schema).to_table().sort_by([(KEY, "ascending"), (LT, "ascending")])
     replaces = tuple(f.path for f in task.files)
     segments = tuple(sorted({s for f in task.files for s in f.segments}))
@@ -82,6 +93,7 @@ def merge_table_task(task: MergeTask) -> tuple[FileEntry, ...]:
             segments=segments,
             replaces=replaces,
             earliest=max(purges, default=None),
+            closed_until=closed,
         )
         path = new_file_path(task.database, task.table_uuid, FileKind.VERSIONS, task.txn_hint)
         entries.append(write_parquet(store, path, part, meta))
@@ -91,7 +103,8 @@ def merge_table_task(task: MergeTask) -> tuple[FileEntry, ...]:
 def plan_merges(
     state: CatalogState, store_config: dict[str, Any], database: str, small_file_bytes: int, target_rows: int
 ) -> list[MergeTask]:
-    """One task per table that has at least two small version files."""
+    """One task per table and closed interval (files marked ``closed_until`` the same snapshot, or
+    unmarked) that has at least two small version files: merging within an interval keeps the mark."""
     supers = replay_schema_history(state.schema_history).supercolumns
     tasks = []
     for table_uuid in sorted({f.table_uuid for f in state.files.values() if f.table_uuid}):
@@ -100,12 +113,15 @@ def plan_merges(
             for f in state.files_of(table_uuid, FileKind.VERSIONS)
             if f.size_bytes < small_file_bytes and f.row_count > 0
         ]
-        if len(small) < 2:
-            continue
-        tasks.append(
-            MergeTask(store_config, database, table_uuid, tuple(small), tuple(supers.get(table_uuid, ())),
-                      state.txn_id + 1, target_rows)
-        )
+        marks = sorted({f.closed_until for f in small}, key=lambda m: (m is not None, m or 0))
+        for mark in marks:
+            group = [f for f in small if f.closed_until == mark]
+            if len(group) < 2:
+                continue
+            tasks.append(
+                MergeTask(store_config, database, table_uuid, tuple(group), tuple(supers.get(table_uuid, ())),
+                          state.txn_id + 1, target_rows)
+            )
     return tasks
 
 
@@ -136,7 +152,8 @@ def merge(
 
     store.catalog.commit("merge", build)
     for task, added in zip(tasks, results, strict=True):
-        summary.tables.append(task.table_uuid)
+        if task.table_uuid not in summary.tables:
+            summary.tables.append(task.table_uuid)
         summary.files_removed += len(task.files)
         summary.bytes_removed += sum(f.size_bytes for f in task.files)
         summary.files_added += len(added)

@@ -11,11 +11,11 @@ from dataclasses import dataclass
 import pyarrow as pa
 import pyarrow.dataset as ds
 
-from history_pipeline.catalog.files import select_files
+from history_pipeline.catalog.files import is_closed_read, select_files
 from history_pipeline.catalog.model import CatalogState, FileEntry
 from history_pipeline.io.store import LocalStore, ObjectStore
 from history_pipeline.schema import Supercolumn
-from history_pipeline.supertable import DELETED, KEY, LT, supertable_schema
+from history_pipeline.supertable import DELETED, KEY, LT, SUPERSEDED, supertable_schema
 from history_pipeline.supertable.read import dataset_of, footer
 
 
@@ -107,6 +107,9 @@ def live_sql(
     ``t`` range is a filter on each scan, so row groups outside it are skipped by their min/max.
     Local files are read by DuckDB's Parquet reader (only the columns and row groups a query
     needs); object-store files through Arrow datasets registered as ``{name}__{part}``.
+    In a closed interval (``FileSelection.closed``: every file marked for [snapshot, next
+    snapshot) and holding ``superseded_at``) the read is two filtered scans instead, no join:
+    the rows not deleted whose ``superseded_at`` is NULL or at/above ``as_of``.
     Columns: synthetic_key, is_deleted, logical_timestamp, then ``columns`` (supercolumn names).
     ``con`` only names DuckDB's types (of columns no file has yet); nothing is created on it.
     """
@@ -120,11 +123,14 @@ def live_sql(
     k, d, lt = _quote(KEY), _quote(DELETED), _quote(LT)
     lower = "" if selection.snapshot_as_of is None else f" AND {lt} >= {selection.snapshot_as_of}"
     in_range = f" WHERE {lt} < {as_of}{lower}"
+    closed = is_closed_read(store, selection)
+    marked = schema.append(pa.field(SUPERSEDED, pa.int64()))
+    sup = _quote(SUPERSEDED)
 
     def source(files: Sequence[FileEntry], part: str, where: str) -> str:
         if not local:
             registered = f"{name}__{part}"
-            datasets.append((registered, dataset_of(store, files, schema)))
+            datasets.append((registered, dataset_of(store, files, marked if closed else schema)))
             return f"(SELECT {', '.join(_quote(c) for c in wanted)} FROM {_quote(registered)}{where})"
         full = [store.full_path(f.path) for f in files]
         paths.extend(full)
@@ -164,6 +170,17 @@ def live_sql(
             parts.append(f"SELECT {nulls} WHERE false")
         return " UNION ALL ".join(f"({part})" for part in parts)
 
+    if closed:
+        # a closed interval: each layer's current rows are those not superseded below as_of, and
+        # their keys are unique across layers, so the read is filtered scans, no join
+        current = f" AND NOT {d} AND ({sup} IS NULL OR {sup} >= {as_of})"
+        parts = []
+        if selection.snapshot:
+            parts.append(source(selection.snapshot, "snapshot", f" WHERE true{current}"))
+        if selection.versions:
+            parts.append(source(selection.versions, "versions", f"{in_range}{current}"))
+        return LiveSql(" UNION ALL ".join(f"(SELECT * FROM {part})" for part in parts), tuple(datasets),
+                       tuple(paths))
     head, tail = version_layers(selection.versions)
     head_sql = source(head, "head", in_range) if head else None
     tail_sql = source(tail, "tail", in_range) if tail else None

@@ -31,6 +31,9 @@ from history_pipeline.types import arrow_native, arrow_type, to_arrow_value
 
 KEY, DELETED, LT = "synthetic_key", "is_deleted", "logical_timestamp"
 RESERVED = (KEY, DELETED, LT)
+#: in files of a closed interval [S, S') (footer ``closed_until = S'``): the t of the next version
+#: of the row's key below S' (NULL: none), so a read as of T in [S, S') is a filter, no join
+SUPERSEDED = "superseded_at"
 ROW_GROUP_ROWS = 16_384
 METADATA_KEY = b"history_pipeline"
 
@@ -96,6 +99,8 @@ class FileMetadata:
     replaces: tuple[str, ...] = ()
     earliest: int | None = None  # set by retention: answers exist only for as_of >= earliest
     attempt: str | None = None  # one compaction attempt's id: rebuild adopts the files of one attempt only
+    #: S' when every row's ``superseded_at`` is its key's next version below S' (a closed interval)
+    closed_until: int | None = None
 
     def to_bytes(self) -> bytes:
         return json.dumps(
@@ -112,6 +117,7 @@ class FileMetadata:
                 "replaces": list(self.replaces),
                 "earliest": self.earliest,
                 "attempt": self.attempt,
+                **({"closed_until": self.closed_until} if self.closed_until is not None else {}),
             }
         ).encode()
 
@@ -131,6 +137,7 @@ class FileMetadata:
             replaces=tuple(obj.get("replaces", ())),
             earliest=obj.get("earliest"),
             attempt=obj.get("attempt"),
+            closed_until=obj.get("closed_until"),
         )
 
 

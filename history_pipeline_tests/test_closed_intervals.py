@@ -1,0 +1,210 @@
+"""Closed intervals (issue 13): once snapshot S' exists, the files of [S, S') carry ``superseded_at``
+and a read as of T in [S, S') is filtered scans, no join. Each test asserts the filter path is the
+one taken (on the selection and the SQL, not on timing) and that every answer equals the model at
+every T, also after merge, erasure, retention and a catalog rebuild; where a file loses its mark the
+reader falls back to the layered reconstruction and stays exact."""
+
+from __future__ import annotations
+
+import random
+
+import duckdb
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from history_pipeline import HistoryStore, QueryError, StoreSettings
+from history_pipeline.catalog.files import is_closed_read, select_files
+from history_pipeline.catalog.model import FileKind
+from history_pipeline.errors import PurgedTimestampError
+from history_pipeline.maintenance.snapshots import close_intervals, closed_intervals
+from history_pipeline.query.scan import live_sql
+from history_pipeline.schema import replay_schema_history
+from history_pipeline.supertable import SUPERSEDED
+from history_pipeline_tests.model import BaseDatabase
+from history_pipeline_tests.test_compaction import _split, check_against_model, random_history, write
+from history_pipeline_tests.test_query_layers import CREATE, _delete, _insert, _update, _valid
+from history_pipeline_tests.test_read_path import check_sql_against_model
+
+SMALL_SNAPSHOTS = StoreSettings(snapshot_min_versions=6, snapshot_ratio=0.2)
+
+
+def _load(store, batches):
+    events = []
+    for batch in _valid(batches):
+        write(store, batch)
+        store.compact(spark=False)
+        events += batch
+    return events
+
+
+def _items_history(store):
+    """Inserts, updates (several per key per segment), deletes and re-inserts over many segments."""
+    rng = random.Random(7)
+    batches = [[CREATE] + [_insert(2, k, k) for k in range(40)]]
+    t = 3
+    for _ in range(12):
+        batch = []
+        for _ in range(rng.randint(1, 3)):
+            keys = rng.sample(range(50), 12)
+            batch += [_update(t, k, rng.randint(0, 100)) for k in keys[:6]]
+            batch += [_delete(t, k) for k in keys[6:9]] + [_insert(t, k, rng.randint(0, 100)) for k in keys[9:]]
+            t += 1
+        batches.append(batch)
+    return _load(store, batches)
+
+
+def _snapshots(store, table="T"):
+    return sorted({f.snapshot_as_of for f in store.catalog_state().files_of(table, FileKind.SNAPSHOT)})
+
+
+def _closed(store, as_of, table="T"):
+    return is_closed_read(store.objects, select_files(store.catalog_state(), table, as_of))
+
+
+def _check_items(store, events, as_ofs):
+    """load_table, its stream and sql (whole rows and a filtered aggregate) against the model."""
+    model = BaseDatabase()
+    for e in events:
+        model.apply(e)
+    for as_of in as_ofs:
+        expected = model.table_as_of("items", as_of) or {}
+        got = store.load_table("items", as_of)
+        assert {r.pop("synthetic_key"): r for r in got.to_pylist()} == expected, as_of
+        assert got.column("synthetic_key").to_pylist() == sorted(expected), as_of  # key order
+        assert store.load_table_reader("items", as_of, batch_size=7).read_all().equals(got), as_of
+        kept = [r["a"] for r in expected.values() if r["a"] is not None and r["a"] >= 50]
+        answer = store.sql("SELECT count(*) AS c, sum(a) AS s FROM items WHERE a >= 50", as_of).to_pylist()
+        assert answer == [{"c": len(kept), "s": sum(kept) if kept else None}], as_of
+    check_sql_against_model(store, events, as_ofs)
+
+
+def test_every_t_below_the_newest_snapshot_is_a_filter_scan_equal_to_the_model(tmp_path):
+    store = HistoryStore.open(tmp_path, database="db", settings=SMALL_SNAPSHOTS)
+    events = _items_history(store)
+    snapshots = _snapshots(store)
+    assert len(snapshots) >= 3
+    state = store.catalog_state()
+    assert closed_intervals(state, "T") == []  # every closed interval is marked
+    for f in state.files_of("T"):
+        marked = f.closed_until is not None
+        assert marked == (SUPERSEDED in pq.read_schema(store.objects.full_path(f.path)).names), f.path
+        assert marked == (f.kind is FileKind.SNAPSHOT and f.snapshot_as_of < snapshots[-1]
+                          or f.kind is FileKind.VERSIONS and f.max_t < snapshots[-1])
+    for as_of in range(3, store.frontier + 2):  # at 2 there is nothing to read
+        assert _closed(store, as_of) == (as_of < snapshots[-1]), as_of
+    assert store.verify() == []  # every mark agrees with the versions
+    # the SQL itself has no join on the filter path, and keeps the layered one above the newest snapshot
+    supers = replay_schema_history(state.schema_history).supercolumns["T"]
+    with duckdb.connect() as db:
+        for as_of, closed in ((snapshots[-2] - 1, True), (snapshots[-1] + 1, False)):
+            sql = live_sql(store.objects, state, "T", supers, as_of, [s.name for s in supers], "v", db).sql
+            assert (SUPERSEDED in sql) == closed and ("JOIN" not in sql or not closed), as_of
+    _check_items(store, events, range(2, store.frontier + 2))
+
+
+def test_marks_survive_merge_erasure_and_rebuild_and_retention_falls_back_where_it_must(tmp_path):
+    store = HistoryStore.open(tmp_path, database="db", settings=SMALL_SNAPSHOTS)
+    events = _items_history(store)
+    snapshots = _snapshots(store)
+    closed_ts = [t for t in range(3, store.frontier + 2) if t < snapshots[-1]]
+
+    summary = store.merge(small_file_bytes=1 << 30)
+    assert summary.files_removed > summary.files_added  # files of one interval were merged, marks kept
+    assert all(_closed(store, t) for t in closed_ts)
+    _check_items(store, events, range(2, store.frontier + 2))
+
+    erased = (3, 17, 44)
+    store.erase("items", erased, requested_by="test")
+    events = [e for e in events if e.get("key") not in erased]
+    assert all(_closed(store, t) for t in closed_ts)
+    _check_items(store, events, range(2, store.frontier + 2))
+
+    store.rebuild_catalog()
+    assert all(_closed(store, t) for t in closed_ts)
+    _check_items(store, events, range(2, store.frontier + 2))
+
+    # retention inside an interval: its snapshot goes, the kept rows are a new unmarked file, so
+    # reads in what is left of that interval fall back; intervals above the purge point stay closed
+    purge = (snapshots[1] + snapshots[2]) // 2
+    store.retain(purge)
+    with pytest.raises(PurgedTimestampError):
+        store.load_table("items", purge - 1)
+    left = range(purge, store.frontier + 2)
+    assert not _closed(store, purge)
+    assert all(_closed(store, t) for t in left if snapshots[2] <= t < snapshots[-1])
+    _check_items(store, events, left)
+    # the next close marks the interval again (the kept rows' next versions are the same history)
+    assert close_intervals(store) > 0
+    assert all(_closed(store, t) for t in left if t < snapshots[-1])
+    _check_items(store, events, left)
+
+
+def test_a_query_in_a_closed_interval_reads_only_the_columns_it_uses(tmp_path):
+    store = HistoryStore.open(tmp_path, database="db", settings=SMALL_SNAPSHOTS)
+    _items_history(store)
+    as_of = _snapshots(store)[-1] - 1  # the worst T: just before the newest snapshot
+    assert _closed(store, as_of)
+    expected = store.sql("SELECT sum(a) AS s, count(*) AS c FROM items", as_of).to_pylist()
+    rows = store.load_table("items", as_of).to_pylist()
+    assert expected == [{"s": sum(r["a"] for r in rows if r["a"] is not None), "c": len(rows)}]
+    damaged = 0
+    for f in store.catalog_state().files.values():
+        if f.table_uuid != "T":
+            continue
+        path = store.objects.full_path(f.path)
+        meta = pq.read_metadata(path)
+        index = meta.schema.to_arrow_schema().get_field_index("n-1")
+        with open(path, "r+b") as handle:
+            for rg in range(meta.num_row_groups):
+                chunk = meta.row_group(rg).column(index)
+                handle.seek(chunk.dictionary_page_offset or chunk.data_page_offset)
+                handle.write(b"\xff" * chunk.total_compressed_size)
+                damaged += 1
+    assert damaged
+    assert store.sql("SELECT sum(a) AS s, count(*) AS c FROM items", as_of).to_pylist() == expected
+    with pytest.raises(QueryError):
+        store.sql("SELECT max(note) AS m FROM items", as_of)
+
+
+@pytest.mark.parametrize("seed", [5, 21])
+def test_random_histories_with_schema_changes_equal_the_model_and_use_the_filter_path(tmp_path, seed):
+    events = random_history(seed, n_events=120)
+    store = HistoryStore.open(tmp_path, database="db", settings=SMALL_SNAPSHOTS)
+    for batch in _split(events, random.Random(seed)):
+        write(store, batch)
+        store.compact(spark=False)
+    state = store.catalog_state()
+    tables = sorted({f.table_uuid for f in state.files.values() if f.table_uuid})
+    closed = sum(_closed(store, t, table) for table in tables for t in range(0, store.frontier + 2))
+    assert closed > 0
+    check_against_model(store, events)
+    check_sql_against_model(store, events, range(0, store.frontier + 2))
+
+
+def test_closed_intervals_on_an_s3_root(tmp_path, s3_bucket, s3_options):
+    """On S3 the interval is closed through Arrow datasets (no local paths) and read the same way."""
+    store = HistoryStore.open(s3_bucket, database="db", wal_dir=tmp_path / "wal", s3=s3_options,
+                              settings=SMALL_SNAPSHOTS)
+    events = _items_history(store)
+    snapshots = _snapshots(store)
+    closed = [t for t in range(3, store.frontier + 2) if _closed(store, t)]
+    assert closed and max(closed) == snapshots[-1] - 1
+    _check_items(store, events, [closed[0], closed[len(closed) // 2], closed[-1], store.frontier + 1])
+
+
+def test_verify_names_a_file_whose_superseded_at_is_wrong(tmp_path):
+    store = HistoryStore.open(tmp_path, database="db", settings=SMALL_SNAPSHOTS)
+    _items_history(store)
+    marked = [f for f in store.catalog_state().files_of("T", FileKind.VERSIONS) if f.closed_until is not None]
+    # a file with a row superseded inside its interval
+    victim = next(f for f in marked
+                  if pq.read_table(store.objects.full_path(f.path)).column(SUPERSEDED).null_count < f.row_count)
+    path = store.objects.full_path(victim.path)
+    table = pq.read_table(path)
+    column = table.schema.get_field_index(SUPERSEDED)
+    table = table.set_column(column, table.schema.field(column), pa.nulls(table.num_rows, pa.int64()))
+    pq.write_table(table, path)
+    problems = store.verify()
+    assert problems and {p.kind for p in problems} == {"superseded_mismatch"}
+    assert all(p.path == victim.path for p in problems)
