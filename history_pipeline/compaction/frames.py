@@ -33,6 +33,7 @@ from history_pipeline.catalog.model import CatalogState, FileEntry, FileKind
 from history_pipeline.compaction.carriers import carrier_type, from_carrier, to_carrier
 from history_pipeline.compaction.fold import GONE, PRIOR, fold
 from history_pipeline.compaction.plan import Backfill, TablePlan, _apply_schema
+from history_pipeline.compaction.vector_decode import Epoch, decode_canonical, row_names
 from history_pipeline.errors import (
     CastError,
     HistoryConflictError,
@@ -276,98 +277,107 @@ def _value_columns(values: list[list[Any]], supercolumns: Sequence[Supercolumn])
     return out
 
 
-@dataclass(frozen=True)
-class _Epoch:
-    table: TableDescriptor | None
-    by_uuid: dict[str, tuple[Any, int]]  # column uuid -> (descriptor, supercolumn index)
-    in_force: frozenset[int]
-    defaults: dict[int, Any]
-
-
-def _epochs(work: TableWork) -> list[_Epoch]:
+def _epochs(work: TableWork) -> list[Epoch]:
     index = {s.name: i for i, s in enumerate(work.supercolumns_after)}
     out = []
     for table in work.epochs:
         if table is None:
-            out.append(_Epoch(None, {}, frozenset(), {}))
+            out.append(Epoch(None, {}, frozenset(), {}))
             continue
         by_uuid = {c.column_uuid: (c, index[c.supercolumn]) for c in table.columns}
         defaults = {index[c.supercolumn]: c.default_value() for c in table.columns if c.default is not None}
-        out.append(_Epoch(table, by_uuid, frozenset(i for _, i in by_uuid.values()), defaults))
+        out.append(Epoch(table, by_uuid, frozenset(i for _, i in by_uuid.values()), defaults))
     return out
 
 
-def _decoder(work: TableWork, segment: str) -> Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]:
-    """An Arrow UDF: (line, text) rows of one table in, decoded and checked mutations out."""
+def _decoder(
+    work: TableWork, segment: str, fast: bool = True
+) -> Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]:
+    """An Arrow UDF: (line, text) rows of one table in, decoded and checked mutations out.
+
+    Rows in the writer's canonical form are decoded as Arrow kernels (``vector_decode``); the
+    others (and every row with ``fast=False``) by the reference decoder, row by row."""
     supercolumns = work.supercolumns_after
-    width = len(supercolumns)
 
     def decode(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         epochs = _epochs(work)
         for batch in batches:
-            lines, texts = batch.column(0).to_pylist(), batch.column(1).to_pylist()
-            n = len(lines)
-            ts: list[Any] = [None] * n
-            kinds: list[Any] = [None] * n
-            keys: list[Any] = [None] * n
-            classes: list[Any] = [None] * n
-            reasons: list[Any] = [None] * n
-            values: list[list[Any]] = [[None] * n for _ in range(width)]
-            sets: list[list[bool]] = [[False] * n for _ in range(width)]
-            for r, (line, text) in enumerate(zip(lines, texts, strict=True)):
-                try:
-                    event = parse_line(text, segment=segment, line=line)
-                    epoch = epochs[bisect.bisect_left(work.epoch_lines, line) - 1]
-                    kind = _KINDS[type(event)]
-                    table = epoch.table
-                    if table is None:
-                        raise HistoryConflictError(
-                            f"{kind} into unknown table {event.table_uuid}", segment=segment, line=line
-                        )
-                    ts[r], kinds[r], keys[r] = event.t, kind, event.key
-                    if kind == "delete":
-                        continue
-                    given = _decode_values(event, epoch, table, segment, line)
-                    for i in range(width):
-                        if i in given:
-                            values[i][r] = given[i]
-                            sets[i][r] = True
-                        elif i not in epoch.in_force:
-                            sets[i][r] = True  # not in force at this event: NULL in its image
-                        elif kind == "insert":
-                            values[i][r] = epoch.defaults.get(i)
-                            sets[i][r] = True
-                    if kind == "insert":
-                        for c, i in epoch.by_uuid.values():
-                            if not c.is_nullable and values[i][r] is None:
-                                raise HistoryConflictError(
-                                    f"insert into {table.table_name} leaves NOT NULL column {c.column_name} empty",
-                                    segment=segment,
-                                    line=line,
-                                )
-                except MalformedRecordError as exc:
-                    ts[r] = kinds[r] = keys[r] = None
-                    classes[r], reasons[r] = type(exc).__name__, exc.reason
-                    for i in range(width):
-                        values[i][r], sets[i][r] = None, False
-            arrays = [
-                pa.array(lines, pa.int64()), pa.array(ts, pa.int64()), pa.array(kinds, pa.string()),
-                pa.array(keys, pa.int64()), pa.array(classes, pa.string()), pa.array(reasons, pa.string()),
-            ]
-            arrays += _value_columns(values, supercolumns)
-            arrays += [pa.array(s, pa.bool_()) for s in sets]
-            yield pa.RecordBatch.from_arrays(arrays, names=_row_names(width))
+            if not batch.num_rows:
+                continue
+            rest = batch
+            if fast:
+                decoded, left = decode_canonical(
+                    batch.column(0), batch.column(1), work.table_uuid, work.epoch_lines, epochs, supercolumns
+                )
+                if decoded is not None and decoded.num_rows:
+                    yield decoded
+                if not len(left):
+                    continue
+                rest = batch.take(pa.array(left))
+            yield _reference_batch(rest, epochs, work, segment)
 
     return decode
 
 
-def _row_names(width: int) -> list[str]:
-    return ["line", "t", "kind", "key", "error_class", "reason"] + [f"v{i}" for i in range(width)] + [
-        f"s{i}" for i in range(width)
+def _reference_batch(batch: pa.RecordBatch, epochs: Sequence[Epoch], work: TableWork, segment: str) -> pa.RecordBatch:
+    """The reference decoder (``parse_line`` and ``decode_value``, row by row) over one batch."""
+    supercolumns = work.supercolumns_after
+    width = len(supercolumns)
+    lines, texts = batch.column(0).to_pylist(), batch.column(1).to_pylist()
+    n = len(lines)
+    ts: list[Any] = [None] * n
+    kinds: list[Any] = [None] * n
+    keys: list[Any] = [None] * n
+    classes: list[Any] = [None] * n
+    reasons: list[Any] = [None] * n
+    values: list[list[Any]] = [[None] * n for _ in range(width)]
+    sets: list[list[bool]] = [[False] * n for _ in range(width)]
+    for r, (line, text) in enumerate(zip(lines, texts, strict=True)):
+        try:
+            event = parse_line(text, segment=segment, line=line)
+            epoch = epochs[bisect.bisect_left(work.epoch_lines, line) - 1]
+            kind = _KINDS[type(event)]
+            table = epoch.table
+            if table is None:
+                raise HistoryConflictError(
+                    f"{kind} into unknown table {event.table_uuid}", segment=segment, line=line
+                )
+            ts[r], kinds[r], keys[r] = event.t, kind, event.key
+            if kind == "delete":
+                continue
+            given = _decode_values(event, epoch, table, segment, line)
+            for i in range(width):
+                if i in given:
+                    values[i][r] = given[i]
+                    sets[i][r] = True
+                elif i not in epoch.in_force:
+                    sets[i][r] = True  # not in force at this event: NULL in its image
+                elif kind == "insert":
+                    values[i][r] = epoch.defaults.get(i)
+                    sets[i][r] = True
+            if kind == "insert":
+                for c, i in epoch.by_uuid.values():
+                    if not c.is_nullable and values[i][r] is None:
+                        raise HistoryConflictError(
+                            f"insert into {table.table_name} leaves NOT NULL column {c.column_name} empty",
+                            segment=segment,
+                            line=line,
+                        )
+        except MalformedRecordError as exc:
+            ts[r] = kinds[r] = keys[r] = None
+            classes[r], reasons[r] = type(exc).__name__, exc.reason
+            for i in range(width):
+                values[i][r], sets[i][r] = None, False
+    arrays = [
+        pa.array(lines, pa.int64()), pa.array(ts, pa.int64()), pa.array(kinds, pa.string()),
+        pa.array(keys, pa.int64()), pa.array(classes, pa.string()), pa.array(reasons, pa.string()),
     ]
+    arrays += _value_columns(values, supercolumns)
+    arrays += [pa.array(s, pa.bool_()) for s in sets]
+    return pa.RecordBatch.from_arrays(arrays, names=row_names(width))
 
 
-def _decode_values(event: Any, epoch: _Epoch, table: TableDescriptor, segment: str, line: int) -> dict[int, Any]:
+def _decode_values(event: Any, epoch: Epoch, table: TableDescriptor, segment: str, line: int) -> dict[int, Any]:
     given: dict[int, Any] = {}
     for column_uuid, raw in event.values.items():
         found = epoch.by_uuid.get(column_uuid)
