@@ -10,11 +10,11 @@ Per verified segment the driver runs two Spark actions and never holds the segme
 2. *decode, fold and write* (one action): per table, executors decode and check each row
    event against its epoch (the project's own decoders, so values and messages are those of
    the contract); the prior image is read from the table's files on executors (only the
-   touched keys, a broadcast semi-join, unless a backfill needs every live key); one range
-   shuffle puts whole keys together sorted by (key, t, line), and one Arrow UDF per key range
+   touched keys, a broadcast semi-join, unless a backfill needs every live key); one hash
+   shuffle on the key puts whole keys together sorted by (key, t, line), and one Arrow UDF per part
    validates, folds (``fold.py``, vectorized), applies backfills, and writes the versions and
-   snapshot files. Back come the files' statistics, or a range's smallest failing line (then
-   the caller discards the files other ranges wrote).
+   snapshot files. Back come the files' statistics, or a part's smallest failing line (then
+   the caller discards the files other parts wrote).
 
 The driver then commits exactly as the in-process path does (``compactor.py``).
 """
@@ -26,7 +26,9 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from history_pipeline.catalog.files import select_files, write_parquet
 from history_pipeline.catalog.model import CatalogState, FileEntry, FileKind
@@ -117,26 +119,31 @@ class FrameContext:
 # --- stage 1: split and route ----------------------------------------------------------
 
 
+def _chunk_lines(path: str, body_bytes: int, chunk: int, chunks: int) -> Iterator[pa.RecordBatch]:
+    """(line, text) rows of one byte range of a segment's body (ranges start at line starts)."""
+    with open(path, "rb") as f:
+        body = f.read(body_bytes)
+    begin = _line_start(body, chunk * body_bytes // chunks)
+    end = _line_start(body, (chunk + 1) * body_bytes // chunks)
+    if begin >= end:
+        return
+    first = body.count(b"\n", 0, begin) + 1
+    lines = body[begin:end].split(b"\n")[:-1]  # the range ends with a newline
+    for at in range(0, len(lines), 65_536):
+        part = lines[at : at + 65_536]
+        yield pa.RecordBatch.from_arrays(
+            [pa.array(range(first + at, first + at + len(part)), pa.int64()), pa.array(part, pa.binary())],
+            names=["line", "text"],
+        )
+
+
 def _split_lines(body_bytes: int, chunks: int) -> Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]:
     """An Arrow UDF: (path, chunk) rows in, (line, text) rows of that byte range of the file out."""
 
     def split(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         for batch in batches:
             for path, chunk in zip(batch.column(0).to_pylist(), batch.column(1).to_pylist(), strict=True):
-                with open(path, "rb") as f:
-                    body = f.read(body_bytes)
-                begin = _line_start(body, chunk * body_bytes // chunks)
-                end = _line_start(body, (chunk + 1) * body_bytes // chunks)
-                if begin >= end:
-                    continue
-                first = body.count(b"\n", 0, begin) + 1
-                lines = body[begin:end].split(b"\n")[:-1]  # the range ends with a newline
-                for at in range(0, len(lines), 65_536):
-                    part = lines[at : at + 65_536]
-                    yield pa.RecordBatch.from_arrays(
-                        [pa.array(range(first + at, first + at + len(part)), pa.int64()), pa.array(part, pa.binary())],
-                        names=["line", "text"],
-                    )
+                yield from _chunk_lines(path, body_bytes, chunk, chunks)
 
     return split
 
@@ -151,12 +158,100 @@ def _line_start(body: bytes, offset: int) -> int:
     return len(body) if found < 0 else found + 1
 
 
+#: the start of a row event exactly as the WAL writer prints it (its table is read without parsing)
+ENVELOPE_RE = (r'^\{"op":"(?:insert|update|delete)","t":(?P<t>0|[1-9][0-9]{0,17}),'
+               r'"table_uuid":"(?P<table>[^"\\\x00-\x1f]+)","key":')
+#: the driver routes a segment itself only with at most this many other lines (schema changes ...)
+MAX_SCANNED_RECORDS = 10_000
+#: ... and at most this many touched tables (each table's decode tasks read the whole segment)
+MAX_SCANNED_TABLES = 8
+
+
+def _chunks(segment: SealedSegment) -> int:
+    # at least two ranges: parsing and decoding run on both cores of the smallest machine
+    return max(2, min(16, segment.body_bytes // CHUNK_BYTES + 1))
+
+
+def scan_segment(segment: SealedSegment) -> tuple[list[tuple[int, bytes]], list[tuple[str, int, int]]] | None:
+    """Route a segment on the driver, streaming, without Spark: (the lines that are not row
+    events in the writer's form, per touched table (uuid, rows, max t)), as ``route`` returns.
+
+    Row lines are recognised by a regular expression over whole chunks (Arrow, no per-line
+    Python). None when the segment is not for this shortcut (a row event in another form, too
+    many other lines or tables, invalid UTF-8): then ``route`` decides in Spark.
+    """
+    path = str(segment.ref.path.absolute())
+    chunks = _chunks(segment)
+    records: list[tuple[int, bytes]] = []
+    counts: dict[str, tuple[int, int]] = {}
+    for chunk in range(chunks):
+        for batch in _chunk_lines(path, segment.body_bytes, chunk, chunks):
+            try:
+                text = batch.column(1).cast(pa.string())
+            except pa.ArrowInvalid:
+                return None
+            parts = pc.extract_regex(text, ENVELOPE_RE)
+            row = np.asarray(parts.is_valid().to_numpy(zero_copy_only=False), bool)
+            other = np.nonzero(~row)[0]
+            if len(records) + len(other) > MAX_SCANNED_RECORDS:
+                return None
+            if len(other):
+                picked = batch.take(pa.array(other))
+                records += zip(picked.column(0).to_pylist(), picked.column(1).to_pylist(), strict=True)
+            if not row.any():
+                continue
+            rows = pa.table({"table": parts.field("table"), "t": parts.field("t")}).filter(pa.array(row))
+            rows = rows.set_column(1, "t", rows.column("t").cast(pa.int64()))
+            for r in rows.group_by("table").aggregate([("t", "count"), ("t", "max")]).to_pylist():
+                n, max_t = counts.get(r["table"], (0, -1))
+                counts[r["table"]] = (n + r["t_count"], max(max_t, r["t_max"]))
+    if len(counts) > MAX_SCANNED_TABLES:
+        return None
+    for line, text in records:  # a row event in another form: Spark's JSON reader routes it
+        try:
+            event = parse_line(text, line=line)
+        except MalformedRecordError:
+            continue
+        if type(event) in _KINDS:
+            return None
+    return records, sorted((u, n, t) for u, (n, t) in counts.items())
+
+
+def _file_decoder(
+    work: TableWork, segment: SealedSegment
+) -> Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]:
+    """An Arrow UDF: (chunk) rows in; that byte range's row events of one table (routed by
+    ``ENVELOPE_RE``, as ``scan_segment`` did) decoded and checked out."""
+    path, chunks = str(segment.ref.path.absolute()), _chunks(segment)
+    decode = _decoder(work, segment.ref.name)
+
+    def lines_of_table(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        for batch in batches:
+            for chunk in batch.column(0).to_pylist():
+                for part in _chunk_lines(path, segment.body_bytes, chunk, chunks):
+                    table = pc.extract_regex(part.column(1).cast(pa.string()), ENVELOPE_RE).field("table")
+                    mine = part.filter(pc.fill_null(pc.equal(table, work.table_uuid), False))
+                    if mine.num_rows:
+                        yield mine
+
+    def read(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        yield from decode(lines_of_table(batches))
+
+    return read
+
+
+def file_rows(spark: Any, work: TableWork, segment: SealedSegment) -> Any:
+    """One table's decoded rows, read straight from the segment file by its decode tasks."""
+    chunks = _chunks(segment)
+    tasks = spark.createDataFrame([(i,) for i in range(chunks)], "chunk int").repartition(chunks)
+    return tasks.mapInArrow(_file_decoder(work, segment), _row_ddl(work.supercolumns_after))
+
+
 def parsed_lines(spark: Any, segment: SealedSegment) -> Any:
     """(line, text, op, t, table_uuid) of every event line of a segment, parsed in the JVM."""
     from pyspark.sql import functions as F
 
-    # at least two ranges: parsing and decoding run on both cores of the smallest machine
-    chunks = max(2, min(16, segment.body_bytes // CHUNK_BYTES + 1))
+    chunks = _chunks(segment)
     tasks = spark.createDataFrame(
         [(str(segment.ref.path.absolute()), i) for i in range(chunks)], "path string, chunk int"
     )
@@ -402,41 +497,66 @@ def _decode_values(event: Any, epoch: Epoch, table: TableDescriptor, segment: st
     return given
 
 
+def _prior_batches(
+    work: TableWork, store: Any, as_of: int, files: Sequence[tuple[str, int | None]], keys: pa.Array | None = None
+) -> Iterator[pa.RecordBatch]:
+    """(key, t, is_deleted, v<i>) of the versions ``files`` hold below ``as_of`` (only ``keys``'
+    when given), each file read from ``lower`` on (a snapshot's from its start)."""
+    import pyarrow.dataset as ds
+
+    before = work.supercolumns_before
+    after = work.supercolumns_after
+    before_names = {s.name for s in before}
+    fs, _ = store.arrow_filesystem()
+    schema = supertable_schema(before)
+    for path, lower in files:
+        expr = ds.field(LT) < as_of
+        if lower is not None:
+            expr = expr & (ds.field(LT) >= lower)
+        if keys is not None:
+            expr = expr & ds.field(KEY).isin(keys)
+        dataset = ds.dataset([store.full_path(path)], schema=schema, format="parquet", filesystem=fs)
+        for part in dataset.to_batches(filter=expr):
+            if part.num_rows == 0:
+                continue
+            arrays = [part.column(KEY), part.column(LT), part.column(DELETED)]
+            for s in after:
+                t = arrow_type(s.data_type)
+                if s.name in before_names:
+                    arrays.append(to_carrier(part.column(s.name), t))
+                else:
+                    arrays.append(pa.nulls(part.num_rows, carrier_type(t)))
+            yield pa.RecordBatch.from_arrays(
+                arrays, names=["key", "t", "is_deleted"] + [f"v{i}" for i in range(len(after))]
+            )
+
+
 def _prior_reader(
     work: TableWork, config: dict[str, Any], as_of: int
 ) -> Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]:
     """An Arrow UDF: (path, lower) rows in, the versions those files hold below ``as_of`` out."""
-    before = work.supercolumns_before
-    after = work.supercolumns_after
-    before_names = {s.name for s in before}
 
     def read(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-        import pyarrow.dataset as ds
-
         store = open_executor_store(config)
-        fs, _ = store.arrow_filesystem()
-        schema = supertable_schema(before)
         for batch in batches:
-            for path, lower in zip(batch.column(0).to_pylist(), batch.column(1).to_pylist(), strict=True):
-                expr = ds.field(LT) < as_of
-                if lower is not None:
-                    expr = expr & (ds.field(LT) >= lower)
-                dataset = ds.dataset([store.full_path(path)], schema=schema, format="parquet", filesystem=fs)
-                for part in dataset.to_batches(filter=expr):
-                    if part.num_rows == 0:
-                        continue
-                    arrays = [part.column(KEY), part.column(LT), part.column(DELETED)]
-                    for s in after:
-                        t = arrow_type(s.data_type)
-                        if s.name in before_names:
-                            arrays.append(to_carrier(part.column(s.name), t))
-                        else:
-                            arrays.append(pa.nulls(part.num_rows, carrier_type(t)))
-                    yield pa.RecordBatch.from_arrays(
-                        arrays, names=["key", "t", "is_deleted"] + [f"v{i}" for i in range(len(after))]
-                    )
+            files = list(zip(batch.column(0).to_pylist(), batch.column(1).to_pylist(), strict=True))
+            yield from _prior_batches(work, store, as_of, files)
 
     return read
+
+
+def _prior_fold_rows(work: TableWork, prior: pa.RecordBatch) -> pa.RecordBatch:
+    """Prior versions as fold rows: line 0, kind ``prior`` (``gone`` for a delete), set where the
+    supercolumn existed before the segment (what ``prior_rows`` selects in Spark)."""
+    n = prior.num_rows
+    before_names = {s.name for s in work.supercolumns_before}
+    width = len(work.supercolumns_after)
+    kind = pc.if_else(prior.column("is_deleted"), pa.scalar(GONE), pa.scalar(PRIOR))
+    arrays = [pa.array(np.zeros(n, np.int64)), prior.column("t"), kind, prior.column("key"),
+              pa.nulls(n, pa.string()), pa.nulls(n, pa.string())]
+    arrays += [prior.column(f"v{i}") for i in range(width)]
+    arrays += [pa.array(np.full(n, s.name in before_names)) for s in work.supercolumns_after]
+    return pa.RecordBatch.from_arrays(arrays, names=row_names(width))
 
 
 def prior_rows(spark: Any, work: TableWork, ctx: FrameContext) -> Any:
@@ -473,10 +593,12 @@ def _stats_row(e: FileEntry) -> dict[str, Any]:
 
 
 def _folder(
-    work: TableWork, ctx: FrameContext, upper: int
+    work: TableWork, ctx: FrameContext, upper: int, read_prior: bool = False
 ) -> Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]:
-    """An Arrow UDF: one key range's rows, sorted by (key, t, line), in; the statistics of the
-    files written from it out, or its first failing line (then nothing is written)."""
+    """An Arrow UDF: one part's rows (whole keys), sorted by (key, t, line), in; the statistics of the
+    files written from it out, or its first failing line (then nothing is written). With
+    ``read_prior`` it reads the prior image of its own keys from the table's files first (a
+    semi-join in Arrow: no Spark job of its own, no persisted frame)."""
     after = work.supercolumns_after
     index = {s.name: i for i, s in enumerate(after)}
     backfills = [(b, index[b.target.name], None if b.source is None else index[b.source.name]) for b in work.backfills]
@@ -498,7 +620,15 @@ def _folder(
         parts = [b for b in batches if b.num_rows]
         if not parts:
             return
-        folded = fold(pa.Table.from_batches(parts), len(after), backfills)
+        rows = pa.Table.from_batches(parts)
+        if read_prior:
+            keys = pc.unique(pc.drop_null(rows.column("key")).combine_chunks())
+            files = [(f.path, None if f.kind is FileKind.SNAPSHOT else work.snapshot_as_of) for f in work.files]
+            prior = [_prior_fold_rows(work, b) for b in _prior_batches(
+                work, open_executor_store(ctx.store_config), ctx.prior_as_of, files, keys)]
+            if prior:  # fold sorts by (key, t, line) itself
+                rows = pa.concat_tables([pa.Table.from_batches(prior).cast(rows.schema), rows])
+        folded = fold(rows, len(after), backfills)
         if folded.failure is not None:
             f = folded.failure
             out = [{**{c: None for c in _STATS}, "line": f.line, "key": f.key, "error_class": f.error_class,
@@ -534,45 +664,38 @@ _ERRORS = ("line", "key", "error_class", "reason")
 
 
 def table_frame(
-    spark: Any, work: TableWork, parsed: Any, ctx: FrameContext, segment: str, parts: int, cache: list[Any]
+    spark: Any, work: TableWork, parsed: Any | None, ctx: FrameContext, segment: SealedSegment, parts: int
 ) -> Any:
-    """One table's plan: decode its rows, add the prior image of the keys it touches (all live
-    keys when a backfill needs them), spread whole keys over ``parts`` sorted ranges, fold and
-    write each range in one Arrow UDF. Returns the (statistics, failure) rows; frames it
-    persisted are appended to ``cache`` for the caller to release."""
+    """One table's plan: decode its rows, spread whole keys over ``parts`` parts by a hash of the
+    key, and fold and write each part in one Arrow UDF, which reads the prior image of its own
+    keys itself. A backfill needs every live key: then the prior image is read in Spark and
+    joins the rows in one part. Returns the (statistics, failure) rows."""
     from pyspark.sql import functions as F
 
-    rows = parsed.filter(F.col("is_row") & (F.col("table_uuid") == work.table_uuid)).select("line", "text")
-    decoded = rows.mapInArrow(_decoder(work, segment), _row_ddl(work.supercolumns_after))
-    union = decoded
-    if work.files:
-        prior = prior_rows(spark, work, ctx)
-        if not work.backfills:  # only the touched keys' prior rows travel (a broadcast semi-join)
-            decoded = decoded.persist()  # read twice (keys and rows): decode in Python once
-            cache.append(decoded)
-            union = decoded
-            keys = decoded.filter(F.col("error_class").isNull()).select("key").distinct()
-            prior = prior.join(F.broadcast(keys), "key", "left_semi")
-        union = prior.unionByName(decoded)
-    # one range needs no range bounds (whose sampling would cost a Spark job of its own)
-    spread = union.repartition(1) if parts == 1 else union.repartitionByRange(parts, "key")
+    if parsed is None:  # routed on the driver (scan_segment): decode tasks read the file
+        union = file_rows(spark, work, segment)
+    else:
+        rows = parsed.filter(F.col("is_row") & (F.col("table_uuid") == work.table_uuid)).select("line", "text")
+        union = rows.mapInArrow(_decoder(work, segment.ref.name), _row_ddl(work.supercolumns_after))
+    if work.files and work.backfills:
+        union = prior_rows(spark, work, ctx).unionByName(union)
+        parts = 1  # as the task engine: a backfilled table is not split
+    # hashed, not by key range: range bounds cost a sampling job that decodes once more (the
+    # task engine splits by key modulo too, so its files span the key range alike)
+    spread = union.repartition(1) if parts == 1 else union.repartition(parts, "key")
     upper = (work.max_t + 1) if work.max_t is not None else ctx.prior_as_of
-    return spread.sortWithinPartitions("key", "t", "line").mapInArrow(_folder(work, ctx, upper), OUT_DDL)
+    folder = _folder(work, ctx, upper, read_prior=bool(work.files) and not work.backfills)
+    return spread.sortWithinPartitions("key", "t", "line").mapInArrow(folder, OUT_DDL)
 
 
 def run_segment(
-    spark: Any, plan: SegmentFramePlan, parsed: Any, ctx: FrameContext, files_per_table: Callable[[int], int]
+    spark: Any, plan: SegmentFramePlan, parsed: Any | None, ctx: FrameContext, files_per_table: Callable[[int], int]
 ) -> FrameOutcome:
     """One action validates, folds and writes every touched table and returns the files'
     statistics with the smallest failing line, if any (then the caller discards the files)."""
     name = plan.segment.ref.name
-    cache: list[Any] = []
-    frames = [table_frame(spark, w, parsed, ctx, name, files_per_table(w.rows), cache) for w in plan.tables]
-    try:
-        rows = _union(frames).collect() if frames else []
-    finally:
-        for frame in cache:
-            frame.unpersist()
+    frames = [table_frame(spark, w, parsed, ctx, plan.segment, files_per_table(w.rows)) for w in plan.tables]
+    rows = _union(frames).collect() if frames else []
     entries = [_entry(r, ctx.segment_id) for r in rows if r["path"] is not None]
     failures = sorted((r for r in rows if r["error_class"] is not None),
                       key=lambda r: (r["line"], -1 if r["key"] is None else r["key"]))

@@ -57,6 +57,12 @@ LINE_RE = (
     rf'"table_uuid":"(?P<table>{_CHAR}+)","key":(?P<key>0|-?[1-9][0-9]{{0,17}})'
     rf'(?P<values>,"values":\{{(?P<body>(?:{_PAIR}(?:,{_PAIR})*)?)\}})?\}}$'
 )
+#: the envelope of a canonical line (read with captures: cheaper than capturing with LINE_RE)
+HEAD_RE = (
+    r'^\{"op":"(?P<op>insert|update|delete)","t":(?P<t>0|[1-9][0-9]{0,17}),'
+    rf'"table_uuid":"(?P<table>{_CHAR}+)","key":(?P<key>0|-?[1-9][0-9]{{0,17}})'
+)
+_BEFORE_BODY = r'^\{"op":"[a-z]+","t":[0-9]+,"table_uuid":"[^"]*","key":-?[0-9]+,"values":\{'
 _SAFE_KEY = re.compile(r'^[^"\\\x00-\x1f]+$')
 
 
@@ -270,25 +276,37 @@ def decode_canonical(
         text = texts.cast(pa.string())  # checks UTF-8; a batch with a bad line goes to the reference
     except pa.ArrowInvalid:
         return None, everything
-    parts = pc.extract_regex(text, LINE_RE)
-    canonical = _np(parts.is_valid()).astype(bool)
+    canonical = _flags(pc.match_substring_regex(text, LINE_RE))  # a DFA: no captures over the whole line
     if not canonical.any():
         return None, everything
+    head = pc.extract_regex(text, HEAD_RE)
+    has_values = _flags(pc.match_substring(text, ',"values":{'))  # in a canonical line, only as its field
+    # the values object's inside: what follows the envelope, without the closing "}}"
+    body = pc.utf8_slice_codeunits(pc.replace_substring_regex(text, _BEFORE_BODY, "", max_replacements=1), 0, -2)
+    body = pc.if_else(pa.array(has_values), body, pa.scalar("", pa.string()))
+    parts = pa.StructArray.from_arrays(
+        [head.field("op"), head.field("t"), head.field("table"), head.field("key"), body],
+        names=["op", "t", "table", "key", "body"],
+    )
     is_delete = _flags(pc.equal(parts.field("op"), "delete"))
-    has_values = _flags(pc.greater(pc.utf8_length(parts.field("values")), 0))
     canonical &= _flags(pc.equal(parts.field("table"), table_uuid))
     canonical &= is_delete != has_values  # a delete carries no values, an insert or update does
     line_numbers = _np(lines).astype(np.int64)
     epoch_of = np.searchsorted(np.asarray(epoch_lines, np.int64), line_numbers, side="left") - 1
     fast: list[pa.RecordBatch] = []
     decoded = np.zeros(n, bool)
+    found: dict[str, tuple[np.ndarray, pa.Array]] = {}  # per column uuid, over the whole batch
     for e, epoch in enumerate(epochs):
         rows = np.nonzero(canonical & (epoch_of == e))[0]
         if not len(rows) or epoch.table is None:  # an unknown table: the reference says so
             continue
         index = pa.array(rows)
+        for column, _ in epoch.by_uuid.values():
+            if column.column_uuid not in found:
+                found[column.column_uuid] = _find(body, column.column_uuid)
+        given = {u: (counts[rows], pc.take(tokens, index)) for u, (counts, tokens) in found.items()}
         batch, ok = _decode_epoch(
-            pc.take(lines, index), pc.take(parts, index), is_delete[rows], epoch, supercolumns
+            pc.take(lines, index), pc.take(parts, index), is_delete[rows], epoch, supercolumns, given
         )
         if batch is not None:
             fast.append(batch)
@@ -302,8 +320,24 @@ def _concat(batches: list[pa.RecordBatch]) -> pa.RecordBatch:
     return pa.Table.from_batches(batches).combine_chunks().to_batches()[0] if len(batches) > 1 else batches[0]
 
 
+def _find(body: pa.Array, column_uuid: str) -> tuple[np.ndarray, pa.Array]:
+    """How often each body names ``column_uuid``, and its value's JSON token (NULL where absent)."""
+    n = len(body)
+    if not _SAFE_KEY.match(column_uuid):  # a key no canonical line holds
+        return np.zeros(n, np.int64), pa.nulls(n, pa.string())
+    counts = _np(pc.count_substring(body, f'"{column_uuid}":'))
+    # in a canonical body a string holds no '"' and other tokens no ',': the token ends there
+    tokens = pc.extract_regex(body, f'"{re.escape(column_uuid)}":(?P<v>"[^"]*"|[^,]*)').field("v")
+    return counts, pc.if_else(pa.array(counts == 1), tokens, pa.scalar(None, pa.string()))
+
+
 def _decode_epoch(
-    lines: pa.Array, parts: pa.StructArray, is_delete: np.ndarray, epoch: Epoch, supercolumns: Sequence[Supercolumn]
+    lines: pa.Array,
+    parts: pa.StructArray,
+    is_delete: np.ndarray,
+    epoch: Epoch,
+    supercolumns: Sequence[Supercolumn],
+    found: dict[str, tuple[np.ndarray, pa.Array]],
 ) -> tuple[pa.RecordBatch | None, np.ndarray]:
     """One epoch's canonical rows: (the rows decoded exactly, which of them those are)."""
     m = len(lines)
@@ -319,17 +353,9 @@ def _decode_epoch(
             sets[i] = ~is_delete
     for column, i in epoch.by_uuid.values():
         target = supercolumns[i].data_type
-        if not _SAFE_KEY.match(column.column_uuid):  # a key the canonical line cannot hold
-            present = np.zeros(m, bool)
-            tokens = pa.nulls(m, pa.string())
-        else:
-            key = f'"{column.column_uuid}":'
-            count = _np(pc.count_substring(body, key))
-            ok &= count <= 1  # a duplicate key: the reference decides which value counts
-            present = count == 1
-            pattern = f'"{re.escape(column.column_uuid)}":(?P<v>"[^"]*"|[^,]*)'
-            tokens = pc.extract_regex(body, pattern).field("v")
-            tokens = pc.if_else(pa.array(present), tokens, pa.scalar(None, pa.string()))
+        count, tokens = found[column.column_uuid]
+        ok &= count <= 1  # a duplicate key: the reference decides which value counts
+        present = count == 1
         known += present
         is_null = present & _flags(pc.equal(tokens, "null"))
         if not column.is_nullable:
