@@ -160,7 +160,7 @@ def _line_start(body: bytes, offset: int) -> int:
 
 #: the start of a row event exactly as the WAL writer prints it (its table is read without parsing)
 ENVELOPE_RE = (r'^\{"op":"(?:insert|update|delete)","t":(?P<t>0|[1-9][0-9]{0,17}),'
-               r'"table_uuid":"(?P<table>[^"\\\x00-\x1f]+)","key":')
+               r'"table_uuid":"(?P<table>[^"\\\x00-\x1f]+)","key":(?P<key>0|-?[1-9][0-9]{0,17})[,}]')
 #: the driver routes a segment itself only with at most this many other lines (schema changes ...)
 MAX_SCANNED_RECORDS = 10_000
 #: ... and at most this many touched tables (each table's decode tasks read the whole segment)
@@ -217,34 +217,35 @@ def scan_segment(segment: SealedSegment) -> tuple[list[tuple[int, bytes]], list[
     return records, sorted((u, n, t) for u, (n, t) in counts.items())
 
 
-def _file_decoder(
-    work: TableWork, segment: SealedSegment
+def _table_task(
+    work: TableWork, segment: SealedSegment, ctx: FrameContext, upper: int, parts: int
 ) -> Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]:
-    """An Arrow UDF: (chunk) rows in; that byte range's row events of one table (routed by
-    ``ENVELOPE_RE``, as ``scan_segment`` did) decoded and checked out."""
+    """An Arrow UDF: (part) rows in; per part, the table's row events whose key modulo ``parts``
+    is the part (routed by ``ENVELOPE_RE``, as ``scan_segment`` did) read from the segment file,
+    decoded, folded with the prior image of their keys and written; the files' statistics or
+    the part's first failing line out. No shuffle: a part is a whole set of keys."""
     path, chunks = str(segment.ref.path.absolute()), _chunks(segment)
     decode = _decoder(work, segment.ref.name)
+    fold_and_write = _folder(work, ctx, upper, read_prior=bool(work.files), all_keys=bool(work.backfills))
 
-    def lines_of_table(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+    def lines_of(part: int) -> Iterator[pa.RecordBatch]:
+        for chunk in range(chunks):
+            for batch in _chunk_lines(path, segment.body_bytes, chunk, chunks):
+                head = pc.extract_regex(batch.column(1).cast(pa.string()), ENVELOPE_RE)
+                mine = pc.fill_null(pc.equal(head.field("table"), work.table_uuid), False)
+                if parts > 1:  # the task engine's split: key modulo parts (Python's, never negative)
+                    keys = np.asarray(pc.fill_null(head.field("key"), "0").cast(pa.int64()).to_numpy())
+                    mine = pc.and_(mine, pa.array(np.mod(keys, parts) == part))
+                picked = batch.filter(mine)
+                if picked.num_rows:
+                    yield picked
+
+    def run(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         for batch in batches:
-            for chunk in batch.column(0).to_pylist():
-                for part in _chunk_lines(path, segment.body_bytes, chunk, chunks):
-                    table = pc.extract_regex(part.column(1).cast(pa.string()), ENVELOPE_RE).field("table")
-                    mine = part.filter(pc.fill_null(pc.equal(table, work.table_uuid), False))
-                    if mine.num_rows:
-                        yield mine
+            for part in batch.column(0).to_pylist():
+                yield from fold_and_write(decode(lines_of(part)))
 
-    def read(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-        yield from decode(lines_of_table(batches))
-
-    return read
-
-
-def file_rows(spark: Any, work: TableWork, segment: SealedSegment) -> Any:
-    """One table's decoded rows, read straight from the segment file by its decode tasks."""
-    chunks = _chunks(segment)
-    tasks = spark.createDataFrame([(i,) for i in range(chunks)], "chunk int").repartition(chunks)
-    return tasks.mapInArrow(_file_decoder(work, segment), _row_ddl(work.supercolumns_after))
+    return run
 
 
 def parsed_lines(spark: Any, segment: SealedSegment) -> Any:
@@ -354,6 +355,15 @@ def _value_ddl(supercolumns: Sequence[Supercolumn]) -> list[str]:
 
     return [f"v{i} {from_arrow_type(carrier_type(arrow_type(s.data_type))).simpleString()}"
             for i, s in enumerate(supercolumns)]
+
+
+def _row_schema(supercolumns: Sequence[Supercolumn]) -> pa.Schema:
+    """The Arrow schema of decoded rows as the decoders yield them."""
+    fields = [("line", pa.int64()), ("t", pa.int64()), ("kind", pa.string()), ("key", pa.int64()),
+              ("error_class", pa.string()), ("reason", pa.string())]
+    fields += [(f"v{i}", carrier_type(arrow_type(s.data_type))) for i, s in enumerate(supercolumns)]
+    fields += [(f"s{i}", pa.bool_()) for i in range(len(supercolumns))]
+    return pa.schema(fields)
 
 
 def _row_ddl(supercolumns: Sequence[Supercolumn]) -> str:
@@ -593,12 +603,13 @@ def _stats_row(e: FileEntry) -> dict[str, Any]:
 
 
 def _folder(
-    work: TableWork, ctx: FrameContext, upper: int, read_prior: bool = False
+    work: TableWork, ctx: FrameContext, upper: int, read_prior: bool = False, all_keys: bool = False
 ) -> Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]:
     """An Arrow UDF: one part's rows (whole keys), sorted by (key, t, line), in; the statistics of the
     files written from it out, or its first failing line (then nothing is written). With
     ``read_prior`` it reads the prior image of its own keys from the table's files first (a
-    semi-join in Arrow: no Spark job of its own, no persisted frame)."""
+    semi-join in Arrow: no Spark job of its own, no persisted frame), or of every key with
+    ``all_keys`` (a backfill), then even without rows of its own."""
     after = work.supercolumns_after
     index = {s.name: i for i, s in enumerate(after)}
     backfills = [(b, index[b.target.name], None if b.source is None else index[b.source.name]) for b in work.backfills]
@@ -618,11 +629,11 @@ def _folder(
 
     def run(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         parts = [b for b in batches if b.num_rows]
-        if not parts:
+        if not parts and not (read_prior and all_keys):
             return
-        rows = pa.Table.from_batches(parts)
+        rows = pa.Table.from_batches(parts) if parts else _row_schema(after).empty_table()
         if read_prior:
-            keys = pc.unique(pc.drop_null(rows.column("key")).combine_chunks())
+            keys = None if all_keys else pc.unique(pc.drop_null(rows.column("key")).combine_chunks())
             files = [(f.path, None if f.kind is FileKind.SNAPSHOT else work.snapshot_as_of) for f in work.files]
             prior = [_prior_fold_rows(work, b) for b in _prior_batches(
                 work, open_executor_store(ctx.store_config), ctx.prior_as_of, files, keys)]
@@ -666,24 +677,30 @@ _ERRORS = ("line", "key", "error_class", "reason")
 def table_frame(
     spark: Any, work: TableWork, parsed: Any | None, ctx: FrameContext, segment: SealedSegment, parts: int
 ) -> Any:
-    """One table's plan: decode its rows, spread whole keys over ``parts`` parts by a hash of the
-    key, and fold and write each part in one Arrow UDF, which reads the prior image of its own
-    keys itself. A backfill needs every live key: then the prior image is read in Spark and
-    joins the rows in one part. Returns the (statistics, failure) rows."""
+    """One table's plan; returns the (statistics, failure) rows of its parts.
+
+    Routed on the driver (``parsed`` is None): one task per part (key modulo ``parts``) reads
+    the segment file, decodes its rows, reads the prior image of its keys, folds and writes.
+    Otherwise (Spark's JSON reader routed the segment): the table's parsed lines are decoded,
+    spread over ``parts`` by a hash of the key, sorted, and folded and written per part, the
+    prior image read by the fold tasks too, or in Spark for a backfill (every live key)."""
     from pyspark.sql import functions as F
 
-    if parsed is None:  # routed on the driver (scan_segment): decode tasks read the file
-        union = file_rows(spark, work, segment)
-    else:
-        rows = parsed.filter(F.col("is_row") & (F.col("table_uuid") == work.table_uuid)).select("line", "text")
-        union = rows.mapInArrow(_decoder(work, segment.ref.name), _row_ddl(work.supercolumns_after))
+    upper = (work.max_t + 1) if work.max_t is not None else ctx.prior_as_of
+    if parsed is None:  # routed on the driver (scan_segment): one task per part reads, decodes, folds
+        parts = 1 if work.backfills else parts  # as the task engine: a backfilled table is not split
+        tasks = spark.createDataFrame([(p,) for p in range(parts)], "part int")
+        if parts > 1:
+            tasks = tasks.repartition(parts)
+        return tasks.mapInArrow(_table_task(work, segment, ctx, upper, parts), OUT_DDL)
+    rows = parsed.filter(F.col("is_row") & (F.col("table_uuid") == work.table_uuid)).select("line", "text")
+    union = rows.mapInArrow(_decoder(work, segment.ref.name), _row_ddl(work.supercolumns_after))
     if work.files and work.backfills:
         union = prior_rows(spark, work, ctx).unionByName(union)
         parts = 1  # as the task engine: a backfilled table is not split
     # hashed, not by key range: range bounds cost a sampling job that decodes once more (the
     # task engine splits by key modulo too, so its files span the key range alike)
     spread = union.repartition(1) if parts == 1 else union.repartition(parts, "key")
-    upper = (work.max_t + 1) if work.max_t is not None else ctx.prior_as_of
     folder = _folder(work, ctx, upper, read_prior=bool(work.files) and not work.backfills)
     return spread.sortWithinPartitions("key", "t", "line").mapInArrow(folder, OUT_DDL)
 
