@@ -232,9 +232,11 @@ def _table_task(
         for chunk in range(chunks):
             for batch in _chunk_lines(path, segment.body_bytes, chunk, chunks):
                 head = pc.extract_regex(batch.column(1).cast(pa.string()), ENVELOPE_RE)
-                mine = pc.fill_null(pc.equal(head.field("table"), work.table_uuid), False)
+                # (a struct's fields do not inherit its nulls: a line that does not match has "")
+                mine = pc.and_(head.is_valid(), pc.fill_null(pc.equal(head.field("table"), work.table_uuid), False))
                 if parts > 1:  # the task engine's split: key modulo parts (Python's, never negative)
-                    keys = np.asarray(pc.fill_null(head.field("key"), "0").cast(pa.int64()).to_numpy())
+                    key_text = pc.if_else(mine, head.field("key"), pa.scalar("0"))
+                    keys = np.asarray(key_text.cast(pa.int64()).to_numpy())
                     mine = pc.and_(mine, pa.array(np.mod(keys, parts) == part))
                 picked = batch.filter(mine)
                 if picked.num_rows:
