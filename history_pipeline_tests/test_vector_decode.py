@@ -218,3 +218,43 @@ def test_random_numbers_read_like_python(seed):
         lines.append(_event(n, "insert", n, values))
     rows, fast = _compare(lines)
     assert fast > rows * 0.9
+
+
+def test_the_driver_routes_a_segment_as_sparks_json_reader_does(tmp_path, spark):
+    from history_pipeline import HistoryStore, StoreSettings
+    from history_pipeline.compaction import frames
+    from history_pipeline.wal import SegmentState
+    from history_pipeline.wal.segments import verify_segment
+    from history_pipeline_tests.test_compaction import write
+    from history_pipeline_tests.test_compaction_frames import BAD_SEGMENTS, FIRST
+
+    store = HistoryStore.open(tmp_path, database="db", settings=StoreSettings(compaction_engine="dataframes"))
+    second = [*BAD_SEGMENTS["cast fails on two keys (smallest key named)"],
+              {"op": "insert", "t": 7, "table_uuid": "U", "key": 1, "values": {}},
+              {"op": "update", "t": 8, "table_uuid": "T", "key": 2, "values": {"nn": 5}}]
+    write(store, FIRST, second)
+    for ref in store.segments(SegmentState.SEALED):
+        sealed = verify_segment(ref)
+        scanned = frames.scan_segment(sealed)
+        assert scanned is not None
+        assert scanned == frames.route(spark, frames.parsed_lines(spark, sealed))
+        assert scanned[1]  # some rows were routed, beside the schema and close records
+
+
+def test_a_row_event_not_in_the_writers_form_is_routed_by_spark(tmp_path):
+    from history_pipeline.compaction import frames
+    from history_pipeline.wal import SegmentState
+    from history_pipeline.wal.segments import SealedSegment, SegmentRef
+
+
+    path = tmp_path / "00000000000000000001"
+    canonical = b'{"op":"insert","t":2,"table_uuid":"T","key":1,"values":{"c":"a"}}\n'
+    for other, routed in ((b'{"op":"update","t":3,"table_uuid":"T","key":1,"values":{"c":"b"}}\n', True),
+                          (b'{"op": "update", "t": 3, "table_uuid": "T", "key": 1, "values": {"c": "b"}}\n', False),
+                          (b'{"t":3,"op":"delete","table_uuid":"T","key":1}\n', False),
+                          (b'{"op":"rename_table","t":3,"table_uuid":"T","new_name":"u"}\n', True)):
+        body = b'{"op":"close","t":1}\n' + canonical + other
+        path.write_bytes(body)
+        ref = SegmentRef(1, SegmentState.SEALED, path)
+        scanned = frames.scan_segment(SealedSegment(ref, 1, 3, 3, len(body), len(body)))
+        assert (scanned is not None) == routed, other
