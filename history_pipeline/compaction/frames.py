@@ -1,20 +1,22 @@
-"""Compaction as Spark DataFrame operations (``StoreSettings(compaction_engine="dataframes")``).
+"""Compaction as Spark DataFrame / Arrow operations (``StoreSettings.compaction_engine``, the default).
 
-Per verified segment the driver runs two Spark actions and never holds the segment:
+Per verified segment the driver never holds the segment:
 
-1. *route*: executors split the segment into (line, text) rows (``mapInArrow`` over byte
-   ranges of the file); the JVM parses each line's envelope (``from_json``); the parsed lines
-   are persisted (every table's decode reads them). One aggregation brings back only the
-   non-row records (schema changes, closes, anything unparsable) and per touched table its
-   row count and largest t. The driver replays the schema records into epochs.
-2. *decode, fold and write* (one action): per table, executors decode and check each row
-   event against its epoch (the project's own decoders, so values and messages are those of
-   the contract); the prior image is read from the table's files on executors (only the
-   touched keys, a broadcast semi-join, unless a backfill needs every live key); one hash
-   shuffle on the key puts whole keys together sorted by (key, t, line), and one Arrow UDF per part
-   validates, folds (``fold.py``, vectorized), applies backfills, and writes the versions and
-   snapshot files. Back come the files' statistics, or a part's smallest failing line (then
-   the caller discards the files other parts wrote).
+1. *route*: the driver streams the segment and finds, with one regular expression over whole
+   byte chunks (Arrow), the row events in the WAL writer's form and their tables (``scan_segment``);
+   only the few other records (schema changes, closes) reach Python, and the driver replays
+   them into per-table schema epochs. A segment not in that form is routed by Spark instead:
+   executors split it into (line, text) rows, the JVM parses each envelope (``from_json``),
+   and one aggregation brings back the non-row records and per touched table its row count
+   and largest t (``parsed_lines`` + ``route``).
+2. *decode, fold and write* (one action): per table and key part, executors decode each row
+   event against its epoch (``vector_decode`` for values in their canonical form, the project's
+   own decoders for the rest, so values and messages are those of the contract), read the prior
+   image of the part's keys from the table's files (every live key when a backfill needs them),
+   fold (``fold.py``, vectorized) and write the versions and snapshot files. Driver-routed, one
+   task per part reads the segment file itself (no shuffle); Spark-routed, the decoded rows are
+   spread by a hash of the key and sorted first. Back come the files' statistics, or a part's
+   smallest failing line (then the caller discards the files other parts wrote).
 
 The driver then commits exactly as the in-process path does (``compactor.py``).
 """
