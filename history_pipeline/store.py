@@ -67,10 +67,10 @@ class StoreSettings:
     #: the storage root (when local) and the WAL directory are at the same path on every Spark
     #: executor (a shared mount); without it a non-local master is refused at start-up
     shared_paths: bool = False
-    #: how compaction uses a Spark session: "tasks" (round 1's per-table tasks, the per-event fold run
-    #: on executors; the default while the DataFrame engine is slower) or "dataframes" (parse, validate,
-    #: fold and write as DataFrame operations; runs under Spark Connect too)
-    compaction_engine: str = "tasks"
+    #: how compaction uses a Spark session: "dataframes" (the default: route, decode, validate, fold
+    #: and write as Spark/Arrow operations on executors; runs under Spark Connect too) or "tasks"
+    #: (round 1's per-table tasks, the per-event reference fold run on executors)
+    compaction_engine: str = "dataframes"
 
 
 def default_wal_base(root: str | Path) -> Path:

@@ -240,7 +240,10 @@ def _decode_float(t: DataType, v: Any) -> float:
         return _FLOAT_WORDS[v]
     if isinstance(v, bool) or not isinstance(v, (int, float)):
         raise _fail(t, v, "expected a number")
-    f = float(v)
+    try:
+        f = float(v)
+    except OverflowError:  # an integer beyond any float
+        raise _fail(t, v, "out of range") from None
     if math.isinf(f) or math.isnan(f):
         raise _fail(t, v, 'non-finite numbers are written as strings ("NaN", "Infinity")')
     if t.kind is TypeKind.REAL:

@@ -16,6 +16,20 @@ from history_pipeline_tests.test_postgres_oracle import TYPED
 FRAMES = StoreSettings(spark_master=None, compaction_engine="dataframes")
 
 
+@pytest.fixture(autouse=True, params=["driver-routed", "driver-routed-split", "spark-routed"])
+def routing(request, monkeypatch):
+    """Every test in each routing: segments routed on the driver (one task per table), the same
+    with tables split into key parts (as large tables are), and routed by Spark's JSON reader
+    (the fallback for segments not in the writer's form)."""
+    from history_pipeline.compaction import compactor, frames
+
+    if request.param == "driver-routed-split":
+        monkeypatch.setattr(compactor, "SPLIT_THRESHOLD", 2)
+    if request.param == "spark-routed":
+        monkeypatch.setattr(frames, "MAX_SCANNED_RECORDS", -1)
+    return request.param
+
+
 def _both(tmp_path, spark, *batches):
     """The same segments compacted on Spark (DataFrame path) and in-process (reference)."""
     stores = []
@@ -152,3 +166,4 @@ def test_the_dataframe_engine_names_the_smallest_failing_line(tmp_path, spark):
     with pytest.raises(SegmentQuarantinedError, match="segment 00000000000000000002, line 3: update of key 8, "
                                                       "which does not exist"):
         store.compact(spark=spark)
+

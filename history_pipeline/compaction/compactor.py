@@ -246,10 +246,11 @@ def _apply_frames(
 ) -> SegmentResult:
     """The DataFrame path: the driver verifies, routes and plans; Spark decodes, folds and writes."""
     sealed = verify_segment(ref)
-    # routing and every table's decode read the parsed lines: split and parse the file once
-    parsed = frames.parsed_lines(spark, sealed).persist()
+    scanned = frames.scan_segment(sealed)  # row events in the writer's form: routed here, no Spark job
+    # otherwise routing and every table's decode read the parsed lines: split and parse the file once
+    parsed = None if scanned is not None else frames.parsed_lines(spark, sealed).persist()
     try:
-        records, touched = frames.route(spark, parsed)
+        records, touched = scanned if scanned is not None else frames.route(spark, parsed)
         plan = frames.plan_frames(sealed, records, touched, replay_schema_history(state.schema_history), state)
         on_step("planned")
         ctx = frames.FrameContext(
@@ -262,7 +263,8 @@ def _apply_frames(
         )
         outcome = frames.run_segment(spark, plan, parsed, ctx, files_per_table)
     finally:
-        parsed.unpersist()
+        if parsed is not None:
+            parsed.unpersist()
     if outcome.error is not None:
         for entry in outcome.entries:  # written beside the failing line's check: never committed
             store.objects.delete(entry.path)

@@ -1,20 +1,22 @@
-"""Compaction as Spark DataFrame operations (``StoreSettings(compaction_engine="dataframes")``).
+"""Compaction as Spark DataFrame / Arrow operations (``StoreSettings.compaction_engine``, the default).
 
-Per verified segment the driver runs two Spark actions and never holds the segment:
+Per verified segment the driver never holds the segment:
 
-1. *route*: executors split the segment into (line, text) rows (``mapInArrow`` over byte
-   ranges of the file); the JVM parses each line's envelope (``from_json``); the parsed lines
-   are persisted (every table's decode reads them). One aggregation brings back only the
-   non-row records (schema changes, closes, anything unparsable) and per touched table its
-   row count and largest t. The driver replays the schema records into epochs.
-2. *decode, fold and write* (one action): per table, executors decode and check each row
-   event against its epoch (the project's own decoders, so values and messages are those of
-   the contract); the prior image is read from the table's files on executors (only the
-   touched keys, a broadcast semi-join, unless a backfill needs every live key); one range
-   shuffle puts whole keys together sorted by (key, t, line), and one Arrow UDF per key range
-   validates, folds (``fold.py``, vectorized), applies backfills, and writes the versions and
-   snapshot files. Back come the files' statistics, or a range's smallest failing line (then
-   the caller discards the files other ranges wrote).
+1. *route*: the driver streams the segment and finds, with one regular expression over whole
+   byte chunks (Arrow), the row events in the WAL writer's form and their tables (``scan_segment``);
+   only the few other records (schema changes, closes) reach Python, and the driver replays
+   them into per-table schema epochs. A segment not in that form is routed by Spark instead:
+   executors split it into (line, text) rows, the JVM parses each envelope (``from_json``),
+   and one aggregation brings back the non-row records and per touched table its row count
+   and largest t (``parsed_lines`` + ``route``).
+2. *decode, fold and write* (one action): per table and key part, executors decode each row
+   event against its epoch (``vector_decode`` for values in their canonical form, the project's
+   own decoders for the rest, so values and messages are those of the contract), read the prior
+   image of the part's keys from the table's files (every live key when a backfill needs them),
+   fold (``fold.py``, vectorized) and write the versions and snapshot files. Driver-routed, one
+   task per part reads the segment file itself (no shuffle); Spark-routed, the decoded rows are
+   spread by a hash of the key and sorted first. Back come the files' statistics, or a part's
+   smallest failing line (then the caller discards the files other parts wrote).
 
 The driver then commits exactly as the in-process path does (``compactor.py``).
 """
@@ -26,13 +28,16 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from history_pipeline.catalog.files import select_files, write_parquet
 from history_pipeline.catalog.model import CatalogState, FileEntry, FileKind
 from history_pipeline.compaction.carriers import carrier_type, from_carrier, to_carrier
 from history_pipeline.compaction.fold import GONE, PRIOR, fold
 from history_pipeline.compaction.plan import Backfill, TablePlan, _apply_schema
+from history_pipeline.compaction.vector_decode import Epoch, decode_canonical, row_names
 from history_pipeline.errors import (
     CastError,
     HistoryConflictError,
@@ -116,26 +121,31 @@ class FrameContext:
 # --- stage 1: split and route ----------------------------------------------------------
 
 
+def _chunk_lines(path: str, body_bytes: int, chunk: int, chunks: int) -> Iterator[pa.RecordBatch]:
+    """(line, text) rows of one byte range of a segment's body (ranges start at line starts)."""
+    with open(path, "rb") as f:
+        body = f.read(body_bytes)
+    begin = _line_start(body, chunk * body_bytes // chunks)
+    end = _line_start(body, (chunk + 1) * body_bytes // chunks)
+    if begin >= end:
+        return
+    first = body.count(b"\n", 0, begin) + 1
+    lines = body[begin:end].split(b"\n")[:-1]  # the range ends with a newline
+    for at in range(0, len(lines), 65_536):
+        part = lines[at : at + 65_536]
+        yield pa.RecordBatch.from_arrays(
+            [pa.array(range(first + at, first + at + len(part)), pa.int64()), pa.array(part, pa.binary())],
+            names=["line", "text"],
+        )
+
+
 def _split_lines(body_bytes: int, chunks: int) -> Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]:
     """An Arrow UDF: (path, chunk) rows in, (line, text) rows of that byte range of the file out."""
 
     def split(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         for batch in batches:
             for path, chunk in zip(batch.column(0).to_pylist(), batch.column(1).to_pylist(), strict=True):
-                with open(path, "rb") as f:
-                    body = f.read(body_bytes)
-                begin = _line_start(body, chunk * body_bytes // chunks)
-                end = _line_start(body, (chunk + 1) * body_bytes // chunks)
-                if begin >= end:
-                    continue
-                first = body.count(b"\n", 0, begin) + 1
-                lines = body[begin:end].split(b"\n")[:-1]  # the range ends with a newline
-                for at in range(0, len(lines), 65_536):
-                    part = lines[at : at + 65_536]
-                    yield pa.RecordBatch.from_arrays(
-                        [pa.array(range(first + at, first + at + len(part)), pa.int64()), pa.array(part, pa.binary())],
-                        names=["line", "text"],
-                    )
+                yield from _chunk_lines(path, body_bytes, chunk, chunks)
 
     return split
 
@@ -150,12 +160,103 @@ def _line_start(body: bytes, offset: int) -> int:
     return len(body) if found < 0 else found + 1
 
 
+#: the start of a row event exactly as the WAL writer prints it (its table is read without parsing)
+ENVELOPE_RE = (r'^\{"op":"(?:insert|update|delete)","t":(?P<t>0|[1-9][0-9]{0,17}),'
+               r'"table_uuid":"(?P<table>[^"\\\x00-\x1f]+)","key":(?P<key>0|-?[1-9][0-9]{0,17})[,}]')
+#: the driver routes a segment itself only with at most this many other lines (schema changes ...)
+MAX_SCANNED_RECORDS = 10_000
+#: ... and at most this many touched tables (each table's decode tasks read the whole segment)
+MAX_SCANNED_TABLES = 8
+
+
+def _chunks(segment: SealedSegment) -> int:
+    # at least two ranges: parsing and decoding run on both cores of the smallest machine
+    return max(2, min(16, segment.body_bytes // CHUNK_BYTES + 1))
+
+
+def scan_segment(segment: SealedSegment) -> tuple[list[tuple[int, bytes]], list[tuple[str, int, int]]] | None:
+    """Route a segment on the driver, streaming, without Spark: (the lines that are not row
+    events in the writer's form, per touched table (uuid, rows, max t)), as ``route`` returns.
+
+    Row lines are recognised by a regular expression over whole chunks (Arrow, no per-line
+    Python). None when the segment is not for this shortcut (a row event in another form, too
+    many other lines or tables, invalid UTF-8): then ``route`` decides in Spark.
+    """
+    path = str(segment.ref.path.absolute())
+    chunks = _chunks(segment)
+    records: list[tuple[int, bytes]] = []
+    counts: dict[str, tuple[int, int]] = {}
+    for chunk in range(chunks):
+        for batch in _chunk_lines(path, segment.body_bytes, chunk, chunks):
+            try:
+                text = batch.column(1).cast(pa.string())
+            except pa.ArrowInvalid:
+                return None
+            parts = pc.extract_regex(text, ENVELOPE_RE)
+            row = np.asarray(parts.is_valid().to_numpy(zero_copy_only=False), bool)
+            other = np.nonzero(~row)[0]
+            if len(records) + len(other) > MAX_SCANNED_RECORDS:
+                return None
+            if len(other):
+                picked = batch.take(pa.array(other))
+                records += zip(picked.column(0).to_pylist(), picked.column(1).to_pylist(), strict=True)
+            if not row.any():
+                continue
+            rows = pa.table({"table": parts.field("table"), "t": parts.field("t")}).filter(pa.array(row))
+            rows = rows.set_column(1, "t", rows.column("t").cast(pa.int64()))
+            for r in rows.group_by("table").aggregate([("t", "count"), ("t", "max")]).to_pylist():
+                n, max_t = counts.get(r["table"], (0, -1))
+                counts[r["table"]] = (n + r["t_count"], max(max_t, r["t_max"]))
+    if len(counts) > MAX_SCANNED_TABLES:
+        return None
+    for line, text in records:  # a row event in another form: Spark's JSON reader routes it
+        try:
+            event = parse_line(text, line=line)
+        except MalformedRecordError:
+            continue
+        if type(event) in _KINDS:
+            return None
+    return records, sorted((u, n, t) for u, (n, t) in counts.items())
+
+
+def _table_task(
+    work: TableWork, segment: SealedSegment, ctx: FrameContext, upper: int, parts: int
+) -> Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]:
+    """An Arrow UDF: (part) rows in; per part, the table's row events whose key modulo ``parts``
+    is the part (routed by ``ENVELOPE_RE``, as ``scan_segment`` did) read from the segment file,
+    decoded, folded with the prior image of their keys and written; the files' statistics or
+    the part's first failing line out. No shuffle: a part is a whole set of keys."""
+    path, chunks = str(segment.ref.path.absolute()), _chunks(segment)
+    decode = _decoder(work, segment.ref.name)
+    fold_and_write = _folder(work, ctx, upper, read_prior=bool(work.files), all_keys=bool(work.backfills))
+
+    def lines_of(part: int) -> Iterator[pa.RecordBatch]:
+        for chunk in range(chunks):
+            for batch in _chunk_lines(path, segment.body_bytes, chunk, chunks):
+                head = pc.extract_regex(batch.column(1).cast(pa.string()), ENVELOPE_RE)
+                # (a struct's fields do not inherit its nulls: a line that does not match has "")
+                mine = pc.and_(head.is_valid(), pc.fill_null(pc.equal(head.field("table"), work.table_uuid), False))
+                if parts > 1:  # the task engine's split: key modulo parts (Python's, never negative)
+                    key_text = pc.if_else(mine, head.field("key"), pa.scalar("0"))
+                    keys = np.asarray(key_text.cast(pa.int64()).to_numpy())
+                    mine = pc.and_(mine, pa.array(np.mod(keys, parts) == part))
+                picked = batch.filter(mine)
+                if picked.num_rows:
+                    yield picked
+
+    def run(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        for batch in batches:
+            for part in batch.column(0).to_pylist():
+                yield from fold_and_write(decode(lines_of(part)))
+
+    return run
+
+
 def parsed_lines(spark: Any, segment: SealedSegment) -> Any:
     """(line, text, op, t, table_uuid) of every event line of a segment, parsed in the JVM."""
     from pyspark.sql import functions as F
 
-    # at least two ranges: parsing and decoding run on both cores of the smallest machine
-    chunks = max(2, min(16, segment.body_bytes // CHUNK_BYTES + 1))
+    chunks = _chunks(segment)
     tasks = spark.createDataFrame(
         [(str(segment.ref.path.absolute()), i) for i in range(chunks)], "path string, chunk int"
     )
@@ -260,6 +361,15 @@ def _value_ddl(supercolumns: Sequence[Supercolumn]) -> list[str]:
             for i, s in enumerate(supercolumns)]
 
 
+def _row_schema(supercolumns: Sequence[Supercolumn]) -> pa.Schema:
+    """The Arrow schema of decoded rows as the decoders yield them."""
+    fields = [("line", pa.int64()), ("t", pa.int64()), ("kind", pa.string()), ("key", pa.int64()),
+              ("error_class", pa.string()), ("reason", pa.string())]
+    fields += [(f"v{i}", carrier_type(arrow_type(s.data_type))) for i, s in enumerate(supercolumns)]
+    fields += [(f"s{i}", pa.bool_()) for i in range(len(supercolumns))]
+    return pa.schema(fields)
+
+
 def _row_ddl(supercolumns: Sequence[Supercolumn]) -> str:
     fields = ["line bigint", "t bigint", "kind string", "key bigint", "error_class string", "reason string"]
     fields += _value_ddl(supercolumns)
@@ -276,98 +386,107 @@ def _value_columns(values: list[list[Any]], supercolumns: Sequence[Supercolumn])
     return out
 
 
-@dataclass(frozen=True)
-class _Epoch:
-    table: TableDescriptor | None
-    by_uuid: dict[str, tuple[Any, int]]  # column uuid -> (descriptor, supercolumn index)
-    in_force: frozenset[int]
-    defaults: dict[int, Any]
-
-
-def _epochs(work: TableWork) -> list[_Epoch]:
+def _epochs(work: TableWork) -> list[Epoch]:
     index = {s.name: i for i, s in enumerate(work.supercolumns_after)}
     out = []
     for table in work.epochs:
         if table is None:
-            out.append(_Epoch(None, {}, frozenset(), {}))
+            out.append(Epoch(None, {}, frozenset(), {}))
             continue
         by_uuid = {c.column_uuid: (c, index[c.supercolumn]) for c in table.columns}
         defaults = {index[c.supercolumn]: c.default_value() for c in table.columns if c.default is not None}
-        out.append(_Epoch(table, by_uuid, frozenset(i for _, i in by_uuid.values()), defaults))
+        out.append(Epoch(table, by_uuid, frozenset(i for _, i in by_uuid.values()), defaults))
     return out
 
 
-def _decoder(work: TableWork, segment: str) -> Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]:
-    """An Arrow UDF: (line, text) rows of one table in, decoded and checked mutations out."""
+def _decoder(
+    work: TableWork, segment: str, fast: bool = True
+) -> Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]:
+    """An Arrow UDF: (line, text) rows of one table in, decoded and checked mutations out.
+
+    Rows in the writer's canonical form are decoded as Arrow kernels (``vector_decode``); the
+    others (and every row with ``fast=False``) by the reference decoder, row by row."""
     supercolumns = work.supercolumns_after
-    width = len(supercolumns)
 
     def decode(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         epochs = _epochs(work)
         for batch in batches:
-            lines, texts = batch.column(0).to_pylist(), batch.column(1).to_pylist()
-            n = len(lines)
-            ts: list[Any] = [None] * n
-            kinds: list[Any] = [None] * n
-            keys: list[Any] = [None] * n
-            classes: list[Any] = [None] * n
-            reasons: list[Any] = [None] * n
-            values: list[list[Any]] = [[None] * n for _ in range(width)]
-            sets: list[list[bool]] = [[False] * n for _ in range(width)]
-            for r, (line, text) in enumerate(zip(lines, texts, strict=True)):
-                try:
-                    event = parse_line(text, segment=segment, line=line)
-                    epoch = epochs[bisect.bisect_left(work.epoch_lines, line) - 1]
-                    kind = _KINDS[type(event)]
-                    table = epoch.table
-                    if table is None:
-                        raise HistoryConflictError(
-                            f"{kind} into unknown table {event.table_uuid}", segment=segment, line=line
-                        )
-                    ts[r], kinds[r], keys[r] = event.t, kind, event.key
-                    if kind == "delete":
-                        continue
-                    given = _decode_values(event, epoch, table, segment, line)
-                    for i in range(width):
-                        if i in given:
-                            values[i][r] = given[i]
-                            sets[i][r] = True
-                        elif i not in epoch.in_force:
-                            sets[i][r] = True  # not in force at this event: NULL in its image
-                        elif kind == "insert":
-                            values[i][r] = epoch.defaults.get(i)
-                            sets[i][r] = True
-                    if kind == "insert":
-                        for c, i in epoch.by_uuid.values():
-                            if not c.is_nullable and values[i][r] is None:
-                                raise HistoryConflictError(
-                                    f"insert into {table.table_name} leaves NOT NULL column {c.column_name} empty",
-                                    segment=segment,
-                                    line=line,
-                                )
-                except MalformedRecordError as exc:
-                    ts[r] = kinds[r] = keys[r] = None
-                    classes[r], reasons[r] = type(exc).__name__, exc.reason
-                    for i in range(width):
-                        values[i][r], sets[i][r] = None, False
-            arrays = [
-                pa.array(lines, pa.int64()), pa.array(ts, pa.int64()), pa.array(kinds, pa.string()),
-                pa.array(keys, pa.int64()), pa.array(classes, pa.string()), pa.array(reasons, pa.string()),
-            ]
-            arrays += _value_columns(values, supercolumns)
-            arrays += [pa.array(s, pa.bool_()) for s in sets]
-            yield pa.RecordBatch.from_arrays(arrays, names=_row_names(width))
+            if not batch.num_rows:
+                continue
+            rest = batch
+            if fast:
+                decoded, left = decode_canonical(
+                    batch.column(0), batch.column(1), work.table_uuid, work.epoch_lines, epochs, supercolumns
+                )
+                if decoded is not None and decoded.num_rows:
+                    yield decoded
+                if not len(left):
+                    continue
+                rest = batch.take(pa.array(left))
+            yield _reference_batch(rest, epochs, work, segment)
 
     return decode
 
 
-def _row_names(width: int) -> list[str]:
-    return ["line", "t", "kind", "key", "error_class", "reason"] + [f"v{i}" for i in range(width)] + [
-        f"s{i}" for i in range(width)
+def _reference_batch(batch: pa.RecordBatch, epochs: Sequence[Epoch], work: TableWork, segment: str) -> pa.RecordBatch:
+    """The reference decoder (``parse_line`` and ``decode_value``, row by row) over one batch."""
+    supercolumns = work.supercolumns_after
+    width = len(supercolumns)
+    lines, texts = batch.column(0).to_pylist(), batch.column(1).to_pylist()
+    n = len(lines)
+    ts: list[Any] = [None] * n
+    kinds: list[Any] = [None] * n
+    keys: list[Any] = [None] * n
+    classes: list[Any] = [None] * n
+    reasons: list[Any] = [None] * n
+    values: list[list[Any]] = [[None] * n for _ in range(width)]
+    sets: list[list[bool]] = [[False] * n for _ in range(width)]
+    for r, (line, text) in enumerate(zip(lines, texts, strict=True)):
+        try:
+            event = parse_line(text, segment=segment, line=line)
+            epoch = epochs[bisect.bisect_left(work.epoch_lines, line) - 1]
+            kind = _KINDS[type(event)]
+            table = epoch.table
+            if table is None:
+                raise HistoryConflictError(
+                    f"{kind} into unknown table {event.table_uuid}", segment=segment, line=line
+                )
+            ts[r], kinds[r], keys[r] = event.t, kind, event.key
+            if kind == "delete":
+                continue
+            given = _decode_values(event, epoch, table, segment, line)
+            for i in range(width):
+                if i in given:
+                    values[i][r] = given[i]
+                    sets[i][r] = True
+                elif i not in epoch.in_force:
+                    sets[i][r] = True  # not in force at this event: NULL in its image
+                elif kind == "insert":
+                    values[i][r] = epoch.defaults.get(i)
+                    sets[i][r] = True
+            if kind == "insert":
+                for c, i in epoch.by_uuid.values():
+                    if not c.is_nullable and values[i][r] is None:
+                        raise HistoryConflictError(
+                            f"insert into {table.table_name} leaves NOT NULL column {c.column_name} empty",
+                            segment=segment,
+                            line=line,
+                        )
+        except MalformedRecordError as exc:
+            ts[r] = kinds[r] = keys[r] = None
+            classes[r], reasons[r] = type(exc).__name__, exc.reason
+            for i in range(width):
+                values[i][r], sets[i][r] = None, False
+    arrays = [
+        pa.array(lines, pa.int64()), pa.array(ts, pa.int64()), pa.array(kinds, pa.string()),
+        pa.array(keys, pa.int64()), pa.array(classes, pa.string()), pa.array(reasons, pa.string()),
     ]
+    arrays += _value_columns(values, supercolumns)
+    arrays += [pa.array(s, pa.bool_()) for s in sets]
+    return pa.RecordBatch.from_arrays(arrays, names=row_names(width))
 
 
-def _decode_values(event: Any, epoch: _Epoch, table: TableDescriptor, segment: str, line: int) -> dict[int, Any]:
+def _decode_values(event: Any, epoch: Epoch, table: TableDescriptor, segment: str, line: int) -> dict[int, Any]:
     given: dict[int, Any] = {}
     for column_uuid, raw in event.values.items():
         found = epoch.by_uuid.get(column_uuid)
@@ -392,41 +511,66 @@ def _decode_values(event: Any, epoch: _Epoch, table: TableDescriptor, segment: s
     return given
 
 
+def _prior_batches(
+    work: TableWork, store: Any, as_of: int, files: Sequence[tuple[str, int | None]], keys: pa.Array | None = None
+) -> Iterator[pa.RecordBatch]:
+    """(key, t, is_deleted, v<i>) of the versions ``files`` hold below ``as_of`` (only ``keys``'
+    when given), each file read from ``lower`` on (a snapshot's from its start)."""
+    import pyarrow.dataset as ds
+
+    before = work.supercolumns_before
+    after = work.supercolumns_after
+    before_names = {s.name for s in before}
+    fs, _ = store.arrow_filesystem()
+    schema = supertable_schema(before)
+    for path, lower in files:
+        expr = ds.field(LT) < as_of
+        if lower is not None:
+            expr = expr & (ds.field(LT) >= lower)
+        if keys is not None:
+            expr = expr & ds.field(KEY).isin(keys)
+        dataset = ds.dataset([store.full_path(path)], schema=schema, format="parquet", filesystem=fs)
+        for part in dataset.to_batches(filter=expr):
+            if part.num_rows == 0:
+                continue
+            arrays = [part.column(KEY), part.column(LT), part.column(DELETED)]
+            for s in after:
+                t = arrow_type(s.data_type)
+                if s.name in before_names:
+                    arrays.append(to_carrier(part.column(s.name), t))
+                else:
+                    arrays.append(pa.nulls(part.num_rows, carrier_type(t)))
+            yield pa.RecordBatch.from_arrays(
+                arrays, names=["key", "t", "is_deleted"] + [f"v{i}" for i in range(len(after))]
+            )
+
+
 def _prior_reader(
     work: TableWork, config: dict[str, Any], as_of: int
 ) -> Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]:
     """An Arrow UDF: (path, lower) rows in, the versions those files hold below ``as_of`` out."""
-    before = work.supercolumns_before
-    after = work.supercolumns_after
-    before_names = {s.name for s in before}
 
     def read(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-        import pyarrow.dataset as ds
-
         store = open_executor_store(config)
-        fs, _ = store.arrow_filesystem()
-        schema = supertable_schema(before)
         for batch in batches:
-            for path, lower in zip(batch.column(0).to_pylist(), batch.column(1).to_pylist(), strict=True):
-                expr = ds.field(LT) < as_of
-                if lower is not None:
-                    expr = expr & (ds.field(LT) >= lower)
-                dataset = ds.dataset([store.full_path(path)], schema=schema, format="parquet", filesystem=fs)
-                for part in dataset.to_batches(filter=expr):
-                    if part.num_rows == 0:
-                        continue
-                    arrays = [part.column(KEY), part.column(LT), part.column(DELETED)]
-                    for s in after:
-                        t = arrow_type(s.data_type)
-                        if s.name in before_names:
-                            arrays.append(to_carrier(part.column(s.name), t))
-                        else:
-                            arrays.append(pa.nulls(part.num_rows, carrier_type(t)))
-                    yield pa.RecordBatch.from_arrays(
-                        arrays, names=["key", "t", "is_deleted"] + [f"v{i}" for i in range(len(after))]
-                    )
+            files = list(zip(batch.column(0).to_pylist(), batch.column(1).to_pylist(), strict=True))
+            yield from _prior_batches(work, store, as_of, files)
 
     return read
+
+
+def _prior_fold_rows(work: TableWork, prior: pa.RecordBatch) -> pa.RecordBatch:
+    """Prior versions as fold rows: line 0, kind ``prior`` (``gone`` for a delete), set where the
+    supercolumn existed before the segment (what ``prior_rows`` selects in Spark)."""
+    n = prior.num_rows
+    before_names = {s.name for s in work.supercolumns_before}
+    width = len(work.supercolumns_after)
+    kind = pc.if_else(prior.column("is_deleted"), pa.scalar(GONE), pa.scalar(PRIOR))
+    arrays = [pa.array(np.zeros(n, np.int64)), prior.column("t"), kind, prior.column("key"),
+              pa.nulls(n, pa.string()), pa.nulls(n, pa.string())]
+    arrays += [prior.column(f"v{i}") for i in range(width)]
+    arrays += [pa.array(np.full(n, s.name in before_names)) for s in work.supercolumns_after]
+    return pa.RecordBatch.from_arrays(arrays, names=row_names(width))
 
 
 def prior_rows(spark: Any, work: TableWork, ctx: FrameContext) -> Any:
@@ -463,10 +607,13 @@ def _stats_row(e: FileEntry) -> dict[str, Any]:
 
 
 def _folder(
-    work: TableWork, ctx: FrameContext, upper: int
+    work: TableWork, ctx: FrameContext, upper: int, read_prior: bool = False, all_keys: bool = False
 ) -> Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]:
-    """An Arrow UDF: one key range's rows, sorted by (key, t, line), in; the statistics of the
-    files written from it out, or its first failing line (then nothing is written)."""
+    """An Arrow UDF: one part's rows (whole keys), sorted by (key, t, line), in; the statistics of the
+    files written from it out, or its first failing line (then nothing is written). With
+    ``read_prior`` it reads the prior image of its own keys from the table's files first (a
+    semi-join in Arrow: no Spark job of its own, no persisted frame), or of every key with
+    ``all_keys`` (a backfill), then even without rows of its own."""
     after = work.supercolumns_after
     index = {s.name: i for i, s in enumerate(after)}
     backfills = [(b, index[b.target.name], None if b.source is None else index[b.source.name]) for b in work.backfills]
@@ -486,9 +633,17 @@ def _folder(
 
     def run(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         parts = [b for b in batches if b.num_rows]
-        if not parts:
+        if not parts and not (read_prior and all_keys):
             return
-        folded = fold(pa.Table.from_batches(parts), len(after), backfills)
+        rows = pa.Table.from_batches(parts) if parts else _row_schema(after).empty_table()
+        if read_prior:
+            keys = None if all_keys else pc.unique(pc.drop_null(rows.column("key")).combine_chunks())
+            files = [(f.path, None if f.kind is FileKind.SNAPSHOT else work.snapshot_as_of) for f in work.files]
+            prior = [_prior_fold_rows(work, b) for b in _prior_batches(
+                work, open_executor_store(ctx.store_config), ctx.prior_as_of, files, keys)]
+            if prior:  # fold sorts by (key, t, line) itself
+                rows = pa.concat_tables([pa.Table.from_batches(prior).cast(rows.schema), rows])
+        folded = fold(rows, len(after), backfills)
         if folded.failure is not None:
             f = folded.failure
             out = [{**{c: None for c in _STATS}, "line": f.line, "key": f.key, "error_class": f.error_class,
@@ -524,45 +679,44 @@ _ERRORS = ("line", "key", "error_class", "reason")
 
 
 def table_frame(
-    spark: Any, work: TableWork, parsed: Any, ctx: FrameContext, segment: str, parts: int, cache: list[Any]
+    spark: Any, work: TableWork, parsed: Any | None, ctx: FrameContext, segment: SealedSegment, parts: int
 ) -> Any:
-    """One table's plan: decode its rows, add the prior image of the keys it touches (all live
-    keys when a backfill needs them), spread whole keys over ``parts`` sorted ranges, fold and
-    write each range in one Arrow UDF. Returns the (statistics, failure) rows; frames it
-    persisted are appended to ``cache`` for the caller to release."""
+    """One table's plan; returns the (statistics, failure) rows of its parts.
+
+    Routed on the driver (``parsed`` is None): one task per part (key modulo ``parts``) reads
+    the segment file, decodes its rows, reads the prior image of its keys, folds and writes.
+    Otherwise (Spark's JSON reader routed the segment): the table's parsed lines are decoded,
+    spread over ``parts`` by a hash of the key, sorted, and folded and written per part, the
+    prior image read by the fold tasks too, or in Spark for a backfill (every live key)."""
     from pyspark.sql import functions as F
 
-    rows = parsed.filter(F.col("is_row") & (F.col("table_uuid") == work.table_uuid)).select("line", "text")
-    decoded = rows.mapInArrow(_decoder(work, segment), _row_ddl(work.supercolumns_after))
-    union = decoded
-    if work.files:
-        prior = prior_rows(spark, work, ctx)
-        if not work.backfills:  # only the touched keys' prior rows travel (a broadcast semi-join)
-            decoded = decoded.persist()  # read twice (keys and rows): decode in Python once
-            cache.append(decoded)
-            union = decoded
-            keys = decoded.filter(F.col("error_class").isNull()).select("key").distinct()
-            prior = prior.join(F.broadcast(keys), "key", "left_semi")
-        union = prior.unionByName(decoded)
-    # one range needs no range bounds (whose sampling would cost a Spark job of its own)
-    spread = union.repartition(1) if parts == 1 else union.repartitionByRange(parts, "key")
     upper = (work.max_t + 1) if work.max_t is not None else ctx.prior_as_of
-    return spread.sortWithinPartitions("key", "t", "line").mapInArrow(_folder(work, ctx, upper), OUT_DDL)
+    if parsed is None:  # routed on the driver (scan_segment): one task per part reads, decodes, folds
+        parts = 1 if work.backfills else parts  # as the task engine: a backfilled table is not split
+        tasks = spark.createDataFrame([(p,) for p in range(parts)], "part int")
+        if parts > 1:
+            tasks = tasks.repartition(parts)
+        return tasks.mapInArrow(_table_task(work, segment, ctx, upper, parts), OUT_DDL)
+    rows = parsed.filter(F.col("is_row") & (F.col("table_uuid") == work.table_uuid)).select("line", "text")
+    union = rows.mapInArrow(_decoder(work, segment.ref.name), _row_ddl(work.supercolumns_after))
+    if work.files and work.backfills:
+        union = prior_rows(spark, work, ctx).unionByName(union)
+        parts = 1  # as the task engine: a backfilled table is not split
+    # hashed, not by key range: range bounds cost a sampling job that decodes once more (the
+    # task engine splits by key modulo too, so its files span the key range alike)
+    spread = union.repartition(1) if parts == 1 else union.repartition(parts, "key")
+    folder = _folder(work, ctx, upper, read_prior=bool(work.files) and not work.backfills)
+    return spread.sortWithinPartitions("key", "t", "line").mapInArrow(folder, OUT_DDL)
 
 
 def run_segment(
-    spark: Any, plan: SegmentFramePlan, parsed: Any, ctx: FrameContext, files_per_table: Callable[[int], int]
+    spark: Any, plan: SegmentFramePlan, parsed: Any | None, ctx: FrameContext, files_per_table: Callable[[int], int]
 ) -> FrameOutcome:
     """One action validates, folds and writes every touched table and returns the files'
     statistics with the smallest failing line, if any (then the caller discards the files)."""
     name = plan.segment.ref.name
-    cache: list[Any] = []
-    frames = [table_frame(spark, w, parsed, ctx, name, files_per_table(w.rows), cache) for w in plan.tables]
-    try:
-        rows = _union(frames).collect() if frames else []
-    finally:
-        for frame in cache:
-            frame.unpersist()
+    frames = [table_frame(spark, w, parsed, ctx, plan.segment, files_per_table(w.rows)) for w in plan.tables]
+    rows = _union(frames).collect() if frames else []
     entries = [_entry(r, ctx.segment_id) for r in rows if r["path"] is not None]
     failures = sorted((r for r in rows if r["error_class"] is not None),
                       key=lambda r: (r["line"], -1 if r["key"] is None else r["key"]))
