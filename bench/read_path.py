@@ -119,12 +119,16 @@ def _delta_bytes(work: Path, store: HistoryStore) -> int:
     """Delta Lake holding the same history: one MERGE per version batch, as a CDC sink would."""
     from deltalake import DeltaTable, write_deltalake
 
+    from history_pipeline.supertable import SUPERSEDED
     from history_pipeline.supertable.read import keep_latest
 
     files = sorted(store.catalog_state().files_of(TABLE_UUID, FileKind.VERSIONS), key=lambda f: f.min_t or 0)
     path = work / f"delta_{store.frontier}"
     for i, entry in enumerate(files):
-        source = keep_latest(pq.read_table(store.objects.full_path(entry.path)), include_deleted=True)
+        rows = pq.read_table(store.objects.full_path(entry.path))
+        if SUPERSEDED in rows.column_names:  # our closed-interval bookkeeping, not part of Delta's rows
+            rows = rows.drop_columns([SUPERSEDED])
+        source = keep_latest(rows, include_deleted=True)
         if i == 0:
             write_deltalake(str(path), source)
         else:

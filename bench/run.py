@@ -34,6 +34,7 @@ from bench.workload import Workload, write_workload
 from history_pipeline import HistoryStore, StoreSettings
 from history_pipeline.catalog import AddFile, AdvanceFrontier, FileEntry, FileKind, TransactionLog
 from history_pipeline.io.store import LocalStore
+from history_pipeline.supertable import SUPERSEDED
 from history_pipeline.wal import SegmentState
 
 RESULTS = Path(__file__).parent / "results"
@@ -136,11 +137,17 @@ def bench_delta_merge(work: Path, store: HistoryStore) -> dict[str, Any]:
     root = work / "delta"
     for table_uuid in sorted({f.table_uuid for f in state.files.values() if f.table_uuid}):
         path = root / table_uuid
-        batches = sorted(state.files_of(table_uuid, FileKind.VERSIONS), key=lambda f: f.min_t or 0)
+        # one MERGE per segment and table: a segment may be written as several files (key parts)
+        by_segment: dict[tuple[Any, ...], list[FileEntry]] = {}
+        for entry in state.files_of(table_uuid, FileKind.VERSIONS):
+            by_segment.setdefault(entry.segments or (entry.path,), []).append(entry)
+        batches = sorted(by_segment.values(), key=lambda files: min(f.min_t or 0 for f in files))
         created = False
-        for entry in batches:
-            source = pq.read_table(store.objects.full_path(entry.path))
-            source = _latest_per_key(source)
+        for files in batches:
+            parts = [pq.read_table(store.objects.full_path(f.path)) for f in files]
+            # our own bookkeeping column of closed intervals is not part of the rows Delta holds
+            parts = [t.drop_columns([SUPERSEDED]) if SUPERSEDED in t.column_names else t for t in parts]
+            source = _latest_per_key(pa.concat_tables(parts, promote_options="default"))
             if not created:
                 start = time.perf_counter()
                 write_deltalake(str(path), source.filter(pc.invert(source["is_deleted"])))
