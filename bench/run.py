@@ -82,6 +82,11 @@ def dir_bytes(path: Path) -> int:
 
 
 def bench_compaction(work: Path, w: Workload, spark: Any) -> dict[str, Any]:
+    from bench.compaction import WAL_SCHEMA
+
+    warm = HistoryStore.open(work / "compaction_warm", database="bench")  # ours warm, like the baseline
+    write_workload(warm, Workload(tables=2, live_rows=500, versions=3_000, segment_events=1_500))
+    warm.compact(spark=spark)
     store = HistoryStore.open(work / "compaction", database="bench")
     events = write_workload(store, w)
     segments = [r.path for r in store.segments(SegmentState.SEALED)]
@@ -102,9 +107,12 @@ def bench_compaction(work: Path, w: Workload, spark: Any) -> dict[str, Any]:
 
     pyarrow_s = median_time(pyarrow_json_to_parquet, repeat=1)
     spark_json = [str(p) for p in sorted(copies.iterdir())]
-    spark_s = median_time(
-        lambda: spark.read.json(spark_json).write.mode("overwrite").parquet(str(work / "spark_out")), repeat=1
-    )
+
+    def spark_json_to_parquet() -> None:  # as Spark's users run it: explicit schema, warm session
+        spark.read.schema(WAL_SCHEMA).json(spark_json).write.mode("overwrite").parquet(str(work / "spark_out"))
+
+    spark_json_to_parquet()  # warm-up, untimed
+    spark_s = min(timed(spark_json_to_parquet)[0] for _ in range(2))
     delta = bench_delta_merge(work, store)
     # files replaced by a merge or an interval close answer nothing any more (unlike Delta's old
     # files, which are its time travel): measured after the garbage collection that removes them
@@ -336,7 +344,8 @@ def report(results: dict[str, Any]) -> str:
     ]
     ratio_spark = c["ours_versions_per_s"] / c["spark_versions_per_s"]
     lines.append(f"| compaction, versions/s ({c['versions']:,} versions) | {c['ours_versions_per_s']:,.0f} | "
-                 f"Spark JSON→Parquet {c['spark_versions_per_s']:,.0f} | {ratio_spark:.2f}× | ≥ 0.5× | "
+                 f"Spark JSON→Parquet (warm, explicit schema) {c['spark_versions_per_s']:,.0f} | "
+                 f"{ratio_spark:.2f}× | ≥ 0.5× | "
                  f"{verdict(ratio_spark, 0.5, False)} |")
     ratio_py = c["ours_versions_per_s"] / c["pyarrow_versions_per_s"]
     lines.append(f"| compaction vs the practical limit | {c['ours_versions_per_s']:,.0f} | "
