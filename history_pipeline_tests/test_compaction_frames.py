@@ -167,3 +167,22 @@ def test_the_dataframe_engine_names_the_smallest_failing_line(tmp_path, spark):
                                                       "which does not exist"):
         store.compact(spark=spark)
 
+
+
+def test_key_parts_are_ranges_of_the_prior_keys_or_modulo_without_them():
+    import numpy as np
+
+    from history_pipeline.catalog.model import FileEntry, FileKind
+    from history_pipeline.compaction.frames import key_cuts, part_of_keys
+
+    def entry(low, high):
+        return FileEntry(path=f"f{low}", kind=FileKind.VERSIONS, table_uuid="T", size_bytes=1, row_count=1,
+                         min_t=1, max_t=1, min_key=low, max_key=high)
+
+    cuts = key_cuts([entry(10, 50), entry(60, 109)], parts=4)
+    assert cuts == (35, 60, 85)  # [10, 110) in four ranges of 25
+    keys = np.array([-5, 10, 34, 35, 59, 60, 84, 85, 109, 10_000])
+    assert part_of_keys(keys, 4, cuts).tolist() == [0, 0, 0, 1, 1, 2, 2, 3, 3, 3]  # below / above go to the ends
+    assert key_cuts([entry(10, 50)], parts=1) is None
+    assert key_cuts([FileEntry("f", FileKind.VERSIONS, "T", 1, 0, None, None)], parts=4) is None
+    assert part_of_keys(np.array([7, -3, 8]), 4, None).tolist() == [3, 1, 0]  # modulo, never negative

@@ -219,13 +219,34 @@ def scan_segment(segment: SealedSegment) -> tuple[list[tuple[int, bytes]], list[
     return records, sorted((u, n, t) for u, (n, t) in counts.items())
 
 
+def key_cuts(files: Sequence[FileEntry], parts: int) -> tuple[int, ...] | None:
+    """Where to cut the key range of a table's prior files into ``parts`` ranges of equal width
+    (keys below the first cut go to part 0, at or above the last to the last part), or None when
+    the files say nothing of their keys (then keys are split by modulo)."""
+    lows = [f.min_key for f in files if f.min_key is not None]
+    highs = [f.max_key for f in files if f.max_key is not None]
+    if parts < 2 or not lows or not highs:
+        return None
+    low, width = min(lows), max(highs) - min(lows) + 1
+    return tuple(low + width * i // parts for i in range(1, parts))
+
+
+def part_of_keys(keys: np.ndarray, parts: int, cuts: tuple[int, ...] | None) -> np.ndarray:
+    """The part of each key: its range between ``cuts``, or the key modulo ``parts`` without them."""
+    if cuts is None:
+        return np.mod(keys, parts)
+    return np.searchsorted(np.asarray(cuts, dtype=np.int64), keys, side="right")
+
+
 def _table_task(
-    work: TableWork, segment: SealedSegment, ctx: FrameContext, upper: int, parts: int
+    work: TableWork, segment: SealedSegment, ctx: FrameContext, upper: int, parts: int,
+    cuts: tuple[int, ...] | None = None,
 ) -> Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]:
-    """An Arrow UDF: (part) rows in; per part, the table's row events whose key modulo ``parts``
-    is the part (routed by ``ENVELOPE_RE``, as ``scan_segment`` did) read from the segment file,
-    decoded, folded with the prior image of their keys and written; the files' statistics or
-    the part's first failing line out. No shuffle: a part is a whole set of keys."""
+    """An Arrow UDF: (part) rows in; per part, the table's row events whose key falls in the part
+    (a range between ``cuts``, else key modulo ``parts``; routed by ``ENVELOPE_RE``, as
+    ``scan_segment`` did) read from the segment file, decoded, folded with the prior image of their
+    keys and written; the files' statistics or the part's first failing line out. No shuffle: a
+    part is a whole set of keys, and with ``cuts`` it reads only the row groups of its range."""
     path, chunks = str(segment.ref.path.absolute()), _chunks(segment)
     decode = _decoder(work, segment.ref.name)
     fold_and_write = _folder(work, ctx, upper, read_prior=bool(work.files), all_keys=bool(work.backfills))
@@ -236,10 +257,10 @@ def _table_task(
                 head = pc.extract_regex(batch.column(1).cast(pa.string()), ENVELOPE_RE)
                 # (a struct's fields do not inherit its nulls: a line that does not match has "")
                 mine = pc.and_(head.is_valid(), pc.fill_null(pc.equal(head.field("table"), work.table_uuid), False))
-                if parts > 1:  # the task engine's split: key modulo parts (Python's, never negative)
+                if parts > 1:
                     key_text = pc.if_else(mine, head.field("key"), pa.scalar("0"))
                     keys = np.asarray(key_text.cast(pa.int64()).to_numpy())
-                    mine = pc.and_(mine, pa.array(np.mod(keys, parts) == part))
+                    mine = pc.and_(mine, pa.array(part_of_keys(keys, parts, cuts) == part))
                 picked = batch.filter(mine)
                 if picked.num_rows:
                     yield picked
@@ -527,8 +548,13 @@ def _prior_batches(
         expr = ds.field(LT) < as_of
         if lower is not None:
             expr = expr & (ds.field(LT) >= lower)
-        if keys is not None:
+        if keys is not None and len(keys):
+            # the range first: row groups outside it are skipped by their statistics
+            bounds = pc.min_max(keys)
+            expr = expr & (ds.field(KEY) >= bounds["min"]) & (ds.field(KEY) <= bounds["max"])
             expr = expr & ds.field(KEY).isin(keys)
+        elif keys is not None:
+            continue
         dataset = ds.dataset([store.full_path(path)], schema=schema, format="parquet", filesystem=fs)
         for part in dataset.to_batches(filter=expr):
             if part.num_rows == 0:
@@ -683,7 +709,8 @@ def table_frame(
 ) -> Any:
     """One table's plan; returns the (statistics, failure) rows of its parts.
 
-    Routed on the driver (``parsed`` is None): one task per part (key modulo ``parts``) reads
+    Routed on the driver (``parsed`` is None): one task per part (a range of the prior files' keys,
+    or key modulo ``parts`` for a table with no prior files) reads
     the segment file, decodes its rows, reads the prior image of its keys, folds and writes.
     Otherwise (Spark's JSON reader routed the segment): the table's parsed lines are decoded,
     spread over ``parts`` by a hash of the key, sorted, and folded and written per part, the
@@ -696,7 +723,8 @@ def table_frame(
         tasks = spark.createDataFrame([(p,) for p in range(parts)], "part int")
         if parts > 1:
             tasks = tasks.repartition(parts)
-        return tasks.mapInArrow(_table_task(work, segment, ctx, upper, parts), OUT_DDL)
+        cuts = key_cuts(work.files, parts)
+        return tasks.mapInArrow(_table_task(work, segment, ctx, upper, parts, cuts), OUT_DDL)
     rows = parsed.filter(F.col("is_row") & (F.col("table_uuid") == work.table_uuid)).select("line", "text")
     union = rows.mapInArrow(_decoder(work, segment.ref.name), _row_ddl(work.supercolumns_after))
     if work.files and work.backfills:
