@@ -23,19 +23,10 @@ from history_pipeline.schema import replay_schema_history
 from history_pipeline.supertable import SUPERSEDED
 from history_pipeline_tests.model import BaseDatabase
 from history_pipeline_tests.test_compaction import _split, check_against_model, random_history, write
-from history_pipeline_tests.test_query_layers import CREATE, _delete, _insert, _update, _valid
-from history_pipeline_tests.test_read_path import check_sql_against_model
+from history_pipeline_tests.test_query_layers import CREATE, _delete, _insert, _load, _update
+from history_pipeline_tests.test_read_path import check_sql_against_model, damage_column
 
 SMALL_SNAPSHOTS = StoreSettings(snapshot_min_versions=6, snapshot_ratio=0.2)
-
-
-def _load(store, batches):
-    events = []
-    for batch in _valid(batches):
-        write(store, batch)
-        store.compact(spark=False)
-        events += batch
-    return events
 
 
 def _items_history(store):
@@ -148,20 +139,7 @@ def test_a_query_in_a_closed_interval_reads_only_the_columns_it_uses(tmp_path):
     expected = store.sql("SELECT sum(a) AS s, count(*) AS c FROM items", as_of).to_pylist()
     rows = store.load_table("items", as_of).to_pylist()
     assert expected == [{"s": sum(r["a"] for r in rows if r["a"] is not None), "c": len(rows)}]
-    damaged = 0
-    for f in store.catalog_state().files.values():
-        if f.table_uuid != "T":
-            continue
-        path = store.objects.full_path(f.path)
-        meta = pq.read_metadata(path)
-        index = meta.schema.to_arrow_schema().get_field_index("n-1")
-        with open(path, "r+b") as handle:
-            for rg in range(meta.num_row_groups):
-                chunk = meta.row_group(rg).column(index)
-                handle.seek(chunk.dictionary_page_offset or chunk.data_page_offset)
-                handle.write(b"\xff" * chunk.total_compressed_size)
-                damaged += 1
-    assert damaged
+    assert damage_column(store, "T", "n-1")
     assert store.sql("SELECT sum(a) AS s, count(*) AS c FROM items", as_of).to_pylist() == expected
     with pytest.raises(QueryError):
         store.sql("SELECT max(note) AS m FROM items", as_of)
