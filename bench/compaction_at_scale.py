@@ -39,7 +39,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from bench.compaction import WAL_SCHEMA, RssSampler
+from bench.compaction import RssSampler, spark_json_to_parquet_s
 from bench.workload import COLUMNS, _value
 from history_pipeline import HistoryStore, StoreSettings
 from history_pipeline.catalog.files import write_parquet
@@ -232,13 +232,7 @@ def run(scale: Scale, spark: Any, work: Path) -> dict[str, Any]:
 
     paths = [str(p) for p in sorted(copies.iterdir())]
 
-    def spark_json_to_parquet() -> float:
-        start = time.perf_counter()
-        spark.read.schema(WAL_SCHEMA).json(paths).write.mode("overwrite").parquet(str(work / "spark_json_out"))
-        return time.perf_counter() - start
-
-    spark_json_to_parquet()  # warm-up, untimed
-    spark_s = min(spark_json_to_parquet() for _ in range(2))
+    spark_s = spark_json_to_parquet_s(spark, paths, work / "spark_json_out")
     delta_s = delta_merge(work, engines["tasks"]["store"], held_frontier)
     versions = engines["tasks"]["versions"]
     result: dict[str, Any] = {

@@ -82,7 +82,7 @@ def dir_bytes(path: Path) -> int:
 
 
 def bench_compaction(work: Path, w: Workload, spark: Any) -> dict[str, Any]:
-    from bench.compaction import WAL_SCHEMA
+    from bench.compaction import spark_json_to_parquet_s
 
     warm = HistoryStore.open(work / "compaction_warm", database="bench")  # ours warm, like the baseline
     write_workload(warm, Workload(tables=2, live_rows=500, versions=3_000, segment_events=1_500))
@@ -107,12 +107,7 @@ def bench_compaction(work: Path, w: Workload, spark: Any) -> dict[str, Any]:
 
     pyarrow_s = median_time(pyarrow_json_to_parquet, repeat=1)
     spark_json = [str(p) for p in sorted(copies.iterdir())]
-
-    def spark_json_to_parquet() -> None:  # as Spark's users run it: explicit schema, warm session
-        spark.read.schema(WAL_SCHEMA).json(spark_json).write.mode("overwrite").parquet(str(work / "spark_out"))
-
-    spark_json_to_parquet()  # warm-up, untimed
-    spark_s = min(timed(spark_json_to_parquet)[0] for _ in range(2))
+    spark_s = spark_json_to_parquet_s(spark, spark_json, work / "spark_out")
     delta = bench_delta_merge(work, store)
     # files replaced by a merge or an interval close answer nothing any more (unlike Delta's old
     # files, which are its time travel): measured after the garbage collection that removes them
