@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import random
 from dataclasses import dataclass
+from pathlib import Path
 
 import pyarrow as pa
 
@@ -87,3 +88,31 @@ def build_history(store: HistoryStore, live_rows: int, versions: int, batch: int
         t += n
         written += n
     return History(live_rows, versions, batch, t - 1)
+
+
+def default_segment_events(work: Path, live_rows: int, versions: int, seed: int = 1) -> int:
+    """How many of this history's updates one WAL segment holds under the writer's default size limit.
+
+    Measured, not estimated: update events shaped like the history's (the two changed columns, keys
+    below ``live_rows``, timestamps as large as the history's) go through the real WAL writer with
+    its default limits until it seals a segment by size; its row events are counted.
+    """
+    from history_pipeline.wal.segments import SegmentState
+
+    store = HistoryStore.open(work, database="segment_size")
+    rng = random.Random(seed)
+    t = max(2, versions // 2)
+    with store.wal_writer(max_segment_age_s=float("inf")) as wal:
+        wal.append({"op": "create_table", "t": 1, "table_uuid": TABLE_UUID, "table_name": "bench",
+                    "columns": [{"column_uuid": c, "column_name": c, "data_type": ty} for c, ty in
+                                (("qty", "BIGINT"), ("price", "DOUBLE PRECISION"), ("name", "TEXT"))]})
+        wal.append({"op": "close", "t": 1})
+        while not store.segments(SegmentState.SEALED):
+            for _ in range(1_000):  # a close per thousand changes, as a busy capture commits
+                t += 1
+                wal.append({"op": "update", "t": t, "table_uuid": TABLE_UUID, "key": rng.randrange(live_rows),
+                            "values": {"qty": rng.randrange(1000), "price": rng.random() * 100}})
+            wal.append({"op": "close", "t": t})
+    first = store.segments(SegmentState.SEALED)[0]
+    with open(first.path, "rb") as f:
+        return sum(1 for line in f if b'"op":"update"' in line or b'"op": "update"' in line)
