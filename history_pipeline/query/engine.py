@@ -195,7 +195,7 @@ class QueryContext:
     def get_catalog(self, as_of: int) -> tuple[TableDescriptor, ...]:
         """The table descriptors in force as of ``as_of``."""
         self.check_as_of(as_of)
-        return tables_at(self.state.schema_history, as_of)
+        return _cached(_CATALOGS, (*self._sandbox_key(), as_of), lambda: tables_at(self.state.schema_history, as_of))
 
     def row_history(self, table: str, key: int) -> list[dict[str, Any]]:
         """Every retained version of a key, oldest first, values named as at each version's time."""
@@ -298,7 +298,8 @@ class QueryContext:
             tables = [
                 d for d in self.get_catalog(as_of) if referenced is None or d.table_name.lower() in referenced
             ]
-            wide = self._create_views(con, kept, tables, as_of)
+            wide = self._create_views(con, kept, tables, as_of,
+                                      with_history=referenced is None or not referenced.isdisjoint(_HISTORY_NAMES))
             with self._sql_errors(as_of, wide):
                 exact = _cached(_REWRITES, (*self._sandbox_key(), as_of, query),
                                 lambda: _rewrite(con, query))
@@ -350,9 +351,11 @@ class QueryContext:
             return None
         return [self.store.full_path(f.path) for f in self.state.files.values()]
 
-    def _create_views(self, con: Any, kept: SandboxViews, tables: Sequence[TableDescriptor], as_of: int) -> list[str]:
+    def _create_views(self, con: Any, kept: SandboxViews, tables: Sequence[TableDescriptor], as_of: int,
+                      with_history: bool = True) -> list[str]:
         """Resolve the query's table names to their live rows at ``as_of``, under their names then,
-        plus the schema history. Returns the NUMERIC columns too wide for DECIMAL(38, s).
+        plus the schema history when the query may read it. Returns the NUMERIC columns too wide
+        for DECIMAL(38, s).
 
         What a view reads and how it is typed depends only on (state, T, table): its SQL and its
         NUMERIC probe are made once per process (``_VIEWS``), the view itself once per sandbox in
@@ -360,8 +363,9 @@ class QueryContext:
         is a TEMP view of its reconstruction, which the cursor finds first.
         """
         key = (*self._sandbox_key(), as_of)
-        register_schema_history(con, _cached(_HISTORIES, key, lambda: schema_history_table(
-            [e for e in self.state.schema_history if e.logical_timestamp < as_of])))
+        if with_history:  # registering it costs about a millisecond, a tenth of a small query
+            register_schema_history(con, _cached(_HISTORIES, key, lambda: schema_history_table(
+                [e for e in self.state.schema_history if e.logical_timestamp < as_of])))
         schema = AS_OF_SCHEMA.format(as_of=as_of)
         kept.ensure(con, schema, None)
         wide: list[str] = []
@@ -471,6 +475,9 @@ _cache_lock = threading.Lock()
 _VIEWS: OrderedDict[tuple[Any, ...], _TableView] = OrderedDict()
 _REWRITES: OrderedDict[tuple[Any, ...], _Rewrite] = OrderedDict()
 _HISTORIES: OrderedDict[tuple[Any, ...], pa.Table] = OrderedDict()
+#: what DuckDB names for ``_history_catalog.schema_history`` (in the sandbox it sees through the view)
+_HISTORY_NAMES = frozenset({"schema_history", "__schema_history"})
+_CATALOGS: OrderedDict[tuple[Any, ...], tuple[TableDescriptor, ...]] = OrderedDict()
 
 
 def _cached(cache: OrderedDict[tuple[Any, ...], Any], key: tuple[Any, ...], make: Callable[[], Any]) -> Any:

@@ -13,6 +13,7 @@ tables that exist at ``T``.
 from __future__ import annotations
 
 import difflib
+import functools
 import re
 from typing import Any
 
@@ -50,6 +51,7 @@ def run_sql(context: Any, query: str, as_of: int) -> pa.Table:
         raise missing_table_error(context, exc, as_of) from None
 
 
+@functools.lru_cache(maxsize=256)  # only queries that parse are kept: an error is raised, not cached
 def check_syntax(query: str) -> None:
     """A :class:`QueryError` naming where DuckDB's parser stopped (one line), if it stops."""
     con = parser_cursor()
