@@ -32,7 +32,8 @@ from history_pipeline.supertable.read import dataset_of, overlay
 #: rows a piece reads at most (snapshot rows plus versions since, in its key range), when keys are
 #: spread as the files' statistics say. A snapshot is due once the versions since the last one
 #: reach the live rows, so a piece of this many rows read holds about half as many live rows; at
-#: the bench's row width (6 columns) that is ~30 MB of Arrow per task, far inside an executor.
+#: the bench's row width (6 columns) a Python worker's peak grew by ~100 MiB for such a piece
+#: (``bench/driver_memory.py``), far inside an executor.
 PIECE_ROWS = 250_000
 
 
