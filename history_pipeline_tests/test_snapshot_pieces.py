@@ -236,3 +236,52 @@ def test_compact_hands_its_session_to_the_snapshot_refresh(tmp_path, spark, monk
     assert seen == [spark, None]
     assert store.load_table("items", 4).to_pylist() == [{"synthetic_key": k, "a": 0, "note": f"k{k} t2"}
                                                           for k in range(30)]
+
+
+def test_a_refresh_commits_no_piece_read_from_a_file_that_went_meanwhile_nor_a_second_set(tmp_path, monkeypatch):
+    from history_pipeline.maintenance import snapshots
+
+    store = HistoryStore.open(tmp_path, database="db", settings=ON_REQUEST)
+    events = _load(store, [[CREATE] + [_insert(2, k, k) for k in range(40)],
+                           [_update(3, k, -k) for k in range(0, 40, 2)], [_update(4, k, 7) for k in range(0, 40, 5)]])
+    real = snapshots.write_snapshots
+
+    def then_merge(*args, **kwargs):
+        written = real(*args, **kwargs)
+        store.merge(spark=False, small_file_bytes=1 << 30)  # replaces the version files the pieces read
+        return written
+
+    monkeypatch.setattr(snapshots, "write_snapshots", then_merge)
+    assert store.refresh_snapshots(force=True, spark=False).tables == []
+    assert _points(store) == {}
+    monkeypatch.setattr(snapshots, "write_snapshots", real)
+
+    def then_refresh_again(*args, **kwargs):
+        written = real(*args, **kwargs)
+        monkeypatch.setattr(snapshots, "write_snapshots", real)
+        assert store.refresh_snapshots(force=True, spark=False).tables == ["T"]  # takes the point first
+        return written
+
+    monkeypatch.setattr(snapshots, "write_snapshots", then_refresh_again)
+    assert store.refresh_snapshots(force=True, spark=False).tables == []
+    (files,) = _points(store).values()
+    assert sum(f.row_count for f in files) == 40 and len(files) >= 3  # one set of pieces, not two
+    _check_items(store, events, range(2, store.frontier + 2))
+
+
+def test_verify_checks_a_snapshot_point_as_the_union_of_its_pieces(tmp_path):
+    from history_pipeline.catalog.model import RemoveFile
+    from history_pipeline.io.store import now
+
+    store = HistoryStore.open(tmp_path, database="db", settings=ON_REQUEST)
+    _load(store, [[CREATE] + [_insert(2, k, k) for k in range(60)], [_update(3, k, 1) for k in range(60)]])
+    store.refresh_snapshots(force=True, spark=False)
+    assert store.verify() == []  # pieces together equal the versions: no mismatch
+    (files,) = _points(store).values()
+    lost = files[1]
+    store.catalog.commit("lose a piece", lambda current: [RemoveFile(lost.path, now())])
+    problems = [p for p in store.verify() if p.kind == "snapshot_mismatch"]
+    assert problems
+    for p in problems:  # the keys of the lost piece, named with the snapshot point
+        assert lost.min_key <= int(p.message.split()[1]) <= lost.max_key, p
+        assert p.path in {f.path for f in files}
