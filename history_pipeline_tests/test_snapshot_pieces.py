@@ -285,3 +285,22 @@ def test_verify_checks_a_snapshot_point_as_the_union_of_its_pieces(tmp_path):
     for p in problems:  # the keys of the lost piece, named with the snapshot point
         assert lost.min_key <= int(p.message.split()[1]) <= lost.max_key, p
         assert p.path in {f.path for f in files}
+
+
+def test_the_dataframe_engine_folds_onto_a_snapshot_in_pieces(tmp_path, spark):
+    """Compaction on Spark reads the prior image from a snapshot of several files (its parts are
+    ranges of their keys) and snapshots again in pieces, on the same session."""
+    rng = random.Random(5)
+    batches = [[CREATE] + [_insert(2, k, k) for k in range(80)]]
+    for t in range(3, 7):
+        batches.append([_update(t, k, rng.randint(0, 99)) for k in sorted(rng.sample(range(80), 30))])
+    store = HistoryStore.open(tmp_path, database="db", settings=PIECES)
+    events = []
+    for batch in batches:
+        write(store, batch)
+        store.compact(spark=spark)
+        events += batch
+    points = _points(store)
+    assert len(points) >= 2 and all(len(files) >= 2 for files in points.values())
+    _check_items(store, events, range(2, store.frontier + 2))
+    assert store.verify() == []
