@@ -84,7 +84,7 @@ def build_history(store: HistoryStore, live_rows: int, versions: int, batch: int
         entry = write_parquet(store.objects, path, table, meta)
         frontier = t + n - 1
         store.catalog.commit("bench batch", lambda s, e=entry, f=frontier: [AddFile(e), AdvanceFrontier(f)])
-        store.refresh_snapshots()
+        store.refresh_snapshots(spark=False)  # the builder works in-process; no JVM beside the timed reads
         t += n
         written += n
     return History(live_rows, versions, batch, t - 1)

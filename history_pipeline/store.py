@@ -39,7 +39,7 @@ from history_pipeline.maintenance.erasure import (
 from history_pipeline.maintenance.export import export_database
 from history_pipeline.maintenance.merge import MergeSummary, merge
 from history_pipeline.maintenance.retention import RetentionSummary, load_cold_tier, retain
-from history_pipeline.maintenance.snapshots import SnapshotSummary, refresh_snapshots
+from history_pipeline.maintenance.snapshots import SnapshotSummary, due_tables, refresh_snapshots
 from history_pipeline.maintenance.ttl import TtlSummary, apply_ttl, set_ttl, ttl_purge_points
 from history_pipeline.query.engine import QueryContext
 from history_pipeline.schema import TableDescriptor
@@ -71,6 +71,9 @@ class StoreSettings:
     #: and write as Spark/Arrow operations on executors; runs under Spark Connect too) or "tasks"
     #: (round 1's per-table tasks, the per-event reference fold run on executors)
     compaction_engine: str = "dataframes"
+    #: rows a snapshot piece reads at most (its key range's snapshot rows and versions since):
+    #: a table's snapshot is written as that many pieces, one Spark task each
+    snapshot_piece_rows: int = 250_000
 
 
 def default_wal_base(root: str | Path) -> Path:
@@ -346,7 +349,7 @@ class HistoryStore:
         session = self.spark(spark) if self.segments(SegmentState.SEALED) else None
         summary = compact_pending(self, session, on_step or (lambda step: None))
         if summary.segments_applied:
-            self.refresh_snapshots()
+            self.refresh_snapshots(spark=session if session is not None else False)
         return summary
 
     def _compact_one(self, segment_id: int, spark: Any | None, on_step: Any) -> CompactionSummary:
@@ -377,14 +380,20 @@ class HistoryStore:
                 f"segment {target.name} of {self.database} waits for the earlier segment {first.name} "
                 f"({first.state.value}): segments apply in order; compact (or repair) that one first"
             )
-        compact_segment(self, target, self.spark(spark), summary, on_step)
+        session = self.spark(spark)
+        compact_segment(self, target, session, summary, on_step)
         if summary.segments_applied:
-            self.refresh_snapshots()
+            self.refresh_snapshots(spark=session if session is not None else False)
         return summary
 
-    def refresh_snapshots(self, force: bool = False) -> SnapshotSummary:
-        """Snapshot the tables whose history since their last snapshot has grown long."""
-        return refresh_snapshots(self, self.settings.snapshot_min_versions, self.settings.snapshot_ratio, force)
+    def refresh_snapshots(self, force: bool = False, spark: Any | None = None) -> SnapshotSummary:
+        """Snapshot the tables whose history since their last snapshot has grown long, each in
+        pieces over key ranges written by Spark tasks (``spark=False``: the same tasks in-process;
+        a session is started only when a table is due)."""
+        settings = self.settings
+        due = due_tables(self.catalog.latest(), settings.snapshot_min_versions, settings.snapshot_ratio, force)
+        return refresh_snapshots(self, settings.snapshot_min_versions, settings.snapshot_ratio, force,
+                                 spark=self.spark(spark) if due else None, piece_rows=settings.snapshot_piece_rows)
 
     # --- queries -----------------------------------------------------------------
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -103,6 +104,16 @@ def run(spark: Any, spec: dict[str, Any]) -> dict[str, Any]:
     summary = store.compact(spark=spark)
     result["segments_applied"] = summary.segments_applied
     result["answers"] = answers(store)
+    if spec.get("snapshot_piece_rows"):
+        # every table snapshotted now, in pieces of a few rows, by tasks on this session
+        pieced = HistoryStore.open(spec["root"], database=spec["database"], wal_dir=spec["wal_dir"],
+                                   s3=store.s3, settings=replace(store.settings,
+                                                                 snapshot_piece_rows=spec["snapshot_piece_rows"]))
+        written = pieced.refresh_snapshots(force=True, spark=spark)
+        state = pieced.catalog_state()
+        result["snapshot_pieces"] = {t: sum(f.snapshot_as_of == written.as_of for f in state.files_of(t))
+                                     for t in written.tables}
+        result["answers_after_snapshot"] = answers(pieced)
     if spec.get("purge_before") is not None:
         result["maintenance"] = maintain(store, spark, spec["purge_before"])
     return result

@@ -184,13 +184,17 @@ def _runs(tmp_path: Path, batches, s3_bucket: str, s3_options) -> list[dict]:
 def test_standalone_cluster_gives_the_local_answers(tmp_path, spark, standalone_cluster, s3_bucket, s3_options):
     batches = _batches(77)
     expected = _reference(tmp_path, batches, spark)
-    local_root, s3_root = _run(tmp_path, {"master": standalone_cluster}, _runs(tmp_path, batches, s3_bucket,
-                                                                                 s3_options))
+    runs = _runs(tmp_path, batches, s3_bucket, s3_options)
+    runs[1]["snapshot_piece_rows"] = 3
+    local_root, s3_root = _run(tmp_path, {"master": standalone_cluster}, runs)
     assert local_root["refused"] is not None and "ExecutionError" in local_root["refused"]
     assert "shared_paths" in local_root["refused"]
     assert local_root["segments_applied"] == s3_root["segments_applied"] == list(range(1, len(batches) + 1))
     assert local_root["answers"] == expected
     assert s3_root["answers"] == expected
+    # snapshots written in pieces by the cluster's executors on S3 answer alike
+    assert s3_root["snapshot_pieces"] and max(s3_root["snapshot_pieces"].values()) >= 2
+    assert s3_root["answers_after_snapshot"] == expected
 
 
 def test_spark_connect_gives_the_local_answers(tmp_path, spark, connect_server, s3_bucket, s3_options):
@@ -206,8 +210,12 @@ def test_spark_connect_gives_the_local_answers(tmp_path, spark, connect_server, 
     runs[0]["expect_refusal"] = False  # the server's master is local: its executors see local paths
     runs[0]["shared"] = False
     runs[1]["purge_before"] = purge_before
+    runs[0]["snapshot_piece_rows"] = 3
     local_root, s3_root = _run(tmp_path, {"remote": connect_server}, runs)
     assert local_root["answers"] == expected
+    # snapshots written in pieces by tasks under Spark Connect answer alike
+    assert local_root["snapshot_pieces"] and max(local_root["snapshot_pieces"].values()) >= 2
+    assert local_root["answers_after_snapshot"] == expected
     assert s3_root["answers"] == expected
     assert s3_root["maintenance"] == maintenance
 

@@ -279,8 +279,10 @@ def verify_data(state: CatalogState, store: ObjectStore, snapshot_samples: int =
                                             f"table {table_uuid}: key {key} has {count} version(s) below the "
                                             f"earliest {earliest}{' and a delete' if deleted else ''}"))
             snapshots = state.files_of(table_uuid, FileKind.SNAPSHOT)
-            for snapshot in _sample_snapshots(snapshots, snapshot_samples, rng):
-                con.register("s", dataset_of(store, [snapshot], _RESERVED_SCHEMA))
+            for point in _sample_snapshots(snapshots, snapshot_samples, rng):
+                # a snapshot is every file of the table at its point (written in pieces by key range)
+                pieces = [f for f in snapshots if f.snapshot_as_of == point.snapshot_as_of]
+                con.register("s", dataset_of(store, pieces, _RESERVED_SCHEMA))
                 differ = con.execute(
                     f"""WITH expected AS (
                           SELECT {KEY}, max({LT}) AS t, arg_max({DELETED}, {LT}) AS gone
@@ -288,11 +290,13 @@ def verify_data(state: CatalogState, store: ObjectStore, snapshot_samples: int =
                         SELECT coalesce(e.{KEY}, s.{KEY}) FROM (SELECT * FROM expected WHERE NOT gone) e
                         FULL OUTER JOIN s ON e.{KEY} = s.{KEY}
                         WHERE e.t IS DISTINCT FROM s.{LT} OR s.{DELETED} ORDER BY 1 LIMIT 3""",
-                    [snapshot.snapshot_as_of],
+                    [point.snapshot_as_of],
                 ).fetchall()
                 for (key,) in differ:
-                    problems.append(Problem("snapshot_mismatch", snapshot.path,
-                                            f"key {key} differs from the versions as of {snapshot.snapshot_as_of}"))
+                    holder = next((f for f in pieces if f.min_key is not None and f.max_key is not None
+                                   and f.min_key <= key <= f.max_key), point)
+                    problems.append(Problem("snapshot_mismatch", holder.path,
+                                            f"key {key} differs from the versions as of {point.snapshot_as_of}"))
                 con.unregister("s")
             problems += _check_superseded(con, store, state, table_uuid)
             con.unregister("v")
@@ -332,10 +336,12 @@ def _check_superseded(con: duckdb.DuckDBPyConnection, store: ObjectStore, state:
 
 
 def _sample_snapshots(snapshots: list[FileEntry], samples: int, rng: random.Random) -> list[FileEntry]:
-    """The newest snapshot and random others, ``samples`` in all."""
+    """The newest snapshot point and random others, ``samples`` in all (one file standing for each
+    point; a point's pieces are checked together)."""
     if samples <= 0 or not snapshots:
         return []
-    ordered = sorted(snapshots, key=lambda f: (f.snapshot_as_of or 0, f.path))
+    points = {f.snapshot_as_of: f for f in sorted(snapshots, key=lambda f: f.path, reverse=True)}
+    ordered = sorted(points.values(), key=lambda f: (f.snapshot_as_of or 0, f.path))
     rest = ordered[:-1]
     return [ordered[-1], *rng.sample(rest, min(samples - 1, len(rest)))]
 

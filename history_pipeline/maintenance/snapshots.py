@@ -24,11 +24,12 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from history_pipeline.catalog.files import live_rows, write_parquet
+from history_pipeline.catalog.files import write_parquet
 from history_pipeline.catalog.handle import DatabaseHandle
 from history_pipeline.catalog.model import AddFile, CatalogState, FileEntry, FileKind, RemoveFile
 from history_pipeline.errors import CatalogError
 from history_pipeline.io.store import ObjectStore, now
+from history_pipeline.maintenance.snapshot_pieces import PIECE_ROWS, write_snapshots
 from history_pipeline.schema import replay_schema_history
 from history_pipeline.supertable import (
     KEY,
@@ -37,7 +38,6 @@ from history_pipeline.supertable import (
     FileMetadata,
     new_file_path,
     read_file_metadata,
-    supertable_schema,
 )
 from history_pipeline.supertable.read import dataset_of
 
@@ -66,32 +66,51 @@ def versions_since_snapshot(state: CatalogState, table_uuid: str) -> tuple[int, 
     return since, snapshot_rows, newest
 
 
-def refresh_snapshots(store: DatabaseHandle, min_versions: int, ratio: float, force: bool = False) -> SnapshotSummary:
-    """Write a snapshot as of frontier + 1 for every table whose history since its last one is long."""
-    state: CatalogState = store.catalog.latest()
+def due_tables(state: CatalogState, min_versions: int, ratio: float, force: bool = False) -> list[str]:
+    """The tables that get a snapshot as of frontier + 1: those whose history since their last one
+    is long (``force``: every table with versions since it)."""
     as_of = state.frontier + 1
-    summary = SnapshotSummary(as_of)
-    supers = replay_schema_history(state.schema_history).supercolumns
-    added = []
+    due = []
     for table_uuid in sorted({f.table_uuid for f in state.files.values() if f.table_uuid}):
         since, snapshot_rows, newest = versions_since_snapshot(state, table_uuid)
         if newest == as_of or since == 0:
             continue
         if not force and since < max(min_versions, ratio * snapshot_rows):
             continue
-        supercolumns = supers.get(table_uuid, ())
-        schema = supertable_schema(supercolumns)
-        rows = live_rows(store.objects, state, table_uuid, supercolumns, as_of).select(schema.names).cast(schema)
-        meta = FileMetadata(store.database, table_uuid, FileKind.SNAPSHOT, state.txn_id + 1, None, as_of,
-                            snapshot_as_of=as_of)
-        path = new_file_path(store.database, table_uuid, FileKind.SNAPSHOT, state.txn_id + 1)
-        entry = write_parquet(store.objects, path, rows, meta)
-        added.append(entry)
-        summary.tables.append(table_uuid)
-        summary.rows += entry.row_count
-        summary.bytes += entry.size_bytes
-    if added:
-        store.catalog.commit(f"snapshot as of {as_of}", lambda current: [AddFile(e) for e in added])
+        due.append(table_uuid)
+    return due
+
+
+def refresh_snapshots(store: DatabaseHandle, min_versions: int, ratio: float, force: bool = False,
+                      spark: Any | None = None, piece_rows: int = PIECE_ROWS) -> SnapshotSummary:
+    """Write a snapshot as of frontier + 1 for every table whose history since its last one is long.
+
+    Each snapshot is written in pieces over key ranges by Spark tasks (in-process without a
+    session; see ``snapshot_pieces``); the driver plans and commits them, never reading a row."""
+    state: CatalogState = store.catalog.latest()
+    as_of = state.frontier + 1
+    summary = SnapshotSummary(as_of)
+    supers = replay_schema_history(state.schema_history).supercolumns
+    due = [(table_uuid, supers.get(table_uuid, ())) for table_uuid in due_tables(state, min_versions, ratio, force)]
+    written = write_snapshots(spark, state, store.objects, store.database, due, as_of, piece_rows)
+
+    def build(current: CatalogState) -> list[Any] | None:
+        actions: list[Any] = []
+        for table in written:
+            if any(path not in current.files for path in table.read):
+                continue  # a file read went meanwhile (an erasure may have replaced it): next time
+            if any(f.snapshot_as_of == as_of for f in current.files_of(table.table_uuid, FileKind.SNAPSHOT)):
+                continue  # another refresh took this snapshot already
+            actions += [AddFile(e) for e in table.entries]
+        return actions or None
+
+    if written:
+        committed = store.catalog.commit(f"snapshot as of {as_of}", build)
+        for table in written:
+            if table.entries and all(e.path in committed.files for e in table.entries):
+                summary.tables.append(table.table_uuid)
+                summary.rows += sum(e.row_count for e in table.entries)
+                summary.bytes += sum(e.size_bytes for e in table.entries)
     close_intervals(store)
     return summary
 

@@ -147,7 +147,7 @@ def supertables(context: dg.AssetExecutionContext, history: HistoryRootResource,
     for database in history.databases():
         store = history.open(database)
         merged = store.merge(spark=spark.session())
-        snapshots = store.refresh_snapshots()
+        snapshots = store.refresh_snapshots(spark=spark.session())
         state = store.catalog_state()
         report[database] = {
             "merge": merged.as_dict(),

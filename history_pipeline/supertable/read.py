@@ -192,7 +192,9 @@ def overlay(base: pa.Table, changes: pa.Table) -> pa.Table:
     in key order. The cost is the live rows plus the changes, not the history.
     """
     if changes.num_rows == 0:
-        return base.filter(pc.invert(base.column(DELETED))) if base.num_rows else base
+        live = base.filter(pc.invert(base.column(DELETED))) if base.num_rows else base
+        # a snapshot of several files (pieces by key range) is read in file order
+        return live if _in_key_order(live) else live.sort_by([(KEY, "ascending")])
     order = pc.sort_indices(
         pa.table({"k": changes.column(KEY), "t": changes.column(LT)}),
         sort_keys=[("k", "ascending"), ("t", "ascending")],
@@ -217,6 +219,13 @@ def overlay(base: pa.Table, changes: pa.Table) -> pa.Table:
     combined = pa.concat_tables([base, changes.cast(base.schema)])
     in_key_order = pc.take(rows, pc.sort_indices(pc.take(combined.column(KEY), rows)))
     return combined.take(in_key_order)
+
+
+def _in_key_order(rows: pa.Table) -> bool:
+    keys = rows.column(KEY)
+    if len(keys) < 2:
+        return True
+    return bool(pc.all(pc.less(keys.slice(0, len(keys) - 1), keys.slice(1))).as_py())
 
 
 def _contiguous(values: pa.Array | pa.ChunkedArray) -> pa.Array:
