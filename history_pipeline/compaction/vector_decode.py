@@ -301,9 +301,9 @@ def decode_canonical(
         if not len(rows) or epoch.table is None:  # an unknown table: the reference says so
             continue
         index = pa.array(rows)
-        for column, _ in epoch.by_uuid.values():
-            if column.column_uuid not in found:
-                found[column.column_uuid] = _find(body, column.column_uuid)
+        missing = [c.column_uuid for c, _ in epoch.by_uuid.values() if c.column_uuid not in found]
+        if missing:
+            found.update(_find_all(body, canonical, missing))
         given = {u: (counts[rows], pc.take(tokens, index)) for u, (counts, tokens) in found.items()}
         batch, ok = _decode_epoch(
             pc.take(lines, index), pc.take(parts, index), is_delete[rows], epoch, supercolumns, given
@@ -320,15 +320,44 @@ def _concat(batches: list[pa.RecordBatch]) -> pa.RecordBatch:
     return pa.Table.from_batches(batches).combine_chunks().to_batches()[0] if len(batches) > 1 else batches[0]
 
 
-def _find(body: pa.Array, column_uuid: str) -> tuple[np.ndarray, pa.Array]:
-    """How often each body names ``column_uuid``, and its value's JSON token (NULL where absent)."""
+def _find_all(body: pa.Array, canonical: np.ndarray, uuids: Sequence[str]) -> dict[str, tuple[np.ndarray, pa.Array]]:
+    """Per column uuid, how often each canonical body names it and its value's JSON token (NULL
+    unless named once), with no regular expression. In a
+    canonical body no string holds a '"', so cutting it at every '"' leaves quoted text at the odd
+    places and the text between strings at the even ones; a quoted piece is a key exactly when the
+    piece after it starts with ':' (after a string value comes ',' or the end). A key's value is
+    the string two pieces on (when the piece after the key is just ':'), else the literal in the
+    piece after it, up to its comma. Each column is then one comparison over the keys, whatever
+    the table's width (an update names one column of many)."""
     n = len(body)
-    if not _SAFE_KEY.match(column_uuid):  # a key no canonical line holds
-        return np.zeros(n, np.int64), pa.nulls(n, pa.string())
-    counts = _np(pc.count_substring(body, f'"{column_uuid}":'))
-    # in a canonical body a string holds no '"' and other tokens no ',': the token ends there
-    tokens = pc.extract_regex(body, f'"{re.escape(column_uuid)}":(?P<v>"[^"]*"|[^,]*)').field("v")
-    return counts, pc.if_else(pa.array(counts == 1), tokens, pa.scalar(None, pa.string()))
+    rows = np.nonzero(canonical & (_np(pc.utf8_length(body)) > 0))[0]
+    pieces = pc.split_pattern(pc.take(body, pa.array(rows)), '"')
+    flat = pc.list_flatten(pieces)
+    sizes = _np(pc.list_value_length(pieces)).astype(np.int64)
+    owner = np.repeat(np.arange(len(rows)), sizes)
+    position = np.arange(len(flat)) - np.repeat(np.cumsum(sizes) - sizes, sizes)
+    quoted = np.nonzero((position % 2 == 1) & (position < np.repeat(sizes, sizes) - 1))[0]
+    after = pc.take(flat, pa.array(quoted + 1))
+    is_key = _flags(pc.starts_with(after, ":"))
+    keys_at = quoted[is_key]
+    after = after.filter(pa.array(is_key))
+    string = pc.take(flat, pa.array(np.minimum(keys_at + 2, len(flat) - 1)))
+    pair_values = pc.if_else(
+        pc.equal(after, ":"),
+        pc.binary_join_element_wise('"', string, '"', ""),
+        pc.utf8_rtrim(pc.utf8_slice_codeunits(after, 1), characters=","),
+    )
+    pair_keys = pc.take(flat, pa.array(keys_at))
+    pair_rows = rows[owner[keys_at]]
+    out = {}
+    for uuid in uuids:
+        named = _flags(pc.equal(pair_keys, uuid)) if _SAFE_KEY.match(uuid) else np.zeros(len(keys_at), bool)
+        counts = np.bincount(pair_rows[named], minlength=n).astype(np.int64)
+        pick = np.full(n, -1, np.int64)
+        pick[pair_rows[named]] = np.nonzero(named)[0]
+        pick[counts != 1] = -1
+        out[uuid] = (counts, pc.take(pair_values, pa.array(pick, mask=pick < 0)))
+    return out
 
 
 def _decode_epoch(
