@@ -57,12 +57,6 @@ LINE_RE = (
     rf'"table_uuid":"(?P<table>{_CHAR}+)","key":(?P<key>0|-?[1-9][0-9]{{0,17}})'
     rf'(?P<values>,"values":\{{(?P<body>(?:{_PAIR}(?:,{_PAIR})*)?)\}})?\}}$'
 )
-#: the envelope of a canonical line (read with captures: cheaper than capturing with LINE_RE)
-HEAD_RE = (
-    r'^\{"op":"(?P<op>insert|update|delete)","t":(?P<t>0|[1-9][0-9]{0,17}),'
-    rf'"table_uuid":"(?P<table>{_CHAR}+)","key":(?P<key>0|-?[1-9][0-9]{{0,17}})'
-)
-_BEFORE_BODY = r'^\{"op":"[a-z]+","t":[0-9]+,"table_uuid":"[^"]*","key":-?[0-9]+,"values":\{'
 _SAFE_KEY = re.compile(r'^[^"\\\x00-\x1f]+$')
 
 
@@ -279,15 +273,8 @@ def decode_canonical(
     canonical = _flags(pc.match_substring_regex(text, LINE_RE))  # a DFA: no captures over the whole line
     if not canonical.any():
         return None, everything
-    head = pc.extract_regex(text, HEAD_RE)
-    has_values = _flags(pc.match_substring(text, ',"values":{'))  # in a canonical line, only as its field
-    # the values object's inside: what follows the envelope, without the closing "}}"
-    body = pc.utf8_slice_codeunits(pc.replace_substring_regex(text, _BEFORE_BODY, "", max_replacements=1), 0, -2)
-    body = pc.if_else(pa.array(has_values), body, pa.scalar("", pa.string()))
-    parts = pa.StructArray.from_arrays(
-        [head.field("op"), head.field("t"), head.field("table"), head.field("key"), body],
-        names=["op", "t", "table", "key", "body"],
-    )
+    parts, has_values = _envelopes(text, canonical)
+    body = pc.fill_null(parts.field("body"), "")
     is_delete = _flags(pc.equal(parts.field("op"), "delete"))
     canonical &= _flags(pc.equal(parts.field("table"), table_uuid))
     canonical &= is_delete != has_values  # a delete carries no values, an insert or update does
@@ -318,6 +305,32 @@ def decode_canonical(
 
 def _concat(batches: list[pa.RecordBatch]) -> pa.RecordBatch:
     return pa.Table.from_batches(batches).combine_chunks().to_batches()[0] if len(batches) > 1 else batches[0]
+
+
+def _envelopes(text: pa.Array, canonical: np.ndarray) -> tuple[pa.StructArray, np.ndarray]:
+    """(op, t, table, key, body) of the canonical lines (NULL elsewhere) and which carry values.
+
+    ``LINE_RE`` has checked their shape, and no string of a canonical line holds a '"', so cutting
+    at the first 13 '"' puts each field at a fixed place: '{', 'op', ':', op, ',', 't', ':<t>,',
+    'table_uuid', ':', table, ',', 'key', ':<key>,' (or '}' for a delete), then 'values":{...}}'.
+    """
+    n = len(text)
+    at = np.nonzero(canonical)[0]
+    pieces = pc.split_pattern(pc.take(text, pa.array(at)), '"', max_splits=13)
+    with_values = _np(pc.list_value_length(pieces)) == 14
+    bodies = pc.utf8_slice_codeunits(pc.list_flatten(pc.list_slice(pieces, 13, 14)), 9, -2)
+    body_at = np.full(len(at), -1, np.int64)
+    body_at[with_values] = np.arange(int(with_values.sum()))
+    fields = [pc.list_element(pieces, 3), pc.utf8_slice_codeunits(pc.list_element(pieces, 6), 1, -1),
+              pc.list_element(pieces, 9), pc.utf8_slice_codeunits(pc.list_element(pieces, 12), 1, -1),
+              pc.take(bodies, pa.array(body_at, mask=body_at < 0))]
+    spread = np.full(n, -1, np.int64)
+    spread[at] = np.arange(len(at))
+    index = pa.array(spread, mask=spread < 0)
+    parts = pa.StructArray.from_arrays([pc.take(f, index) for f in fields], names=["op", "t", "table", "key", "body"])
+    has_values = np.zeros(n, bool)
+    has_values[at] = with_values
+    return parts, has_values
 
 
 def _find_all(body: pa.Array, canonical: np.ndarray, uuids: Sequence[str]) -> dict[str, tuple[np.ndarray, pa.Array]]:
