@@ -2,10 +2,11 @@
 
 Per verified segment the driver never holds the segment:
 
-1. *route*: the driver streams the segment and finds, with one regular expression over whole
-   byte chunks (Arrow), the row events in the WAL writer's form and their tables (``scan_segment``);
-   only the few other records (schema changes, closes) reach Python, and the driver replays
-   them into per-table schema epochs. A segment not in that form is routed by Spark instead:
+1. *route*: in the same streaming read that verifies the seal (``verify_and_route``), the driver
+   finds, with one regular expression over whole byte chunks (Arrow), the row events in the WAL
+   writer's form, their tables, keys and byte ranges (int arrays only); only the few other
+   records (schema changes, closes) reach Python, and the driver replays them into per-table
+   schema epochs. A segment not in that form is routed by Spark instead:
    executors split it into (line, text) rows, the JVM parses each envelope (``from_json``),
    and one aggregation brings back the non-row records and per touched table its row count
    and largest t (``parsed_lines`` + ``route``).
@@ -13,9 +14,10 @@ Per verified segment the driver never holds the segment:
    event against its epoch (``vector_decode`` for values in their canonical form, the project's
    own decoders for the rest, so values and messages are those of the contract), read the prior
    image of the part's keys from the table's files (every live key when a backfill needs them),
-   fold (``fold.py``, vectorized) and write the versions and snapshot files. Driver-routed, one
-   task per part reads the segment file itself (no shuffle); Spark-routed, the decoded rows are
-   spread by a hash of the key and sorted first. Back come the files' statistics, or a part's
+   fold (``fold.py``, vectorized) and write the versions and snapshot files. Driver-routed, the
+   tasks are the partitions of one ``spark.range`` and each is handed its lines' byte ranges, so
+   it reads only those (no shuffle); Spark-routed, the decoded rows are spread by a hash of the
+   key and sorted first. Back come the files' statistics, or a part's
    smallest failing line (then the caller discards the files other parts wrote).
 
 The driver then commits exactly as the in-process path does (``compactor.py``).
