@@ -152,3 +152,15 @@ def test_a_bad_segment_after_good_ones_is_quarantined_alone(tmp_path, spark):
     assert [s.segment_id for s in store.segments(SegmentState.APPLIED)] == [1, 2]
     assert [s.segment_id for s in store.segments(SegmentState.QUARANTINED)] == [3]
     assert store.frontier == second[-1]["t"]
+
+
+def test_part_tasks_are_dealt_into_one_partition_per_local_core(spark):
+    def task(n: int) -> frames.PartTask:
+        rows = frames.RowLines(*(np.arange(n, dtype=np.int64) for _ in range(4)))
+        return frames.PartTask(None, rows, 0)  # type: ignore[arg-type]
+
+    tasks = [task(n) for n in (50, 40, 30, 20, 5)]
+    assert frames.pack_tasks(tasks, 2) == [[0, 3, 4], [1, 2]]  # each to the lighter partition
+    assert frames.pack_tasks(tasks, 8) == [[0], [1], [2], [3], [4]]
+    assert frames.pack_tasks(tasks, None) == [[0], [1], [2], [3], [4]]  # a cluster: one each
+    assert frames.local_slots(spark) == 2  # the test session is local[2]

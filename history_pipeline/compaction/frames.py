@@ -26,6 +26,8 @@ The driver then commits exactly as the in-process path does (``compactor.py``).
 from __future__ import annotations
 
 import bisect
+import os
+import re
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -48,7 +50,7 @@ from history_pipeline.errors import (
     ValueTypeError,
 )
 from history_pipeline.events import Close, Delete, Insert, Update, is_schema_change, parse_line
-from history_pipeline.execution import open_executor_store
+from history_pipeline.execution import open_executor_store, spark_master
 from history_pipeline.schema import SchemaHistoryEntry, SchemaState, Supercolumn, TableDescriptor
 from history_pipeline.supertable import (
     DELETED,
@@ -371,17 +373,44 @@ def part_tasks(
     return sorted(tasks, key=lambda task: -len(task.rows.lines))
 
 
+def local_slots(spark: Any) -> int | None:
+    """How many tasks a local master runs at once (``local[N]``, ``local[*]``, ``local``), None
+    elsewhere (a cluster's slots are not known without ``sparkContext``)."""
+    master = spark_master(spark)
+    if master == "local":
+        return 1
+    found = re.fullmatch(r"local\[(\*|[0-9]+)(?:,[0-9]+)?\]", master)
+    if found is None:
+        return None
+    return (os.cpu_count() or 1) if found.group(1) == "*" else max(1, int(found.group(1)))
+
+
+def pack_tasks(tasks: Sequence[PartTask], slots: int | None) -> list[list[int]]:
+    """The part tasks (largest first) dealt into at most ``slots`` Spark partitions, each to the one
+    with the fewest rows so far: a Python task costs ~0.1 s even with no work, so a local master
+    runs one per core; without a known slot count, one partition per task."""
+    if slots is None or slots >= len(tasks):
+        return [[i] for i in range(len(tasks))]
+    bins: list[list[int]] = [[] for _ in range(slots)]
+    load = [0] * slots
+    for i, task in enumerate(tasks):
+        least = load.index(min(load))
+        bins[least].append(i)
+        load[least] += len(task.rows.lines) + 1
+    return [b for b in bins if b]
+
+
 def _part_runner(
-    tasks: Sequence[PartTask], segment: SealedSegment, ctx: FrameContext
+    tasks: Sequence[PartTask], packed: Sequence[Sequence[int]], segment: SealedSegment, ctx: FrameContext
 ) -> Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]:
-    """An Arrow UDF: task indexes in; per task its lines read from the segment file, decoded,
-    folded with the prior image of their keys and written; the files' statistics or the part's
-    first failing line out. No shuffle: a part is a whole set of keys."""
+    """An Arrow UDF: partition indexes in; per part task of the partition its lines read from the
+    segment file, decoded, folded with the prior image of their keys and written; the files'
+    statistics or the part's first failing line out. No shuffle: a part is a whole set of keys."""
     path = str(segment.ref.path.absolute())
 
     def run(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         for batch in batches:
-            for index in batch.column(0).to_pylist():
+            for index in (i for p in batch.column(0).to_pylist() for i in packed[p]):
                 task = tasks[index]
                 work = task.work
                 decode = _decoder(work, segment.ref.name)
@@ -852,14 +881,16 @@ def run_segment(
     """One action validates, folds and writes every touched table and returns the files'
     statistics with the smallest failing line, if any (then the caller discards the files).
 
-    Routed on the driver: one partition per (table, key part) task of one ``spark.range`` (no
-    shuffle, no union), each task handed its lines' byte ranges. Routed by Spark (``parsed``):
+    Routed on the driver: the (table, key part) tasks, each handed its lines' byte ranges, are
+    dealt into the partitions of one ``spark.range`` (no shuffle, no union; one partition per core
+    on a local master). Routed by Spark (``parsed``):
     one frame per table, unioned."""
     name = plan.segment.ref.name
     if routed is not None:
         tasks = part_tasks(plan, routed, ctx, files_per_table)
-        frame = (spark.range(0, len(tasks), 1, len(tasks)).mapInArrow(_part_runner(tasks, plan.segment, ctx), OUT_DDL)
-                 if tasks else None)
+        packed = pack_tasks(tasks, local_slots(spark))
+        runner = _part_runner(tasks, packed, plan.segment, ctx)
+        frame = spark.range(0, len(packed), 1, len(packed)).mapInArrow(runner, OUT_DDL) if tasks else None
     else:
         frames = [table_frame(spark, w, parsed, ctx, plan.segment, files_per_table(w.rows)) for w in plan.tables]
         frame = _union(frames) if frames else None
