@@ -41,8 +41,9 @@ def _python_lines(path) -> dict[int, bytes]:
     return dict(enumerate(path.read_bytes().split(b"\n")[:-1], start=1))
 
 
-def test_one_read_verifies_and_routes_as_the_two_passes_did(tmp_path, monkeypatch):
-    monkeypatch.setattr(frames, "ROUTE_BYTES", 700)  # pieces cut lines: carried to the next piece
+@pytest.mark.parametrize("piece", [50, 700, 1 << 22])
+def test_one_read_verifies_and_routes_as_the_two_passes_did(tmp_path, monkeypatch, piece):
+    monkeypatch.setattr(frames, "ROUTE_BYTES", piece)  # reads cut lines (even shorter than one line)
     store = HistoryStore.open(tmp_path, database="db", settings=FRAMES)
     write(store, *_two_tables(60))
     for ref in store.segments(SegmentState.SEALED):
