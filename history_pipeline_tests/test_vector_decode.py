@@ -258,3 +258,28 @@ def test_a_row_event_not_in_the_writers_form_is_routed_by_spark(tmp_path):
         ref = SegmentRef(1, SegmentState.SEALED, path)
         scanned = frames.scan_segment(SealedSegment(ref, 1, 3, 3, len(body), len(body)))
         assert (scanned is not None) == routed, other
+
+
+@pytest.mark.parametrize("seed", [3, 4])
+def test_bodies_of_several_values_are_cut_into_pairs_as_the_reference_reads_them(seed):
+    """Values are found without a regular expression (cut at '":' and at a piece's last ',"'):
+    strings ending in a comma, holding ':' or ',', or spelling a column uuid, values in any order,
+    some of them absent, duplicate keys and unknown columns among them, all equal the reference."""
+    rng = random.Random(seed)
+    texts = ["a,", ",", ":", "x:", ",:", "s", "nn", '", "', "{}", "[1,2]", "\u00e9,", ""]
+    pool = {"s": texts, "v": ["a,", ":", ""], "nn": [1, 0, -7], "i8": [5, -3], "b": [True, False],
+            "n": ["1.5", "-0.25"], "dt": ["2024-02-29"], "u": ["123e4567-e89b-12d3-a456-426614174000"]}
+    lines, n = [], 10
+    for _ in range(300):
+        n += 1
+        names = rng.sample(sorted(pool), rng.randint(1, len(pool)))
+        values = {c: rng.choice(pool[c]) for c in names}
+        if rng.random() < 0.5:
+            values["nn"] = rng.choice(pool["nn"])  # inserts need it
+        text = _line({"op": rng.choice(["insert", "update"]), "t": n, "table_uuid": "T", "key": n, "values": values})
+        if rng.random() < 0.1:  # a duplicate key, or a column the table does not have
+            extra = rng.choice([b'"s":"dup",', b'"zz":1,', b'"nn":null,'])
+            text = text.replace(b'"values":{', b'"values":{' + extra, 1)
+        lines.append((n, text))
+    rows, fast = _compare(lines)
+    assert fast > rows // 2

@@ -71,7 +71,6 @@ from history_pipeline.wal.segments import (
     move_segment,
     quarantine_segment,
     read_segment,
-    verify_segment,
 )
 
 StepHook = Callable[[str], None]
@@ -245,12 +244,12 @@ def _apply_frames(
     store: CompactionHandle, ref: SegmentRef, state: CatalogState, spark: Any, on_step: StepHook, attempt: str
 ) -> SegmentResult:
     """The DataFrame path: the driver verifies, routes and plans; Spark decodes, folds and writes."""
-    sealed = verify_segment(ref)
-    scanned = frames.scan_segment(sealed)  # row events in the writer's form: routed here, no Spark job
+    # one read verifies the seal and routes the row events in the writer's form (no Spark job)
+    sealed, routed = frames.verify_and_route(ref)
     # otherwise routing and every table's decode read the parsed lines: split and parse the file once
-    parsed = None if scanned is not None else frames.parsed_lines(spark, sealed).persist()
+    parsed = None if routed is not None else frames.parsed_lines(spark, sealed).persist()
     try:
-        records, touched = scanned if scanned is not None else frames.route(spark, parsed)
+        records, touched = (routed.records, routed.touched) if routed is not None else frames.route(spark, parsed)
         plan = frames.plan_frames(sealed, records, touched, replay_schema_history(state.schema_history), state)
         on_step("planned")
         ctx = frames.FrameContext(
@@ -261,7 +260,7 @@ def _apply_frames(
             segment_id=ref.segment_id,
             attempt=attempt,
         )
-        outcome = frames.run_segment(spark, plan, parsed, ctx, files_per_table)
+        outcome = frames.run_segment(spark, plan, routed, parsed, ctx, files_per_table)
     finally:
         if parsed is not None:
             parsed.unpersist()

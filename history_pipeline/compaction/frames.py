@@ -2,10 +2,11 @@
 
 Per verified segment the driver never holds the segment:
 
-1. *route*: the driver streams the segment and finds, with one regular expression over whole
-   byte chunks (Arrow), the row events in the WAL writer's form and their tables (``scan_segment``);
-   only the few other records (schema changes, closes) reach Python, and the driver replays
-   them into per-table schema epochs. A segment not in that form is routed by Spark instead:
+1. *route*: in the same streaming read that verifies the seal (``verify_and_route``), the driver
+   finds, with one regular expression over whole byte chunks (Arrow), the row events in the WAL
+   writer's form, their tables, keys and byte ranges (int arrays only); only the few other
+   records (schema changes, closes) reach Python, and the driver replays them into per-table
+   schema epochs. A segment not in that form is routed by Spark instead:
    executors split it into (line, text) rows, the JVM parses each envelope (``from_json``),
    and one aggregation brings back the non-row records and per touched table its row count
    and largest t (``parsed_lines`` + ``route``).
@@ -13,9 +14,10 @@ Per verified segment the driver never holds the segment:
    event against its epoch (``vector_decode`` for values in their canonical form, the project's
    own decoders for the rest, so values and messages are those of the contract), read the prior
    image of the part's keys from the table's files (every live key when a backfill needs them),
-   fold (``fold.py``, vectorized) and write the versions and snapshot files. Driver-routed, one
-   task per part reads the segment file itself (no shuffle); Spark-routed, the decoded rows are
-   spread by a hash of the key and sorted first. Back come the files' statistics, or a part's
+   fold (``fold.py``, vectorized) and write the versions and snapshot files. Driver-routed, the
+   tasks are the partitions of one ``spark.range`` and each is handed its lines' byte ranges, so
+   it reads only those (no shuffle); Spark-routed, the decoded rows are spread by a hash of the
+   key and sorted first. Back come the files' statistics, or a part's
    smallest failing line (then the caller discards the files other parts wrote).
 
 The driver then commits exactly as the in-process path does (``compactor.py``).
@@ -24,7 +26,9 @@ The driver then commits exactly as the in-process path does (``compactor.py``).
 from __future__ import annotations
 
 import bisect
-from collections.abc import Callable, Iterator, Sequence
+import os
+import re
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -46,7 +50,7 @@ from history_pipeline.errors import (
     ValueTypeError,
 )
 from history_pipeline.events import Close, Delete, Insert, Update, is_schema_change, parse_line
-from history_pipeline.execution import open_executor_store
+from history_pipeline.execution import open_executor_store, spark_master
 from history_pipeline.schema import SchemaHistoryEntry, SchemaState, Supercolumn, TableDescriptor
 from history_pipeline.supertable import (
     DELETED,
@@ -57,7 +61,7 @@ from history_pipeline.supertable import (
     supertable_schema,
 )
 from history_pipeline.types import arrow_native, arrow_type, decode_value, to_arrow_value
-from history_pipeline.wal.segments import SealedSegment
+from history_pipeline.wal.segments import SealedSegment, SegmentRef, verify_segment
 
 ROW_OPS = ("insert", "update", "delete")
 _KINDS = {Insert: "insert", Update: "update", Delete: "delete"}
@@ -165,8 +169,12 @@ ENVELOPE_RE = (r'^\{"op":"(?:insert|update|delete)","t":(?P<t>0|[1-9][0-9]{0,17}
                r'"table_uuid":"(?P<table>[^"\\\x00-\x1f]+)","key":(?P<key>0|-?[1-9][0-9]{0,17})[,}]')
 #: the driver routes a segment itself only with at most this many other lines (schema changes ...)
 MAX_SCANNED_RECORDS = 10_000
-#: ... and at most this many touched tables (each table's decode tasks read the whole segment)
+#: ... and at most this many touched tables
 MAX_SCANNED_TABLES = 8
+#: bytes of segment the driver routes, and a fold task reads, at once
+ROUTE_BYTES = 4 << 20
+#: a fold task reads its lines in spans; it skips a gap between two of them this long or longer
+SKIP_GAP = 64 << 10
 
 
 def _chunks(segment: SealedSegment) -> int:
@@ -174,49 +182,147 @@ def _chunks(segment: SealedSegment) -> int:
     return max(2, min(16, segment.body_bytes // CHUNK_BYTES + 1))
 
 
-def scan_segment(segment: SealedSegment) -> tuple[list[tuple[int, bytes]], list[tuple[str, int, int]]] | None:
-    """Route a segment on the driver, streaming, without Spark: (the lines that are not row
-    events in the writer's form, per touched table (uuid, rows, max t)), as ``route`` returns.
+def lines_at(data: bytes, starts: np.ndarray, ends: np.ndarray) -> pa.BinaryArray:
+    """The byte ranges ``[starts[i], ends[i])`` of ``data`` (ascending, not overlapping) as one
+    binary array; only those bytes are copied (no per-line Python)."""
+    n = len(starts)
+    if not n:
+        return pa.array([], pa.binary())
+    bounds = np.empty(2 * n, np.int32)  # line, gap, line, gap ... line: the lines are the even items
+    bounds[0::2], bounds[1::2] = starts, ends
+    spans = pa.Array.from_buffers(pa.binary(), 2 * n - 1, [None, pa.py_buffer(bounds), pa.py_buffer(data)])
+    return spans.take(pa.array(np.arange(0, 2 * n - 1, 2)))
 
-    Row lines are recognised by a regular expression over whole chunks (Arrow, no per-line
-    Python). None when the segment is not for this shortcut (a row event in another form, too
-    many other lines or tables, invalid UTF-8): then ``route`` decides in Spark.
-    """
-    path = str(segment.ref.path.absolute())
-    chunks = _chunks(segment)
-    records: list[tuple[int, bytes]] = []
-    counts: dict[str, tuple[int, int]] = {}
-    for chunk in range(chunks):
-        for batch in _chunk_lines(path, segment.body_bytes, chunk, chunks):
-            try:
-                text = batch.column(1).cast(pa.string())
-            except pa.ArrowInvalid:
-                return None
-            parts = pc.extract_regex(text, ENVELOPE_RE)
-            row = np.asarray(parts.is_valid().to_numpy(zero_copy_only=False), bool)
-            other = np.nonzero(~row)[0]
-            if len(records) + len(other) > MAX_SCANNED_RECORDS:
-                return None
-            if len(other):
-                picked = batch.take(pa.array(other))
-                records += zip(picked.column(0).to_pylist(), picked.column(1).to_pylist(), strict=True)
-            if not row.any():
-                continue
-            rows = pa.table({"table": parts.field("table"), "t": parts.field("t")}).filter(pa.array(row))
-            rows = rows.set_column(1, "t", rows.column("t").cast(pa.int64()))
-            for r in rows.group_by("table").aggregate([("t", "count"), ("t", "max")]).to_pylist():
-                n, max_t = counts.get(r["table"], (0, -1))
-                counts[r["table"]] = (n + r["t_count"], max(max_t, r["t_max"]))
-    if len(counts) > MAX_SCANNED_TABLES:
-        return None
-    for line, text in records:  # a row event in another form: Spark's JSON reader routes it
+
+@dataclass(frozen=True)
+class RowLines:
+    """Where one table's row events are in a segment (ascending line numbers, their byte ranges in
+    the file without the newline, their keys): what a fold task needs to read only its own lines."""
+
+    lines: np.ndarray
+    starts: np.ndarray
+    ends: np.ndarray
+    keys: np.ndarray
+
+    def take(self, picked: np.ndarray) -> RowLines:
+        """The lines at positions (or where the mask is true) ``picked``."""
+        return RowLines(self.lines[picked], self.starts[picked], self.ends[picked], self.keys[picked])
+
+
+@dataclass(frozen=True)
+class Routed:
+    """A segment routed on the driver: the lines that are not row events in the writer's form, per
+    touched table (uuid, rows, max t) as ``route`` returns them, and where each table's rows are."""
+
+    records: tuple[tuple[int, bytes], ...]
+    touched: tuple[tuple[str, int, int], ...]
+    rows: Mapping[str, RowLines]
+
+
+class _Router:
+    """Routes a segment's body piece by piece (``verify_segment``'s ``on_body``): one RE2 match of
+    the envelope per line (Arrow), per table only int arrays kept; ``gave_up`` when the segment is
+    not for the driver (a row event in another form, too many other lines or tables, bad UTF-8)."""
+
+    def __init__(self) -> None:
+        self.gave_up = False
+        self.records: list[tuple[int, bytes]] = []
+        self.pieces: dict[str, list[tuple[np.ndarray, ...]]] = {}
+        self.max_t: dict[str, int] = {}
+
+    def __call__(self, data: bytes, offset: int, first_line: int) -> None:
+        if self.gave_up or not data:
+            return
+        ends = np.flatnonzero(np.frombuffer(data, np.uint8) == 10)
+        starts = np.concatenate(([0], ends[:-1] + 1))
         try:
-            event = parse_line(text, line=line)
-        except MalformedRecordError:
-            continue
-        if type(event) in _KINDS:
+            text = lines_at(data, starts, ends).cast(pa.string())
+        except pa.ArrowInvalid:
+            self.gave_up = True
+            return
+        head = pc.extract_regex(text, ENVELOPE_RE)
+        row = np.asarray(head.is_valid().to_numpy(zero_copy_only=False), bool)
+        other = np.flatnonzero(~row)
+        if len(self.records) + len(other) > MAX_SCANNED_RECORDS:
+            self.gave_up = True
+            return
+        self.records += [(first_line + int(i), data[starts[i]:ends[i]]) for i in other]
+        if not row.any():
+            return
+        mask = pa.array(row)
+        tables = head.field("table").filter(mask).dictionary_encode()
+        codes = np.asarray(tables.indices.to_numpy(zero_copy_only=False))
+        keys = np.asarray(head.field("key").filter(mask).cast(pa.int64()).to_numpy())
+        ts = np.asarray(head.field("t").filter(mask).cast(pa.int64()).to_numpy())
+        at = np.flatnonzero(row)
+        for code, uuid in enumerate(tables.dictionary.to_pylist()):
+            mine = at[codes == code]
+            self.pieces.setdefault(uuid, []).append(
+                (first_line + mine, offset + starts[mine], offset + ends[mine], keys[codes == code]))
+            self.max_t[uuid] = max(self.max_t.get(uuid, -1), int(ts[codes == code].max()))
+        if len(self.pieces) > MAX_SCANNED_TABLES:
+            self.gave_up = True
+
+    def routed(self) -> Routed | None:
+        """What was found, or None when the segment is not for the driver."""
+        if self.gave_up:
             return None
-    return records, sorted((u, n, t) for u, (n, t) in counts.items())
+        for line, text in self.records:  # a row event in another form: Spark's JSON reader routes it
+            try:
+                event = parse_line(text, line=line)
+            except MalformedRecordError:
+                continue
+            if type(event) in _KINDS:
+                return None
+        rows = {u: RowLines(*(np.concatenate(c).astype(np.int64) for c in zip(*p, strict=True)))
+                for u, p in self.pieces.items()}
+        touched = tuple(sorted((u, len(r.lines), self.max_t[u]) for u, r in rows.items()))
+        return Routed(tuple(self.records), touched, rows)
+
+
+def verify_and_route(ref: SegmentRef) -> tuple[SealedSegment, Routed | None]:
+    """Verify a sealed segment and route it on the driver in the same single read (see
+    ``verify_segment``, ``scan_segment``); the route is None when Spark must route it."""
+    router = _Router()
+    sealed = verify_segment(ref, router, ROUTE_BYTES)
+    return sealed, router.routed()
+
+
+def scan_segment(segment: SealedSegment) -> tuple[list[tuple[int, bytes]], list[tuple[str, int, int]]] | None:
+    """Route a verified segment on the driver, streaming, without Spark: (the lines that are not
+    row events in the writer's form, per touched table (uuid, rows, max t)), as ``route`` returns;
+    None when the segment is not for this shortcut (then ``route`` decides in Spark)."""
+    router = _Router()
+    with open(segment.ref.path, "rb") as f:
+        offset, line, carry = 0, 1, b""
+        while offset + len(carry) < segment.body_bytes:
+            data = carry + f.read(min(ROUTE_BYTES, segment.body_bytes - offset - len(carry)))
+            end = data.rfind(b"\n") + 1
+            router(data[:end], offset, line)
+            offset, line, carry = offset + end, line + data.count(b"\n", 0, end), data[end:]
+    routed = router.routed()
+    return None if routed is None else (list(routed.records), list(routed.touched))
+
+
+def _read_lines(path: str, rows: RowLines) -> Iterator[pa.RecordBatch]:
+    """(line, text) batches of exactly the lines ``rows`` names, read from the segment file in
+    spans of at most ``ROUTE_BYTES`` that skip gaps of ``SKIP_GAP`` or more."""
+    n = len(rows.lines)
+    if not n:
+        return
+    breaks = np.flatnonzero(rows.starts[1:] - rows.ends[:-1] >= SKIP_GAP) + 1
+    with open(path, "rb") as f:
+        for group_start, group_end in zip(np.r_[0, breaks], np.r_[breaks, n], strict=True):
+            i = int(group_start)
+            while i < group_end:  # spans of at most ROUTE_BYTES (one line at least)
+                j = int(np.searchsorted(rows.ends[i:group_end], rows.starts[i] + ROUTE_BYTES, side="right")) + i
+                j = max(j, i + 1)
+                base = int(rows.starts[i])
+                f.seek(base)
+                data = f.read(int(rows.ends[j - 1]) - base)
+                text = lines_at(data, rows.starts[i:j] - base, rows.ends[i:j] - base)
+                yield pa.RecordBatch.from_arrays([pa.array(rows.lines[i:j]), text], names=["line", "text"])
+                i = j
 
 
 def key_cuts(files: Sequence[FileEntry], parts: int) -> tuple[int, ...] | None:
@@ -238,37 +344,79 @@ def part_of_keys(keys: np.ndarray, parts: int, cuts: tuple[int, ...] | None) -> 
     return np.searchsorted(np.asarray(cuts, dtype=np.int64), keys, side="right")
 
 
-def _table_task(
-    work: TableWork, segment: SealedSegment, ctx: FrameContext, upper: int, parts: int,
-    cuts: tuple[int, ...] | None = None,
-) -> Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]:
-    """An Arrow UDF: (part) rows in; per part, the table's row events whose key falls in the part
-    (a range between ``cuts``, else key modulo ``parts``; routed by ``ENVELOPE_RE``, as
-    ``scan_segment`` did) read from the segment file, decoded, folded with the prior image of their
-    keys and written; the files' statistics or the part's first failing line out. No shuffle: a
-    part is a whole set of keys, and with ``cuts`` it reads only the row groups of its range."""
-    path, chunks = str(segment.ref.path.absolute()), _chunks(segment)
-    decode = _decoder(work, segment.ref.name)
-    fold_and_write = _folder(work, ctx, upper, read_prior=bool(work.files), all_keys=bool(work.backfills))
+@dataclass(frozen=True)
+class PartTask:
+    """One fold task of a driver-routed segment: a table's key part and exactly its lines."""
 
-    def lines_of(part: int) -> Iterator[pa.RecordBatch]:
-        for chunk in range(chunks):
-            for batch in _chunk_lines(path, segment.body_bytes, chunk, chunks):
-                head = pc.extract_regex(batch.column(1).cast(pa.string()), ENVELOPE_RE)
-                # (a struct's fields do not inherit its nulls: a line that does not match has "")
-                mine = pc.and_(head.is_valid(), pc.fill_null(pc.equal(head.field("table"), work.table_uuid), False))
-                if parts > 1:
-                    key_text = pc.if_else(mine, head.field("key"), pa.scalar("0"))
-                    keys = np.asarray(key_text.cast(pa.int64()).to_numpy())
-                    mine = pc.and_(mine, pa.array(part_of_keys(keys, parts, cuts) == part))
-                picked = batch.filter(mine)
-                if picked.num_rows:
-                    yield picked
+    work: TableWork
+    rows: RowLines
+    upper: int
+
+
+def part_tasks(
+    plan: SegmentFramePlan, routed: Routed, ctx: FrameContext, files_per_table: Callable[[int], int]
+) -> list[PartTask]:
+    """Split each touched table of a driver-routed segment into key parts (ranges of the prior
+    files' keys, or key modulo the part count without them; a backfilled table is not split, as
+    in the task engine), each with its own lines; the largest first, so two cores share them."""
+    empty = RowLines(*(np.zeros(0, np.int64) for _ in range(4)))
+    tasks = []
+    for work in plan.tables:
+        rows = routed.rows.get(work.table_uuid, empty)
+        upper = (work.max_t + 1) if work.max_t is not None else ctx.prior_as_of
+        parts = 1 if work.backfills else files_per_table(work.rows)
+        if parts == 1:
+            tasks.append(PartTask(work, rows, upper))
+            continue
+        of = part_of_keys(rows.keys, parts, key_cuts(work.files, parts))
+        tasks += [PartTask(work, rows.take(of == p), upper) for p in range(parts) if (of == p).any()]
+    return sorted(tasks, key=lambda task: -len(task.rows.lines))
+
+
+def local_slots(spark: Any) -> int | None:
+    """How many tasks a local master runs at once (``local[N]``, ``local[*]``, ``local``), None
+    elsewhere (a cluster's slots are not known without ``sparkContext``)."""
+    master = spark_master(spark)
+    if master == "local":
+        return 1
+    found = re.fullmatch(r"local\[(\*|[0-9]+)(?:,[0-9]+)?\]", master)
+    if found is None:
+        return None
+    return (os.cpu_count() or 1) if found.group(1) == "*" else max(1, int(found.group(1)))
+
+
+def pack_tasks(tasks: Sequence[PartTask], slots: int | None) -> list[list[int]]:
+    """The part tasks (largest first) dealt into at most ``slots`` Spark partitions, each to the one
+    with the fewest rows so far: a Python task costs ~0.1 s even with no work, so a local master
+    runs one per core; without a known slot count, one partition per task."""
+    if slots is None or slots >= len(tasks):
+        return [[i] for i in range(len(tasks))]
+    bins: list[list[int]] = [[] for _ in range(slots)]
+    load = [0] * slots
+    for i, task in enumerate(tasks):
+        least = load.index(min(load))
+        bins[least].append(i)
+        load[least] += len(task.rows.lines) + 1
+    return [b for b in bins if b]
+
+
+def _part_runner(
+    tasks: Sequence[PartTask], packed: Sequence[Sequence[int]], segment: SealedSegment, ctx: FrameContext
+) -> Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]:
+    """An Arrow UDF: partition indexes in; per part task of the partition its lines read from the
+    segment file, decoded, folded with the prior image of their keys and written; the files'
+    statistics or the part's first failing line out. No shuffle: a part is a whole set of keys."""
+    path = str(segment.ref.path.absolute())
 
     def run(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         for batch in batches:
-            for part in batch.column(0).to_pylist():
-                yield from fold_and_write(decode(lines_of(part)))
+            for index in (i for p in batch.column(0).to_pylist() for i in packed[p]):
+                task = tasks[index]
+                work = task.work
+                decode = _decoder(work, segment.ref.name)
+                fold_and_write = _folder(work, ctx, task.upper, read_prior=bool(work.files),
+                                         all_keys=bool(work.backfills))
+                yield from fold_and_write(decode(_read_lines(path, task.rows)))
 
     return run
 
@@ -705,26 +853,15 @@ _ERRORS = ("line", "key", "error_class", "reason")
 
 
 def table_frame(
-    spark: Any, work: TableWork, parsed: Any | None, ctx: FrameContext, segment: SealedSegment, parts: int
+    spark: Any, work: TableWork, parsed: Any, ctx: FrameContext, segment: SealedSegment, parts: int
 ) -> Any:
-    """One table's plan; returns the (statistics, failure) rows of its parts.
-
-    Routed on the driver (``parsed`` is None): one task per part (a range of the prior files' keys,
-    or key modulo ``parts`` for a table with no prior files) reads
-    the segment file, decodes its rows, reads the prior image of its keys, folds and writes.
-    Otherwise (Spark's JSON reader routed the segment): the table's parsed lines are decoded,
-    spread over ``parts`` by a hash of the key, sorted, and folded and written per part, the
-    prior image read by the fold tasks too, or in Spark for a backfill (every live key)."""
+    """One table's plan on a segment Spark's JSON reader routed; returns the (statistics, failure)
+    rows of its parts: the table's parsed lines are decoded, spread over ``parts`` by a hash of the
+    key, sorted, and folded and written per part, the prior image read by the fold tasks too, or
+    in Spark for a backfill (every live key)."""
     from pyspark.sql import functions as F
 
     upper = (work.max_t + 1) if work.max_t is not None else ctx.prior_as_of
-    if parsed is None:  # routed on the driver (scan_segment): one task per part reads, decodes, folds
-        parts = 1 if work.backfills else parts  # as the task engine: a backfilled table is not split
-        tasks = spark.createDataFrame([(p,) for p in range(parts)], "part int")
-        if parts > 1:
-            tasks = tasks.repartition(parts)
-        cuts = key_cuts(work.files, parts)
-        return tasks.mapInArrow(_table_task(work, segment, ctx, upper, parts, cuts), OUT_DDL)
     rows = parsed.filter(F.col("is_row") & (F.col("table_uuid") == work.table_uuid)).select("line", "text")
     union = rows.mapInArrow(_decoder(work, segment.ref.name), _row_ddl(work.supercolumns_after))
     if work.files and work.backfills:
@@ -738,13 +875,26 @@ def table_frame(
 
 
 def run_segment(
-    spark: Any, plan: SegmentFramePlan, parsed: Any | None, ctx: FrameContext, files_per_table: Callable[[int], int]
+    spark: Any, plan: SegmentFramePlan, routed: Routed | None, parsed: Any | None, ctx: FrameContext,
+    files_per_table: Callable[[int], int],
 ) -> FrameOutcome:
     """One action validates, folds and writes every touched table and returns the files'
-    statistics with the smallest failing line, if any (then the caller discards the files)."""
+    statistics with the smallest failing line, if any (then the caller discards the files).
+
+    Routed on the driver: the (table, key part) tasks, each handed its lines' byte ranges, are
+    dealt into the partitions of one ``spark.range`` (no shuffle, no union; one partition per core
+    on a local master). Routed by Spark (``parsed``):
+    one frame per table, unioned."""
     name = plan.segment.ref.name
-    frames = [table_frame(spark, w, parsed, ctx, plan.segment, files_per_table(w.rows)) for w in plan.tables]
-    rows = _union(frames).collect() if frames else []
+    if routed is not None:
+        tasks = part_tasks(plan, routed, ctx, files_per_table)
+        packed = pack_tasks(tasks, local_slots(spark))
+        runner = _part_runner(tasks, packed, plan.segment, ctx)
+        frame = spark.range(0, len(packed), 1, len(packed)).mapInArrow(runner, OUT_DDL) if tasks else None
+    else:
+        frames = [table_frame(spark, w, parsed, ctx, plan.segment, files_per_table(w.rows)) for w in plan.tables]
+        frame = _union(frames) if frames else None
+    rows = frame.collect() if frame is not None else []
     entries = [_entry(r, ctx.segment_id) for r in rows if r["path"] is not None]
     failures = sorted((r for r in rows if r["error_class"] is not None),
                       key=lambda r: (r["line"], -1 if r["key"] is None else r["key"]))
@@ -758,8 +908,6 @@ def run_segment(
         error = plan.error
     versions = sum(e.row_count for e in entries if e.kind is FileKind.VERSIONS)
     return FrameOutcome(tuple(sorted(entries, key=lambda e: e.path)), versions, error)
-
-
 
 
 def _union(frames: Sequence[Any]) -> Any:

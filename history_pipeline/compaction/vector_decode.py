@@ -57,12 +57,6 @@ LINE_RE = (
     rf'"table_uuid":"(?P<table>{_CHAR}+)","key":(?P<key>0|-?[1-9][0-9]{{0,17}})'
     rf'(?P<values>,"values":\{{(?P<body>(?:{_PAIR}(?:,{_PAIR})*)?)\}})?\}}$'
 )
-#: the envelope of a canonical line (read with captures: cheaper than capturing with LINE_RE)
-HEAD_RE = (
-    r'^\{"op":"(?P<op>insert|update|delete)","t":(?P<t>0|[1-9][0-9]{0,17}),'
-    rf'"table_uuid":"(?P<table>{_CHAR}+)","key":(?P<key>0|-?[1-9][0-9]{{0,17}})'
-)
-_BEFORE_BODY = r'^\{"op":"[a-z]+","t":[0-9]+,"table_uuid":"[^"]*","key":-?[0-9]+,"values":\{'
 _SAFE_KEY = re.compile(r'^[^"\\\x00-\x1f]+$')
 
 
@@ -279,15 +273,8 @@ def decode_canonical(
     canonical = _flags(pc.match_substring_regex(text, LINE_RE))  # a DFA: no captures over the whole line
     if not canonical.any():
         return None, everything
-    head = pc.extract_regex(text, HEAD_RE)
-    has_values = _flags(pc.match_substring(text, ',"values":{'))  # in a canonical line, only as its field
-    # the values object's inside: what follows the envelope, without the closing "}}"
-    body = pc.utf8_slice_codeunits(pc.replace_substring_regex(text, _BEFORE_BODY, "", max_replacements=1), 0, -2)
-    body = pc.if_else(pa.array(has_values), body, pa.scalar("", pa.string()))
-    parts = pa.StructArray.from_arrays(
-        [head.field("op"), head.field("t"), head.field("table"), head.field("key"), body],
-        names=["op", "t", "table", "key", "body"],
-    )
+    parts, has_values = _envelopes(text, canonical)
+    body = pc.fill_null(parts.field("body"), "")
     is_delete = _flags(pc.equal(parts.field("op"), "delete"))
     canonical &= _flags(pc.equal(parts.field("table"), table_uuid))
     canonical &= is_delete != has_values  # a delete carries no values, an insert or update does
@@ -301,9 +288,9 @@ def decode_canonical(
         if not len(rows) or epoch.table is None:  # an unknown table: the reference says so
             continue
         index = pa.array(rows)
-        for column, _ in epoch.by_uuid.values():
-            if column.column_uuid not in found:
-                found[column.column_uuid] = _find(body, column.column_uuid)
+        missing = [c.column_uuid for c, _ in epoch.by_uuid.values() if c.column_uuid not in found]
+        if missing:
+            found.update(_find_all(body, canonical, missing))
         given = {u: (counts[rows], pc.take(tokens, index)) for u, (counts, tokens) in found.items()}
         batch, ok = _decode_epoch(
             pc.take(lines, index), pc.take(parts, index), is_delete[rows], epoch, supercolumns, given
@@ -320,15 +307,70 @@ def _concat(batches: list[pa.RecordBatch]) -> pa.RecordBatch:
     return pa.Table.from_batches(batches).combine_chunks().to_batches()[0] if len(batches) > 1 else batches[0]
 
 
-def _find(body: pa.Array, column_uuid: str) -> tuple[np.ndarray, pa.Array]:
-    """How often each body names ``column_uuid``, and its value's JSON token (NULL where absent)."""
+def _envelopes(text: pa.Array, canonical: np.ndarray) -> tuple[pa.StructArray, np.ndarray]:
+    """(op, t, table, key, body) of the canonical lines (NULL elsewhere) and which carry values.
+
+    ``LINE_RE`` has checked their shape, and no string of a canonical line holds a '"', so cutting
+    at the first 13 '"' puts each field at a fixed place: '{', 'op', ':', op, ',', 't', ':<t>,',
+    'table_uuid', ':', table, ',', 'key', ':<key>,' (or '}' for a delete), then 'values":{...}}'.
+    """
+    n = len(text)
+    at = np.nonzero(canonical)[0]
+    pieces = pc.split_pattern(pc.take(text, pa.array(at)), '"', max_splits=13)
+    with_values = _np(pc.list_value_length(pieces)) == 14
+    bodies = pc.utf8_slice_codeunits(pc.list_flatten(pc.list_slice(pieces, 13, 14)), 9, -2)
+    body_at = np.full(len(at), -1, np.int64)
+    body_at[with_values] = np.arange(int(with_values.sum()))
+    fields = [pc.list_element(pieces, 3), pc.utf8_slice_codeunits(pc.list_element(pieces, 6), 1, -1),
+              pc.list_element(pieces, 9), pc.utf8_slice_codeunits(pc.list_element(pieces, 12), 1, -1),
+              pc.take(bodies, pa.array(body_at, mask=body_at < 0))]
+    spread = np.full(n, -1, np.int64)
+    spread[at] = np.arange(len(at))
+    index = pa.array(spread, mask=spread < 0)
+    parts = pa.StructArray.from_arrays([pc.take(f, index) for f in fields], names=["op", "t", "table", "key", "body"])
+    has_values = np.zeros(n, bool)
+    has_values[at] = with_values
+    return parts, has_values
+
+
+def _find_all(body: pa.Array, canonical: np.ndarray, uuids: Sequence[str]) -> dict[str, tuple[np.ndarray, pa.Array]]:
+    """Per column uuid, how often each canonical body names it and its value's JSON token (NULL
+    unless named once), with no regular expression. In a
+    canonical body no string holds a '"', so cutting it at every '"' leaves quoted text at the odd
+    places and the text between strings at the even ones; a quoted piece is a key exactly when the
+    piece after it starts with ':' (after a string value comes ',' or the end). A key's value is
+    the string two pieces on (when the piece after the key is just ':'), else the literal in the
+    piece after it, up to its comma. Each column is then one comparison over the keys, whatever
+    the table's width (an update names one column of many)."""
     n = len(body)
-    if not _SAFE_KEY.match(column_uuid):  # a key no canonical line holds
-        return np.zeros(n, np.int64), pa.nulls(n, pa.string())
-    counts = _np(pc.count_substring(body, f'"{column_uuid}":'))
-    # in a canonical body a string holds no '"' and other tokens no ',': the token ends there
-    tokens = pc.extract_regex(body, f'"{re.escape(column_uuid)}":(?P<v>"[^"]*"|[^,]*)').field("v")
-    return counts, pc.if_else(pa.array(counts == 1), tokens, pa.scalar(None, pa.string()))
+    rows = np.nonzero(canonical & (_np(pc.utf8_length(body)) > 0))[0]
+    pieces = pc.split_pattern(pc.take(body, pa.array(rows)), '"')
+    flat = pc.list_flatten(pieces)
+    sizes = _np(pc.list_value_length(pieces)).astype(np.int64)
+    owner = np.repeat(np.arange(len(rows)), sizes)
+    position = np.arange(len(flat)) - np.repeat(np.cumsum(sizes) - sizes, sizes)
+    quoted = np.nonzero((position % 2 == 1) & (position < np.repeat(sizes, sizes) - 1))[0]
+    after = pc.take(flat, pa.array(quoted + 1))
+    is_key = _flags(pc.starts_with(after, ":"))
+    keys_at = quoted[is_key]
+    after = after.filter(pa.array(is_key))
+    string = pc.take(flat, pa.array(np.minimum(keys_at + 2, len(flat) - 1)))
+    pair_values = pc.if_else(
+        pc.equal(after, ":"),
+        pc.binary_join_element_wise('"', string, '"', ""),
+        pc.utf8_rtrim(pc.utf8_slice_codeunits(after, 1), characters=","),
+    )
+    pair_keys = pc.take(flat, pa.array(keys_at))
+    pair_rows = rows[owner[keys_at]]
+    out = {}
+    for uuid in uuids:
+        named = _flags(pc.equal(pair_keys, uuid)) if _SAFE_KEY.match(uuid) else np.zeros(len(keys_at), bool)
+        counts = np.bincount(pair_rows[named], minlength=n).astype(np.int64)
+        pick = np.full(n, -1, np.int64)
+        pick[pair_rows[named]] = np.nonzero(named)[0]
+        pick[counts != 1] = -1
+        out[uuid] = (counts, pc.take(pair_values, pa.array(pick, mask=pick < 0)))
+    return out
 
 
 def _decode_epoch(

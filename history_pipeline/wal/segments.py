@@ -19,6 +19,7 @@ import enum
 import hashlib
 import json
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -161,10 +162,16 @@ class SealedSegment:
 
 _CHUNK = 1 << 20
 
+#: what :func:`verify_segment` hands each whole-line piece of a body to: (bytes, file offset, first line)
+BodyReader = Callable[[bytes, int, int], None]
 
-def verify_segment(ref: SegmentRef) -> SealedSegment:
+
+def verify_segment(ref: SegmentRef, on_body: BodyReader | None = None, chunk_bytes: int = _CHUNK) -> SealedSegment:
     """Check count and checksum of a sealed segment streaming (constant memory); read its bounds.
 
+    ``on_body`` sees the body (the lines before the seal) once, in pieces of whole lines of about
+    ``chunk_bytes``, during the same read that checks it (so a caller that routes the lines reads
+    the segment once); it must not keep the result it derives from a segment that then fails.
     Raises the same errors as :func:`read_segment` for a bad seal or a bad first record.
     """
     name = ref.name
@@ -185,11 +192,18 @@ def verify_segment(ref: SegmentRef) -> SealedSegment:
         last = tail[cut + 1 :]
         digest, records = hashlib.sha256(), 0
         f.seek(0)
-        remaining = body_bytes
+        remaining, carry, offset = body_bytes, b"", 0
         while remaining:
-            chunk = f.read(min(_CHUNK, remaining))
+            chunk = f.read(min(chunk_bytes, remaining))
             remaining -= len(chunk)
             digest.update(chunk)
+            if on_body is not None:  # whole lines only: a line cut by the read waits for its end
+                data = carry + chunk
+                end = data.rfind(b"\n") + 1 if remaining else len(data)
+                if end:
+                    on_body(data[:end], offset, records + 1)
+                    offset += end
+                carry = data[end:]
             records += chunk.count(b"\n")
         f.seek(0)
         first = f.readline() if body_bytes else b""
