@@ -194,8 +194,10 @@ class WrittenFile:
 
 #: columns written with DELTA_BINARY_PACKED instead of a dictionary: in a file sorted by (key, t)
 #: the keys ascend (deltas of a few bits, where a dictionary stores every distinct key once more)
-#: and a key's timestamps ascend; see docs/DECISIONS.md (storage)
-DELTA_COLUMNS = (KEY, LT)
+#: and a key's timestamps ascend; see docs/DECISIONS.md (storage). ``superseded_at`` too: a
+#: closed file's first row group (the sample deciding dictionaries) may hold only NULLs, and a
+#: dictionary of the later row groups' nearly distinct times cost more than the column itself
+DELTA_COLUMNS = (KEY, LT, SUPERSEDED)
 #: a column gets a dictionary when its first row group holds at most this share of distinct values;
 #: above it, indices plus a dictionary of nearly every value cost more than zstd over plain values
 DICTIONARY_MAX_DISTINCT = 0.1
@@ -274,8 +276,8 @@ def parquet_bytes(table: pa.Table, row_groups: Sequence[int] | None = None) -> b
     return buffer.getvalue()
 
 
-def closed_layout(table: pa.Table, lower: int | None, row_group_rows: int = ROW_GROUP_ROWS,
-                  buckets: int = CLOSED_BUCKETS) -> tuple[pa.Table, tuple[int, ...]]:
+def closed_layout(table: pa.Table, lower: int | None, row_group_rows: int | None = None,
+                  buckets: int | None = None) -> tuple[pa.Table, tuple[int, ...]]:
     """The rows of a closed interval's file (holding ``superseded_at``) ordered so that a read as
     of any T in the interval skips the row groups holding no row current at T, and their row
     group sizes.
@@ -287,6 +289,8 @@ def closed_layout(table: pa.Table, lower: int | None, row_group_rows: int = ROW_
     of whole row groups, and each bucket is key-sorted, so a row group's statistics bound its
     rows' t (or ``superseded_at``) and its keys: a read as of T skips row groups with ``min(t) >= T``
     or ``max(superseded_at) < T``, a key lookup reads one row group per bucket at most."""
+    row_group_rows = row_group_rows or ROW_GROUP_ROWS
+    buckets = buckets or CLOSED_BUCKETS
     n = table.num_rows
     if n == 0:
         return table, ()
