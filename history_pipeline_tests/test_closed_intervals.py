@@ -201,6 +201,12 @@ def tiny_row_groups(monkeypatch):
     monkeypatch.setattr(supertable, "CLOSED_BUCKETS", 3)
 
 
+def _parquet(store, path):
+    """A stored file opened directly (local or S3), not through the reader under test."""
+    fs, _ = store.objects.arrow_filesystem()
+    return pq.ParquetFile(store.objects.full_path(path), filesystem=fs)
+
+
 def _marked_files(store, table="T"):
     return [f for f in store.catalog_state().files_of(table) if f.closed_until is not None]
 
@@ -221,7 +227,7 @@ def _check_pruning(store, as_ofs, table="T"):
             continue
         chosen = dict((f.path, groups) for f, groups in closed_row_groups(store.objects, selection, as_of))
         for f in selection.snapshot + selection.versions:
-            parquet = pq.ParquetFile(store.objects.full_path(f.path))
+            parquet = _parquet(store, f.path)
             kept = chosen.get(f.path, [])
             skipped = [rg for rg in range(parquet.num_row_groups) if rg not in kept]
             if skipped:
@@ -250,7 +256,7 @@ def _check_layout(store, table="T"):
         assert f.closed_layout == supertable.CLOSED_LAYOUT, f.path
         meta, _ = read_file_metadata(store.objects, f.path)
         assert meta.closed_layout == supertable.CLOSED_LAYOUT
-        parquet = pq.ParquetFile(store.objects.full_path(f.path))
+        parquet = _parquet(store, f.path)
         classes = []
         for rg in range(parquet.num_row_groups):
             rows = parquet.read_row_group(rg).to_pylist()
@@ -271,7 +277,7 @@ def _check_lookups(store, events, as_ofs, keys=range(0, 50, 3)):
         expected = model.table_as_of("items", as_of) or {}
         for key in keys:
             assert store.fetch_row("items", key, as_of) == expected.get(key), (as_of, key)
-    files = [pq.read_table(store.objects.full_path(f.path))
+    files = [_parquet(store, f.path).read()
              for f in store.catalog_state().files_of("T", FileKind.VERSIONS)]
     for key in keys:
         ts = sorted(t for rows in files for k, t in zip(rows.column("synthetic_key").to_pylist(),
@@ -342,7 +348,7 @@ def test_files_closed_in_the_key_sorted_layout_read_right_and_are_laid_out_again
     old = _marked_files(store)
     assert old and all(f.closed_layout is None for f in old)
     for f in old:
-        keys = pq.read_table(store.objects.full_path(f.path)).column("synthetic_key").to_pylist()
+        keys = _parquet(store, f.path).read().column("synthetic_key").to_pylist()
         assert keys == sorted(keys)
     every_t = range(2, store.frontier + 2)
     closed_ts = [t for t in every_t if _closed(store, t)]
