@@ -7,6 +7,7 @@ and this layer never imports the catalog.
 
 from __future__ import annotations
 
+import bisect
 import os
 from collections import OrderedDict
 from collections.abc import Iterable, Sequence
@@ -168,11 +169,15 @@ def read_key(
     def read(path: str, cached: Footer, groups: list[int]) -> pa.Table:
         with fs.open_input_file(store.full_path(path)) as handle:
             parquet = pq.ParquetFile(handle, metadata=cached.meta)
-            if len(groups) > 1:
-                # the key column alone first (a few hundred microseconds a row group), then whole
-                # row groups only where the key is
-                groups = [rg for rg in groups if pc.any(pc.equal(
-                    parquet.read_row_group(rg, columns=[KEY], use_threads=False).column(0), key)).as_py()]
+            if len(groups) > 2:
+                # the candidates' key column alone first (one read), then whole row groups only
+                # where the key is
+                keys = parquet.read_row_groups(groups, columns=[KEY], use_threads=False).column(0)
+                offsets = [0]
+                for rg in groups:
+                    offsets.append(offsets[-1] + cached.meta.row_group(rg).num_rows)
+                hits = pc.indices_nonzero(pc.equal(keys, key)).to_pylist()
+                groups = sorted({groups[bisect.bisect_right(offsets, i) - 1] for i in hits})
             if not groups:
                 return target.empty_table()
             table = parquet.read_row_groups(groups, columns=[c for c in wanted if c in cached.columns],
