@@ -71,6 +71,9 @@ class Footer:
     columns: frozenset[str]
     key_ranges: tuple[tuple[int, int] | None, ...]
     times: tuple[RowGroupTimes, ...] = ()
+    #: string and binary columns stored with a dictionary: a lookup reads them as dictionaries and
+    #: decodes only the rows it keeps
+    dictionary_strings: frozenset[str] = frozenset()
 
     def row_groups_holding(self, key: int) -> list[int]:
         return [rg for rg, bounds in enumerate(self.key_ranges) if bounds is None or bounds[0] <= key <= bounds[1]]
@@ -107,11 +110,22 @@ def footer(store: ObjectStore, path: str) -> Footer:
                 t_stats.min if t_stats is not None and t_stats.has_min_max else None,
                 s_stats.max if s_stats is not None and s_stats.has_min_max else None,
                 s_stats.null_count if s_stats is not None and s_stats.has_null_count else None))
-        cached = Footer(meta, frozenset(arrow_schema.names), tuple(ranges), tuple(times))
+        strings = frozenset(
+            field.name for i, field in enumerate(arrow_schema)
+            if meta.num_row_groups and _plain_string(field.type) and meta.row_group(0).num_columns > i
+            and meta.row_group(0).column(i).path_in_schema == field.name
+            and meta.row_group(0).column(i).has_dictionary_page)
+        cached = Footer(meta, frozenset(arrow_schema.names), tuple(ranges), tuple(times), strings)
         _FOOTERS[cache_key] = cached
         if len(_FOOTERS) > _FOOTER_CACHE_SIZE:
             _FOOTERS.popitem(last=False)
     return cached
+
+
+def _plain_string(kind: pa.DataType) -> bool:
+    return (not isinstance(kind, pa.BaseExtensionType)
+            and (pa.types.is_string(kind) or pa.types.is_large_string(kind) or pa.types.is_binary(kind)
+                 or pa.types.is_large_binary(kind)))
 
 
 _READERS: dict[int, ThreadPoolExecutor] = {}
@@ -143,8 +157,9 @@ def read_key(
     """Every version of one key with ``lower <= t < upper`` in ``files``, reading only its row groups.
 
     Files whose key range (catalog entry, then each row group's statistics in the cached footer)
-    excludes the key are not opened; the others' row groups are read in parallel, brought to one
-    schema, and filtered once. With ``current_at`` (files of one closed interval holding it), row
+    excludes the key are not opened; the others' row groups are read in parallel, filtered to the
+    key's rows (dictionary-encoded strings decoded for those rows only) and brought to one schema.
+    With ``current_at`` (files of one closed interval holding it), row
     groups whose statistics say no row is current then are skipped too: the key's newest version
     below it is kept, older ones may not be. Where several row groups of a file may hold the key
     (a closed file's time buckets), their key column is read first and only those holding it are
@@ -168,7 +183,8 @@ def read_key(
 
     def read(path: str, cached: Footer, groups: list[int]) -> pa.Table:
         with fs.open_input_file(store.full_path(path)) as handle:
-            parquet = pq.ParquetFile(handle, metadata=cached.meta)
+            parquet = pq.ParquetFile(handle, metadata=cached.meta,
+                                     read_dictionary=[c for c in wanted if c in cached.dictionary_strings] or None)
             if len(groups) > 2:
                 # the candidates' key column alone first (one read), then whole row groups only
                 # where the key is
@@ -182,6 +198,11 @@ def read_key(
                 return target.empty_table()
             table = parquet.read_row_groups(groups, columns=[c for c in wanted if c in cached.columns],
                                             use_threads=False)
+        # the key's rows first, so that only they are decoded from dictionaries and cast
+        mine = pc.and_(pc.equal(table.column(KEY), key), pc.less(table.column(LT), upper))
+        if lower is not None:
+            mine = pc.and_(mine, pc.greater_equal(table.column(LT), lower))
+        table = table.filter(mine)
         if table.schema.equals(target):
             return table
         # an older file lacks later supercolumns (nulls), or stores a type Arrow reads back differently
@@ -195,11 +216,7 @@ def read_key(
         parts = [read(*reads[0])]
     else:
         parts = list(_readers().map(lambda r: read(*r), reads))
-    table = pa.concat_tables(parts)
-    mask = pc.and_(pc.equal(table.column(KEY), key), pc.less(table.column(LT), upper))
-    if lower is not None:
-        mask = pc.and_(mask, pc.greater_equal(table.column(LT), lower))
-    return table.filter(mask).combine_chunks()
+    return pa.concat_tables(parts).combine_chunks()
 
 
 def keep_latest(candidates: pa.Table, *, include_deleted: bool = False) -> pa.Table:
