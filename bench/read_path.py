@@ -88,8 +88,11 @@ def bench_load_table(work: Path, live_rows: int, versions: int, batch: int, delt
     from bench.run import bench_lookups  # the same fetch_row / row_history measure as bench/run.py
 
     lookups = bench_lookups(store, history.frontier + 1, live_rows)
+    middle = history.frontier // 2 + batch // 3
+    # the same lookups inside a closed interval (the latest T reads the open one, never closed files)
+    lookups_middle = bench_lookups(store, middle, live_rows)
     rows = []
-    for label, as_of in (("latest", history.frontier + 1), ("middle", history.frontier // 2 + batch // 3),
+    for label, as_of in (("latest", history.frontier + 1), ("middle", middle),
                          ("worst (just before a snapshot)", worst)):
         answer = context.load_table("bench", as_of)
         path = work / f"answer_{versions}_{as_of}.parquet"
@@ -102,10 +105,12 @@ def bench_load_table(work: Path, live_rows: int, versions: int, batch: int, delt
             lambda c=con, p=path: c.sql(f"SELECT * FROM read_parquet('{p}')").to_arrow_table(),
         ])
         con.close()
-        closed = is_closed_read(store.objects, select_files(state, TABLE_UUID, as_of))
+        selection = select_files(state, TABLE_UUID, as_of)
+        closed = is_closed_read(store.objects, selection)
         rows.append({"versions": versions, "live_rows": answer.num_rows, "as_of": label, "t": as_of,
                      "read": "closed interval (filter)" if closed else "layered (joins)",
-                     "lookups": lookups if label == "latest" else None,
+                     "row_groups_read": _row_groups_read(store, selection, as_of) if closed else None,
+                     "lookups": lookups if label == "latest" else lookups_middle if label == "middle" else None,
                      "ours_s": ours, "reader_s": streamed, "duckdb_answer_file_s": limit, "ratio": ours / limit,
                      "version_bytes": version_bytes, "snapshot_bytes": snapshot_bytes, "delta_bytes": delta_bytes,
                      "delta_segment_events": segment_events, "batch": batch,
@@ -120,6 +125,17 @@ def bench_load_table(work: Path, live_rows: int, versions: int, batch: int, delt
     rows[0]["lookups_after_merge"]["version_bytes"] = sum(
         f.size_bytes for f in store.catalog_state().files_of(TABLE_UUID, FileKind.VERSIONS))
     return rows
+
+
+def _row_groups_read(store: HistoryStore, selection: Any, as_of: int) -> str:
+    """"read / in the files" of a closed read (instrumentation: how much the layout lets it skip)."""
+    from history_pipeline.catalog import files
+    from history_pipeline.supertable.read import footer
+
+    total = sum(footer(store.objects, f.path).meta.num_row_groups for f in selection.snapshot + selection.versions)
+    chooser = getattr(files, "closed_row_groups", None)  # absent before the closed layout
+    read = sum(len(groups) for _, groups in chooser(store.objects, selection, as_of)) if chooser else total
+    return f"{read}/{total}"
 
 
 def _delta_bytes(work: Path, store: HistoryStore, per: int) -> int:
@@ -415,14 +431,16 @@ def report(results: dict[str, Any]) -> str:
     lines = ["| measure | ours | baseline (same run) | ratio | target | verdict |", "|---|---|---|---|---|---|"]
     for row in results.get("load_table", []):
         lines.append(f"| as-of load_table, {row['live_rows']:,} live rows, {row['versions']:,} versions, "
-                     f"T={row['as_of']}{', ' + row['read'] if row.get('read') else ''} | "
+                     f"T={row['as_of']}{', ' + row['read'] if row.get('read') else ''}"
+                     f"{', row groups ' + row['row_groups_read'] if row.get('row_groups_read') else ''} | "
                      f"{row['ours_s']:.3f} s (streamed {row['reader_s']:.3f} s) | DuckDB reading "
                      f"the answer file {row['duckdb_answer_file_s']:.3f} s | {row['ratio']:.2f}× | ≤ 2× | "
                      f"{verdict(row['ratio'], 2.0)} |")
     for row in results.get("load_table", []):
         if row.get("lookups"):
             lk = row["lookups"]
-            lines.append(f"| fetch_row p50 / p99, {row['versions']:,} versions | {lk['fetch_row_p50_ms']:.2f} / "
+            lines.append(f"| fetch_row p50 / p99, {row['versions']:,} versions, T={row['as_of']} | "
+                         f"{lk['fetch_row_p50_ms']:.2f} / "
                          f"{lk['fetch_row_p99_ms']:.2f} ms | — | — | ≤ 5 / ≤ 10 ms | "
                          f"{verdict(lk['fetch_row_p50_ms'], 5)} / {verdict(lk['fetch_row_p99_ms'], 10)} |")
             lines.append(f"| row_history p50, a key with {lk['row_history_versions']:,} versions | "

@@ -13,14 +13,15 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from history_pipeline import HistoryStore, QueryError, StoreSettings
-from history_pipeline.catalog.files import is_closed_read, select_files
+from history_pipeline import HistoryStore, QueryError, StoreSettings, supertable
+from history_pipeline.catalog.files import closed_row_groups, is_closed_read, select_files
 from history_pipeline.catalog.model import FileKind
 from history_pipeline.errors import PurgedTimestampError
+from history_pipeline.maintenance import snapshots as snapshots_module
 from history_pipeline.maintenance.snapshots import close_intervals, closed_intervals
 from history_pipeline.query.scan import live_sql
 from history_pipeline.schema import replay_schema_history
-from history_pipeline.supertable import SUPERSEDED
+from history_pipeline.supertable import SUPERSEDED, read_file_metadata
 from history_pipeline_tests.model import BaseDatabase
 from history_pipeline_tests.test_compaction import _split, check_against_model, random_history, write
 from history_pipeline_tests.test_query_layers import CREATE, _delete, _insert, _load, _update
@@ -186,3 +187,190 @@ def test_verify_names_a_file_whose_superseded_at_is_wrong(tmp_path):
     problems = store.verify()
     assert problems and {p.kind for p in problems} == {"superseded_mismatch"}
     assert all(p.path == victim.path for p in problems)
+
+
+# --- the closed layout: row groups a read as of T can skip -------------------------------------
+
+TINY_ROW_GROUPS = 4  # rows per row group, so the small histories here have many, in several buckets
+
+
+@pytest.fixture
+def tiny_row_groups(monkeypatch):
+    """Every file written with row groups of 4 rows, a closed file's classes in 3 buckets each."""
+    monkeypatch.setattr(supertable, "ROW_GROUP_ROWS", TINY_ROW_GROUPS)
+    monkeypatch.setattr(supertable, "CLOSED_BUCKETS", 3)
+
+
+def _parquet(store, path):
+    """A stored file opened directly (local or S3), not through the reader under test."""
+    fs, _ = store.objects.arrow_filesystem()
+    return pq.ParquetFile(store.objects.full_path(path), filesystem=fs)
+
+
+def _marked_files(store, table="T"):
+    return [f for f in store.catalog_state().files_of(table) if f.closed_until is not None]
+
+
+def _current(rows, as_of):
+    """The rows of ``rows`` current as of ``as_of`` (the reference mask, in Python)."""
+    return [r for r in rows.to_pylist() if not r["is_deleted"] and r["logical_timestamp"] < as_of
+            and (r[SUPERSEDED] is None or r[SUPERSEDED] >= as_of)]
+
+
+def _check_pruning(store, as_ofs, table="T"):
+    """At each closed T: the row groups ``closed_row_groups`` skips hold no current row (read back
+    directly). Returns the rows (read, current, in the files) summed over the closed T."""
+    read = current = total = 0
+    for as_of in as_ofs:
+        selection = select_files(store.catalog_state(), table, as_of)
+        if not is_closed_read(store.objects, selection):
+            continue
+        chosen = dict((f.path, groups) for f, groups in closed_row_groups(store.objects, selection, as_of))
+        for f in selection.snapshot + selection.versions:
+            parquet = _parquet(store, f.path)
+            kept = chosen.get(f.path, [])
+            skipped = [rg for rg in range(parquet.num_row_groups) if rg not in kept]
+            if skipped:
+                assert _current(parquet.read_row_groups(skipped), as_of) == [], (as_of, f.path, skipped)
+            read += sum(parquet.metadata.row_group(rg).num_rows for rg in kept)
+            current += len(_current(parquet.read(), as_of))
+            total += parquet.metadata.num_rows
+    assert total
+    return read, current, total
+
+
+def _assert_skips_most(read, current, total):
+    """The layout's point: the rows read beyond the answer are under half of what a scan of every
+    row would read beyond it."""
+    assert current <= read < total
+    assert read - current <= 0.5 * (total - current), (read, current, total)
+
+
+def _check_layout(store, table="T"):
+    """Every marked file is in the closed layout: its footer and entry name it, a row group holds
+    one class (never superseded here, or superseded; that class first) and is key-sorted.
+    (That buckets follow each other in time is what ``_check_pruning`` measures.)"""
+    marked = _marked_files(store, table)
+    assert marked
+    for f in marked:
+        assert f.closed_layout == supertable.CLOSED_LAYOUT, f.path
+        meta, _ = read_file_metadata(store.objects, f.path)
+        assert meta.closed_layout == supertable.CLOSED_LAYOUT
+        parquet = _parquet(store, f.path)
+        classes = []
+        for rg in range(parquet.num_row_groups):
+            rows = parquet.read_row_group(rg).to_pylist()
+            nulls = {r[SUPERSEDED] is None for r in rows}
+            assert len(nulls) == 1, (f.path, rg)
+            keys = [(r["synthetic_key"], r["logical_timestamp"]) for r in rows]
+            assert keys == sorted(keys), (f.path, rg)
+            classes.append(0 if nulls == {True} else 1)
+        assert classes == sorted(classes), f.path
+
+
+def _check_lookups(store, events, as_ofs, keys=range(0, 50, 3)):
+    """fetch_row at each T and row_history of some keys against the model and the files."""
+    model = BaseDatabase()
+    for e in events:
+        model.apply(e)
+    for as_of in as_ofs:
+        expected = model.table_as_of("items", as_of) or {}
+        for key in keys:
+            assert store.fetch_row("items", key, as_of) == expected.get(key), (as_of, key)
+    files = [_parquet(store, f.path).read()
+             for f in store.catalog_state().files_of("T", FileKind.VERSIONS)]
+    for key in keys:
+        ts = sorted(t for rows in files for k, t in zip(rows.column("synthetic_key").to_pylist(),
+                                                       rows.column("logical_timestamp").to_pylist(),
+                                                       strict=True) if k == key)
+        assert [v["logical_timestamp"] for v in store.row_history("items", key)] == ts, key
+
+
+def test_the_closed_layout_skips_row_groups_and_equals_the_model_at_every_t(tmp_path, tiny_row_groups):
+    store = HistoryStore.open(tmp_path, database="db", settings=SMALL_SNAPSHOTS)
+    events = _items_history(store)
+    snapshots = _snapshots(store)
+    _check_layout(store)
+    every_t = range(2, store.frontier + 2)  # every T: S, S' - 1, each bucket's bounds and around them
+    _assert_skips_most(*_check_pruning(store, every_t))
+    # the worst T of each closed interval (just before the next snapshot) too
+    _assert_skips_most(*_check_pruning(store, [s - 1 for s in snapshots[1:]]))
+    _check_items(store, events, every_t)
+    _check_lookups(store, events, every_t)
+    assert store.verify() == []
+
+
+def test_the_closed_layout_survives_maintenance(tmp_path, tiny_row_groups):
+    store = HistoryStore.open(tmp_path, database="db", settings=SMALL_SNAPSHOTS)
+    events = _items_history(store)
+    snapshots = _snapshots(store)
+    every_t = range(2, store.frontier + 2)
+
+    summary = store.merge(small_file_bytes=1 << 30)
+    assert summary.files_removed > summary.files_added
+    _check_layout(store)
+    _assert_skips_most(*_check_pruning(store, every_t))
+    _check_items(store, events, every_t)
+
+    erased = (3, 17, 44)
+    store.erase("items", erased, requested_by="test", spark=False, purge_now=True)
+    events = [e for e in events if e.get("key") not in erased]
+    _check_layout(store)
+    _check_pruning(store, every_t)
+    _check_items(store, events, every_t)
+    _check_lookups(store, events, every_t)
+
+    store.rebuild_catalog()
+    _check_layout(store)
+    _check_items(store, events, every_t)
+
+    purge = (snapshots[1] + snapshots[2]) // 2
+    store.retain(purge)
+    left = range(purge, store.frontier + 2)
+    while close_intervals(store):
+        pass
+    _check_layout(store)
+    _assert_skips_most(*_check_pruning(store, left))
+    _check_items(store, events, left)
+    _check_lookups(store, events, left)
+    assert store.verify() == []
+
+
+def test_files_closed_in_the_key_sorted_layout_read_right_and_are_laid_out_again(tmp_path, tiny_row_groups,
+                                                                                 monkeypatch):
+    """A store closed before the layout (key-sorted files, no layout named) reads the same, by the
+    same filter (statistics prune nothing wrongly in any order), and the next closes lay it out."""
+    with monkeypatch.context() as before:
+        before.setattr(snapshots_module, "CLOSED_LAYOUT", None)
+        before.setattr(snapshots_module, "closed_layout", lambda table, lower: (table, None))
+        store = HistoryStore.open(tmp_path, database="db", settings=SMALL_SNAPSHOTS)
+        events = _items_history(store)
+    old = _marked_files(store)
+    assert old and all(f.closed_layout is None for f in old)
+    for f in old:
+        keys = _parquet(store, f.path).read().column("synthetic_key").to_pylist()
+        assert keys == sorted(keys)
+    every_t = range(2, store.frontier + 2)
+    closed_ts = [t for t in every_t if _closed(store, t)]
+    assert closed_ts
+    _check_items(store, events, every_t)
+    rounds = 0
+    while close_intervals(store):
+        rounds += 1
+    assert rounds >= 1
+    assert all(_closed(store, t) for t in closed_ts)
+    _check_layout(store)
+    _assert_skips_most(*_check_pruning(store, every_t))
+    _check_items(store, events, every_t)
+
+
+def test_the_closed_layout_on_an_s3_root(tmp_path, s3_bucket, s3_options, tiny_row_groups):
+    store = HistoryStore.open(s3_bucket, database="db", wal_dir=tmp_path / "wal", s3=s3_options,
+                              settings=SMALL_SNAPSHOTS)
+    events = _items_history(store)
+    closed = [t for t in range(3, store.frontier + 2) if _closed(store, t)]
+    _check_layout(store)
+    _assert_skips_most(*_check_pruning(store, closed))
+    picked = [closed[0], closed[len(closed) // 2], closed[-1], store.frontier + 1]
+    _check_items(store, events, picked)
+    _check_lookups(store, events, picked, keys=range(0, 50, 7))

@@ -50,12 +50,15 @@ def entry_of(written: WrittenFile, meta: FileMetadata) -> FileEntry:
         segments=meta.segments,
         snapshot_as_of=meta.snapshot_as_of,
         closed_until=meta.closed_until,
+        closed_layout=meta.closed_layout,
     )
 
 
-def write_parquet(store: ObjectStore, path: str, table: pa.Table, meta: FileMetadata) -> FileEntry:
-    """Write ``table`` to ``path`` with ``meta`` in its footer; return its catalog entry."""
-    return entry_of(write_file(store, path, table, meta), meta)
+def write_parquet(store: ObjectStore, path: str, table: pa.Table, meta: FileMetadata,
+                  row_groups: Sequence[int] | None = None) -> FileEntry:
+    """Write ``table`` to ``path`` with ``meta`` in its footer (``row_groups``: their sizes, see
+    ``supertable.write_file``); return its catalog entry."""
+    return entry_of(write_file(store, path, table, meta, row_groups), meta)
 
 
 @dataclass(frozen=True)
@@ -120,8 +123,11 @@ def read_parts(
     as_of: int,
     keys: Sequence[int] | None = None,
     columns: Sequence[str] | None = None,
+    current: bool = False,
 ) -> tuple[pa.Table, pa.Table]:
-    """(the snapshot's rows, the versions after it and below ``as_of``), both possibly empty."""
+    """(the snapshot's rows, the versions after it and below ``as_of``), both possibly empty.
+    ``current`` (a closed read, ``is_closed_read``): a point lookup may skip the row groups
+    holding no row current as of ``as_of`` (their rows are older versions than the newest)."""
     schema = supertable_schema(supercolumns)
     wanted = list(columns) if columns is not None else schema.names
     for reserved in (LT, DELETED, KEY):
@@ -131,8 +137,10 @@ def read_parts(
     base, changes = empty, empty
     if keys is not None and len(set(keys)) == 1:  # a point lookup: cached footers, bisected row groups
         (key,) = set(keys)
-        base = read_key(store, selection.snapshot, schema, wanted, key, None, as_of)
-        changes = read_key(store, selection.versions, schema, wanted, key, selection.snapshot_as_of, as_of)
+        current_at = as_of if current else None
+        base = read_key(store, selection.snapshot, schema, wanted, key, None, as_of, current_at)
+        changes = read_key(store, selection.versions, schema, wanted, key, selection.snapshot_as_of, as_of,
+                           current_at)
         return base, changes
     key_filter = ds.field(KEY).isin(pa.array(sorted(set(keys)), pa.int64())) if keys is not None else None
     if selection.snapshot:
@@ -161,9 +169,10 @@ def live_rows(
 ) -> pa.Table:
     """The live rows of a supertable as of ``as_of``: synthetic_key, logical_timestamp and supercolumns."""
     selection = select_files(state, table_uuid, as_of, keys)
-    if is_closed_read(store, selection) and not (keys is not None and len(set(keys)) == 1):
+    closed = is_closed_read(store, selection)
+    if closed and not (keys is not None and len(set(keys)) == 1):
         return read_closed(store, selection, supercolumns, as_of, keys, columns)
-    base, changes = read_parts(store, selection, supercolumns, as_of, keys, columns)
+    base, changes = read_parts(store, selection, supercolumns, as_of, keys, columns, current=closed)
     return overlay(base, changes)
 
 
@@ -174,15 +183,23 @@ def is_closed_read(store: ObjectStore, selection: FileSelection) -> bool:
         SUPERSEDED in footer(store, f.path).columns for f in selection.snapshot + selection.versions)
 
 
-#: a version file with more than this share of its t range at or after as_of is filtered while scanned
-LATE_SHARE = 0.25
-
-
-def _share_at_or_after(f: FileEntry, as_of: int) -> float:
-    """The share of ``f``'s timestamp range at or after ``as_of`` (its rows are not read at T)."""
-    if f.min_t is None or f.max_t is None:
-        return 0.0
-    return max(0, f.max_t - as_of + 1) / (f.max_t - f.min_t + 1)
+def closed_row_groups(store: ObjectStore, selection: FileSelection, as_of: int,
+                      keys: Sequence[int] | None = None) -> list[tuple[FileEntry, list[int]]]:
+    """The row groups of a closed read (``is_closed_read``) that may hold a row current as of
+    ``as_of`` (and one of ``keys``), by their statistics (cached footers): the others are not read.
+    Correct for any row order; ``supertable.closed_layout`` makes it skip nearly every row group
+    not in the answer."""
+    low, high = (min(keys), max(keys)) if keys else (None, None)
+    chosen = []
+    for f in selection.snapshot + selection.versions:
+        cached = footer(store, f.path)
+        groups = cached.row_groups_current(as_of)
+        if low is not None and high is not None:
+            groups = [rg for rg in groups if cached.key_ranges[rg] is None
+                      or (cached.key_ranges[rg][0] <= high and low <= cached.key_ranges[rg][1])]
+        if groups:
+            chosen.append((f, groups))
+    return chosen
 
 
 def read_closed(
@@ -195,27 +212,29 @@ def read_closed(
 ) -> pa.Table:
     """The live rows as of ``as_of`` of a closed interval (``is_closed_read``), in key order: the
     snapshot's and the versions' rows not superseded below ``as_of`` (keys are unique across both,
-    so no join). One scan of every file (snapshot rows are all below ``as_of``, and the marked
-    version files hold no t below the snapshot), then the mask and the key order are computed on
-    the four integer columns and the rows gathered by a single take."""
+    so no join). Only the row groups ``closed_row_groups`` keeps are read, then the mask and the
+    key order are computed on the integer columns and the rows gathered by a single take."""
     schema = supertable_schema(supercolumns)
     wanted = list(columns) if columns is not None else schema.names
     for reserved in (LT, DELETED, KEY):
         if reserved not in wanted:
             wanted.insert(0, reserved)
-    key_filter = ds.field(KEY).isin(pa.array(sorted(set(keys)), pa.int64())) if keys is not None else None
     marked = schema.append(pa.field(SUPERSEDED, pa.int64()))
-    # a version file mostly at or after as_of (a T early in the interval) drops those rows while
-    # scanning; elsewhere the mask below is cheaper than the scan's filter
-    late = tuple(f for f in selection.versions if _share_at_or_after(f, as_of) > LATE_SHARE)
-    groups = [(selection.snapshot + tuple(f for f in selection.versions if f not in late), key_filter),
-              (late, ds.field(LT) < as_of if key_filter is None else key_filter & (ds.field(LT) < as_of))]
-    parts = [dataset_of(store, files, marked).to_table(columns=[*wanted, SUPERSEDED], filter=where)
-             for files, where in groups if files]
-    rows = pa.concat_tables(parts) if len(parts) > 1 else parts[0]
+    chosen = closed_row_groups(store, selection, as_of, keys)
+    if not chosen:
+        return schema.empty_table().select(wanted)
+    fs, _ = store.arrow_filesystem()
+    parquet = ds.ParquetFileFormat()
+    fragments = [parquet.make_fragment(store.full_path(f.path), filesystem=fs, row_groups=groups)
+                 for f, groups in chosen]
+    key_filter = ds.field(KEY).isin(pa.array(sorted(set(keys)), pa.int64())) if keys is not None else None
+    rows = ds.FileSystemDataset(fragments, marked, parquet, fs).to_table(columns=[*wanted, SUPERSEDED],
+                                                                          filter=key_filter)
+    # one chunk per column first: gathering from a row group's worth of chunks costs twice as much
+    rows = rows.combine_chunks()
     superseded = rows.column(SUPERSEDED)
     current = pc.and_(pc.and_(pc.invert(rows.column(DELETED)), pc.less(rows.column(LT), as_of)),
                       pc.or_kleene(pc.is_null(superseded), pc.greater_equal(superseded, as_of)))
-    chosen = pc.indices_nonzero(current)
-    in_key_order = pc.take(chosen, pc.sort_indices(pc.take(rows.column(KEY), chosen)))
+    chosen_rows = pc.indices_nonzero(current)
+    in_key_order = pc.take(chosen_rows, pc.sort_indices(pc.take(rows.column(KEY), chosen_rows)))
     return rows.select(wanted).take(in_key_order)

@@ -37,6 +37,8 @@ class FileEntry:
     snapshot_as_of: int | None = None
     #: the file's rows carry ``superseded_at`` for the closed interval ending at this snapshot t
     closed_until: int | None = None
+    #: the row order of a closed file (``supertable.CLOSED_LAYOUT``; None: key-sorted whole)
+    closed_layout: int | None = None
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -52,6 +54,7 @@ class FileEntry:
             "segments": list(self.segments),
             "snapshot_as_of": self.snapshot_as_of,
             **({"closed_until": self.closed_until} if self.closed_until is not None else {}),
+            **({"closed_layout": self.closed_layout} if self.closed_layout is not None else {}),
         }
 
     @staticmethod
@@ -69,6 +72,7 @@ class FileEntry:
             segments=tuple(obj.get("segments", ())),
             snapshot_as_of=obj.get("snapshot_as_of"),
             closed_until=obj.get("closed_until"),
+            closed_layout=obj.get("closed_layout"),
         )
 
 

@@ -474,6 +474,7 @@ def _entry_from_footer(path: str, meta: FileMetadata, footer: pq.FileMetaData, s
         segments=meta.segments,
         snapshot_as_of=meta.snapshot_as_of,
         closed_until=meta.closed_until,
+        closed_layout=meta.closed_layout,
     )
 
 

@@ -53,10 +53,12 @@ from history_pipeline.execution import map_tasks, open_executor_store, store_for
 from history_pipeline.io.store import ObjectStore, now
 from history_pipeline.schema import Supercolumn, replay_schema_history
 from history_pipeline.supertable import (
+    CLOSED_LAYOUT,
     KEY,
     METADATA_KEY,
     SUPERSEDED,
     FileMetadata,
+    closed_layout,
     new_file_path,
     read_file_metadata,
     supertable_schema,
@@ -173,9 +175,13 @@ def erase_file_task(task: EraseTask) -> EraseOutcome:
                             None if entry.max_t is None else entry.max_t + 1, segments=entry.segments,
                             snapshot_as_of=entry.snapshot_as_of)
     meta = replace(meta, txn_id=task.txn_hint, replaces=(entry.path,),
-                   closed_until=meta.closed_until if marked else None)
+                   closed_until=meta.closed_until if marked else None,
+                   closed_layout=CLOSED_LAYOUT if marked and meta.closed_until is not None else None)
     path = new_file_path(task.database, task.table_uuid, entry.kind, task.txn_hint)
-    return EraseOutcome(entry.path, write_parquet(objects, path, rest, meta), hits)
+    row_groups = None
+    if marked and meta.closed_until is not None:  # the kept rows in the closed layout again
+        rest, row_groups = closed_layout(rest, entry.snapshot_as_of)
+    return EraseOutcome(entry.path, write_parquet(objects, path, rest, meta, row_groups), hits)
 
 
 class _Replan(Exception):

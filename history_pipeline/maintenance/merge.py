@@ -20,10 +20,12 @@ from history_pipeline.execution import map_tasks, open_executor_store, store_for
 from history_pipeline.io.store import now
 from history_pipeline.schema import Supercolumn, replay_schema_history
 from history_pipeline.supertable import (
+    CLOSED_LAYOUT,
     KEY,
     LT,
     SUPERSEDED,
     FileMetadata,
+    closed_layout,
     new_file_path,
     read_file_metadata,
     supertable_schema,
@@ -94,9 +96,12 @@ def merge_table_task(task: MergeTask) -> tuple[FileEntry, ...]:
             replaces=replaces,
             earliest=max(purges, default=None),
             closed_until=closed,
+            closed_layout=CLOSED_LAYOUT if closed is not None else None,
         )
         path = new_file_path(task.database, task.table_uuid, FileKind.VERSIONS, task.txn_hint)
-        entries.append(write_parquet(store, path, part, meta))
+        # a marked part keeps the closed layout (its row groups skippable by time, see snapshots.py)
+        part, row_groups = closed_layout(part, None) if closed is not None else (part, None)
+        entries.append(write_parquet(store, path, part, meta, row_groups))
     return tuple(entries)
 
 

@@ -32,10 +32,12 @@ from history_pipeline.io.store import ObjectStore, now
 from history_pipeline.maintenance.snapshot_pieces import PIECE_ROWS, write_snapshots
 from history_pipeline.schema import replay_schema_history
 from history_pipeline.supertable import (
+    CLOSED_LAYOUT,
     KEY,
     LT,
     SUPERSEDED,
     FileMetadata,
+    closed_layout,
     new_file_path,
     read_file_metadata,
 )
@@ -127,7 +129,8 @@ class Interval:
 
     @property
     def unmarked(self) -> tuple[FileEntry, ...]:
-        return tuple(f for f in self.files if f.closed_until != self.upper)
+        """Files not marked for this interval, or marked in an older row order (laid out again)."""
+        return tuple(f for f in self.files if f.closed_until != self.upper or f.closed_layout != CLOSED_LAYOUT)
 
 
 def closed_intervals(state: CatalogState, table_uuid: str) -> list[Interval]:
@@ -182,8 +185,8 @@ def superseded_at(store: ObjectStore, files: Sequence[FileEntry]) -> pa.Table:
 def mark_file(store: ObjectStore, database: str, entry: FileEntry, superseded: pa.Table, upper: int,
               txn_hint: int) -> FileEntry:
     """Rewrite one file of a closed interval with its ``superseded_at`` column (``superseded`` holds
-    this file's rows in (key, t) order) and the ``closed_until`` mark; every other column and
-    footer field is kept."""
+    this file's rows in (key, t) order) and the ``closed_until`` mark, its rows in the closed
+    layout (``supertable.closed_layout``); every other column and footer field is kept."""
     fs, _ = store.arrow_filesystem()
     table = pq.read_table(store.full_path(entry.path), filesystem=fs)
     if SUPERSEDED in table.column_names:
@@ -197,9 +200,10 @@ def mark_file(store: ObjectStore, database: str, entry: FileEntry, superseded: p
         meta = FileMetadata(database, entry.table_uuid, entry.kind, txn_hint, entry.min_t,
                             None if entry.max_t is None else entry.max_t + 1, segments=entry.segments,
                             snapshot_as_of=entry.snapshot_as_of)
-    meta = replace(meta, txn_id=txn_hint, replaces=(entry.path,), closed_until=upper)
+    meta = replace(meta, txn_id=txn_hint, replaces=(entry.path,), closed_until=upper, closed_layout=CLOSED_LAYOUT)
     path = new_file_path(database, entry.table_uuid or "", entry.kind, txn_hint)
-    return write_parquet(store, path, table, meta)
+    table, row_groups = closed_layout(table, entry.snapshot_as_of)
+    return write_parquet(store, path, table, meta, row_groups)
 
 
 #: intervals marked per call and table, newest first: a store written before closed intervals

@@ -35,6 +35,13 @@ RESERVED = (KEY, DELETED, LT)
 #: of the row's key below S' (NULL: none), so a read as of T in [S, S') is a filter, no join
 SUPERSEDED = "superseded_at"
 ROW_GROUP_ROWS = 16_384
+#: the row order of a closed interval's files (``closed_layout``), named in their footer and catalog
+#: entry; files marked before it (no layout named: key-sorted whole) are laid out again when their
+#: interval is next closed
+CLOSED_LAYOUT = 2
+#: row groups of a closed file's time-ordered rows are cut into about this many buckets per class:
+#: a read as of T wastes about half a bucket per class, a key lookup looks at one row group per bucket
+CLOSED_BUCKETS = 8
 METADATA_KEY = b"history_pipeline"
 
 
@@ -101,6 +108,8 @@ class FileMetadata:
     attempt: str | None = None  # one compaction attempt's id: rebuild adopts the files of one attempt only
     #: S' when every row's ``superseded_at`` is its key's next version below S' (a closed interval)
     closed_until: int | None = None
+    #: the row order of a closed file (``CLOSED_LAYOUT``; None: key-sorted, as marked before it)
+    closed_layout: int | None = None
 
     def to_bytes(self) -> bytes:
         return json.dumps(
@@ -118,6 +127,7 @@ class FileMetadata:
                 "earliest": self.earliest,
                 "attempt": self.attempt,
                 **({"closed_until": self.closed_until} if self.closed_until is not None else {}),
+                **({"closed_layout": self.closed_layout} if self.closed_layout is not None else {}),
             }
         ).encode()
 
@@ -138,6 +148,7 @@ class FileMetadata:
             earliest=obj.get("earliest"),
             attempt=obj.get("attempt"),
             closed_until=obj.get("closed_until"),
+            closed_layout=obj.get("closed_layout"),
         )
 
 
@@ -183,8 +194,10 @@ class WrittenFile:
 
 #: columns written with DELTA_BINARY_PACKED instead of a dictionary: in a file sorted by (key, t)
 #: the keys ascend (deltas of a few bits, where a dictionary stores every distinct key once more)
-#: and a key's timestamps ascend; see docs/DECISIONS.md (storage)
-DELTA_COLUMNS = (KEY, LT)
+#: and a key's timestamps ascend; see docs/DECISIONS.md (storage). ``superseded_at`` too: a
+#: closed file's first row group (the sample deciding dictionaries) may hold only NULLs, and a
+#: dictionary of the later row groups' nearly distinct times cost more than the column itself
+DELTA_COLUMNS = (KEY, LT, SUPERSEDED)
 #: a column gets a dictionary when its first row group holds at most this share of distinct values;
 #: above it, indices plus a dictionary of nearly every value cost more than zstd over plain values
 DICTIONARY_MAX_DISTINCT = 0.1
@@ -244,18 +257,85 @@ def _leaf_paths(name: str, type_: pa.DataType) -> list[str]:
     return [name]
 
 
-def parquet_bytes(table: pa.Table) -> bytes:
-    """``table`` as a supertable Parquet file (``writer_options``), schema metadata kept."""
+def parquet_bytes(table: pa.Table, row_groups: Sequence[int] | None = None) -> bytes:
+    """``table`` as a supertable Parquet file (``writer_options``), schema metadata kept; with
+    ``row_groups``, exactly row groups of those sizes (they sum to the table's rows)."""
     buffer = io.BytesIO()
-    pq.write_table(table, buffer, **writer_options(table))
+    options = writer_options(table)
+    if row_groups is None:
+        pq.write_table(table, buffer, **options)
+        return buffer.getvalue()
+    if sum(row_groups) != table.num_rows:
+        raise ValueError(f"row groups of {sum(row_groups)} rows for a table of {table.num_rows}")
+    options.pop("row_group_size")
+    with pq.ParquetWriter(buffer, table.schema, **options) as writer:
+        offset = 0
+        for rows in row_groups:
+            writer.write_table(table.slice(offset, rows), row_group_size=max(rows, 1))
+            offset += rows
     return buffer.getvalue()
 
 
-def write_file(store: ObjectStore, path: str, table: pa.Table, meta: FileMetadata) -> WrittenFile:
-    """Write ``table`` to ``path`` with ``meta`` in its footer; return its statistics."""
+def closed_layout(table: pa.Table, lower: int | None, row_group_rows: int | None = None,
+                  buckets: int | None = None) -> tuple[pa.Table, tuple[int, ...]]:
+    """The rows of a closed interval's file (holding ``superseded_at``) ordered so that a read as
+    of any T in the interval skips the row groups holding no row current at T, and their row
+    group sizes.
+
+    A row is current at T when ``t < T`` and (``superseded_at`` is NULL or ``>= T``). Two classes:
+    rows never superseded in the interval, ordered by ``max(t, lower)`` (``lower``: the snapshot's
+    t for a snapshot file, whose rows are then all one key-sorted run, current at every T), and
+    superseded rows, ordered by ``superseded_at``. Each class is cut into about ``buckets`` buckets
+    of whole row groups, and each bucket is key-sorted, so a row group's statistics bound its
+    rows' t (or ``superseded_at``) and its keys: a read as of T skips row groups with ``min(t) >= T``
+    or ``max(superseded_at) < T``, a key lookup reads one row group per bucket at most."""
+    row_group_rows = row_group_rows or ROW_GROUP_ROWS
+    buckets = buckets or CLOSED_BUCKETS
+    n = table.num_rows
+    if n == 0:
+        return table, ()
+    t, superseded = table.column(LT), table.column(SUPERSEDED)
+    is_open = pc.is_null(superseded)
+    start = t if lower is None else pc.max_element_wise(t, pa.scalar(lower, pa.int64()))
+    order_by = pc.if_else(is_open, start, superseded)
+    klass = pc.cast(pc.invert(is_open), pa.int8())  # 0: never superseded here, 1: superseded
+    ranked = pa.table({"c": klass, "v": order_by, "k": table.column(KEY), "t": t})
+    first = pc.sort_indices(ranked, sort_keys=[("c", "ascending"), ("v", "ascending"), ("k", "ascending"),
+                                               ("t", "ascending")])
+    opened = n - (pc.sum(klass).as_py() or 0)
+    sizes = [opened, n - opened]
+    widths = [row_group_rows * max(1, -(-size // (row_group_rows * buckets))) for size in sizes]
+    # rank within the class (positions in ``first``), then its bucket: rows of equal value may fall
+    # into two buckets, which costs nothing (a bucket's bounds come from its rows)
+    position = pc.subtract(pc.cumulative_sum(pa.repeat(pa.scalar(1, pa.int64()), n)), 1)
+    in_class = pc.if_else(pc.less(position, opened), position, pc.subtract(position, opened))
+    width = pc.if_else(pc.less(position, opened), widths[0], widths[1])
+    bucket = pc.divide(in_class, width)  # integer division
+    ordered = pa.table({"c": pc.take(klass, first), "b": bucket, "k": pc.take(table.column(KEY), first),
+                        "t": pc.take(t, first)})
+    second = pc.sort_indices(ordered, sort_keys=[("c", "ascending"), ("b", "ascending"), ("k", "ascending"),
+                                                 ("t", "ascending")])
+    rows = table.take(pc.take(first, second))
+    groups: list[int] = []
+    for size, w in zip(sizes, widths, strict=True):
+        for begin in range(0, size, w):
+            groups += _even_parts(min(w, size - begin), row_group_rows)
+    return rows, tuple(groups)
+
+
+def _even_parts(rows: int, most: int) -> list[int]:
+    """``rows`` cut into the fewest parts of at most ``most`` rows, of nearly equal sizes."""
+    parts = -(-rows // most)
+    return [rows // parts + (1 if i < rows % parts else 0) for i in range(parts)]
+
+
+def write_file(store: ObjectStore, path: str, table: pa.Table, meta: FileMetadata,
+               row_groups: Sequence[int] | None = None) -> WrittenFile:
+    """Write ``table`` to ``path`` with ``meta`` in its footer (with ``row_groups``: row groups of
+    exactly those sizes); return its statistics."""
     schema = table.schema.with_metadata({**(table.schema.metadata or {}), METADATA_KEY: meta.to_bytes()})
     table = table.replace_schema_metadata(schema.metadata)
-    data = parquet_bytes(table)
+    data = parquet_bytes(table, row_groups)
     store.put(path, data)
     return WrittenFile(
         path=path,

@@ -7,6 +7,7 @@ and this layer never imports the catalog.
 
 from __future__ import annotations
 
+import bisect
 import os
 from collections import OrderedDict
 from collections.abc import Iterable, Sequence
@@ -20,7 +21,7 @@ import pyarrow.dataset as ds
 import pyarrow.parquet as pq
 
 from history_pipeline.io.store import ObjectStore
-from history_pipeline.supertable import DELETED, KEY, LT
+from history_pipeline.supertable import DELETED, KEY, LT, SUPERSEDED
 
 
 class StoredFile(Protocol):
@@ -44,15 +45,42 @@ def dataset_of(store: ObjectStore, files: Iterable[StoredFile], schema: pa.Schem
 
 
 @dataclass(frozen=True)
+class RowGroupTimes:
+    """What a row group's statistics say of its rows' times (None: not known)."""
+
+    min_t: int | None
+    #: of ``superseded_at`` (files of a closed interval): the largest value and the NULL count
+    max_superseded: int | None
+    superseded_nulls: int | None
+
+    def may_be_current(self, as_of: int) -> bool:
+        """Can a row of this group be current as of ``as_of`` (``t < as_of`` and ``superseded_at``
+        NULL or ``>= as_of``)? False only when the statistics rule it out."""
+        if self.min_t is not None and self.min_t >= as_of:
+            return False
+        return not (self.superseded_nulls == 0 and self.max_superseded is not None
+                    and self.max_superseded < as_of)
+
+
+@dataclass(frozen=True)
 class Footer:
-    """What a point lookup needs from a file: its footer, its columns, each row group's key range."""
+    """What a point lookup needs from a file: its footer, its columns, each row group's key range
+    and times."""
 
     meta: pq.FileMetaData
     columns: frozenset[str]
     key_ranges: tuple[tuple[int, int] | None, ...]
+    times: tuple[RowGroupTimes, ...] = ()
+    #: string and binary columns stored with a dictionary: a lookup reads them as dictionaries and
+    #: decodes only the rows it keeps
+    dictionary_strings: frozenset[str] = frozenset()
 
     def row_groups_holding(self, key: int) -> list[int]:
         return [rg for rg, bounds in enumerate(self.key_ranges) if bounds is None or bounds[0] <= key <= bounds[1]]
+
+    def row_groups_current(self, as_of: int) -> list[int]:
+        """The row groups that may hold a row current as of ``as_of`` (see ``RowGroupTimes``)."""
+        return [rg for rg, times in enumerate(self.times) if times.may_be_current(as_of)]
 
 
 _FOOTERS: OrderedDict[tuple[str, str], Footer] = OrderedDict()
@@ -69,15 +97,35 @@ def footer(store: ObjectStore, path: str) -> Footer:
             meta = pq.read_metadata(handle)
         arrow_schema = meta.schema.to_arrow_schema()
         index = arrow_schema.get_field_index(KEY)
+        t_index, s_index = arrow_schema.get_field_index(LT), arrow_schema.get_field_index(SUPERSEDED)
         ranges: list[tuple[int, int] | None] = []
+        times: list[RowGroupTimes] = []
         for rg in range(meta.num_row_groups):
-            stats = meta.row_group(rg).column(index).statistics
+            group = meta.row_group(rg)
+            stats = group.column(index).statistics
             ranges.append((stats.min, stats.max) if stats is not None and stats.has_min_max else None)
-        cached = Footer(meta, frozenset(arrow_schema.names), tuple(ranges))
+            t_stats = group.column(t_index).statistics if t_index >= 0 else None
+            s_stats = group.column(s_index).statistics if s_index >= 0 else None
+            times.append(RowGroupTimes(
+                t_stats.min if t_stats is not None and t_stats.has_min_max else None,
+                s_stats.max if s_stats is not None and s_stats.has_min_max else None,
+                s_stats.null_count if s_stats is not None and s_stats.has_null_count else None))
+        strings = frozenset(
+            field.name for i, field in enumerate(arrow_schema)
+            if meta.num_row_groups and _plain_string(field.type) and meta.row_group(0).num_columns > i
+            and meta.row_group(0).column(i).path_in_schema == field.name
+            and meta.row_group(0).column(i).has_dictionary_page)
+        cached = Footer(meta, frozenset(arrow_schema.names), tuple(ranges), tuple(times), strings)
         _FOOTERS[cache_key] = cached
         if len(_FOOTERS) > _FOOTER_CACHE_SIZE:
             _FOOTERS.popitem(last=False)
     return cached
+
+
+def _plain_string(kind: pa.DataType) -> bool:
+    return (not isinstance(kind, pa.BaseExtensionType)
+            and (pa.types.is_string(kind) or pa.types.is_large_string(kind) or pa.types.is_binary(kind)
+                 or pa.types.is_large_binary(kind)))
 
 
 _READERS: dict[int, ThreadPoolExecutor] = {}
@@ -104,12 +152,18 @@ def read_key(
     key: int,
     lower: int | None,
     upper: int,
+    current_at: int | None = None,
 ) -> pa.Table:
     """Every version of one key with ``lower <= t < upper`` in ``files``, reading only its row groups.
 
     Files whose key range (catalog entry, then each row group's statistics in the cached footer)
-    excludes the key are not opened; the others' row groups are read in parallel, brought to one
-    schema, and filtered once.
+    excludes the key are not opened; the others' row groups are read in parallel, filtered to the
+    key's rows (dictionary-encoded strings decoded for those rows only) and brought to one schema.
+    With ``current_at`` (files of one closed interval holding it), row
+    groups whose statistics say no row is current then are skipped too: the key's newest version
+    below it is kept, older ones may not be. Where several row groups of a file may hold the key
+    (a closed file's time buckets), their key column is read first and only those holding it are
+    read whole.
     """
     target = pa.schema([schema.field(c) for c in wanted])
     reads = []
@@ -117,7 +171,10 @@ def read_key(
         if f.min_key is not None and f.max_key is not None and not f.min_key <= key <= f.max_key:
             continue
         cached = footer(store, f.path)
-        groups = cached.row_groups_holding(key)
+        groups = [rg for rg in cached.row_groups_holding(key) if cached.times[rg].min_t is None
+                  or cached.times[rg].min_t < upper]
+        if current_at is not None and SUPERSEDED in cached.columns:
+            groups = [rg for rg in groups if cached.times[rg].may_be_current(current_at)]
         if groups:
             reads.append((f.path, cached, groups))
     if not reads:
@@ -126,9 +183,26 @@ def read_key(
 
     def read(path: str, cached: Footer, groups: list[int]) -> pa.Table:
         with fs.open_input_file(store.full_path(path)) as handle:
-            table = pq.ParquetFile(handle, metadata=cached.meta).read_row_groups(
-                groups, columns=[c for c in wanted if c in cached.columns], use_threads=False
-            )
+            parquet = pq.ParquetFile(handle, metadata=cached.meta,
+                                     read_dictionary=[c for c in wanted if c in cached.dictionary_strings] or None)
+            if len(groups) > 2:
+                # the candidates' key column alone first (one read), then whole row groups only
+                # where the key is
+                keys = parquet.read_row_groups(groups, columns=[KEY], use_threads=False).column(0)
+                offsets = [0]
+                for rg in groups:
+                    offsets.append(offsets[-1] + cached.meta.row_group(rg).num_rows)
+                hits = pc.indices_nonzero(pc.equal(keys, key)).to_pylist()
+                groups = sorted({groups[bisect.bisect_right(offsets, i) - 1] for i in hits})
+            if not groups:
+                return target.empty_table()
+            table = parquet.read_row_groups(groups, columns=[c for c in wanted if c in cached.columns],
+                                            use_threads=False)
+        # the key's rows first, so that only they are decoded from dictionaries and cast
+        mine = pc.and_(pc.equal(table.column(KEY), key), pc.less(table.column(LT), upper))
+        if lower is not None:
+            mine = pc.and_(mine, pc.greater_equal(table.column(LT), lower))
+        table = table.filter(mine)
         if table.schema.equals(target):
             return table
         # an older file lacks later supercolumns (nulls), or stores a type Arrow reads back differently
@@ -142,11 +216,7 @@ def read_key(
         parts = [read(*reads[0])]
     else:
         parts = list(_readers().map(lambda r: read(*r), reads))
-    table = pa.concat_tables(parts)
-    mask = pc.and_(pc.equal(table.column(KEY), key), pc.less(table.column(LT), upper))
-    if lower is not None:
-        mask = pc.and_(mask, pc.greater_equal(table.column(LT), lower))
-    return table.filter(mask).combine_chunks()
+    return pa.concat_tables(parts).combine_chunks()
 
 
 def keep_latest(candidates: pa.Table, *, include_deleted: bool = False) -> pa.Table:
