@@ -186,3 +186,24 @@ def test_key_parts_are_ranges_of_the_prior_keys_or_modulo_without_them():
     assert key_cuts([entry(10, 50)], parts=1) is None
     assert key_cuts([FileEntry("f", FileKind.VERSIONS, "T", 1, 0, None, None)], parts=4) is None
     assert part_of_keys(np.array([7, -3, 8]), 4, None).tolist() == [3, 1, 0]  # modulo, never negative
+
+
+def test_a_part_reads_only_the_prior_files_whose_key_range_may_hold_its_keys():
+    import pyarrow as pa
+
+    from history_pipeline.catalog.model import FileEntry, FileKind
+    from history_pipeline.compaction.frames import _files_of_keys
+
+    def entry(name, low, high, kind=FileKind.SNAPSHOT):
+        return FileEntry(path=name, kind=kind, table_uuid="T", size_bytes=1, row_count=1,
+                         min_t=1, max_t=1, min_key=low, max_key=high)
+
+    pieces = [entry("p0", 0, 99), entry("p1", 100, 199), entry("p2", 200, 299)]
+    unknown = FileEntry("u", FileKind.VERSIONS, "T", 1, 1, 1, 1)  # no key statistics: always read
+    files = [*pieces, unknown, entry("v", 150, 250, FileKind.VERSIONS)]
+    names = lambda keys: [f.path for f in _files_of_keys(files, keys)]  # noqa: E731
+    assert names(pa.array([120, 130], pa.int64())) == ["p1", "u"]
+    assert names(pa.array([99, 100], pa.int64())) == ["p0", "p1", "u"]  # both edges are inside
+    assert names(pa.array([180, 260], pa.int64())) == ["p1", "p2", "u", "v"]  # by the keys' range
+    assert names(pa.array([1000], pa.int64())) == ["u"]
+    assert names(None) == ["p0", "p1", "p2", "u", "v"]  # the whole table: every file

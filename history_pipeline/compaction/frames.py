@@ -680,6 +680,17 @@ def _decode_values(event: Any, epoch: Epoch, table: TableDescriptor, segment: st
     return given
 
 
+def _files_of_keys(files: Sequence[FileEntry], keys: pa.Array | None) -> list[FileEntry]:
+    """The files whose key range (catalog statistics) may hold one of ``keys`` (all without keys):
+    a snapshot in many pieces is then opened piece by piece only where the part's keys are."""
+    if keys is None or not len(keys):
+        return list(files)
+    bounds = pc.min_max(keys)
+    low, high = bounds["min"].as_py(), bounds["max"].as_py()
+    return [f for f in files
+            if f.min_key is None or f.max_key is None or (f.min_key <= high and f.max_key >= low)]
+
+
 def _prior_batches(
     work: TableWork, store: Any, as_of: int, files: Sequence[tuple[str, int | None]], keys: pa.Array | None = None
 ) -> Iterator[pa.RecordBatch]:
@@ -812,7 +823,8 @@ def _folder(
         rows = pa.Table.from_batches(parts) if parts else _row_schema(after).empty_table()
         if read_prior:
             keys = None if all_keys else pc.unique(pc.drop_null(rows.column("key")).combine_chunks())
-            files = [(f.path, None if f.kind is FileKind.SNAPSHOT else work.snapshot_as_of) for f in work.files]
+            files = [(f.path, None if f.kind is FileKind.SNAPSHOT else work.snapshot_as_of)
+                     for f in _files_of_keys(work.files, keys)]
             prior = [_prior_fold_rows(work, b) for b in _prior_batches(
                 work, open_executor_store(ctx.store_config), ctx.prior_as_of, files, keys)]
             if prior:  # fold sorts by (key, t, line) itself
