@@ -227,6 +227,7 @@ def test_the_driver_routes_a_segment_as_sparks_json_reader_does(tmp_path, spark)
     from history_pipeline.wal.segments import verify_segment
     from history_pipeline_tests.test_compaction import write
     from history_pipeline_tests.test_compaction_frames import BAD_SEGMENTS, FIRST
+    from history_pipeline_tests.test_frame_routing import scan_segment
 
     store = HistoryStore.open(tmp_path, database="db", settings=StoreSettings(compaction_engine="dataframes"))
     second = [*BAD_SEGMENTS["cast fails on two keys (smallest key named)"],
@@ -235,16 +236,16 @@ def test_the_driver_routes_a_segment_as_sparks_json_reader_does(tmp_path, spark)
     write(store, FIRST, second)
     for ref in store.segments(SegmentState.SEALED):
         sealed = verify_segment(ref)
-        scanned = frames.scan_segment(sealed)
+        scanned = scan_segment(sealed)
         assert scanned is not None
         assert scanned == frames.route(spark, frames.parsed_lines(spark, sealed))
         assert scanned[1]  # some rows were routed, beside the schema and close records
 
 
 def test_a_row_event_not_in_the_writers_form_is_routed_by_spark(tmp_path):
-    from history_pipeline.compaction import frames
     from history_pipeline.wal import SegmentState
     from history_pipeline.wal.segments import SealedSegment, SegmentRef
+    from history_pipeline_tests.test_frame_routing import scan_segment
 
 
     path = tmp_path / "00000000000000000001"
@@ -256,7 +257,7 @@ def test_a_row_event_not_in_the_writers_form_is_routed_by_spark(tmp_path):
         body = b'{"op":"close","t":1}\n' + canonical + other
         path.write_bytes(body)
         ref = SegmentRef(1, SegmentState.SEALED, path)
-        scanned = frames.scan_segment(SealedSegment(ref, 1, 3, 3, len(body), len(body)))
+        scanned = scan_segment(SealedSegment(ref, 1, 3, 3, len(body), len(body)))
         assert (scanned is not None) == routed, other
 
 

@@ -105,12 +105,13 @@ def select_files(
     )
     if keys is not None:
         low, high = min(keys, default=0), max(keys, default=-1)
-        chosen = tuple(f for f in chosen if _overlaps(f, low, high))
-        versions = tuple(f for f in versions if _overlaps(f, low, high))
+        chosen = tuple(f for f in chosen if may_hold_keys(f, low, high))
+        versions = tuple(f for f in versions if may_hold_keys(f, low, high))
     return FileSelection(chosen, snapshot_as_of, versions, next_snapshot)
 
 
-def _overlaps(f: FileEntry, low: int, high: int) -> bool:
+def may_hold_keys(f: FileEntry, low: int, high: int) -> bool:
+    """Can ``f`` hold a key in [low, high]? (A file without key statistics may, unless it is empty.)"""
     if f.min_key is None or f.max_key is None:
         return f.row_count > 0
     return f.min_key <= high and low <= f.max_key

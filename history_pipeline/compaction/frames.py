@@ -36,7 +36,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from history_pipeline.catalog.files import select_files, write_parquet
+from history_pipeline.catalog.files import may_hold_keys, select_files, write_parquet
 from history_pipeline.catalog.model import CatalogState, FileEntry, FileKind
 from history_pipeline.compaction.carriers import carrier_type, from_carrier, to_carrier
 from history_pipeline.compaction.fold import GONE, PRIOR, fold
@@ -282,26 +282,10 @@ class _Router:
 
 def verify_and_route(ref: SegmentRef) -> tuple[SealedSegment, Routed | None]:
     """Verify a sealed segment and route it on the driver in the same single read (see
-    ``verify_segment``, ``scan_segment``); the route is None when Spark must route it."""
+    ``verify_segment``); the route is None when Spark must route it."""
     router = _Router()
     sealed = verify_segment(ref, router, ROUTE_BYTES)
     return sealed, router.routed()
-
-
-def scan_segment(segment: SealedSegment) -> tuple[list[tuple[int, bytes]], list[tuple[str, int, int]]] | None:
-    """Route a verified segment on the driver, streaming, without Spark: (the lines that are not
-    row events in the writer's form, per touched table (uuid, rows, max t)), as ``route`` returns;
-    None when the segment is not for this shortcut (then ``route`` decides in Spark)."""
-    router = _Router()
-    with open(segment.ref.path, "rb") as f:
-        offset, line, carry = 0, 1, b""
-        while offset + len(carry) < segment.body_bytes:
-            data = carry + f.read(min(ROUTE_BYTES, segment.body_bytes - offset - len(carry)))
-            end = data.rfind(b"\n") + 1
-            router(data[:end], offset, line)
-            offset, line, carry = offset + end, line + data.count(b"\n", 0, end), data[end:]
-    routed = router.routed()
-    return None if routed is None else (list(routed.records), list(routed.touched))
 
 
 def _read_lines(path: str, rows: RowLines) -> Iterator[pa.RecordBatch]:
@@ -686,9 +670,7 @@ def _files_of_keys(files: Sequence[FileEntry], keys: pa.Array | None) -> list[Fi
     if keys is None or not len(keys):
         return list(files)
     bounds = pc.min_max(keys)
-    low, high = bounds["min"].as_py(), bounds["max"].as_py()
-    return [f for f in files
-            if f.min_key is None or f.max_key is None or (f.min_key <= high and f.max_key >= low)]
+    return [f for f in files if may_hold_keys(f, bounds["min"].as_py(), bounds["max"].as_py())]
 
 
 def _prior_batches(

@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 import pyarrow.dataset as ds
 
-from history_pipeline.catalog.files import select_files, write_parquet
+from history_pipeline.catalog.files import may_hold_keys, select_files, write_parquet
 from history_pipeline.catalog.model import CatalogState, FileEntry, FileKind
 from history_pipeline.execution import map_tasks, open_executor_store, store_for_tasks
 from history_pipeline.schema import Supercolumn
@@ -114,10 +114,8 @@ def plan_pieces(
 
 
 def _overlaps(f: FileEntry, low: int | None, high: int | None) -> bool:
-    """Can ``f`` hold a key in [low, high)? (A file without key statistics may.)"""
-    if f.min_key is None or f.max_key is None:
-        return f.row_count > 0
-    return (high is None or f.min_key < high) and (low is None or f.max_key >= low)
+    """Can ``f`` hold a key in [low, high)? (None: unbounded on that side.)"""
+    return may_hold_keys(f, -(2**63) if low is None else low, 2**63 - 1 if high is None else high - 1)
 
 
 def write_piece(task: PieceTask) -> FileEntry | None:
