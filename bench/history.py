@@ -19,7 +19,7 @@ from history_pipeline.catalog import AddFile, AddSchemaHistory, AdvanceFrontier
 from history_pipeline.catalog.files import write_parquet
 from history_pipeline.catalog.model import FileKind
 from history_pipeline.events import CreateTable, parse_event
-from history_pipeline.schema import SchemaState, apply_schema_change
+from history_pipeline.schema import SchemaState, apply_schema_change, replay_schema_history
 from history_pipeline.supertable import FileMetadata, new_file_path, supertable_schema
 
 TABLE_UUID = "bench-table"
@@ -48,8 +48,8 @@ def build_history(store: HistoryStore, live_rows: int, versions: int, batch: int
     assert isinstance(create, CreateTable)
     schema_state, entries = apply_schema_change(SchemaState(), create)
     supercolumns = schema_state.supercolumns[TABLE_UUID]
-    schema = supertable_schema(supercolumns)
     store.catalog.commit("bench schema", lambda s: [AddSchemaHistory(entries), AdvanceFrontier(1)])
+    schema = supertable_schema(supercolumns)
     rng = random.Random(seed)
     t = 2
     written = 0
@@ -58,36 +58,51 @@ def build_history(store: HistoryStore, live_rows: int, versions: int, batch: int
         n = min(batch, versions - written)
         if written < live_rows:
             keys = list(range(written, min(written + n, live_rows)))
-            n = len(keys)
         else:
             keys = [rng.randrange(live_rows) for _ in range(n)]
             for i in range(0, n, hot_every):
                 keys[i] = HOT_KEY
-        keys.sort()
-        # one timestamp per version; a key updated twice in a batch keeps increasing timestamps
-        lts = list(range(t, t + n))
-        table = pa.table(
-            {
-                "synthetic_key": pa.array(keys, pa.int64()),
-                "is_deleted": pa.array([False] * n),
-                "logical_timestamp": pa.array(lts, pa.int64()),
-                "qty-1": pa.array([rng.randrange(1000) for _ in range(n)], pa.int64()),
-                "price-1": pa.array([rng.random() * 100 for _ in range(n)], pa.float64()),
-                "name-1": pa.array([f"name-{k % 1000}" for k in keys], pa.string()),
-            },
-            schema=schema,
-        )
-        table = table.sort_by([("synthetic_key", "ascending"), ("logical_timestamp", "ascending")])
-        state = store.catalog.latest()
-        meta = FileMetadata(store.database, TABLE_UUID, FileKind.VERSIONS, state.txn_id + 1, t, t + n)
-        path = new_file_path(store.database, TABLE_UUID, FileKind.VERSIONS, state.txn_id + 1)
-        entry = write_parquet(store.objects, path, table, meta)
-        frontier = t + n - 1
-        store.catalog.commit("bench batch", lambda s, e=entry, f=frontier: [AddFile(e), AdvanceFrontier(f)])
+        t = _write_batch(store, keys, t, rng, schema)
         store.refresh_snapshots(spark=False)  # the builder works in-process; no JVM beside the timed reads
-        t += n
-        written += n
+        written += len(keys)
     return History(live_rows, versions, batch, t - 1)
+
+
+def append_open_versions(store: HistoryStore, history: History, n: int, seed: int = 2) -> History:
+    """Commit ``n`` more updates without refreshing snapshots: the open interval a reader sees just
+    before the next snapshot is due (compaction refreshes only once a table's history is long)."""
+    rng = random.Random(seed)
+    schema = supertable_schema(replay_schema_history(store.catalog_state().schema_history).supercolumns[TABLE_UUID])
+    keys = [rng.randrange(history.live_rows) for _ in range(n)]
+    t = _write_batch(store, keys, history.frontier + 1, rng, schema)
+    return History(history.live_rows, history.versions + n, history.batch, t - 1)
+
+
+def _write_batch(store: HistoryStore, keys: list[int], t: int, rng: random.Random, schema: pa.Schema) -> int:
+    """One version file of these keys' updates from timestamp ``t`` on, committed; the next free t."""
+    n = len(keys)
+    keys = sorted(keys)
+    # one timestamp per version; a key updated twice in a batch keeps increasing timestamps
+    lts = list(range(t, t + n))
+    table = pa.table(
+        {
+            "synthetic_key": pa.array(keys, pa.int64()),
+            "is_deleted": pa.array([False] * n),
+            "logical_timestamp": pa.array(lts, pa.int64()),
+            "qty-1": pa.array([rng.randrange(1000) for _ in range(n)], pa.int64()),
+            "price-1": pa.array([rng.random() * 100 for _ in range(n)], pa.float64()),
+            "name-1": pa.array([f"name-{k % 1000}" for k in keys], pa.string()),
+        },
+        schema=schema,
+    )
+    table = table.sort_by([("synthetic_key", "ascending"), ("logical_timestamp", "ascending")])
+    state = store.catalog.latest()
+    meta = FileMetadata(store.database, TABLE_UUID, FileKind.VERSIONS, state.txn_id + 1, t, t + n)
+    path = new_file_path(store.database, TABLE_UUID, FileKind.VERSIONS, state.txn_id + 1)
+    entry = write_parquet(store.objects, path, table, meta)
+    frontier = t + n - 1
+    store.catalog.commit("bench batch", lambda s, e=entry, f=frontier: [AddFile(e), AdvanceFrontier(f)])
+    return t + n
 
 
 def default_segment_events(work: Path, live_rows: int, versions: int, seed: int = 1) -> int:

@@ -33,10 +33,11 @@ from typing import Any
 import duckdb
 import pyarrow.parquet as pq
 
-from bench.history import TABLE_UUID, build_history, default_segment_events
+from bench.history import TABLE_UUID, append_open_versions, build_history, default_segment_events
 from history_pipeline import HistoryStore, StoreSettings
 from history_pipeline.catalog import FileKind
 from history_pipeline.catalog.files import is_closed_read, select_files
+from history_pipeline.maintenance.snapshots import due_tables
 
 RESULTS = Path(__file__).parent / "results"
 
@@ -84,37 +85,18 @@ def bench_load_table(work: Path, live_rows: int, versions: int, batch: int, delt
         segment_events = default_segment_events(work / "segment_size", live_rows, versions)
         delta_bytes = _delta_bytes(work, store, segment_events)
         delta_batch_bytes = _delta_bytes(work, store, batch)  # one MERGE per batch, as before (kept for comparison)
-    context = store.query_context()
     from bench.run import bench_lookups  # the same fetch_row / row_history measure as bench/run.py
 
     lookups = bench_lookups(store, history.frontier + 1, live_rows)
     middle = history.frontier // 2 + batch // 3
     # the same lookups inside a closed interval (the latest T reads the open one, never closed files)
     lookups_middle = bench_lookups(store, middle, live_rows)
-    rows = []
-    for label, as_of in (("latest", history.frontier + 1), ("middle", middle),
-                         ("worst (just before a snapshot)", worst)):
-        answer = context.load_table("bench", as_of)
-        path = work / f"answer_{versions}_{as_of}.parquet"
-        pq.write_table(answer, path, compression="zstd")
-        con = duckdb.connect()
-        # interleaved rounds, so that load from others on a shared machine hits each measure alike
-        ours, streamed, limit = interleaved_medians([
-            lambda t=as_of: context.load_table("bench", t),
-            lambda t=as_of: context.load_table_reader("bench", t).read_all(),
-            lambda c=con, p=path: c.sql(f"SELECT * FROM read_parquet('{p}')").to_arrow_table(),
-        ])
-        con.close()
-        selection = select_files(state, TABLE_UUID, as_of)
-        closed = is_closed_read(store.objects, selection)
-        rows.append({"versions": versions, "live_rows": answer.num_rows, "as_of": label, "t": as_of,
-                     "read": "closed interval (filter)" if closed else "layered (joins)",
-                     "row_groups_read": _row_groups_read(store, selection, as_of) if closed else None,
-                     "lookups": lookups if label == "latest" else lookups_middle if label == "middle" else None,
-                     "ours_s": ours, "reader_s": streamed, "duckdb_answer_file_s": limit, "ratio": ours / limit,
-                     "version_bytes": version_bytes, "snapshot_bytes": snapshot_bytes, "delta_bytes": delta_bytes,
-                     "delta_segment_events": segment_events, "batch": batch,
-                     "delta_batch_bytes": delta_batch_bytes})
+    rows = [dict(_time_load_table(store, work, versions, label, as_of),
+                 lookups=lookups if label == "latest" else lookups_middle if label == "middle" else None,
+                 version_bytes=version_bytes, snapshot_bytes=snapshot_bytes, delta_bytes=delta_bytes,
+                 delta_segment_events=segment_events, batch=batch, delta_batch_bytes=delta_batch_bytes)
+            for label, as_of in (("latest", history.frontier + 1), ("middle", middle),
+                                 ("worst (just before a snapshot)", worst))]
     # a key's versions sit in every batch's file until the maintenance job's merge rewrites the small
     # files key-sorted (then in one or two): row_history measured again after it, on the same history
     from history_pipeline.maintenance.merge import merge
@@ -124,7 +106,37 @@ def bench_load_table(work: Path, live_rows: int, versions: int, batch: int, delt
     rows[0]["lookups_after_merge"]["merge_s"] = merge_s
     rows[0]["lookups_after_merge"]["version_bytes"] = sum(
         f.size_bytes for f in store.catalog_state().files_of(TABLE_UUID, FileKind.VERSIONS))
+    # the open interval at its longest: the versions above the newest snapshot one short of making
+    # the next one due, so the latest T takes the layered read over all of them
+    due_after = max(store.settings.snapshot_min_versions, int(store.settings.snapshot_ratio * live_rows))
+    grown = append_open_versions(store, history, due_after - 1)
+    assert not due_tables(store.catalog_state(), store.settings.snapshot_min_versions, store.settings.snapshot_ratio)
+    rows.append(_time_load_table(store, work, versions, "latest, open interval just before the next snapshot is due "
+                                 f"({due_after - 1:,} versions above it)", grown.frontier + 1))
     return rows
+
+
+def _time_load_table(store: HistoryStore, work: Path, versions: int, label: str, as_of: int) -> dict[str, Any]:
+    """load_table (and its streamed reader) as of ``as_of`` beside DuckDB reading a file holding the answer."""
+    context = store.query_context()
+    answer = context.load_table("bench", as_of)
+    path = work / f"answer_{versions}_{as_of}.parquet"
+    pq.write_table(answer, path, compression="zstd")
+    con = duckdb.connect()
+    # interleaved rounds, so that load from others on a shared machine hits each measure alike
+    ours, streamed, limit = interleaved_medians([
+        lambda t=as_of: context.load_table("bench", t),
+        lambda t=as_of: context.load_table_reader("bench", t).read_all(),
+        lambda c=con, p=path: c.sql(f"SELECT * FROM read_parquet('{p}')").to_arrow_table(),
+    ])
+    con.close()
+    state = store.catalog_state()
+    selection = select_files(state, TABLE_UUID, as_of)
+    closed = is_closed_read(store.objects, selection)
+    return {"versions": versions, "live_rows": answer.num_rows, "as_of": label, "t": as_of,
+            "read": "closed interval (filter)" if closed else "layered (joins)",
+            "row_groups_read": _row_groups_read(store, selection, as_of) if closed else None,
+            "ours_s": ours, "reader_s": streamed, "duckdb_answer_file_s": limit, "ratio": ours / limit}
 
 
 def _row_groups_read(store: HistoryStore, selection: Any, as_of: int) -> str:

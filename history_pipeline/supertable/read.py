@@ -15,6 +15,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Protocol
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.dataset as ds
@@ -257,38 +258,51 @@ def _sorted_by_key_and_t(table: pa.Table) -> bool:
 def overlay(base: pa.Table, changes: pa.Table) -> pa.Table:
     """Snapshot rows overridden by the newest later version of their key (deletes drop the key).
 
-    Works on indices: the changes' keys and timestamps are sorted (not their rows), the snapshot
-    (already one live row per key) is filtered by a set lookup, and the rows are gathered once,
-    in key order. The cost is the live rows plus the changes, not the history.
+    Works on key and timestamp arrays, not rows: the changes are ordered by (key, t) (one pass
+    when they already are, as one version file is), the snapshot's keys and the changes' newest
+    keys are merged by one stable sort (a snapshot row lands just before its key's change, which
+    shadows it), and the rows are gathered once, in key order. The cost is the live rows plus the
+    changes, not the history.
     """
     if changes.num_rows == 0:
         live = base.filter(pc.invert(base.column(DELETED))) if base.num_rows else base
         # a snapshot of several files (pieces by key range) is read in file order
         return live if _in_key_order(live) else live.sort_by([(KEY, "ascending")])
-    order = pc.sort_indices(
-        pa.table({"k": changes.column(KEY), "t": changes.column(LT)}),
-        sort_keys=[("k", "ascending"), ("t", "ascending")],
-    )
-    keys = pc.take(changes.column(KEY), order).combine_chunks()
-    if len(keys) > 1:
-        last = pa.concat_arrays([pc.not_equal(keys.slice(0, len(keys) - 1), keys.slice(1)), pa.array([True])])
-    else:
-        last = pa.array([True])
-    newest = order.filter(last)
-    alive = pc.invert(_contiguous(pc.take(changes.column(DELETED), newest)))
-    newest_alive = _contiguous(newest.filter(alive)).cast(pa.int64())
-    if not base.num_rows:
-        return changes.take(newest_alive)
-    keep = pc.and_(
-        pc.invert(pc.is_in(base.column(KEY), value_set=keys.filter(last))), pc.invert(base.column(DELETED))
-    ).combine_chunks()
-    rows = pa.concat_arrays([
-        _contiguous(pc.indices_nonzero(keep)).cast(pa.int64()),
-        _contiguous(pc.add(newest_alive, pa.scalar(base.num_rows, pa.int64()))),
-    ])
-    combined = pa.concat_tables([base, changes.cast(base.schema)])
-    in_key_order = pc.take(rows, pc.sort_indices(pc.take(combined.column(KEY), rows)))
-    return combined.take(in_key_order)
+    changed_keys = _numpy(changes.column(KEY))
+    order = _by_key_then_t(changed_keys, _numpy(changes.column(LT)))
+    changed_keys = changed_keys[order]
+    last = np.empty(len(changed_keys), dtype=bool)
+    last[:-1] = changed_keys[:-1] != changed_keys[1:]
+    last[-1] = True
+    newest = order[last]
+    in_base = base.num_rows
+    keys = np.concatenate([_numpy(base.column(KEY)), changed_keys[last]]) if in_base else changed_keys[last]
+    deleted = _numpy(changes.column(DELETED))[newest]
+    if in_base:
+        deleted = np.concatenate([_numpy(base.column(DELETED)), deleted])
+    rows = np.concatenate([np.arange(in_base), newest + in_base])
+    merged = np.argsort(keys, kind="stable")
+    merged_keys = keys[merged]
+    keep = ~deleted[merged]
+    keep[:-1] &= merged_keys[:-1] != merged_keys[1:]
+    combined = pa.concat_tables([base, changes.cast(base.schema)]) if in_base else changes
+    return combined.take(pa.array(rows[merged[keep]]))
+
+
+def _by_key_then_t(keys: np.ndarray, times: np.ndarray) -> np.ndarray:
+    """Indices ordering versions by (key, t): a stable sort by key, checked (a key's versions read
+    from several files in t order keep that order), else a sort by both."""
+    if len(keys) < 2:
+        return np.arange(len(keys))
+    order = np.argsort(keys, kind="stable")
+    k, t = keys[order], times[order]
+    if bool(((k[1:] != k[:-1]) | (t[1:] > t[:-1])).all()):
+        return order
+    return np.lexsort((times, keys))
+
+
+def _numpy(values: pa.Array | pa.ChunkedArray) -> np.ndarray:
+    return _contiguous(values).to_numpy(zero_copy_only=False)
 
 
 def _in_key_order(rows: pa.Table) -> bool:

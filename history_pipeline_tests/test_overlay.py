@@ -1,0 +1,72 @@
+"""``overlay``: a snapshot's rows overridden by the newest later version of each key, checked
+against a plain dictionary model on random histories (versions in several files, in any file
+order, deletes and re-inserts, snapshot pieces out of key order)."""
+
+from __future__ import annotations
+
+import random
+
+import pyarrow as pa
+import pytest
+
+from history_pipeline.supertable import DELETED, KEY, LT
+from history_pipeline.supertable.read import overlay
+
+SCHEMA = pa.schema([pa.field(KEY, pa.int64(), nullable=False), pa.field(DELETED, pa.bool_(), nullable=False),
+                    pa.field(LT, pa.int64(), nullable=False), pa.field("v", pa.int64())])
+
+
+def _table(rows: list[tuple[int, bool, int, int | None]]) -> pa.Table:
+    columns = list(zip(*rows, strict=True)) if rows else [[], [], [], []]
+    return pa.table([pa.array(c, f.type) for c, f in zip(columns, SCHEMA, strict=True)], schema=SCHEMA)
+
+
+def _history(seed: int) -> tuple[pa.Table, pa.Table, dict[int, tuple[int, int | None]]]:
+    rng = random.Random(seed)
+    keys = rng.sample(range(-50, 10_000), rng.randrange(0, 300))
+    base_rows = [(k, False, rng.randrange(1, 100), rng.randrange(1000)) for k in keys]
+    model = {k: (t, v) for k, _, t, v in base_rows}
+    files: list[list[tuple[int, bool, int, int | None]]] = []
+    t = 100
+    for _ in range(rng.randrange(0, 5)):  # version files with disjoint, increasing t ranges
+        versions = []
+        for _ in range(rng.randrange(0, 200)):
+            t += 1
+            key = rng.choice(keys) if keys and rng.random() < 0.7 else rng.randrange(-50, 10_000)
+            if rng.random() < 0.15:
+                versions.append((key, True, t, None))
+                model.pop(key, None)
+            else:
+                value = rng.randrange(1000)
+                versions.append((key, False, t, value))
+                model[key] = (t, value)
+        files.append(sorted(versions))  # one file is (key, t) ordered
+    rng.shuffle(files)  # a dataset may hand the files back in any order
+    pieces = [base_rows[i::3] for i in range(3)]
+    rng.shuffle(pieces)
+    base = _table([r for piece in pieces for r in sorted(piece)])
+    changes = _table([r for f in files for r in f])
+    return base, changes, model
+
+
+@pytest.mark.parametrize("seed", range(60))
+def test_overlay_equals_the_model(seed: int) -> None:
+    base, changes, model = _history(seed)
+    got = overlay(base, changes)
+    assert got.column(KEY).to_pylist() == sorted(model)
+    assert list(zip(got.column(LT).to_pylist(), got.column("v").to_pylist(), strict=True)) == \
+        [model[k] for k in sorted(model)]
+    assert not any(got.column(DELETED).to_pylist())
+
+
+def test_overlay_without_a_snapshot_or_without_changes() -> None:
+    base, changes, _ = _history(7)
+    newest: dict[int, tuple[int, bool]] = {}
+    for key, deleted, t in zip(*(changes.column(c).to_pylist() for c in (KEY, DELETED, LT)), strict=True):
+        if key not in newest or t > newest[key][0]:
+            newest[key] = (t, deleted)
+    only_changes = overlay(base.slice(0, 0), changes)
+    assert only_changes.column(KEY).to_pylist() == sorted(k for k, (_, gone) in newest.items() if not gone)
+    assert only_changes.column(LT).to_pylist() == [newest[k][0] for k in only_changes.column(KEY).to_pylist()]
+    only_base = overlay(base, changes.slice(0, 0))
+    assert only_base.column(KEY).to_pylist() == sorted(base.column(KEY).to_pylist())
