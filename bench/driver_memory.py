@@ -232,7 +232,7 @@ def _step(kind: str, store: Any, spark: Any) -> Callable[[], Any]:
         session = spark if kind == "snapshot" else False
 
         def refresh() -> int:
-            close, snapshots.close_intervals = snapshots.close_intervals, lambda handle: 0
+            close, snapshots.close_intervals = snapshots.close_intervals, lambda *_, **__: 0
             try:
                 return store.refresh_snapshots(force=True, spark=session).rows
             finally:

@@ -7,8 +7,10 @@ reader falls back to the layered reconstruction and stays exact."""
 from __future__ import annotations
 
 import random
+from dataclasses import replace
 
 import duckdb
+import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
@@ -96,7 +98,9 @@ def test_every_t_below_the_newest_snapshot_is_a_filter_scan_equal_to_the_model(t
 
 
 def test_marks_survive_merge_erasure_and_rebuild_and_retention_falls_back_where_it_must(tmp_path):
-    store = HistoryStore.open(tmp_path, database="db", settings=SMALL_SNAPSHOTS)
+    # small pieces: snapshots and closed intervals are written over several key ranges, so an
+    # interval has small files for the merge to regroup
+    store = HistoryStore.open(tmp_path, database="db", settings=replace(SMALL_SNAPSHOTS, snapshot_piece_rows=20))
     events = _items_history(store)
     snapshots = _snapshots(store)
     closed_ts = [t for t in range(3, store.frontier + 2) if t < snapshots[-1]]
@@ -104,6 +108,7 @@ def test_marks_survive_merge_erasure_and_rebuild_and_retention_falls_back_where_
     summary = store.merge(small_file_bytes=1 << 30)
     assert summary.files_removed > summary.files_added  # files of one interval were merged, marks kept
     assert all(_closed(store, t) for t in closed_ts)
+    _check_layout(store)
     _check_items(store, events, range(2, store.frontier + 2))
 
     erased = (3, 17, 44)
@@ -301,13 +306,18 @@ def test_the_closed_layout_skips_row_groups_and_equals_the_model_at_every_t(tmp_
 
 
 def test_the_closed_layout_survives_maintenance(tmp_path, tiny_row_groups):
+    # smaller pieces, so that an interval has several small files for the merge (see above)
     store = HistoryStore.open(tmp_path, database="db", settings=SMALL_SNAPSHOTS)
     events = _items_history(store)
     snapshots = _snapshots(store)
     every_t = range(2, store.frontier + 2)
+    _assert_skips_most(*_check_pruning(store, every_t))
 
-    summary = store.merge(small_file_bytes=1 << 30)
-    assert summary.files_removed > summary.files_added
+    # an interval is closed as one file per kind and key range, so the merge leaves marked files
+    # alone here (merging the marked small files of pieces is tested above)
+    marked = {f.path for f in _marked_files(store)}
+    store.merge(small_file_bytes=1 << 30)
+    assert marked <= {f.path for f in _marked_files(store)}
     _check_layout(store)
     _assert_skips_most(*_check_pruning(store, every_t))
     _check_items(store, events, every_t)
@@ -342,7 +352,9 @@ def test_files_closed_in_the_key_sorted_layout_read_right_and_are_laid_out_again
     same filter (statistics prune nothing wrongly in any order), and the next closes lay it out."""
     with monkeypatch.context() as before:
         before.setattr(snapshots_module, "CLOSED_LAYOUT", None)
-        before.setattr(snapshots_module, "closed_layout", lambda table, lower: (table, None))
+        # the layout before: rows in (key, t) order, row groups of the default size
+        before.setattr(snapshots_module, "closed_layout", lambda table, lower: (
+            table.sort_by([("synthetic_key", "ascending"), ("logical_timestamp", "ascending")]), None))
         store = HistoryStore.open(tmp_path, database="db", settings=SMALL_SNAPSHOTS)
         events = _items_history(store)
     old = _marked_files(store)
@@ -374,3 +386,39 @@ def test_the_closed_layout_on_an_s3_root(tmp_path, s3_bucket, s3_options, tiny_r
     picked = [closed[0], closed[len(closed) // 2], closed[-1], store.frontier + 1]
     _check_items(store, events, picked)
     _check_lookups(store, events, picked, keys=range(0, 50, 7))
+
+
+def test_superseded_at_is_each_keys_next_t():
+    rng = random.Random(11)
+    keys = [rng.randrange(20) for _ in range(500)]
+    times = rng.sample(range(10_000), 500)
+    got = snapshots_module.superseded_at(np.array(keys, np.int64), np.array(times, np.int64)).to_pylist()
+    for key, t, superseded in zip(keys, times, got, strict=True):
+        later = [u for k, u in zip(keys, times, strict=True) if k == key and u > t]
+        assert superseded == (min(later) if later else None)
+    assert snapshots_module.superseded_at(np.array([], np.int64), np.array([], np.int64)).to_pylist() == []
+
+
+def test_intervals_are_closed_by_spark_tasks_over_key_ranges_on_s3(tmp_path, s3_bucket, s3_options, spark,
+                                                                    monkeypatch):
+    """Closing on Spark executors, several key ranges per interval, through the S3 endpoint: each
+    range is its own marked file per kind, and every T answers as the model."""
+    store = HistoryStore.open(s3_bucket, database="db", wal_dir=tmp_path / "wal", s3=s3_options,
+                              settings=replace(SMALL_SNAPSHOTS, snapshot_piece_rows=20))
+    with monkeypatch.context() as unclosed:  # the history without its closes, to close them below
+        unclosed.setattr(snapshots_module, "close_intervals", lambda *_, **__: 0)
+        events = _items_history(store)
+    assert not _marked_files(store)
+    assert len(closed_intervals(store.catalog_state(), "T")) > 4  # more than one call's worth
+    replaced = 0
+    while n := close_intervals(store, spark=spark, piece_rows=20):
+        replaced += n
+    assert replaced and closed_intervals(store.catalog_state(), "T") == []
+    by_interval: dict[int, list] = {}
+    for f in _marked_files(store):
+        by_interval.setdefault(f.closed_until, []).append(f)
+    assert any(sum(f.kind is FileKind.VERSIONS for f in files) > 1 for files in by_interval.values())
+    every_t = range(2, store.frontier + 2)
+    assert all(_closed(store, t) for t in every_t if 2 < t < _snapshots(store)[-1])  # at 2 nothing is read
+    _check_items(store, events, every_t)
+    assert store.verify() == []

@@ -104,16 +104,16 @@ def plan_pieces(
     tasks = []
     for i in range(len(bounds) - 1):
         low, high = bounds[i], bounds[i + 1]
-        snapshot = tuple(sorted((f for f in selection.snapshot if _overlaps(f, low, high)),
+        snapshot = tuple(sorted((f for f in selection.snapshot if key_range_overlaps(f, low, high)),
                                 key=lambda f: (f.min_key is None, f.min_key or 0, f.path)))
         tasks.append(PieceTask(
             store_config, database, table_uuid, tuple(supercolumns), as_of, selection.snapshot_as_of, snapshot,
-            tuple(f for f in selection.versions if _overlaps(f, low, high)), low, high, state.txn_id + 1,
+            tuple(f for f in selection.versions if key_range_overlaps(f, low, high)), low, high, state.txn_id + 1,
             always=(i == 0)))
     return tasks
 
 
-def _overlaps(f: FileEntry, low: int | None, high: int | None) -> bool:
+def key_range_overlaps(f: FileEntry, low: int | None, high: int | None) -> bool:
     """Can ``f`` hold a key in [low, high)? (None: unbounded on that side.)"""
     return may_hold_keys(f, -(2**63) if low is None else low, 2**63 - 1 if high is None else high - 1)
 

@@ -19,18 +19,22 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-import duckdb
+import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
-import pyarrow.parquet as pq
+import pyarrow.dataset as ds
 
 from history_pipeline.catalog.files import write_parquet
 from history_pipeline.catalog.handle import DatabaseHandle
 from history_pipeline.catalog.model import AddFile, CatalogState, FileEntry, FileKind, RemoveFile
-from history_pipeline.errors import CatalogError
+from history_pipeline.execution import map_tasks, open_executor_store, store_for_tasks
 from history_pipeline.io.store import ObjectStore, now
-from history_pipeline.maintenance.snapshot_pieces import PIECE_ROWS, write_snapshots
-from history_pipeline.schema import replay_schema_history
+from history_pipeline.maintenance.snapshot_pieces import (
+    PIECE_ROWS,
+    key_cuts_by_rows,
+    key_range_overlaps,
+    write_snapshots,
+)
+from history_pipeline.schema import Supercolumn, replay_schema_history
 from history_pipeline.supertable import (
     CLOSED_LAYOUT,
     KEY,
@@ -40,6 +44,7 @@ from history_pipeline.supertable import (
     closed_layout,
     new_file_path,
     read_file_metadata,
+    supertable_schema,
 )
 from history_pipeline.supertable.read import dataset_of
 
@@ -113,7 +118,7 @@ def refresh_snapshots(store: DatabaseHandle, min_versions: int, ratio: float, fo
                 summary.tables.append(table.table_uuid)
                 summary.rows += sum(e.row_count for e in table.entries)
                 summary.bytes += sum(e.size_bytes for e in table.entries)
-    close_intervals(store)
+    close_intervals(store, spark=spark, piece_rows=piece_rows)
     return summary
 
 
@@ -163,80 +168,142 @@ def closed_intervals(state: CatalogState, table_uuid: str) -> list[Interval]:
     return found
 
 
-def superseded_at(store: ObjectStore, files: Sequence[FileEntry]) -> pa.Table:
-    """(file index, key, t, superseded_at) of every row of ``files``, ordered by file, key, t:
-    the t of the key's next row among all of them (DuckDB's window; NULL when none)."""
-    schema = pa.schema([pa.field(KEY, pa.int64()), pa.field(LT, pa.int64())])
-    parts = []
-    for i, f in enumerate(files):
-        rows = dataset_of(store, [f], schema).to_table(columns=[KEY, LT])
-        parts.append(rows.append_column("f", pa.repeat(pa.scalar(i, pa.int32()), rows.num_rows)))
-    con = duckdb.connect()
-    try:
-        con.register("interval_rows", pa.concat_tables(parts))
-        return con.sql(
-            f"SELECT f, {KEY}, {LT}, lead({LT}) OVER (PARTITION BY {KEY} ORDER BY {LT}) AS {SUPERSEDED} "
-            f"FROM interval_rows ORDER BY f, {KEY}, {LT}"
-        ).to_arrow_table()
-    finally:
-        con.close()
+@dataclass(frozen=True)
+class CloseTask:
+    """One key range ``[low, high)`` (None: unbounded) of one closed interval [lower, upper): its
+    rows in ``files`` (the interval's files that may hold such keys) get ``superseded_at`` and are
+    written back in the closed layout, one file per kind of file they came from."""
+
+    store_config: dict[str, Any]
+    database: str
+    table_uuid: str
+    supercolumns: tuple[Supercolumn, ...]
+    lower: int | None
+    upper: int
+    files: tuple[FileEntry, ...]
+    low: int | None
+    high: int | None
+    txn_hint: int
+    #: write the snapshot's file even when the range holds none of its rows (the first range), so
+    #: that the snapshot point, which bounds the intervals, never leaves the catalog
+    always: bool
 
 
-def mark_file(store: ObjectStore, database: str, entry: FileEntry, superseded: pa.Table, upper: int,
-              txn_hint: int) -> FileEntry:
-    """Rewrite one file of a closed interval with its ``superseded_at`` column (``superseded`` holds
-    this file's rows in (key, t) order) and the ``closed_until`` mark, its rows in the closed
-    layout (``supertable.closed_layout``); every other column and footer field is kept."""
-    fs, _ = store.arrow_filesystem()
-    table = pq.read_table(store.full_path(entry.path), filesystem=fs)
-    if SUPERSEDED in table.column_names:
-        table = table.drop_columns([SUPERSEDED])
-    table = table.sort_by([(KEY, "ascending"), (LT, "ascending")])
-    if not table.column(KEY).equals(superseded.column(KEY)):
-        raise CatalogError(f"{entry.path} no longer holds the rows the catalog lists for it; run verify()")
-    table = table.append_column(pa.field(SUPERSEDED, pa.int64()), superseded.column(SUPERSEDED))
-    meta, _ = read_file_metadata(store, entry.path)
-    if meta is None:
-        meta = FileMetadata(database, entry.table_uuid, entry.kind, txn_hint, entry.min_t,
-                            None if entry.max_t is None else entry.max_t + 1, segments=entry.segments,
-                            snapshot_as_of=entry.snapshot_as_of)
-    meta = replace(meta, txn_id=txn_hint, replaces=(entry.path,), closed_until=upper, closed_layout=CLOSED_LAYOUT)
-    path = new_file_path(database, entry.table_uuid or "", entry.kind, txn_hint)
-    table, row_groups = closed_layout(table, entry.snapshot_as_of)
-    return write_parquet(store, path, table, meta, row_groups)
+def plan_close(state: CatalogState, store_config: dict[str, Any], database: str, interval: Interval,
+               supercolumns: Sequence[Supercolumn], piece_rows: int = PIECE_ROWS) -> list[CloseTask]:
+    """The key ranges closing ``interval``: as many as its rows divided by ``piece_rows`` (at least
+    one), each with only the files that may hold its keys."""
+    rows = sum(f.row_count for f in interval.files)
+    cuts = key_cuts_by_rows(interval.files, max(1, -(-rows // max(1, piece_rows))))
+    bounds = [None, *cuts, None]
+    return [CloseTask(store_config, database, interval.table_uuid, tuple(supercolumns), interval.lower,
+                      interval.upper, tuple(f for f in interval.files if key_range_overlaps(f, low, high)),
+                      low, high, state.txn_id + 1, always=(i == 0))
+            for i, (low, high) in enumerate(zip(bounds, bounds[1:], strict=False))]
+
+
+def superseded_at(keys: np.ndarray, times: np.ndarray) -> pa.Array:
+    """For each row, the t of its key's next row among all of them (NULL when none)."""
+    order = np.lexsort((times, keys))
+    sorted_keys, sorted_times = keys[order], times[order]
+    has_next = np.zeros(len(keys), dtype=bool)
+    has_next[:-1] = sorted_keys[:-1] == sorted_keys[1:]
+    following = np.zeros(len(keys), dtype=np.int64)
+    following[:-1] = sorted_times[1:]
+    values, valid = np.empty_like(following), np.empty_like(has_next)
+    values[order], valid[order] = following, has_next
+    return pa.array(values, pa.int64(), mask=~valid)
+
+
+def close_piece(task: CloseTask) -> tuple[FileEntry, ...]:
+    """Read the task's key range of its interval once, give every row its ``superseded_at``, and
+    write the rows of each kind of file (the snapshot's, the versions') as one marked file in the
+    closed layout, every footer field of the files it replaces kept; returns their entries."""
+    objects = open_executor_store(task.store_config)
+    schema = supertable_schema(task.supercolumns)
+    in_range = None
+    if task.low is not None:
+        in_range = ds.field(KEY) >= task.low
+    if task.high is not None:
+        below = ds.field(KEY) < task.high
+        in_range = below if in_range is None else in_range & below
+    groups: dict[tuple[FileKind, int | None], list[FileEntry]] = {}
+    for f in task.files:
+        groups.setdefault((f.kind, f.snapshot_as_of), []).append(f)
+    parts = [(kind_of, files, dataset_of(objects, files, schema).to_table(filter=in_range))
+             for kind_of, files in sorted(groups.items(), key=lambda g: (g[0][0].value, g[0][1] or 0))]
+    if not parts:
+        return ()
+    superseded = superseded_at(
+        np.concatenate([_numpy(rows.column(KEY)) for _, _, rows in parts]),
+        np.concatenate([_numpy(rows.column(LT)) for _, _, rows in parts]))
+    written, start = [], 0
+    for (kind, snapshot_as_of), files, rows in parts:
+        mine = superseded.slice(start, rows.num_rows)
+        start += rows.num_rows
+        if rows.num_rows == 0 and not (task.always and kind is FileKind.SNAPSHOT):
+            continue
+        meta = _merged_metadata(objects, task, kind, snapshot_as_of, files)
+        table, row_groups = closed_layout(rows.append_column(pa.field(SUPERSEDED, pa.int64()), mine),
+                                          snapshot_as_of)
+        path = new_file_path(task.database, task.table_uuid, kind, task.txn_hint)
+        written.append(write_parquet(objects, path, table, meta, row_groups or None))
+    return tuple(written)
+
+
+def _merged_metadata(objects: ObjectStore, task: CloseTask, kind: FileKind, snapshot_as_of: int | None,
+                     files: Sequence[FileEntry]) -> FileMetadata:
+    """The footer of the file replacing ``files``' rows in the task's range: theirs (the first
+    one's fields; t bounds, segments and retention's purge point over all), marked closed."""
+    metas = [m for m, _ in (read_file_metadata(objects, f.path) for f in files) if m is not None]
+    first = files[0]
+    meta = metas[0] if metas else FileMetadata(
+        task.database, first.table_uuid, kind, task.txn_hint, first.min_t,
+        None if first.max_t is None else first.max_t + 1, snapshot_as_of=snapshot_as_of)
+    lowers = [m.lower for m in metas if m.lower is not None]
+    uppers = [m.upper for m in metas if m.upper is not None]
+    purges = [m.earliest for m in metas if m.earliest is not None]
+    return replace(meta, txn_id=task.txn_hint, replaces=tuple(f.path for f in files),
+                   lower=min(lowers) if lowers else meta.lower, upper=max(uppers) if uppers else meta.upper,
+                   segments=tuple(sorted({s for f in files for s in f.segments})),
+                   earliest=max(purges) if purges else None,
+                   closed_until=task.upper, closed_layout=CLOSED_LAYOUT)
+
+
+def _numpy(values: pa.ChunkedArray) -> np.ndarray:
+    return values.combine_chunks().to_numpy(zero_copy_only=False)
 
 
 #: intervals marked per call and table, newest first: a store written before closed intervals
-#: existed is marked over several snapshot refreshes, not in one long transaction
+#: existed is marked over several snapshot refreshes, not in one long rewrite
 MAX_INTERVALS_PER_CALL = 4
 
 
-def close_intervals(store: DatabaseHandle, max_intervals: int = MAX_INTERVALS_PER_CALL) -> int:
+def close_intervals(store: DatabaseHandle, spark: Any | None = None, max_intervals: int = MAX_INTERVALS_PER_CALL,
+                    piece_rows: int = PIECE_ROWS) -> int:
     """Mark closed intervals' files (see the module docstring), up to ``max_intervals`` per table
-    and newest first, in one transaction that replaces them; returns how many files were
-    rewritten. A file removed meanwhile (a merge, an erasure) leaves the catalog as it was: the
-    next call tries again."""
+    and newest first: each interval is rewritten over key ranges by Spark tasks (in-process
+    without a session), each reading its range once, so no process holds an interval; one
+    transaction replaces all the files. Returns how many files were replaced. A file removed
+    meanwhile (a merge, an erasure) leaves the catalog as it was: the next call tries again."""
     state: CatalogState = store.catalog.latest()
-    txn_hint = state.txn_id + 1
-    replaced: list[tuple[str, FileEntry]] = []
-    for table_uuid in sorted({f.table_uuid for f in state.files.values() if f.table_uuid}):
-        for interval in closed_intervals(state, table_uuid)[::-1][:max_intervals]:
-            unmarked = {f.path for f in interval.unmarked}
-            rows = superseded_at(store.objects, interval.files)
-            index = rows.column("f")
-            for i, f in enumerate(interval.files):
-                if f.path in unmarked:
-                    mine = rows.filter(pc.equal(index, i))
-                    replaced.append((f.path, mark_file(store.objects, store.database, f, mine, interval.upper,
-                                                       txn_hint)))
-    if not replaced:
+    supers = replay_schema_history(state.schema_history).supercolumns
+    intervals = [interval for table_uuid in sorted({f.table_uuid for f in state.files.values() if f.table_uuid})
+                 for interval in closed_intervals(state, table_uuid)[::-1][:max_intervals]]
+    if not intervals:
         return 0
+    config = store_for_tasks(spark, store.objects)
+    tasks = [task for interval in intervals
+             for task in plan_close(state, config, store.database, interval,
+                                    supers.get(interval.table_uuid, ()), piece_rows)]
+    added = [entry for entries in map_tasks(spark, close_piece, tasks) for entry in entries]
+    replaced = sorted({f.path for interval in intervals for f in interval.files})
     removed_at = now()
 
     def build(current: CatalogState) -> list[Any] | None:
-        if any(old not in current.files for old, _ in replaced):
+        if any(old not in current.files for old in replaced):
             return None  # a file went meanwhile: its replacement would resurrect it
-        return [*(RemoveFile(old, removed_at) for old, _ in replaced), *(AddFile(new) for _, new in replaced)]
+        return [*(RemoveFile(old, removed_at) for old in replaced), *(AddFile(new) for new in added)]
 
     committed = store.catalog.commit("close intervals", build)
-    return len(replaced) if all(new.path in committed.files for _, new in replaced) else 0
+    return len(replaced) if all(new.path in committed.files for new in added) else 0
