@@ -74,6 +74,10 @@ class StoreSettings:
     #: rows a snapshot piece reads at most (its key range's snapshot rows and versions since):
     #: a table's snapshot is written as that many pieces, one Spark task each
     snapshot_piece_rows: int = 250_000
+    #: rows a task closing an interval reads at most (``close_intervals``): larger than a snapshot
+    #: piece, since a closed file's time buckets are cut within the file (a smaller file has
+    #: coarser buckets, and a read as of T skips less of it) and closing overlays nothing
+    interval_piece_rows: int = 1_000_000
 
 
 def default_wal_base(root: str | Path) -> Path:
@@ -393,7 +397,8 @@ class HistoryStore:
         settings = self.settings
         due = due_tables(self.catalog.latest(), settings.snapshot_min_versions, settings.snapshot_ratio, force)
         return refresh_snapshots(self, settings.snapshot_min_versions, settings.snapshot_ratio, force,
-                                 spark=self.spark(spark) if due else None, piece_rows=settings.snapshot_piece_rows)
+                                 spark=self.spark(spark) if due else None, piece_rows=settings.snapshot_piece_rows,
+                                 interval_rows=settings.interval_piece_rows)
 
     # --- queries -----------------------------------------------------------------
 

@@ -100,7 +100,8 @@ def test_every_t_below_the_newest_snapshot_is_a_filter_scan_equal_to_the_model(t
 def test_marks_survive_merge_erasure_and_rebuild_and_retention_falls_back_where_it_must(tmp_path):
     # small pieces: snapshots and closed intervals are written over several key ranges, so an
     # interval has small files for the merge to regroup
-    store = HistoryStore.open(tmp_path, database="db", settings=replace(SMALL_SNAPSHOTS, snapshot_piece_rows=20))
+    store = HistoryStore.open(tmp_path, database="db",
+                              settings=replace(SMALL_SNAPSHOTS, snapshot_piece_rows=20, interval_piece_rows=20))
     events = _items_history(store)
     snapshots = _snapshots(store)
     closed_ts = [t for t in range(3, store.frontier + 2) if t < snapshots[-1]]
@@ -404,7 +405,7 @@ def test_intervals_are_closed_by_spark_tasks_over_key_ranges_on_s3(tmp_path, s3_
     """Closing on Spark executors, several key ranges per interval, through the S3 endpoint: each
     range is its own marked file per kind, and every T answers as the model."""
     store = HistoryStore.open(s3_bucket, database="db", wal_dir=tmp_path / "wal", s3=s3_options,
-                              settings=replace(SMALL_SNAPSHOTS, snapshot_piece_rows=20))
+                              settings=replace(SMALL_SNAPSHOTS, snapshot_piece_rows=20, interval_piece_rows=20))
     with monkeypatch.context() as unclosed:  # the history without its closes, to close them below
         unclosed.setattr(snapshots_module, "close_intervals", lambda *_, **__: 0)
         events = _items_history(store)

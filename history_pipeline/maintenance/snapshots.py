@@ -48,6 +48,9 @@ from history_pipeline.supertable import (
 )
 from history_pipeline.supertable.read import dataset_of
 
+#: rows a task closing an interval reads at most (see ``StoreSettings.interval_piece_rows``)
+INTERVAL_PIECE_ROWS = 1_000_000
+
 
 @dataclass
 class SnapshotSummary:
@@ -89,7 +92,8 @@ def due_tables(state: CatalogState, min_versions: int, ratio: float, force: bool
 
 
 def refresh_snapshots(store: DatabaseHandle, min_versions: int, ratio: float, force: bool = False,
-                      spark: Any | None = None, piece_rows: int = PIECE_ROWS) -> SnapshotSummary:
+                      spark: Any | None = None, piece_rows: int = PIECE_ROWS,
+                      interval_rows: int = INTERVAL_PIECE_ROWS) -> SnapshotSummary:
     """Write a snapshot as of frontier + 1 for every table whose history since its last one is long.
 
     Each snapshot is written in pieces over key ranges by Spark tasks (in-process without a
@@ -118,7 +122,7 @@ def refresh_snapshots(store: DatabaseHandle, min_versions: int, ratio: float, fo
                 summary.tables.append(table.table_uuid)
                 summary.rows += sum(e.row_count for e in table.entries)
                 summary.bytes += sum(e.size_bytes for e in table.entries)
-    close_intervals(store, spark=spark, piece_rows=piece_rows)
+    close_intervals(store, spark=spark, piece_rows=interval_rows)
     return summary
 
 
@@ -190,7 +194,7 @@ class CloseTask:
 
 
 def plan_close(state: CatalogState, store_config: dict[str, Any], database: str, interval: Interval,
-               supercolumns: Sequence[Supercolumn], piece_rows: int = PIECE_ROWS) -> list[CloseTask]:
+               supercolumns: Sequence[Supercolumn], piece_rows: int) -> list[CloseTask]:
     """The key ranges closing ``interval``: as many as its rows divided by ``piece_rows`` (at least
     one), each with only the files that may hold its keys."""
     rows = sum(f.row_count for f in interval.files)
@@ -280,7 +284,7 @@ MAX_INTERVALS_PER_CALL = 4
 
 
 def close_intervals(store: DatabaseHandle, spark: Any | None = None, max_intervals: int = MAX_INTERVALS_PER_CALL,
-                    piece_rows: int = PIECE_ROWS) -> int:
+                    piece_rows: int = INTERVAL_PIECE_ROWS) -> int:
     """Mark closed intervals' files (see the module docstring), up to ``max_intervals`` per table
     and newest first: each interval is rewritten over key ranges by Spark tasks (in-process
     without a session), each reading its range once, so no process holds an interval; one
