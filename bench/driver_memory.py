@@ -22,8 +22,8 @@ Cases:
 - ``snapshot``: ``refresh_snapshots`` of a table of N live rows with N versions since its last
   snapshot, in pieces on Spark, without the interval close that follows it (measured apart);
 - ``snapshot_in_process``: the same with ``spark=False`` (the piece tasks run in the driver);
-- ``close_intervals``: the interval close that a refresh ends with (issue 13's code, measured here
-  because it runs in the same driver);
+- ``close_intervals``: the interval close that a refresh ends with, on Spark tasks over key ranges
+  (the driver plans from key statistics and commits);
 - ``driver_live_rows``: the previous implementation's read, the table's whole live image read on
   the driver (``catalog.files.live_rows``), for comparison.
 
@@ -239,7 +239,7 @@ def _step(kind: str, store: Any, spark: Any) -> Callable[[], Any]:
                 snapshots.close_intervals = close
         return refresh
     if kind == "close_intervals":
-        return lambda: snapshots.close_intervals(store)
+        return lambda: snapshots.close_intervals(store, spark=spark)
     if kind == "driver_live_rows":
         from bench.compaction_at_scale import TABLE_UUID
         from history_pipeline.catalog.files import live_rows
@@ -351,8 +351,8 @@ def report(size: str, results: list[dict[str, Any]]) -> str:
               "table, int arrays of 32 bytes per row event (line, byte range, key) that tell each task its "
               "lines (`compaction/frames.verify_and_route`); the events' bytes are not kept (before session 6 "
               "the routing read split whole chunks into Python bytes: 88 -> 467 MiB from 100k to 1.6M events);",
-              "- close_intervals: (key, t) of every row of an interval in one DuckDB table, and each file it "
-              "marks read whole (issue 13's code);",
+              "- close_intervals: Spark tasks over key ranges since session 7 (before: (key, t) of every row of "
+              "an interval in one DuckDB table on the driver, and each file it marked read whole);",
               "- driver_live_rows: the snapshot's previous implementation, for comparison."]
     return "\n".join(lines)
 
