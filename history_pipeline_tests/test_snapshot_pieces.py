@@ -20,7 +20,7 @@ from history_pipeline_tests.test_compaction import _split, check_against_model, 
 from history_pipeline_tests.test_query_layers import CREATE, _insert, _load, _update
 
 #: snapshots often, and in pieces of at most 15 rows read: the items history's snapshots are 3-6 pieces
-PIECES = StoreSettings(snapshot_min_versions=6, snapshot_ratio=0.2, snapshot_piece_rows=15)
+PIECES = StoreSettings(snapshot_min_versions=6, snapshot_ratio=0.2, snapshot_piece_rows=15, interval_piece_rows=15)
 ONE_PIECE = StoreSettings(snapshot_min_versions=6, snapshot_ratio=0.2)
 #: pieces as small, but snapshots only when asked (``refresh_snapshots(force=True)``)
 ON_REQUEST = StoreSettings(snapshot_min_versions=10**9, snapshot_piece_rows=15)
@@ -304,3 +304,41 @@ def test_the_dataframe_engine_folds_onto_a_snapshot_in_pieces(tmp_path, spark):
     assert len(points) >= 2 and all(len(files) >= 2 for files in points.values())
     _check_items(store, events, range(2, store.frontier + 2))
     assert store.verify() == []
+
+
+def test_a_piece_walks_its_range_in_steps_and_rolls_over_to_new_files(tmp_path, monkeypatch):
+    """A long history snapshotted by few tasks: each task reads its range in steps of about
+    ``snapshot_piece_rows`` rows and starts a new file once one holds that many live rows, so the
+    files stay small and the tasks' memory follows a step, not the history; the answers are the
+    model's and those of the same history snapshotted in one piece."""
+    from history_pipeline.maintenance import snapshot_pieces
+
+    rng = random.Random(9)
+    batches = [[CREATE] + [_insert(2, k, k) for k in range(60)]]
+    for t in range(3, 12):
+        batches.append([_update(t, k, rng.randint(0, 99)) for k in sorted(rng.sample(range(60), 25))])
+    stepped = HistoryStore.open(tmp_path / "stepped", database="db", settings=ON_REQUEST)
+    whole = HistoryStore.open(tmp_path / "whole", database="db", settings=StoreSettings(snapshot_min_versions=10**9))
+    events = _load(stepped, batches)
+    _load(whole, batches)
+    reads: list[int] = []
+    real_live_in = snapshot_pieces._live_in
+
+    def counted(task, objects, schema, low, high):
+        rows = real_live_in(task, objects, schema, low, high)
+        reads.append(rows.num_rows)
+        return rows
+
+    monkeypatch.setattr(snapshot_pieces, "MAX_PIECE_TASKS", 2)
+    monkeypatch.setattr(snapshot_pieces, "_live_in", counted)
+    tasks = plan_pieces(stepped.catalog_state(), {}, "db", "T", (), stepped.frontier + 1, piece_rows=15)
+    assert len(tasks) == 2  # 60 + 225 rows to read would be 19 pieces of 15
+    assert stepped.refresh_snapshots(force=True, spark=False).tables == ["T"]
+    whole.refresh_snapshots(force=True, spark=False)
+    assert len(reads) > 2 * 2  # several steps per task
+    (point, files), = _points(stepped).items()
+    assert len(files) > 2  # rolled over within a task
+    assert all(f.row_count < 2 * 15 + 15 for f in files)  # at most one step past the limit
+    _assert_disjoint_ranges(files)
+    assert _snapshot_rows(stepped, files).equals(_snapshot_rows(whole, _points(whole)[point]))
+    _check_items(stepped, events, range(2, stepped.frontier + 2))

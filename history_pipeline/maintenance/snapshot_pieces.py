@@ -2,38 +2,45 @@
 
 The driver plans: which files a snapshot as of T reads (``select_files``: the newest snapshot
 below T and the version files since), and where to cut the key range so that each piece reads
-about ``piece_rows`` rows (cuts from the files' key statistics, see :func:`key_cuts_by_rows`).
-Each piece is a task (:func:`write_piece`, run by ``execution.map_tasks`` on Spark executors or
-in-process) that opens the store from configuration, reads only its key range's rows of those
-files (row groups outside the range are skipped by their statistics), overlays them into the
-live image as of T, writes it as one snapshot file through the object-store layer and returns its
-catalog entry. The pieces of one snapshot share ``snapshot_as_of``; every reader takes all files
-of a table with that ``snapshot_as_of`` as the snapshot, so a snapshot of one file and one of
-many answer alike. The driver commits the entries; it never sees a row.
+about ``piece_rows`` rows, in at most ``MAX_PIECE_TASKS`` pieces (cuts from the files' key
+statistics, see :func:`key_cuts_by_rows`). Each piece is a task (:func:`write_piece`, run by
+``execution.map_tasks`` on Spark executors or in-process) that opens the store from configuration
+and walks its key range in steps of about ``piece_rows`` rows read (row groups outside a step are
+skipped by their statistics), overlays each step into the live image as of T and appends it to a
+snapshot file written through the object-store layer (a new file once one holds ``piece_rows``
+live rows), and returns their catalog entries. The pieces of one snapshot share
+``snapshot_as_of``; every reader takes all files of a table with that ``snapshot_as_of`` as the
+snapshot, so a snapshot of one file and one of many answer alike. The driver commits the entries; it never sees a row.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
+import pyarrow as pa
 import pyarrow.dataset as ds
 
-from history_pipeline.catalog.files import may_hold_keys, select_files, write_parquet
+from history_pipeline.catalog.files import entry_of, may_hold_keys, select_files
 from history_pipeline.catalog.model import CatalogState, FileEntry, FileKind
 from history_pipeline.execution import map_tasks, open_executor_store, store_for_tasks
 from history_pipeline.schema import Supercolumn
-from history_pipeline.supertable import KEY, LT, FileMetadata, new_file_path, supertable_schema
+from history_pipeline.supertable import KEY, LT, FileMetadata, new_file_path, supertable_schema, write_file_parts
 from history_pipeline.supertable.read import dataset_of, overlay
 
-#: rows a piece reads at most (snapshot rows plus versions since, in its key range), when keys are
-#: spread as the files' statistics say. A snapshot is due once the versions since the last one
-#: reach the live rows, so a piece of this many rows read holds about half as many live rows; at
-#: the bench's row width (6 columns) a Python worker's peak grew by ~100 MiB for such a piece
-#: (``bench/driver_memory.py``), far inside an executor.
+#: tasks one table's snapshot is written by at most: a first snapshot of a long history reads many
+#: versions, and pieces bounded by the rows they read were many small files (160 at 40M versions,
+#: which every later compaction part then had to open); a task reads its range in steps instead
+MAX_PIECE_TASKS = 16
+
+#: rows a piece's step reads at most (snapshot rows plus versions since, in its key range), when
+#: keys are spread as the files' statistics say, and the live rows a piece file holds at most. A
+#: snapshot is due once the versions since the last one reach the live rows, so a step of this
+#: many rows read holds about half as many live rows; at the bench's row width (6 columns) a
+#: Python worker's peak grew by ~100 MiB for such a step, far inside an executor.
 PIECE_ROWS = 250_000
 
 
@@ -57,6 +64,9 @@ class PieceTask:
     #: write the file even when the range holds no live row (piece 0, so that a table with no
     #: live rows still has a snapshot at ``as_of``)
     always: bool
+    #: rows one step of the task reads at most: the range is read in sub-ranges of about this
+    #: many rows, and a file is closed once it holds this many live rows
+    step_rows: int = PIECE_ROWS
 
 
 def key_cuts_by_rows(files: Sequence[FileEntry], parts: int) -> tuple[int, ...]:
@@ -99,7 +109,7 @@ def plan_pieces(
     selection = select_files(state, table_uuid, as_of)
     files = selection.snapshot + selection.versions
     to_read = sum(f.row_count for f in files)
-    cuts = key_cuts_by_rows(files, max(1, math.ceil(to_read / max(1, piece_rows))))
+    cuts = key_cuts_by_rows(files, min(MAX_PIECE_TASKS, max(1, math.ceil(to_read / max(1, piece_rows)))))
     bounds = [None, *cuts, None]
     tasks = []
     for i in range(len(bounds) - 1):
@@ -109,7 +119,7 @@ def plan_pieces(
         tasks.append(PieceTask(
             store_config, database, table_uuid, tuple(supercolumns), as_of, selection.snapshot_as_of, snapshot,
             tuple(f for f in selection.versions if key_range_overlaps(f, low, high)), low, high, state.txn_id + 1,
-            always=(i == 0)))
+            always=(i == 0), step_rows=piece_rows))
     return tasks
 
 
@@ -118,31 +128,80 @@ def key_range_overlaps(f: FileEntry, low: int | None, high: int | None) -> bool:
     return may_hold_keys(f, -(2**63) if low is None else low, 2**63 - 1 if high is None else high - 1)
 
 
-def write_piece(task: PieceTask) -> FileEntry | None:
-    """Read the piece's key range as of ``task.as_of``, write it as a snapshot file and return its
-    entry (None when the range holds no live row and the piece is not ``always``)."""
+def write_piece(task: PieceTask) -> tuple[FileEntry, ...]:
+    """Write the piece's key range as of ``task.as_of`` as snapshot files and return their entries:
+    the range is read in sub-ranges of about ``step_rows`` rows (in key order), each overlaid and
+    appended to the current file, which is closed once it holds ``step_rows`` live rows. So a task
+    holds one sub-range however many versions its range has; none when the range holds no live
+    row and the piece is not ``always``."""
     objects = open_executor_store(task.store_config)
     schema = supertable_schema(task.supercolumns)
+    steps = _sub_ranges(task)
+    written: list[FileEntry] = []
+    pending: list[pa.Table] = []
+    live = 0
+    for low, high in steps:
+        rows = _live_in(task, objects, schema, low, high)
+        if rows.num_rows:
+            pending.append(rows)
+            live += rows.num_rows
+        if live >= task.step_rows:
+            written.append(_write_snapshot_file(task, objects, schema, pending))
+            pending, live = [], 0
+    if pending or (task.always and not written):
+        written.append(_write_snapshot_file(task, objects, schema, pending))
+    return tuple(written)
+
+
+def _sub_ranges(task: PieceTask) -> list[tuple[int | None, int | None]]:
+    """The task's key range cut where about ``step_rows`` of its files' rows fall between cuts
+    (the files' key spans clipped to the range)."""
+    files = task.snapshot + task.versions
+    clipped = [_clip(f, task.low, task.high) for f in files]
+    rows = sum(f.row_count for f in clipped)
+    cuts = key_cuts_by_rows(clipped, math.ceil(rows / max(1, task.step_rows)))
+    cuts = tuple(c for c in cuts if (task.low is None or c > task.low) and (task.high is None or c < task.high))
+    bounds = [task.low, *cuts, task.high]
+    return list(zip(bounds, bounds[1:], strict=False))
+
+
+def _clip(f: FileEntry, low: int | None, high: int | None) -> FileEntry:
+    """``f`` as if it held only its keys in [low, high), its rows spread evenly over its keys."""
+    if f.min_key is None or f.max_key is None:
+        return f
+    first = f.min_key if low is None else max(f.min_key, low)
+    last = f.max_key if high is None else min(f.max_key, high - 1)
+    if last < first:
+        return replace(f, row_count=0)
+    share = (last - first + 1) / (f.max_key - f.min_key + 1)
+    return replace(f, min_key=first, max_key=last, row_count=math.ceil(f.row_count * share))
+
+
+def _live_in(task: PieceTask, objects: Any, schema: pa.Schema, low: int | None, high: int | None) -> pa.Table:
+    """The live rows as of ``task.as_of`` with a key in [low, high), in key order."""
     in_range = ds.field(LT) < task.as_of
-    if task.low is not None:
-        in_range = in_range & (ds.field(KEY) >= task.low)
-    if task.high is not None:
-        in_range = in_range & (ds.field(KEY) < task.high)
+    if low is not None:
+        in_range = in_range & (ds.field(KEY) >= low)
+    if high is not None:
+        in_range = in_range & (ds.field(KEY) < high)
+    snapshot = tuple(f for f in task.snapshot if key_range_overlaps(f, low, high))
+    versions = tuple(f for f in task.versions if key_range_overlaps(f, low, high))
     base = changes = schema.empty_table()
-    if task.snapshot:
-        base = dataset_of(objects, task.snapshot, schema).to_table(filter=in_range)
-    if task.versions:
+    if snapshot:
+        base = dataset_of(objects, snapshot, schema).to_table(filter=in_range)
+    if versions:
         since = in_range if task.base_as_of is None else in_range & (ds.field(LT) >= task.base_as_of)
-        changes = dataset_of(objects, task.versions, schema).to_table(filter=since)
+        changes = dataset_of(objects, versions, schema).to_table(filter=since)
     # overlay orders the rows by key whenever there are changes; without, the base is in file
     # order, which is key order only if the previous pieces' ranges were this one's
-    rows = overlay(base, changes).select(schema.names).cast(schema).sort_by([(KEY, "ascending")])
-    if rows.num_rows == 0 and not task.always:
-        return None
+    return overlay(base, changes).select(schema.names).cast(schema).sort_by([(KEY, "ascending")])
+
+
+def _write_snapshot_file(task: PieceTask, objects: Any, schema: pa.Schema, parts: list[pa.Table]) -> FileEntry:
     meta = FileMetadata(task.database, task.table_uuid, FileKind.SNAPSHOT, task.txn_hint, None, task.as_of,
                         snapshot_as_of=task.as_of)
     path = new_file_path(task.database, task.table_uuid, FileKind.SNAPSHOT, task.txn_hint)
-    return write_parquet(objects, path, rows, meta)
+    return entry_of(write_file_parts(objects, path, parts, schema, meta), meta)
 
 
 @dataclass(frozen=True)
@@ -173,7 +232,7 @@ def write_snapshots(
     written = iter(map_tasks(spark, write_piece, tasks))
     out = []
     for uuid, pieces in plans:
-        entries = tuple(e for e in (next(written) for _ in pieces) if e is not None)
+        entries = tuple(e for _ in pieces for e in next(written))
         read = tuple(sorted({f.path for task in pieces for f in task.snapshot + task.versions}))
         out.append(TableSnapshot(uuid, entries, read))
     return out

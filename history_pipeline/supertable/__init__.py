@@ -367,3 +367,42 @@ def read_file_metadata(store: ObjectStore, path: str) -> tuple[FileMetadata | No
         footer = pq.ParquetFile(f).metadata
     raw = (footer.metadata or {}).get(METADATA_KEY)
     return (FileMetadata.from_bytes(raw) if raw else None), footer
+
+
+def write_file_parts(store: ObjectStore, path: str, parts: Iterable[pa.Table], schema: pa.Schema,
+                     meta: FileMetadata) -> WrittenFile:
+    """Write ``parts`` (tables of ``schema``, in order) to ``path`` as one supertable file with
+    ``meta`` in its footer, one part at a time: only the compressed file and one part are held.
+    The writer's settings come from the first non-empty part (as ``write_file``'s from its table)."""
+    schema = schema.with_metadata({**(schema.metadata or {}), METADATA_KEY: meta.to_bytes()})
+    buffer = io.BytesIO()
+    writer: pq.ParquetWriter | None = None
+    rows, low_t, high_t, low_key, high_key = 0, None, None, None, None
+    for part in parts:
+        if part.num_rows == 0:
+            continue
+        part = part.replace_schema_metadata(schema.metadata)
+        if writer is None:
+            options = writer_options(part)
+            row_group_rows = options.pop("row_group_size")
+            writer = pq.ParquetWriter(buffer, schema, **options)
+        writer.write_table(part, row_group_size=row_group_rows)
+        rows += part.num_rows
+        low_t, high_t = _least(low_t, _stat(part, LT, "min")), _most(high_t, _stat(part, LT, "max"))
+        low_key, high_key = _least(low_key, _stat(part, KEY, "min")), _most(high_key, _stat(part, KEY, "max"))
+    if writer is None:
+        data = parquet_bytes(schema.empty_table())
+    else:
+        writer.close()
+        data = buffer.getvalue()
+    store.put(path, data)
+    return WrittenFile(path=path, size_bytes=len(data), row_count=rows, min_t=low_t, max_t=high_t,
+                       min_key=low_key, max_key=high_key)
+
+
+def _least(a: int | None, b: int | None) -> int | None:
+    return b if a is None else a if b is None else min(a, b)
+
+
+def _most(a: int | None, b: int | None) -> int | None:
+    return b if a is None else a if b is None else max(a, b)
