@@ -44,7 +44,7 @@ from history_pipeline.query.sandbox import (
     register_schema_history,
     sandbox_cursor,
 )
-from history_pipeline.query.scan import live_sql, live_view
+from history_pipeline.query.scan import COLUMNS_TOKEN, live_sql, live_view
 from history_pipeline.schema import (
     SchemaHistoryEntry,
     TableDescriptor,
@@ -409,7 +409,9 @@ class QueryContext:
         columns = _sql_columns(descriptor, fits)
         changes = None
         if live.changes_sql is not None and live.materialized_sql is not None:
-            changes = (live.changes_sql, live.changes_rows, f"SELECT {columns} FROM ({live.materialized_sql}) live")
+            view = (live.materialized_sql.replace(COLUMNS_TOKEN, columns) if live.kept_tail
+                    else f"SELECT {columns} FROM ({live.materialized_sql}) live")
+            changes = (live.changes_sql, live.changes_bytes, view)
         return _TableView(f"SELECT {columns} FROM ({live.sql}) live", live.datasets, tuple(wide), changes)
 
     def _expose_materialized(self, con: Any, descriptor: TableDescriptor, as_of: int, index: int) -> list[str]:
