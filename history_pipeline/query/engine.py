@@ -44,7 +44,7 @@ from history_pipeline.query.sandbox import (
     register_schema_history,
     sandbox_cursor,
 )
-from history_pipeline.query.scan import COLUMNS_TOKEN, live_sql, live_view
+from history_pipeline.query.scan import COLUMNS_TOKEN, key_versions, live_sql, live_view
 from history_pipeline.schema import (
     SchemaHistoryEntry,
     TableDescriptor,
@@ -203,7 +203,13 @@ class QueryContext:
         supercolumns = self.supercolumns(descriptor.table_uuid)
         files = self.state.files_of(descriptor.table_uuid, FileKind.VERSIONS)
         schema = supertable_schema(supercolumns)
-        table_ = read_key(self.store, files, schema, schema.names, key, None, 2**63 - 1)
+        con = reader_cursor()
+        try:
+            table_ = key_versions(con, self.store, files, schema, key)
+        finally:
+            con.close()
+        if table_ is None:  # an object store, or types DuckDB gives back otherwise
+            table_ = read_key(self.store, files, schema, schema.names, key, None, 2**63 - 1)
         table_ = table_.sort_by([(LT, "ascending")])
         epochs = _descriptor_epochs(self.state.schema_history, descriptor.table_uuid)
         ts = table_.column(LT).to_pylist()

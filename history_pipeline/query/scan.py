@@ -9,6 +9,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.dataset as ds
 
 from history_pipeline.catalog.files import is_closed_read, select_files
@@ -282,3 +283,50 @@ def live_view(
         con.register(registered, dataset)  # type: ignore[attr-defined]
     con.execute(f"CREATE TEMP VIEW {_quote(name)} AS {live.sql}")  # type: ignore[attr-defined]
     return LiveView(name, live.paths)
+
+
+#: per supertable schema: does DuckDB hand its columns back in exactly these Arrow types?
+_EXACT_TYPES: dict[pa.Schema, bool] = {}
+
+
+def key_versions(con: object, store: ObjectStore, files: Sequence[FileEntry], schema: pa.Schema,
+                 key: int) -> pa.Table | None:
+    """Every version of one key in local ``files`` (``schema``'s columns, any order), read by
+    DuckDB: the key filter runs inside the scan, so row groups whose statistics exclude the key are
+    skipped and, in the others, only the key's rows of each column are materialized (pyarrow decodes
+    whole row groups). None when the store is not local or DuckDB's Arrow types differ from
+    ``schema``'s: the caller then reads through ``supertable.read.read_key``."""
+    if not isinstance(store, LocalStore) or _EXACT_TYPES.get(schema) is False:
+        return None
+    chosen = [f for f in files if f.row_count and (f.min_key is None or f.max_key is None
+                                                   or f.min_key <= key <= f.max_key)]
+    footers = [footer(store, f.path) for f in chosen]
+    held = [(f, c) for f, c in zip(chosen, footers, strict=True) if c.row_groups_holding(key)]
+    if not held:
+        return schema.empty_table()
+    types = _duckdb_types(con, schema)
+    present = set().union(*(c.columns for _, c in held))
+    projected = [_quote(c) if c in present else f"CAST(NULL AS {types[c]}) AS {_quote(c)}" for c in schema.names]
+    same = all(c.schema is not None and c.schema.equals(held[0][1].schema) for _, c in held)
+    files_sql = "[" + ", ".join(_literal(store.full_path(f.path)) for f, _ in held) + "]"
+    table = con.sql(  # type: ignore[attr-defined]
+        f"SELECT {', '.join(projected)} FROM read_parquet({files_sql}{'' if same else ', union_by_name = true'}) "
+        f"WHERE {_quote(KEY)} = {int(key)}").to_arrow_table()
+    columns = [_as_type(column, field.type) for column, field in zip(table.columns, schema, strict=True)]
+    exact = all(column is not None for column in columns)
+    _EXACT_TYPES[schema] = exact
+    if len(_EXACT_TYPES) > 1024:
+        _EXACT_TYPES.clear()
+    # the reserved columns are never NULL: the schema's non-nullable fields hold them as read
+    return pa.Table.from_arrays(columns, schema=schema) if exact else None
+
+
+def _as_type(column: pa.ChunkedArray, kind: pa.DataType) -> pa.ChunkedArray | None:
+    """``column`` as ``kind`` when DuckDB gave exactly that type, or a boolean as its lossless
+    ``arrow.bool8`` (one byte a value); None for any other difference."""
+    if column.type == kind:
+        return column
+    if pa.types.is_boolean(kind) and isinstance(column.type, pa.BaseExtensionType) \
+            and column.type.extension_name == "arrow.bool8":
+        return pa.chunked_array([pc.not_equal(chunk.storage, 0) for chunk in column.chunks], kind)
+    return None
