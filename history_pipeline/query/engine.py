@@ -298,7 +298,7 @@ class QueryContext:
         """
         self.check_as_of(as_of)
         _check_read_only(query)
-        con, kept = sandbox_cursor(self._sandbox_key(), self._readable_paths())
+        con, kept = sandbox_cursor(self._sandbox_key(), self._readable_paths)
         try:
             referenced = _referenced_tables(query)
             tables = [

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import threading
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import duckdb
@@ -123,13 +123,16 @@ def query_cursor(key: tuple[str, ...], allowed_paths: Sequence[str] | None) -> d
 
 
 def sandbox_cursor(
-    key: tuple[str, ...], allowed_paths: Sequence[str] | None
+    key: tuple[str, ...], allowed_paths: Sequence[str] | Callable[[], Sequence[str] | None] | None
 ) -> tuple[duckdb.DuckDBPyConnection, SandboxViews]:
-    """``query_cursor``, with the record of the views kept in that cursor's sandbox."""
+    """``query_cursor``, with the record of the views kept in that cursor's sandbox. ``allowed_paths``
+    may be a function giving them, called only when the sandbox is made (listing a state's files
+    costs more than taking a cursor)."""
     with _lock:
         entry = _sandboxes.get(key)
         if entry is None or len(entry[1].schemas) > KEPT_AS_OF:
-            entry = (_new_sandbox(allowed_paths), SandboxViews())
+            paths = allowed_paths() if callable(allowed_paths) else allowed_paths
+            entry = (_new_sandbox(paths), SandboxViews())
             _sandboxes[key] = entry
             while len(_sandboxes) > KEPT:
                 _sandboxes.popitem(last=False)  # its open cursors keep it alive until they close
