@@ -8,6 +8,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+import duckdb
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.dataset as ds
@@ -309,10 +310,13 @@ def key_versions(con: object, store: ObjectStore, files: Sequence[FileEntry], sc
     projected = [_quote(c) if c in present else f"CAST(NULL AS {types[c]}) AS {_quote(c)}" for c in schema.names]
     same = all(c.schema is not None and c.schema.equals(held[0][1].schema) for _, c in held)
     files_sql = "[" + ", ".join(_literal(store.full_path(f.path)) for f, _ in held) + "]"
-    table = con.sql(  # type: ignore[attr-defined]
-        f"SELECT {', '.join(projected)} FROM read_parquet({files_sql}{'' if same else ', union_by_name = true'}) "
-        f"WHERE {_quote(KEY)} = {int(key)}").to_arrow_table()
-    columns = [_as_type(column, field.type) for column, field in zip(table.columns, schema, strict=True)]
+    try:
+        table = con.sql(  # type: ignore[attr-defined]
+            f"SELECT {', '.join(projected)} FROM read_parquet({files_sql}{'' if same else ', union_by_name = true'}) "
+            f"WHERE {_quote(KEY)} = {int(key)}").to_arrow_table()
+        columns = [_as_type(column, field.type) for column, field in zip(table.columns, schema, strict=True)]
+    except duckdb.ConversionException:  # a stored type DuckDB cannot hand to Arrow as such
+        columns = [None]
     exact = all(column is not None for column in columns)
     _EXACT_TYPES[schema] = exact
     if len(_EXACT_TYPES) > 1024:
