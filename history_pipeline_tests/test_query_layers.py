@@ -6,12 +6,13 @@ asserted so that the test fails if the fast path it means to cover is not taken.
 
 from __future__ import annotations
 
+import duckdb
 import pytest
 
 from history_pipeline import HistoryStore, StoreSettings
 from history_pipeline.catalog.model import FileKind
 from history_pipeline.errors import SandboxViolationError
-from history_pipeline.query.scan import select_files, version_layers
+from history_pipeline.query.scan import live_sql, select_files, version_layers
 from history_pipeline_tests.model import BaseDatabase
 from history_pipeline_tests.test_compaction import write
 from history_pipeline_tests.test_read_path import check_sql_against_model
@@ -33,10 +34,10 @@ def _delete(t, key):
     return {"op": "delete", "t": t, "table_uuid": "T", "key": key}
 
 
-def _valid(batches):
+def _valid(batches, alive=None):
     """The batches without the events a real stream could not hold (an update or delete of a key
-    that is not alive, an insert of one that is)."""
-    alive: set[int] = set()
+    that is not alive, an insert of one that is); ``alive``: the keys alive before them (updated)."""
+    alive = set() if alive is None else alive
     out = []
     for batch in batches:
         kept = []
@@ -47,16 +48,16 @@ def _valid(batches):
             elif e["op"] in ("update", "delete") and key in alive:
                 if e["op"] == "delete":
                     alive.discard(key)
-            elif e["op"] != "create_table":
-                continue
+            elif e["op"] in ("insert", "update", "delete"):
+                continue  # schema events pass
             kept.append(e)
         out.append(kept)
     return out
 
 
-def _load(store, batches):
+def _load(store, batches, alive=None):
     events = []
-    for batch in _valid(batches):
+    for batch in _valid(batches, alive):
         write(store, batch)
         store.compact(spark=False)
         events += batch
@@ -132,6 +133,54 @@ def test_snapshot_then_a_head_and_a_tail(tmp_path):
         [_delete(5, 0), _insert(5, 99, 99)],
     ])
     assert _shape(store, store.frontier + 1) == (True, 1, 2)
+    _check(store, events)
+
+
+def _kept_tail(store, as_of):
+    """Does sql() keep the tail's newest rows as a table at ``as_of`` (the small-tail path)?"""
+    context = store.query_context()
+    descriptor = context.resolve("items", as_of)
+    live = live_sql(store.objects, context.state, "T", context.supercolumns("T"), as_of,
+                    [c.supercolumn for c in descriptor.columns], "probe", duckdb.connect())
+    return live.kept_tail
+
+
+@pytest.mark.parametrize("root", ["local", "s3"])
+def test_a_small_tail_is_kept_as_a_table_over_a_head_or_a_snapshot(tmp_path, request, root):
+    """A tail of small version files above a large head (or snapshot) is read from a table of its
+    newest rows per key, the head's and snapshot's files scanned beneath it: every T equals the
+    model, including deletes and re-inserts in the tail, a column added in the tail (files of two
+    schemas), and T inside the tail."""
+    settings = StoreSettings(snapshot_min_versions=10**6)
+    if root == "local":
+        store = HistoryStore.open(tmp_path / "root", database="db", settings=settings)
+    else:
+        store = HistoryStore.open(request.getfixturevalue("s3_bucket"), database="db", wal_dir=tmp_path / "wal",
+                                  s3=request.getfixturevalue("s3_options"), settings=settings)
+    added = {"op": "add_column", "t": 5, "table_uuid": "T",
+             "column": {"column_uuid": "b", "column_name": "b", "data_type": "TEXT"}}
+    alive: set[int] = set()
+    events = _load(store, [
+        [CREATE] + [_insert(2, k, k % 97) for k in range(400)],
+        [_update(3, k, 100 + k) for k in range(0, 400, 37)] + [_delete(3, k) for k in range(5, 400, 53)],
+        [_insert(4, k, 70) for k in range(5, 400, 106)] + [_update(4, 0, 51), _delete(4, 37)],
+        [added, {"op": "update", "t": 6, "table_uuid": "T", "key": 74, "values": {"b": "x", "a": 99}},
+         {"op": "insert", "t": 6, "table_uuid": "T", "key": 1000, "values": {"a": 60, "n": "new", "b": "y"}}],
+    ], alive)
+    assert _shape(store, 3) == (False, 1, 0) and not _kept_tail(store, 3)  # the head alone
+    assert all(_kept_tail(store, t) for t in range(4, store.frontier + 2))
+    _check(store, events)
+    # a snapshot beneath, then a head of one timestamp and a tail of two: the snapshot is scanned
+    # and anti-joined with the head's and the kept tail's keys
+    store.refresh_snapshots(force=True, spark=False)
+    events += _load(store, [[_update(8, k, 55) for k in range(1, 400, 41)] + [_delete(8, 2)],
+                            [_insert(9, 2, 66), _update(9, 1, 77), _update(10, 1, 78), _delete(10, 42)]], alive)
+    assert _shape(store, store.frontier + 1) == (True, 1, 1) and _kept_tail(store, store.frontier + 1)
+    _check(store, events)
+    # a snapshot beneath and no head (the file after it holds two timestamps): tail kept alone
+    store.refresh_snapshots(force=True, spark=False)
+    events += _load(store, [[_update(12, 3, 1), _delete(12, 4), _update(13, 3, 2), _insert(13, 4, 88)]], alive)
+    assert _shape(store, store.frontier + 1) == (True, 0, 1) and _kept_tail(store, store.frontier + 1)
     _check(store, events)
 
 

@@ -44,7 +44,7 @@ from history_pipeline.query.sandbox import (
     register_schema_history,
     sandbox_cursor,
 )
-from history_pipeline.query.scan import live_sql, live_view
+from history_pipeline.query.scan import COLUMNS_TOKEN, key_versions, live_sql, live_view
 from history_pipeline.schema import (
     SchemaHistoryEntry,
     TableDescriptor,
@@ -203,7 +203,13 @@ class QueryContext:
         supercolumns = self.supercolumns(descriptor.table_uuid)
         files = self.state.files_of(descriptor.table_uuid, FileKind.VERSIONS)
         schema = supertable_schema(supercolumns)
-        table_ = read_key(self.store, files, schema, schema.names, key, None, 2**63 - 1)
+        con = reader_cursor()
+        try:
+            table_ = key_versions(con, self.store, files, schema, key)
+        finally:
+            con.close()
+        if table_ is None:  # an object store, or types DuckDB gives back otherwise
+            table_ = read_key(self.store, files, schema, schema.names, key, None, 2**63 - 1)
         table_ = table_.sort_by([(LT, "ascending")])
         epochs = _descriptor_epochs(self.state.schema_history, descriptor.table_uuid)
         ts = table_.column(LT).to_pylist()
@@ -292,7 +298,7 @@ class QueryContext:
         """
         self.check_as_of(as_of)
         _check_read_only(query)
-        con, kept = sandbox_cursor(self._sandbox_key(), self._readable_paths())
+        con, kept = sandbox_cursor(self._sandbox_key(), self._readable_paths)
         try:
             referenced = _referenced_tables(query)
             tables = [
@@ -409,7 +415,9 @@ class QueryContext:
         columns = _sql_columns(descriptor, fits)
         changes = None
         if live.changes_sql is not None and live.materialized_sql is not None:
-            changes = (live.changes_sql, live.changes_rows, f"SELECT {columns} FROM ({live.materialized_sql}) live")
+            view = (live.materialized_sql.replace(COLUMNS_TOKEN, columns) if live.kept_tail
+                    else f"SELECT {columns} FROM ({live.materialized_sql}) live")
+            changes = (live.changes_sql, live.changes_bytes, view)
         return _TableView(f"SELECT {columns} FROM ({live.sql}) live", live.datasets, tuple(wide), changes)
 
     def _expose_materialized(self, con: Any, descriptor: TableDescriptor, as_of: int, index: int) -> list[str]:

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import threading
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import duckdb
@@ -29,8 +29,9 @@ from history_pipeline.query.scan import CHANGES_TOKEN
 
 #: the sandboxes kept (the newest states of the stores a process reads)
 KEPT = 4
-#: the most (key, t) rows one sandbox keeps as tables (each key's newest change since a snapshot, per T)
-KEPT_ROWS = 10_000_000
+#: the most bytes one sandbox keeps as tables, per T: each key's newest change since a snapshot
+#: (16 bytes a key) or a small tail's newest rows (their files' uncompressed bytes)
+KEPT_BYTES = 160_000_000
 #: the most as-of schemas one sandbox holds; past it the state gets a fresh sandbox (a service asked
 #: at ever new T would otherwise grow one schema of views per T for the state's lifetime)
 KEPT_AS_OF = 256
@@ -53,15 +54,16 @@ class SandboxViews:
         self.lock = threading.Lock()
         self.created: set[tuple[str, str]] = set()
         self.schemas: set[str] = set()
-        self.kept_rows = 0
+        self.kept_bytes = 0
 
     def ensure(self, cursor: duckdb.DuckDBPyConnection, schema: str, name: str | None, sql: str = "",
                changes: tuple[str, int, str] | None = None) -> None:
         """Create ``schema`` and view ``schema.name AS sql`` through ``cursor`` unless made before.
 
-        ``changes`` (SELECT of (key, newest t) of the table's changes, its row bound, the view's SQL
-        over it at ``CHANGES_TOKEN``): kept as table ``<schema>_changes.name`` for the view to
-        join, while this sandbox keeps at most ``KEPT_ROWS`` such rows in all.
+        ``changes`` (SELECT of what to keep: (key, newest t) of the table's changes or a small tail's
+        newest rows; the bytes it may take; the view's SQL over it at ``CHANGES_TOKEN``): kept as
+        table ``<schema>_changes.name`` for the view to read, while this sandbox keeps at most
+        ``KEPT_BYTES`` in all (past it, the view reads the files alone).
         """
         with self.lock:
             if schema not in self.schemas:
@@ -69,11 +71,11 @@ class SandboxViews:
                 self.schemas.add(schema)
             if name is None or (schema, name) in self.created:
                 return
-            if changes is not None and self.kept_rows + changes[1] <= KEPT_ROWS:
+            if changes is not None and self.kept_bytes + changes[1] <= KEPT_BYTES:
                 kept = f"{_ident(schema + '_changes')}.{_ident(name)}"
                 cursor.execute(f"CREATE SCHEMA IF NOT EXISTS {_ident(schema + '_changes')}")
                 cursor.execute(f"CREATE OR REPLACE TABLE {kept} AS {changes[0]}")
-                self.kept_rows += changes[1]
+                self.kept_bytes += changes[1]
                 sql = changes[2].replace(CHANGES_TOKEN, kept)
             cursor.execute(f"CREATE OR REPLACE VIEW {_ident(schema)}.{_ident(name)} AS {sql}")
             self.created.add((schema, name))
@@ -121,13 +123,16 @@ def query_cursor(key: tuple[str, ...], allowed_paths: Sequence[str] | None) -> d
 
 
 def sandbox_cursor(
-    key: tuple[str, ...], allowed_paths: Sequence[str] | None
+    key: tuple[str, ...], allowed_paths: Sequence[str] | Callable[[], Sequence[str] | None] | None
 ) -> tuple[duckdb.DuckDBPyConnection, SandboxViews]:
-    """``query_cursor``, with the record of the views kept in that cursor's sandbox."""
+    """``query_cursor``, with the record of the views kept in that cursor's sandbox. ``allowed_paths``
+    may be a function giving them, called only when the sandbox is made (listing a state's files
+    costs more than taking a cursor)."""
     with _lock:
         entry = _sandboxes.get(key)
         if entry is None or len(entry[1].schemas) > KEPT_AS_OF:
-            entry = (_new_sandbox(allowed_paths), SandboxViews())
+            paths = allowed_paths() if callable(allowed_paths) else allowed_paths
+            entry = (_new_sandbox(paths), SandboxViews())
             _sandboxes[key] = entry
             while len(_sandboxes) > KEPT:
                 _sandboxes.popitem(last=False)  # its open cursors keep it alive until they close

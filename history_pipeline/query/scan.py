@@ -8,7 +8,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+import duckdb
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.dataset as ds
 
 from history_pipeline.catalog.files import is_closed_read, select_files
@@ -58,17 +60,29 @@ class LiveSql:
     sql: str
     datasets: tuple[tuple[str, ds.Dataset], ...]
     paths: tuple[str, ...]
-    #: (key, newest t) of the changes since the snapshot, to keep as a table; its row bound; and
-    #: ``sql`` reading that table at ``CHANGES_TOKEN``
+    #: a table worth keeping per (state, T): (key, newest t) of the changes since the snapshot, or
+    #: the newest rows of a small tail itself (``kept_tail``); the bytes it may take; and ``sql``
+    #: reading that table at ``CHANGES_TOKEN`` (with ``kept_tail``, each layer selects
+    #: ``COLUMNS_TOKEN``, the view's select list over the wanted columns, itself)
     changes_sql: str | None = None
-    changes_rows: int = 0
+    changes_bytes: int = 0
     materialized_sql: str | None = None
+    kept_tail: bool = False
 
 
 #: up to this many version rows since the snapshot, all of them are the changes (else the tail)
 MATERIALIZE_ROWS = 1_000_000
+#: bytes a kept (key, newest t) row is counted for
+KEY_T_BYTES = 16
+#: a tail of version files is kept whole (its newest rows per key, every column) when it holds at
+#: most this many rows and at most ``1 / TAIL_SHARE`` of the rows read from the files beneath it:
+#: the bulk is always scanned from Parquet, the kept part is the small delta above it
+KEPT_TAIL_ROWS = 200_000
+TAIL_SHARE = 4
 #: where ``LiveSql.materialized_sql`` names the kept table
 CHANGES_TOKEN = "__HP_CHANGES_TABLE__"
+#: where a flat ``materialized_sql`` (``LiveSql.kept_tail``) takes the view's select list
+COLUMNS_TOKEN = "__HP_COLUMNS__"
 
 
 def version_layers(versions: Sequence[FileEntry]) -> tuple[tuple[FileEntry, ...], tuple[FileEntry, ...]]:
@@ -83,6 +97,23 @@ def version_layers(versions: Sequence[FileEntry]) -> tuple[tuple[FileEntry, ...]
     if not head or any(f.min_t <= oldest for f in tail):  # type: ignore[operator]
         return (), tuple(versions)
     return head, tail
+
+
+def uncompressed_bytes(store: ObjectStore, files: Sequence[FileEntry]) -> int:
+    """The files' uncompressed bytes, from their cached footers (a bound on what keeping them costs)."""
+    total = 0
+    for f in files:
+        meta = footer(store, f.path).meta
+        total += sum(meta.row_group(rg).total_byte_size for rg in range(meta.num_row_groups))
+    return total
+
+
+def keeps_tail(head: Sequence[FileEntry], tail: Sequence[FileEntry], snapshot: Sequence[FileEntry]) -> bool:
+    """Is the tail small beside what is read under it (snapshot and head), so that its newest rows
+    are worth keeping as a table rather than scanning its files and joining on (key, newest t)?"""
+    below = sum(f.row_count for f in (*snapshot, *head))
+    rows = sum(f.row_count for f in tail)
+    return bool(tail) and 0 < rows <= KEPT_TAIL_ROWS and rows * TAIL_SHARE <= below
 
 
 def live_sql(
@@ -103,7 +134,9 @@ def live_sql(
     per key (a semi join on (key, max t), which unlike a window lets the query's filters reach
     the scan). A layer that is empty at ``as_of`` costs nothing; deletes are dropped last.
     ``materialized_sql`` is the same with (key, newest t) of the changes read from a table made
-    once (two integer columns), so a query scans each change file once. The
+    once (two integer columns), so a query scans each change file once; or, when the tail is small
+    beside the snapshot and head beneath it (``keeps_tail``), with the tail's newest rows per key
+    themselves kept as that table, so a query scans only the bulk's files. The
     ``t`` range is a filter on each scan, so row groups outside it are skipped by their min/max.
     Local files are read by DuckDB's Parquet reader (only the columns and row groups a query
     needs); object-store files through Arrow datasets registered as ``{name}__{part}``.
@@ -127,19 +160,36 @@ def live_sql(
     marked = schema.append(pa.field(SUPERSEDED, pa.int64()))
     sup = _quote(SUPERSEDED)
 
-    def source(files: Sequence[FileEntry], part: str, where: str) -> str:
+    def scan(files: Sequence[FileEntry], part: str) -> tuple[str, list[str]]:
+        """The files as one relation (a table function or a registered dataset) and the wanted
+        columns projected from it (NULL where no file has the column)."""
         if not local:
             registered = f"{name}__{part}"
-            datasets.append((registered, dataset_of(store, files, marked if closed else schema)))
-            return f"(SELECT {', '.join(_quote(c) for c in wanted)} FROM {_quote(registered)}{where})"
+            if all(r != registered for r, _ in datasets):
+                datasets.append((registered, dataset_of(store, files, marked if closed else schema)))
+            return _quote(registered), [_quote(c) for c in wanted]
         full = [store.full_path(f.path) for f in files]
-        paths.extend(full)
-        present = set().union(*(footer(store, f.path).columns for f in files))
-        projected = [
-            _quote(c) if c in present else f"CAST(NULL AS {types[c]}) AS {_quote(c)}" for c in wanted
-        ]
+        paths.extend(p for p in full if p not in paths)
+        footers = [footer(store, f.path) for f in files]
+        present = set().union(*(c.columns for c in footers))
         files_sql = "[" + ", ".join(_literal(p) for p in full) + "]"
-        return f"(SELECT {', '.join(projected)} FROM read_parquet({files_sql}, union_by_name = true){where})"
+        # files of one schema need no union by name (binding it reads every file's schema, at
+        # every query)
+        same = all(c.schema is not None and c.schema.equals(footers[0].schema) for c in footers)
+        projected = [_quote(c) if c in present else f"CAST(NULL AS {types[c]}) AS {_quote(c)}" for c in wanted]
+        return f"read_parquet({files_sql}{'' if same else ', union_by_name = true'})", projected
+
+    def source(files: Sequence[FileEntry], part: str, where: str) -> str:
+        """The wanted columns of the files' rows passing ``where`` (which may name any stored column)."""
+        relation, projected = scan(files, part)
+        return f"(SELECT {', '.join(projected)} FROM {relation}{where})"
+
+    def relation(files: Sequence[FileEntry], part: str) -> str:
+        """The files as one relation holding every wanted column, unprojected where it can be."""
+        relation, projected = scan(files, part)
+        if projected == [_quote(c) for c in wanted]:
+            return relation
+        return f"(SELECT {', '.join(projected)} FROM {relation})"
 
     def newest(part: str) -> str:
         """Each key's newest row of ``part`` (deletes included): a semi join on (key, max t)."""
@@ -188,17 +238,34 @@ def live_sql(
                    f"SELECT {k} FROM {tail_sql}" if tail_sql else None)
     # (key, newest t) of the changes is worth keeping as a table: the rows are still read from
     # the files (only the columns a query uses), joined to it once instead of keyed by a grouping
-    changes_sql, changes_rows, materialized_sql = None, 0, None
+    changes_sql, changes_bytes, materialized_sql = None, 0, None
     keys = f"SELECT {k} FROM {CHANGES_TOKEN}"
-    if tail:
+    kept_tail = tail_sql is not None and keeps_tail(head, tail, selection.snapshot)
+    if tail_sql is not None and kept_tail:
+        # the tail's newest rows (deletes too: they hide older rows beneath) as the table itself;
+        # the view is flat, each layer projected at its scan (``COLUMNS_TOKEN``): binding nested
+        # selects of every column costs a small query as much as its scan
+        changes_sql = f"SELECT * FROM {newest(tail_sql)} r"
+        changes_bytes = uncompressed_bytes(store, tail)
+        layers = []
+        if selection.snapshot:
+            rewritten = [f"SELECT {k} FROM {relation(head, 'head')}{in_range}"] * bool(head) + [keys]
+            layers.append(f"SELECT {COLUMNS_TOKEN} FROM {relation(selection.snapshot, 'snapshot')} s ANTI JOIN "
+                          f"({' UNION ALL '.join(rewritten)}) n USING ({k}) WHERE NOT s.{d}")
+        if head:
+            layers.append(f"SELECT {COLUMNS_TOKEN} FROM {relation(head, 'head')} h ANTI JOIN ({keys}) n "
+                          f"USING ({k}){in_range} AND NOT h.{d}")
+        layers.append(f"SELECT {COLUMNS_TOKEN} FROM {CHANGES_TOKEN} c WHERE NOT c.{d}")
+        materialized_sql = " UNION ALL ".join(layers)
+    elif tail:
         rows = sum(f.row_count for f in selection.versions)
         part, first = (source(selection.versions, "versions", in_range), None) if rows <= MATERIALIZE_ROWS \
             else (tail_sql, head_sql)
         changes_sql = f"SELECT {k}, max({lt}) AS {lt} FROM {part} GROUP BY {k}"
-        changes_rows = rows if first is None else sum(f.row_count for f in tail)
+        changes_bytes = KEY_T_BYTES * (rows if first is None else sum(f.row_count for f in tail))
         newest_rows = f"(SELECT r.* FROM {part} r SEMI JOIN {CHANGES_TOKEN} m USING ({k}, {lt}))"
         materialized_sql = assemble(first, newest_rows, keys)
-    return LiveSql(sql, tuple(datasets), tuple(paths), changes_sql, changes_rows, materialized_sql)
+    return LiveSql(sql, tuple(datasets), tuple(paths), changes_sql, changes_bytes, materialized_sql, kept_tail)
 
 
 def live_view(
@@ -217,3 +284,53 @@ def live_view(
         con.register(registered, dataset)  # type: ignore[attr-defined]
     con.execute(f"CREATE TEMP VIEW {_quote(name)} AS {live.sql}")  # type: ignore[attr-defined]
     return LiveView(name, live.paths)
+
+
+#: per supertable schema: does DuckDB hand its columns back in exactly these Arrow types?
+_EXACT_TYPES: dict[pa.Schema, bool] = {}
+
+
+def key_versions(con: object, store: ObjectStore, files: Sequence[FileEntry], schema: pa.Schema,
+                 key: int) -> pa.Table | None:
+    """Every version of one key in local ``files`` (``schema``'s columns, any order), read by
+    DuckDB: the key filter runs inside the scan, so row groups whose statistics exclude the key are
+    skipped and, in the others, only the key's rows of each column are materialized (pyarrow decodes
+    whole row groups). None when the store is not local or DuckDB's Arrow types differ from
+    ``schema``'s: the caller then reads through ``supertable.read.read_key``."""
+    if not isinstance(store, LocalStore) or _EXACT_TYPES.get(schema) is False:
+        return None
+    chosen = [f for f in files if f.row_count and (f.min_key is None or f.max_key is None
+                                                   or f.min_key <= key <= f.max_key)]
+    footers = [footer(store, f.path) for f in chosen]
+    held = [(f, c) for f, c in zip(chosen, footers, strict=True) if c.row_groups_holding(key)]
+    if not held:
+        return schema.empty_table()
+    types = _duckdb_types(con, schema)
+    present = set().union(*(c.columns for _, c in held))
+    projected = [_quote(c) if c in present else f"CAST(NULL AS {types[c]}) AS {_quote(c)}" for c in schema.names]
+    same = all(c.schema is not None and c.schema.equals(held[0][1].schema) for _, c in held)
+    files_sql = "[" + ", ".join(_literal(store.full_path(f.path)) for f, _ in held) + "]"
+    try:
+        table = con.sql(  # type: ignore[attr-defined]
+            f"SELECT {', '.join(projected)} FROM read_parquet({files_sql}{'' if same else ', union_by_name = true'}) "
+            f"WHERE {_quote(KEY)} = {int(key)}").to_arrow_table()
+        columns = [_as_type(column, field.type) for column, field in zip(table.columns, schema, strict=True)]
+    except duckdb.ConversionException:  # a stored type DuckDB cannot hand to Arrow as such
+        columns = [None]
+    exact = all(column is not None for column in columns)
+    _EXACT_TYPES[schema] = exact
+    if len(_EXACT_TYPES) > 1024:
+        _EXACT_TYPES.clear()
+    # the reserved columns are never NULL: the schema's non-nullable fields hold them as read
+    return pa.Table.from_arrays(columns, schema=schema) if exact else None
+
+
+def _as_type(column: pa.ChunkedArray, kind: pa.DataType) -> pa.ChunkedArray | None:
+    """``column`` as ``kind`` when DuckDB gave exactly that type, or a boolean as its lossless
+    ``arrow.bool8`` (one byte a value); None for any other difference."""
+    if column.type == kind:
+        return column
+    if pa.types.is_boolean(kind) and isinstance(column.type, pa.BaseExtensionType) \
+            and column.type.extension_name == "arrow.bool8":
+        return pa.chunked_array([pc.not_equal(chunk.storage, 0) for chunk in column.chunks], kind)
+    return None

@@ -75,6 +75,8 @@ class Footer:
     #: string and binary columns stored with a dictionary: a lookup reads them as dictionaries and
     #: decodes only the rows it keeps
     dictionary_strings: frozenset[str] = frozenset()
+    #: the file's Arrow schema without its metadata (files of one schema are read without union by name)
+    schema: pa.Schema | None = None
 
     def row_groups_holding(self, key: int) -> list[int]:
         return [rg for rg, bounds in enumerate(self.key_ranges) if bounds is None or bounds[0] <= key <= bounds[1]]
@@ -116,7 +118,8 @@ def footer(store: ObjectStore, path: str) -> Footer:
             if meta.num_row_groups and _plain_string(field.type) and meta.row_group(0).num_columns > i
             and meta.row_group(0).column(i).path_in_schema == field.name
             and meta.row_group(0).column(i).has_dictionary_page)
-        cached = Footer(meta, frozenset(arrow_schema.names), tuple(ranges), tuple(times), strings)
+        cached = Footer(meta, frozenset(arrow_schema.names), tuple(ranges), tuple(times), strings,
+                        arrow_schema.remove_metadata())
         _FOOTERS[cache_key] = cached
         if len(_FOOTERS) > _FOOTER_CACHE_SIZE:
             _FOOTERS.popitem(last=False)
