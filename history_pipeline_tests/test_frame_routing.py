@@ -135,8 +135,8 @@ def test_split_tables_with_byte_ranges_equal_the_reference(tmp_path, monkeypatch
     monkeypatch.setattr(compactor, "SPLIT_THRESHOLD", 8)
     monkeypatch.setattr(frames, "ROUTE_BYTES", 2_000)
     monkeypatch.setattr(frames, "SKIP_GAP", 200)
-    planned, part_tasks = [], frames.part_tasks
-    monkeypatch.setattr(frames, "part_tasks", lambda *a: planned.append(part_tasks(*a)) or planned[-1])
+    planned, group_tasks = [], frames.group_tasks
+    monkeypatch.setattr(frames, "group_tasks", lambda *a: planned.append((len(a[0]), group_tasks(*a))) or planned[-1][1])
     events = random_history(5, n_events=120)
     cuts = [i for i in range(1, len(events)) if events[i]["t"] > events[i - 1]["t"]]  # a t is not split
     a, b = cuts[len(cuts) // 3], cuts[2 * len(cuts) // 3]
@@ -154,8 +154,9 @@ def test_split_tables_with_byte_ranges_equal_the_reference(tmp_path, monkeypatch
         if name == "frames":
             assert store.segments() and all(s.state is SegmentState.APPLIED for s in store.segments())
     assert got[0] == got[1]
-    assert len(planned) == 3  # every segment routed on the driver
-    assert any(len({t.work.table_uuid for t in tasks}) < len(tasks) for tasks in planned)  # tables split
+    assert [members for members, _ in planned] == [3]  # every segment routed on the driver, one job
+    tasks = planned[0][1]
+    assert len({t.table_uuid for t in tasks}) < len(tasks)  # tables split
 
 
 def test_a_bad_segment_after_good_ones_is_quarantined_alone(tmp_path, spark):

@@ -297,6 +297,22 @@ def compact_segment(
         line = getattr(exc, "line", None)
         quarantine_segment(ref, store.wal_dir, str(exc), line)
         raise SegmentQuarantinedError(ref.name, str(exc)) from exc
+    _commit(store, ref, read, state, plan, attempt, summary, on_step)
+
+
+def _commit(
+    store: CompactionHandle,
+    ref: SegmentRef,
+    read: tuple[int, int, int] | None,
+    state: CatalogState,
+    plan: SegmentResult,
+    attempt: str,
+    summary: CompactionSummary,
+    on_step: StepHook,
+) -> CatalogState:
+    """Commit one segment's written files, schema entries, frontier and id in one catalog
+    transaction (refused when the catalog moved on from ``state``), then move it to ``applied/``;
+    returns the state the commit made."""
     on_step("files_written")
     entries = list(plan.entries)
     history_entry = _write_schema_history(store, state, plan, attempt)
@@ -322,7 +338,7 @@ def compact_segment(
         actions.append(ApplySegments((plan.segment_id,)))
         return actions
 
-    store.catalog.commit(f"compact segment {plan.segment}", build)
+    committed = store.catalog.commit(f"compact segment {plan.segment}", build)
     on_step("committed")
     move_segment(ref, SegmentState.APPLIED, store.wal_dir)
     summary.segments_applied.append(plan.segment_id)
@@ -333,6 +349,88 @@ def compact_segment(
     summary.tables_touched.update(e.table_uuid for e in plan.schema_entries)
     summary.schema_changes += len(plan.schema_entries)
     summary.frontier = max(summary.frontier, plan.upper)
+    return committed
+
+
+@dataclass(frozen=True)
+class _Pending:
+    """A segment of a group: its ref, its file identity when read, its attempt and its member."""
+
+    ref: SegmentRef
+    read: tuple[int, int, int] | None
+    attempt: str
+    member: frames.GroupMember
+
+
+def _plan_group(store: CompactionHandle, refs: Sequence[SegmentRef], state: CatalogState) -> list[_Pending]:
+    """The longest run of pending segments, from the first, that can share one Spark job: each
+    verified and routed on the driver (one read each) and planned from the schema the ones before
+    it leave and the catalog as it is now, within the group's bounds. A segment that cannot join
+    (corrupt, routed by Spark, applied already) ends the group; a segment whose schema records
+    fail joins it as its last (it is quarantined in turn)."""
+    group: list[_Pending] = []
+    schema = replay_schema_history(state.schema_history)
+    frontier, rows = state.frontier, 0
+    for ref in refs[: frames.MAX_GROUP_SEGMENTS]:
+        if ref.segment_id in state.applied_segments:
+            break
+        read = _file_identity(ref.path)
+        try:
+            sealed, routed = frames.verify_and_route(ref)
+        except SegmentCorruptedError:
+            break  # compact_segment quarantines it
+        if routed is None:
+            break
+        plan = frames.plan_frames(sealed, routed.records, routed.touched, schema, state)
+        rows += sum(w.rows for w in plan.tables)
+        if group and rows > frames.MAX_GROUP_ROWS:
+            break
+        attempt = uuid.uuid4().hex
+        ctx = frames.FrameContext(
+            store_config=executor_store_config(store.objects),
+            database=store.database,
+            prior_as_of=frontier + 1,
+            txn_hint=state.txn_id + 1 + len(group),
+            segment_id=ref.segment_id,
+            attempt=attempt,
+        )
+        group.append(_Pending(ref, read, attempt, frames.GroupMember(plan, routed, ctx)))
+        if plan.error is not None:
+            break
+        schema, frontier = plan.schema_after, max(frontier, sealed.upper)
+    return group
+
+
+def _compact_group(
+    store: CompactionHandle,
+    state: CatalogState,
+    group: Sequence[_Pending],
+    spark: Any,
+    summary: CompactionSummary,
+    on_step: StepHook,
+) -> None:
+    """Apply a group of segments with one Spark job: then each is committed on its own, in order
+    (its own catalog transaction, as ``compact_segment``), until the first bad one, which is
+    quarantined alone; the files written for it and for the segments after it are deleted (those
+    stay pending and are compacted again by the next run). ``state`` is the catalog the group
+    was planned from."""
+    on_step("planned")
+    outcomes = frames.run_group(spark, [p.member for p in group], files_per_table)
+    for i, (pending, outcome) in enumerate(zip(group, outcomes, strict=True)):
+        plan = pending.member.plan
+        if outcome.error is not None:
+            for later in outcomes[i:]:  # never committed: written beside a failing line or after it
+                for entry in later.entries:
+                    store.objects.delete(entry.path)
+            exc = outcome.error
+            quarantine_segment(pending.ref, store.wal_dir, str(exc), exc.line)
+            raise SegmentQuarantinedError(pending.ref.name, str(exc)) from exc
+        sealed = plan.segment
+        result = SegmentResult(
+            pending.ref.segment_id, pending.ref.name, sealed.lower, sealed.upper, plan.schema_entries,
+            outcome.entries, outcome.versions, frozenset(w.table_uuid for w in plan.tables if w.rows or w.backfills),
+        )
+        state = _commit(store, pending.ref, pending.read, state, result, pending.attempt, summary, on_step)
 
 
 def _file_identity(path: Path) -> tuple[int, int, int] | None:
@@ -426,8 +524,17 @@ def compact_pending(
     if spark is not None and pending:
         check_paths_visible(spark, store.objects, store.wal_dir, getattr(store.settings, "shared_paths", False))
         share_credentials(spark, store.objects)
-    for ref in pending:
-        compact_segment(store, ref, spark, summary, on_step)
+    grouped = spark is not None and store.settings.compaction_engine == "dataframes"
+    at = 0
+    while at < len(pending):
+        state = store.catalog.latest()
+        group = _plan_group(store, pending[at:], state) if grouped else []
+        if group:  # planned from ``state``: each commit is refused if the catalog moved on from it
+            _compact_group(store, state, group, spark, summary, on_step)
+            at += len(group)
+        else:
+            compact_segment(store, pending[at], spark, summary, on_step)
+            at += 1
     if blocker is not None:
         from history_pipeline.wal.segments import quarantine_reason
 

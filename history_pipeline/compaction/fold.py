@@ -46,6 +46,7 @@ class Folded:
     versions: pa.Table
     snapshots: tuple[tuple[int, pa.Table], ...]  # (snapshot_as_of, live rows)
     failure: Failure | None
+    images: pa.Table | None = None  # each key's newest image afterwards, when asked for
 
 
 def _col(table: pa.Table, name: str) -> pa.Array:
@@ -189,6 +190,19 @@ def _snapshot(rows: pa.Table, b: Backfill, width: int) -> pa.Table:
     return pa.table(columns)
 
 
+def _images(f: _Frame, width: int) -> pa.Table:
+    """Each key's image after all its rows (backfills included): ``key, is_deleted, t, v<i>``, t its
+    last event's (a delete's image is empty)."""
+    at = pc.indices_nonzero(pc.invert(f.same_next))
+    deleted = pc.fill_null(pc.equal(pc.take(f.kind, at), "delete"), False)
+    event = f.last_within_key(pc.not_equal(f.kind, BACKFILL))
+    columns = {"key": pc.take(_col(f.rows, "key"), at), "is_deleted": deleted, "t": pc.take(f.t, pc.take(event, at))}
+    for i in range(width):
+        source = pc.if_else(deleted, pa.scalar(None, pa.int64()), pc.take(f.image(i), at))
+        columns[f"v{i}"] = pc.take(_col(f.rows, f"v{i}"), source)
+    return pa.table(columns)
+
+
 def _sequence_failure(f: _Frame) -> Failure | None:
     """The first insert of a live key, or update/delete of a missing one."""
     live_before = _and_not_null(f.same_prev, pc.not_equal(_prev(f.kind), "delete"))
@@ -224,8 +238,11 @@ def _versions(f: _Frame, width: int) -> pa.Table:
     return pa.table(columns)
 
 
-def fold(rows: pa.Table, width: int, backfills: Sequence[tuple[Backfill, int, int | None]]) -> Folded:
-    """Fold one key range: ``backfills`` are (backfill, target index, source index or None)."""
+def fold(
+    rows: pa.Table, width: int, backfills: Sequence[tuple[Backfill, int, int | None]], images: bool = False
+) -> Folded:
+    """Fold one key range: ``backfills`` are (backfill, target index, source index or None); with
+    ``images`` also each key's newest image afterwards (what a group task carries on)."""
     failures: list[Failure] = []
     failed = pc.is_valid(_col(rows, "error_class"))
     if pc.any(failed).as_py():
@@ -244,4 +261,4 @@ def fold(rows: pa.Table, width: int, backfills: Sequence[tuple[Backfill, int, in
     if failure is not None:
         failures.append(failure)
     first = min(failures, key=lambda x: (x.line, -1 if x.key is None else x.key)) if failures else None
-    return Folded(_versions(f, width), tuple(snapshots), first)
+    return Folded(_versions(f, width), tuple(snapshots), first, _images(f, width) if images and f.n else None)

@@ -29,7 +29,7 @@ import bisect
 import os
 import re
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -336,6 +336,11 @@ class PartTask:
     rows: RowLines
     upper: int
 
+    @property
+    def weight(self) -> int:
+        """Its row events (how ``pack_tasks`` balances partitions)."""
+        return len(self.rows.lines)
+
 
 def part_tasks(
     plan: SegmentFramePlan, routed: Routed, ctx: FrameContext, files_per_table: Callable[[int], int]
@@ -369,7 +374,7 @@ def local_slots(spark: Any) -> int | None:
     return (os.cpu_count() or 1) if found.group(1) == "*" else max(1, int(found.group(1)))
 
 
-def pack_tasks(tasks: Sequence[PartTask], slots: int | None) -> list[list[int]]:
+def pack_tasks(tasks: Sequence[PartTask | GroupTask], slots: int | None) -> list[list[int]]:
     """The part tasks (largest first) dealt into at most ``slots`` Spark partitions, each to the one
     with the fewest rows so far: a Python task costs ~0.1 s even with no work, so a local master
     runs one per core; without a known slot count, one partition per task."""
@@ -380,7 +385,7 @@ def pack_tasks(tasks: Sequence[PartTask], slots: int | None) -> list[list[int]]:
     for i, task in enumerate(tasks):
         least = load.index(min(load))
         bins[least].append(i)
-        load[least] += len(task.rows.lines) + 1
+        load[least] += task.weight + 1
     return [b for b in bins if b]
 
 
@@ -773,6 +778,45 @@ def _stats_row(e: FileEntry) -> dict[str, Any]:
     }
 
 
+def _write_part(work: TableWork, ctx: FrameContext, upper: int, data: pa.Table, kind: FileKind,
+                snapshot_as_of: int | None) -> FileEntry:
+    """Write one folded file of a part (versions or a snapshot) through the object-store layer."""
+    after = work.supercolumns_after
+    schema = supertable_schema(after)
+    columns = [data.column("key"), data.column("is_deleted"), data.column("t")]
+    columns += [from_carrier(data.column(f"v{i}"), arrow_type(s.data_type)) for i, s in enumerate(after)]
+    meta = FileMetadata(
+        database=ctx.database, table_uuid=work.table_uuid, kind=kind, txn_id=ctx.txn_hint,
+        lower=ctx.prior_as_of, upper=upper, segments=(ctx.segment_id,), snapshot_as_of=snapshot_as_of,
+        attempt=ctx.attempt,
+    )
+    path = new_file_path(ctx.database, work.table_uuid, kind, ctx.txn_hint)
+    return write_parquet(open_executor_store(ctx.store_config), path,
+                         pa.Table.from_arrays(columns, schema=schema), meta)
+
+
+def _fold_out(
+    work: TableWork, ctx: FrameContext, upper: int, rows: pa.Table, images: bool = False
+) -> tuple[list[dict[str, Any]], Any]:
+    """Fold one part's rows (prior image included) and write its files: the output rows (files'
+    statistics, or its first failing line and nothing written) and the fold itself."""
+    after = work.supercolumns_after
+    index = {s.name: i for i, s in enumerate(after)}
+    backfills = [(b, index[b.target.name], None if b.source is None else index[b.source.name]) for b in work.backfills]
+    folded = fold(rows, len(after), backfills, images)
+    if folded.failure is not None:
+        f = folded.failure
+        return [{**{c: None for c in _STATS}, "line": f.line, "key": f.key, "error_class": f.error_class,
+                 "reason": f.reason}], folded
+    out = []
+    if folded.versions.num_rows:
+        out.append(_stats_row(_write_part(work, ctx, upper, folded.versions, FileKind.VERSIONS, None)))
+    for as_of, snapshot in folded.snapshots:
+        if snapshot.num_rows:
+            out.append(_stats_row(_write_part(work, ctx, upper, snapshot, FileKind.SNAPSHOT, as_of)))
+    return out, folded
+
+
 def _folder(
     work: TableWork, ctx: FrameContext, upper: int, read_prior: bool = False, all_keys: bool = False
 ) -> Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]:
@@ -782,21 +826,6 @@ def _folder(
     semi-join in Arrow: no Spark job of its own, no persisted frame), or of every key with
     ``all_keys`` (a backfill), then even without rows of its own."""
     after = work.supercolumns_after
-    index = {s.name: i for i, s in enumerate(after)}
-    backfills = [(b, index[b.target.name], None if b.source is None else index[b.source.name]) for b in work.backfills]
-
-    def write(data: pa.Table, kind: FileKind, snapshot_as_of: int | None) -> FileEntry:
-        schema = supertable_schema(after)
-        columns = [data.column("key"), data.column("is_deleted"), data.column("t")]
-        columns += [from_carrier(data.column(f"v{i}"), arrow_type(s.data_type)) for i, s in enumerate(after)]
-        meta = FileMetadata(
-            database=ctx.database, table_uuid=work.table_uuid, kind=kind, txn_id=ctx.txn_hint,
-            lower=ctx.prior_as_of, upper=upper, segments=(ctx.segment_id,), snapshot_as_of=snapshot_as_of,
-            attempt=ctx.attempt,
-        )
-        path = new_file_path(ctx.database, work.table_uuid, kind, ctx.txn_hint)
-        return write_parquet(open_executor_store(ctx.store_config), path,
-                             pa.Table.from_arrays(columns, schema=schema), meta)
 
     def run(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         parts = [b for b in batches if b.num_rows]
@@ -811,18 +840,7 @@ def _folder(
                 work, open_executor_store(ctx.store_config), ctx.prior_as_of, files, keys)]
             if prior:  # fold sorts by (key, t, line) itself
                 rows = pa.concat_tables([pa.Table.from_batches(prior).cast(rows.schema), rows])
-        folded = fold(rows, len(after), backfills)
-        if folded.failure is not None:
-            f = folded.failure
-            out = [{**{c: None for c in _STATS}, "line": f.line, "key": f.key, "error_class": f.error_class,
-                    "reason": f.reason}]
-        else:
-            out = []
-            if folded.versions.num_rows:
-                out.append(_stats_row(write(folded.versions, FileKind.VERSIONS, None)))
-            for as_of, snapshot in folded.snapshots:
-                if snapshot.num_rows:
-                    out.append(_stats_row(write(snapshot, FileKind.SNAPSHOT, as_of)))
+        out, _ = _fold_out(work, ctx, upper, rows)
         if out:
             yield pa.RecordBatch.from_pylist(out, schema=OUT_SCHEMA)
 
@@ -879,7 +897,6 @@ def run_segment(
     dealt into the partitions of one ``spark.range`` (no shuffle, no union; one partition per core
     on a local master). Routed by Spark (``parsed``):
     one frame per table, unioned."""
-    name = plan.segment.ref.name
     if routed is not None:
         tasks = part_tasks(plan, routed, ctx, files_per_table)
         packed = pack_tasks(tasks, local_slots(spark))
@@ -889,19 +906,7 @@ def run_segment(
         frames = [table_frame(spark, w, parsed, ctx, plan.segment, files_per_table(w.rows)) for w in plan.tables]
         frame = _union(frames) if frames else None
     rows = frame.collect() if frame is not None else []
-    entries = [_entry(r, ctx.segment_id) for r in rows if r["path"] is not None]
-    failures = sorted((r for r in rows if r["error_class"] is not None),
-                      key=lambda r: (r["line"], -1 if r["key"] is None else r["key"]))
-    error = None
-    if failures:
-        row = failures[0]
-        error = ERROR_CLASSES.get(row["error_class"], MalformedRecordError)(
-            row["reason"], segment=name, line=int(row["line"])
-        )
-    if plan.error is not None and (error is None or (plan.error.line or 0) <= (error.line or 0)):
-        error = plan.error
-    versions = sum(e.row_count for e in entries if e.kind is FileKind.VERSIONS)
-    return FrameOutcome(tuple(sorted(entries, key=lambda e: e.path)), versions, error)
+    return _outcome(plan, rows, ctx.segment_id)
 
 
 def _union(frames: Sequence[Any]) -> Any:
@@ -917,3 +922,208 @@ def _entry(r: Any, segment_id: int) -> FileEntry:
         row_count=int(r["row_count"]), min_t=r["min_t"], max_t=r["max_t"], min_key=r["min_key"],
         max_key=r["max_key"], segments=(segment_id,), snapshot_as_of=r["snapshot_as_of"],
     )
+
+
+# --- several pending segments in one Spark job ------------------------------------------------
+
+#: pending segments routed on the driver run as one Spark job while a group holds at most this many
+#: segments and row events (a job costs ~0.15-0.3 s of fixed cost however little it does)
+MAX_GROUP_SEGMENTS = 16
+MAX_GROUP_ROWS = 1_000_000
+#: the per-task carry names a supercolumn's values this way (apart from key, t, is_deleted)
+_CARRY = "c:"
+
+
+@dataclass(frozen=True)
+class GroupMember:
+    """One segment of a group: its plan (made from the schema the segments before it leave, and the
+    catalog at the group's start), where its row events are, and its own file context."""
+
+    plan: SegmentFramePlan
+    routed: Routed
+    ctx: FrameContext
+
+
+@dataclass(frozen=True)
+class GroupStep:
+    """A (table, key part)'s share of one segment of a group."""
+
+    member: int
+    work: TableWork
+    rows: RowLines
+    upper: int
+
+
+@dataclass(frozen=True)
+class GroupTask:
+    """One (table, key part) through the segments of a group in order: the prior image of all its
+    keys is read once from the files at the group's start, then the folded state (each key's
+    newest version) is carried from segment to segment inside the task."""
+
+    table_uuid: str
+    files: tuple[FileEntry, ...]
+    snapshot_as_of: int | None
+    supercolumns: tuple[Supercolumn, ...]  # what the files at the group's start may hold
+    steps: tuple[GroupStep, ...]
+    all_keys: bool  # a backfill in the group: one part carrying every live key
+
+    @property
+    def weight(self) -> int:
+        """Its row events in all segments (how ``pack_tasks`` balances partitions)."""
+        return sum(len(s.rows.lines) for s in self.steps)
+
+
+def group_tasks(members: Sequence[GroupMember], files_per_table: Callable[[int], int]) -> list[GroupTask]:
+    """The (table, key part) tasks of a group: a table keeps one split for the whole group (parts
+    from its largest share, key ranges of its files at the group's start, as ``part_tasks``
+    cuts one segment), so a task owns the same keys in every segment; a table with a backfill in
+    the group is one part carrying every live key (as ``part_tasks`` does); the largest first."""
+    empty = RowLines(*(np.zeros(0, np.int64) for _ in range(4)))
+    tasks = []
+    for uuid in sorted({w.table_uuid for m in members for w in m.plan.tables}):
+        shares = [(i, w) for i, m in enumerate(members) for w in m.plan.tables if w.table_uuid == uuid]
+        first = shares[0][1]
+        all_keys = any(w.backfills for _, w in shares)
+        parts = 1 if all_keys else files_per_table(max(w.rows for _, w in shares))
+        cuts = key_cuts(first.files, parts) if parts > 1 else None
+        for part in range(parts):
+            steps = []
+            for i, work in shares:
+                rows = members[i].routed.rows.get(uuid, empty)
+                if parts > 1:
+                    rows = rows.take(part_of_keys(rows.keys, parts, cuts) == part)
+                if len(rows.lines) or work.backfills:
+                    upper = (work.max_t + 1) if work.max_t is not None else members[i].ctx.prior_as_of
+                    steps.append(GroupStep(i, work, rows, upper))
+            if steps:
+                tasks.append(GroupTask(uuid, first.files, first.snapshot_as_of, first.supercolumns_before,
+                                       tuple(steps), all_keys))
+    return sorted(tasks, key=lambda task: -task.weight)
+
+
+def _carry_of(table: pa.Table, supercolumns: Sequence[Supercolumn]) -> pa.Table:
+    """Versions (``key, is_deleted, t, v<i>``) as carry rows: values named by supercolumn."""
+    columns = {"key": table.column("key"), "t": table.column("t"), "is_deleted": table.column("is_deleted")}
+    columns |= {_CARRY + s.name: table.column(f"v{i}") for i, s in enumerate(supercolumns)}
+    return pa.table(columns)
+
+
+def _newest(carry: pa.Table) -> pa.Table:
+    """Each key's newest row (a delete included: the key is then gone)."""
+    if not carry.num_rows:
+        return carry
+    ordered = carry.sort_by([("key", "ascending"), ("t", "ascending")])
+    key = ordered.column("key").combine_chunks()
+    last = pc.fill_null(pc.not_equal(key, pa.concat_arrays([key.slice(1), pa.nulls(1, key.type)])), True)
+    return ordered.filter(last)
+
+
+def _carried_prior(work: TableWork, carry: pa.Table, keys: pa.Array | None) -> pa.Table | None:
+    """The carried newest versions of ``keys`` (every key with None) as prior fold rows in
+    ``work``'s layout."""
+    mine = carry if keys is None else carry.filter(pc.is_in(carry.column("key"), keys))
+    if not mine.num_rows:
+        return None
+    before = {s.name for s in work.supercolumns_before}
+    arrays = [mine.column("key").combine_chunks(), mine.column("t").combine_chunks(),
+              mine.column("is_deleted").combine_chunks()]
+    for s in work.supercolumns_after:
+        name = _CARRY + s.name
+        if s.name in before and name in mine.column_names:
+            arrays.append(mine.column(name).combine_chunks())
+        else:
+            arrays.append(pa.nulls(mine.num_rows, carrier_type(arrow_type(s.data_type))))
+    names = ["key", "t", "is_deleted"] + [f"v{i}" for i in range(len(work.supercolumns_after))]
+    return pa.Table.from_batches([_prior_fold_rows(work, pa.RecordBatch.from_arrays(arrays, names=names))])
+
+
+def _run_group_task(task: GroupTask, members: Sequence[tuple[str, str, FrameContext]]) -> Iterator[dict[str, Any]]:
+    """One group task: per segment in order its lines decoded and folded onto the carried state,
+    its files written; output rows name their segment. It stops at its first failing segment:
+    what it would fold after that depends on the failing one."""
+    store_config = members[0][2].store_config
+    keys = None if task.all_keys else pc.unique(
+        pa.chunked_array([pa.array(s.rows.keys) for s in task.steps]).combine_chunks())
+    carry = pa.table({"key": pa.array([], pa.int64()), "t": pa.array([], pa.int64()),
+                      "is_deleted": pa.array([], pa.bool_())})
+    if task.files:
+        reader = replace(task.steps[0].work, supercolumns_before=task.supercolumns,
+                         supercolumns_after=task.supercolumns, snapshot_as_of=task.snapshot_as_of)
+        files = [(f.path, None if f.kind is FileKind.SNAPSHOT else task.snapshot_as_of)
+                 for f in _files_of_keys(task.files, keys)]
+        read = [_carry_of(pa.Table.from_batches([b]), task.supercolumns) for b in _prior_batches(
+            reader, open_executor_store(store_config), members[0][2].prior_as_of, files, keys)]
+        if read:
+            carry = _newest(pa.concat_tables(read))
+    for step in task.steps:
+        path, name, ctx = members[step.member]
+        work = step.work
+        decoded = list(_decoder(work, name)(_read_lines(path, step.rows)))
+        rows = pa.Table.from_batches(decoded) if decoded else _row_schema(work.supercolumns_after).empty_table()
+        # a backfill folds every live key; otherwise only the step's own keys' images are needed
+        step_keys = None if work.backfills else pc.unique(pc.drop_null(rows.column("key")).combine_chunks())
+        prior = _carried_prior(work, carry, step_keys)
+        if prior is not None:
+            rows = pa.concat_tables([prior.cast(rows.schema), rows])
+        out, folded = _fold_out(work, ctx, step.upper, rows, images=bool(work.backfills))
+        yield from ({**row, "segment_id": ctx.segment_id} for row in out)
+        if folded.failure is not None:
+            return
+        if folded.images is not None:  # after a backfill the images, not the versions, hold its values
+            carry = _carry_of(folded.images, work.supercolumns_after)
+        elif folded.versions.num_rows:
+            versions = _carry_of(folded.versions, work.supercolumns_after)
+            carry = _newest(pa.concat_tables([carry, versions], promote_options="default"))
+
+
+GROUP_OUT_SCHEMA = OUT_SCHEMA.append(pa.field("segment_id", pa.int64()))
+GROUP_OUT_DDL = OUT_DDL + ", segment_id bigint"
+
+
+def _group_runner(
+    tasks: Sequence[GroupTask], packed: Sequence[Sequence[int]], members: Sequence[tuple[str, str, FrameContext]]
+) -> Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]:
+    """An Arrow UDF: partition indexes in; the group tasks of the partition run, their rows out."""
+
+    def run(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        for batch in batches:
+            for index in (i for p in batch.column(0).to_pylist() for i in packed[p]):
+                out = list(_run_group_task(tasks[index], members))
+                if out:
+                    yield pa.RecordBatch.from_pylist(out, schema=GROUP_OUT_SCHEMA)
+
+    return run
+
+
+def run_group(
+    spark: Any, members: Sequence[GroupMember], files_per_table: Callable[[int], int]
+) -> list[FrameOutcome]:
+    """One Spark job folds and writes every segment of a group; per segment, in order, its files'
+    statistics and its smallest failing line. Only the outcomes before the first failing segment
+    are complete (a task stops at its failing segment); the caller commits those one by one."""
+    tasks = group_tasks(members, files_per_table)
+    packed = pack_tasks(tasks, local_slots(spark))
+    shared = [(str(m.plan.segment.ref.path.absolute()), m.plan.segment.ref.name, m.ctx) for m in members]
+    rows = []
+    if tasks:
+        rows = spark.range(0, len(packed), 1, len(packed)).mapInArrow(
+            _group_runner(tasks, packed, shared), GROUP_OUT_DDL).collect()
+    return [_outcome(m.plan, [r for r in rows if r["segment_id"] == m.ctx.segment_id], m.ctx.segment_id)
+            for m in members]
+
+
+def _outcome(plan: SegmentFramePlan, rows: Sequence[Any], segment_id: int) -> FrameOutcome:
+    """A segment's files and its smallest failing line (a task's or the driver's) from output rows."""
+    entries = [_entry(r, segment_id) for r in rows if r["path"] is not None]
+    failures = sorted((r for r in rows if r["error_class"] is not None),
+                      key=lambda r: (r["line"], -1 if r["key"] is None else r["key"]))
+    error = None
+    if failures:
+        row = failures[0]
+        error = ERROR_CLASSES.get(row["error_class"], MalformedRecordError)(
+            row["reason"], segment=plan.segment.ref.name, line=int(row["line"])
+        )
+    if plan.error is not None and (error is None or (plan.error.line or 0) <= (error.line or 0)):
+        error = plan.error
+    versions = sum(e.row_count for e in entries if e.kind is FileKind.VERSIONS)
+    return FrameOutcome(tuple(sorted(entries, key=lambda e: e.path)), versions, error)
