@@ -136,7 +136,8 @@ def test_split_tables_with_byte_ranges_equal_the_reference(tmp_path, monkeypatch
     monkeypatch.setattr(frames, "ROUTE_BYTES", 2_000)
     monkeypatch.setattr(frames, "SKIP_GAP", 200)
     planned, group_tasks = [], frames.group_tasks
-    monkeypatch.setattr(frames, "group_tasks", lambda *a: planned.append((len(a[0]), group_tasks(*a))) or planned[-1][1])
+    monkeypatch.setattr(frames, "group_tasks",
+                        lambda *a: planned.append((len(a[0]), group_tasks(*a))) or planned[-1][1])
     events = random_history(5, n_events=120)
     cuts = [i for i in range(1, len(events)) if events[i]["t"] > events[i - 1]["t"]]  # a t is not split
     a, b = cuts[len(cuts) // 3], cuts[2 * len(cuts) // 3]
@@ -183,3 +184,128 @@ def test_part_tasks_are_dealt_into_one_partition_per_local_core(spark):
     assert frames.pack_tasks(tasks, 8) == [[0], [1], [2], [3], [4]]
     assert frames.pack_tasks(tasks, None) == [[0], [1], [2], [3], [4]]  # a cluster: one each
     assert frames.local_slots(spark) == 2  # the test session is local[2]
+
+
+# --- several pending segments in one Spark job (a group) ------------------------------------
+
+
+def _record_groups(monkeypatch) -> list[int]:
+    """Records how many segments each Spark job (``run_group``) folded."""
+    sizes, run_group = [], frames.run_group
+    monkeypatch.setattr(frames, "run_group", lambda spark, members, *a: sizes.append(len(members))
+                        or run_group(spark, members, *a))
+    return sizes
+
+
+def _schema_changes_across(n: int) -> list[list[dict]]:
+    """Three segments over two tables: a column added without a default, a rename, a column added
+    with a default (a backfill) in the middle segment, a type change (a backfill) in the last, and
+    deletes with keys inserted again."""
+    first, second = _two_tables(n)
+    second = [e for e in second if e["op"] != "rename_column"]
+    t = 200 + n
+    second += [
+        {"op": "add_column", "t": t, "table_uuid": "A",
+         "column": {"column_uuid": "x", "column_name": "x", "data_type": "INTEGER"}},
+        {"op": "rename_column", "t": t + 1, "table_uuid": "B", "column_uuid": "c", "new_name": "label"},
+        {"op": "add_column", "t": t + 2, "table_uuid": "B",
+         "column": {"column_uuid": "d", "column_name": "d", "data_type": "INTEGER"}, "default": 7},
+    ]
+    second += [{"op": "update", "t": t + 3 + k, "table_uuid": "AB"[k % 2], "key": k * 3 - n,
+                "values": {"x": k} if k % 2 == 0 else {"d": -k}} for k in range(0, n, 4) if k % 5 != 1]
+    t += 3 + n
+    third = [{"op": "change_column_type", "t": t, "table_uuid": "B", "column_uuid": "i", "data_type": "TEXT"}]
+    third += [{"op": "insert", "t": t + 1 + k, "table_uuid": "AB"[k % 2], "key": k * 3 - n,
+               "values": {"c": f"again {k}", "i": k} if k % 2 == 0 else {"c": f"again {k}", "i": str(k)}}
+              for k in range(1, n, 5)]
+    third += [{"op": "update", "t": t + 1 + n + k, "table_uuid": "AB"[k % 2], "key": k * 3 - n,
+               "values": {"i": 5 * k} if k % 2 == 0 else {"i": f"text {k}", "d": None}} for k in range(2, n, 6)]
+    return [first, second, third]
+
+
+@pytest.mark.parametrize("split", [False, True])
+def test_a_group_across_schema_changes_equals_the_reference(tmp_path, monkeypatch, spark, split):
+    """Three segments in one Spark job, with a column added, a rename and backfills (a default, a
+    type change) in the middle of the group, whole and with the tables split into key parts (a
+    backfill's snapshot then in one piece per part): every answer at every T is the reference's."""
+    if split:
+        monkeypatch.setattr(compactor, "SPLIT_THRESHOLD", 6)
+    sizes = _record_groups(monkeypatch)
+    got = []
+    for name, session in (("frames", spark), ("reference", False)):
+        store = HistoryStore.open(tmp_path / name, database="db", settings=FRAMES)
+        write(store, *_schema_changes_across(60))
+        assert store.compact(spark=session).segments_applied == [1, 2, 3]
+        got.append(answers(store))
+    assert got[0] == got[1]
+    assert sizes == [3]
+    pieces = HistoryStore.open(tmp_path / "frames", database="db", settings=FRAMES)
+    snapshots = [f for f in pieces.catalog_state().files.values() if f.kind.value == "snapshot"]
+    points = {(f.table_uuid, f.snapshot_as_of) for f in snapshots}
+    assert len(points) == 2  # one per backfill
+    if split:
+        assert len(snapshots) > len(points)  # in pieces: disjoint key ranges
+        for point in points:
+            ranges = sorted((f.min_key, f.max_key) for f in snapshots if (f.table_uuid, f.snapshot_as_of) == point)
+            assert all(a[1] < b[0] for a, b in zip(ranges, ranges[1:], strict=False))
+    assert pieces.verify() == []
+
+
+def test_a_bad_segment_in_the_middle_of_a_group_is_quarantined_alone(tmp_path, monkeypatch, spark):
+    """The good segment before it commits, the bad one is quarantined naming its line, the one after
+    it stays pending, and no file written for the bad one or after it is left in the store."""
+    sizes = _record_groups(monkeypatch)
+    store = HistoryStore.open(tmp_path / "frames", database="db", settings=FRAMES)
+    first, second, third = _schema_changes_across(30)
+    bad = [*second[:5], {"op": "update", "t": second[4]["t"], "table_uuid": "A", "key": 99_999, "values": {"i": 1}},
+           *second[5:]]
+    write(store, first, bad, third)
+    lines = _python_lines(store.segments(SegmentState.SEALED)[1].path)
+    line = next(n for n, text in lines.items() if b'"key":99999,' in text)
+    with pytest.raises(SegmentQuarantinedError, match=f"line {line}: update of key 99999"):
+        store.compact(spark=spark)
+    assert sizes == [3]
+    assert [s.segment_id for s in store.segments(SegmentState.APPLIED)] == [1]
+    assert [s.segment_id for s in store.segments(SegmentState.QUARANTINED)] == [2]
+    assert [s.segment_id for s in store.segments(SegmentState.SEALED)] == [3]
+    assert store.frontier == first[-1]["t"]
+    committed = set(store.catalog_state().files)
+    written = {str(p.relative_to(tmp_path / "frames")) for p in (tmp_path / "frames").rglob("*.parquet")}
+    assert written == committed  # the bad segment's files and the next one's were deleted
+    reference = HistoryStore.open(tmp_path / "reference", database="db", settings=FRAMES)
+    write(reference, first)
+    reference.compact(spark=False)
+    assert answers(store) == answers(reference)
+
+
+class Crash(Exception):
+    pass
+
+
+@pytest.mark.parametrize("step", ["files_written", "schema_history_written", "committed"])
+def test_a_crash_between_the_commits_of_a_group_recovers(tmp_path, spark, step):
+    """A crash after the group's job, at a step of its second segment (the first committed): the
+    next run applies every segment exactly once and answers as the reference."""
+    store = HistoryStore.open(tmp_path / "frames", database="db", settings=FRAMES)
+    batches = _schema_changes_across(40)
+    write(store, *batches)
+    seen = []
+
+    def crash(at: str) -> None:
+        seen.append(at)
+        if at == step and seen.count("committed") == (1 if step != "committed" else 2):
+            raise Crash(at)
+
+    with pytest.raises(Crash):
+        store.compact(spark=spark, on_step=crash)
+    applied = 2 if step == "committed" else 1
+    assert store.frontier == batches[applied - 1][-1]["t"]
+    again = HistoryStore.open(tmp_path / "frames", database="db", settings=FRAMES)
+    summary = again.compact(spark=spark)
+    # a segment committed before the crash is only moved (the catalog lists it already)
+    assert summary.segments_applied == ([3] if step == "committed" else [2, 3])
+    assert [s.state for s in again.segments()] == [SegmentState.APPLIED] * 3
+    reference = HistoryStore.open(tmp_path / "reference", database="db", settings=FRAMES)
+    write(reference, *batches)
+    reference.compact(spark=False)
+    assert answers(again) == answers(reference)

@@ -317,7 +317,12 @@ def key_cuts(files: Sequence[FileEntry], parts: int) -> tuple[int, ...] | None:
     highs = [f.max_key for f in files if f.max_key is not None]
     if parts < 2 or not lows or not highs:
         return None
-    low, width = min(lows), max(highs) - min(lows) + 1
+    return equal_cuts(min(lows), max(highs), parts)
+
+
+def equal_cuts(low: int, high: int, parts: int) -> tuple[int, ...]:
+    """Cuts of the key range [low, high] into ``parts`` ranges of equal width."""
+    width = high - low + 1
     return tuple(low + width * i // parts for i in range(1, parts))
 
 
@@ -965,7 +970,10 @@ class GroupTask:
     snapshot_as_of: int | None
     supercolumns: tuple[Supercolumn, ...]  # what the files at the group's start may hold
     steps: tuple[GroupStep, ...]
-    all_keys: bool  # a backfill in the group: one part carrying every live key
+    all_keys: bool  # a backfill in the group: the part carries every live key of its own
+    part: int = 0
+    parts: int = 1
+    cuts: tuple[int, ...] | None = None
 
     @property
     def weight(self) -> int:
@@ -976,16 +984,24 @@ class GroupTask:
 def group_tasks(members: Sequence[GroupMember], files_per_table: Callable[[int], int]) -> list[GroupTask]:
     """The (table, key part) tasks of a group: a table keeps one split for the whole group (parts
     from its largest share, key ranges of its files at the group's start, as ``part_tasks``
-    cuts one segment), so a task owns the same keys in every segment; a table with a backfill in
-    the group is one part carrying every live key (as ``part_tasks`` does); the largest first."""
+    cuts one segment; a table without files yet is cut into equal ranges of the group's own
+    keys), so a task owns the same keys in every segment. A table with a backfill in the group
+    carries every live key of its part, and its backfill's snapshot is one piece per part; the
+    largest first."""
     empty = RowLines(*(np.zeros(0, np.int64) for _ in range(4)))
     tasks = []
     for uuid in sorted({w.table_uuid for m in members for w in m.plan.tables}):
         shares = [(i, w) for i, m in enumerate(members) for w in m.plan.tables if w.table_uuid == uuid]
         first = shares[0][1]
         all_keys = any(w.backfills for _, w in shares)
-        parts = 1 if all_keys else files_per_table(max(w.rows for _, w in shares))
+        parts = files_per_table(max(w.rows for _, w in shares))
         cuts = key_cuts(first.files, parts) if parts > 1 else None
+        if parts > 1 and cuts is None:  # no files yet: ranges of the group's own keys
+            keys = [members[i].routed.rows[uuid].keys for i, _ in shares if uuid in members[i].routed.rows]
+            if keys:
+                cuts = equal_cuts(min(int(k.min()) for k in keys), max(int(k.max()) for k in keys), parts)
+            elif all_keys:  # a part's snapshot piece must be a key range
+                parts = 1
         for part in range(parts):
             steps = []
             for i, work in shares:
@@ -997,8 +1013,17 @@ def group_tasks(members: Sequence[GroupMember], files_per_table: Callable[[int],
                     steps.append(GroupStep(i, work, rows, upper))
             if steps:
                 tasks.append(GroupTask(uuid, first.files, first.snapshot_as_of, first.supercolumns_before,
-                                       tuple(steps), all_keys))
+                                       tuple(steps), all_keys, part, parts, cuts))
     return sorted(tasks, key=lambda task: -task.weight)
+
+
+def _files_of_part(task: GroupTask) -> list[FileEntry]:
+    """The prior files whose key range may hold a key of the task's part (all without cuts)."""
+    if task.cuts is None:
+        return list(task.files)
+    low = task.cuts[task.part - 1] if task.part > 0 else -(2**63)
+    high = task.cuts[task.part] - 1 if task.part < len(task.cuts) else 2**63 - 1
+    return [f for f in task.files if may_hold_keys(f, low, high)]
 
 
 def _carry_of(table: pa.Table, supercolumns: Sequence[Supercolumn]) -> pa.Table:
@@ -1049,12 +1074,15 @@ def _run_group_task(task: GroupTask, members: Sequence[tuple[str, str, FrameCont
     if task.files:
         reader = replace(task.steps[0].work, supercolumns_before=task.supercolumns,
                          supercolumns_after=task.supercolumns, snapshot_as_of=task.snapshot_as_of)
-        files = [(f.path, None if f.kind is FileKind.SNAPSHOT else task.snapshot_as_of)
-                 for f in _files_of_keys(task.files, keys)]
+        chosen = _files_of_keys(task.files, keys) if keys is not None else _files_of_part(task)
+        files = [(f.path, None if f.kind is FileKind.SNAPSHOT else task.snapshot_as_of) for f in chosen]
         read = [_carry_of(pa.Table.from_batches([b]), task.supercolumns) for b in _prior_batches(
             reader, open_executor_store(store_config), members[0][2].prior_as_of, files, keys)]
         if read:
             carry = _newest(pa.concat_tables(read))
+            if task.parts > 1:  # every live key of this part only
+                of = part_of_keys(np.asarray(carry.column("key").combine_chunks()), task.parts, task.cuts)
+                carry = carry.filter(pa.array(of == task.part))
     for step in task.steps:
         path, name, ctx = members[step.member]
         work = step.work
