@@ -24,7 +24,9 @@ def scan_segment(segment: SealedSegment) -> tuple[list[tuple[int, bytes]], list[
     driver did before routing moved into the verifying read): (the lines that are not row events
     in the writer's form, per touched table (uuid, rows, max t)), as ``frames.route`` returns; None
     when the segment is not for the driver's shortcut."""
-    router = frames._Router()
+    folder = frames.routes_dir(segment.ref.path.parent.parent)
+    folder.mkdir(exist_ok=True)
+    router = frames._Router(folder / f"{segment.ref.name}.reference")
     with open(segment.ref.path, "rb") as f:
         offset, line, carry = 0, 1, b""
         while offset + len(carry) < segment.body_bytes:
@@ -33,6 +35,7 @@ def scan_segment(segment: SealedSegment) -> tuple[list[tuple[int, bytes]], list[
             router(data[:end], offset, line)
             offset, line, carry = offset + end, line + data.count(b"\n", 0, end), data[end:]
     routed = router.routed()
+    router.discard()
     return None if routed is None else (list(routed.records), list(routed.touched))
 
 
@@ -78,6 +81,11 @@ def test_one_read_verifies_and_routes_as_the_two_passes_did(tmp_path, monkeypatc
                        for n, k in zip(rows.lines, rows.keys, strict=True))
         routed_lines = {n for n, _ in routed.records} | {n for r in routed.rows.values() for n in r.lines}
         assert routed_lines == set(range(1, sealed.records + 1))
+        for uuid, table in routed.tables.items():  # what the driver keeps: a file and its figures
+            rows = routed.rows[uuid]
+            assert (table.rows, table.min_key, table.max_key) == (len(rows.lines), rows.keys.min(), rows.keys.max())
+        routed.remove()
+    assert list(frames.routes_dir(store.wal_dir).iterdir()) == []  # removed
 
 
 def test_a_corrupted_segment_fails_the_single_read_before_any_routing_is_used(tmp_path):
@@ -118,14 +126,18 @@ def test_key_parts_get_disjoint_keys_and_every_line_of_their_table(tmp_path, mon
     plan = frames.plan_frames(sealed, routed.records, routed.touched, replay_schema_history(state.schema_history),
                               state)
     ctx = frames.FrameContext({}, "db", state.frontier + 1, state.txn_id + 1, ref.segment_id)
-    tasks = frames.part_tasks(plan, routed, ctx, compactor.files_per_table)
+    tasks = frames.group_tasks([frames.GroupMember(plan, routed, ctx)], compactor.files_per_table)
     for uuid in ("A", "B"):
-        mine = [t for t in tasks if t.work.table_uuid == uuid]
+        mine = [t for t in tasks if t.table_uuid == uuid]
         assert len(mine) > 1  # split
-        keys = [set(t.rows.keys.tolist()) for t in mine]
+        rows = [t.rows(step) for t in mine for step in t.steps]
+        keys = [set(r.keys.tolist()) for r in rows]
         assert sum(len(k) for k in keys) == len(set().union(*keys))  # a key lives in one part only
-        assert sorted(n for t in mine for n in t.rows.lines) == routed.rows[uuid].lines.tolist()
-    assert [len(t.rows.lines) for t in tasks] == sorted((len(t.rows.lines) for t in tasks), reverse=True)
+        assert sorted(n for r in rows for n in r.lines) == routed.rows[uuid].lines.tolist()
+        ranges = sorted((min(k), max(k)) for k in keys if k)
+        assert all(a[1] < b[0] for a, b in zip(ranges, ranges[1:], strict=False))  # key ranges, not modulo
+    assert [t.weight for t in tasks] == sorted((t.weight for t in tasks), reverse=True)
+    routed.remove()
 
 
 @pytest.mark.parametrize("root", ["local", "s3"])
@@ -175,9 +187,9 @@ def test_a_bad_segment_after_good_ones_is_quarantined_alone(tmp_path, spark):
 
 
 def test_part_tasks_are_dealt_into_one_partition_per_local_core(spark):
-    def task(n: int) -> frames.PartTask:
-        rows = frames.RowLines(*(np.arange(n, dtype=np.int64) for _ in range(4)))
-        return frames.PartTask(None, rows, 0)  # type: ignore[arg-type]
+    def task(n: int) -> frames.GroupTask:
+        step = frames.GroupStep(0, None, frames.RouteTable("", n, 0, 0, 0), 0)  # type: ignore[arg-type]
+        return frames.GroupTask("T", (), None, (), (step,), False)
 
     tasks = [task(n) for n in (50, 40, 30, 20, 5)]
     assert frames.pack_tasks(tasks, 2) == [[0, 3, 4], [1, 2]]  # each to the lighter partition
@@ -309,3 +321,22 @@ def test_a_crash_between_the_commits_of_a_group_recovers(tmp_path, spark, step):
     write(reference, *batches)
     reference.compact(spark=False)
     assert answers(again) == answers(reference)
+
+
+def test_route_files_a_crashed_run_left_break_nothing_and_go(tmp_path, spark):
+    """Route files are written beside the segments while the driver verifies them and removed after
+    the Spark job; those a killed run left are not reused (a fresh attempt id each read), and
+    compaction removes them once their segments are applied."""
+    store = HistoryStore.open(tmp_path / "frames", database="db", settings=FRAMES)
+    write(store, *_two_tables(40))
+    left = [frames.verify_and_route(ref)[1] for ref in store.segments(SegmentState.SEALED)]  # a run killed here
+    folder = frames.routes_dir(store.wal_dir)
+    stale = sorted(p.name for p in folder.iterdir())
+    assert len(stale) == sum(len(r.tables) for r in left) > 0
+    (folder / "00000000000000000001.torn.0.rows").write_bytes(b"\x01\x02")  # a write cut short
+    assert store.compact(spark=spark).segments_applied == [1, 2]
+    assert list(folder.iterdir()) == []
+    reference = HistoryStore.open(tmp_path / "reference", database="db", settings=FRAMES)
+    write(reference, *_two_tables(40))
+    reference.compact(spark=False)
+    assert answers(store) == answers(reference)

@@ -246,23 +246,31 @@ def _apply_frames(
     """The DataFrame path: the driver verifies, routes and plans; Spark decodes, folds and writes."""
     # one read verifies the seal and routes the row events in the writer's form (no Spark job)
     sealed, routed = frames.verify_and_route(ref)
-    # otherwise routing and every table's decode read the parsed lines: split and parse the file once
-    parsed = None if routed is not None else frames.parsed_lines(spark, sealed).persist()
-    try:
-        records, touched = (routed.records, routed.touched) if routed is not None else frames.route(spark, parsed)
-        plan = frames.plan_frames(sealed, records, touched, replay_schema_history(state.schema_history), state)
-        on_step("planned")
-        ctx = frames.FrameContext(
-            store_config=executor_store_config(store.objects),
-            database=store.database,
-            prior_as_of=state.frontier + 1,
-            txn_hint=state.txn_id + 1,
-            segment_id=ref.segment_id,
-            attempt=attempt,
-        )
-        outcome = frames.run_segment(spark, plan, routed, parsed, ctx, files_per_table)
-    finally:
-        if parsed is not None:
+    schema = replay_schema_history(state.schema_history)
+    ctx = frames.FrameContext(
+        store_config=executor_store_config(store.objects),
+        database=store.database,
+        prior_as_of=state.frontier + 1,
+        txn_hint=state.txn_id + 1,
+        segment_id=ref.segment_id,
+        attempt=attempt,
+    )
+    if routed is not None:  # a group of one
+        try:
+            plan = frames.plan_frames(sealed, routed.records, routed.touched, schema, state)
+            on_step("planned")
+            outcome = frames.run_group(spark, [frames.GroupMember(plan, routed, ctx)], files_per_table)[0]
+        finally:
+            routed.remove()
+    else:
+        # routing and every table's decode read the parsed lines: split and parse the file once
+        parsed = frames.parsed_lines(spark, sealed).persist()
+        try:
+            records, touched = frames.route(spark, parsed)
+            plan = frames.plan_frames(sealed, records, touched, schema, state)
+            on_step("planned")
+            outcome = frames.run_segment(spark, plan, parsed, ctx, files_per_table)
+        finally:
             parsed.unpersist()
     if outcome.error is not None:
         for entry in outcome.entries:  # written beside the failing line's check: never committed
@@ -384,6 +392,7 @@ def _plan_group(store: CompactionHandle, refs: Sequence[SegmentRef], state: Cata
         plan = frames.plan_frames(sealed, routed.records, routed.touched, schema, state)
         rows += sum(w.rows for w in plan.tables)
         if group and rows > frames.MAX_GROUP_ROWS:
+            routed.remove()  # it leads the next group
             break
         attempt = uuid.uuid4().hex
         ctx = frames.FrameContext(
@@ -414,8 +423,12 @@ def _compact_group(
     quarantined alone; the files written for it and for the segments after it are deleted (those
     stay pending and are compacted again by the next run). ``state`` is the catalog the group
     was planned from."""
-    on_step("planned")
-    outcomes = frames.run_group(spark, [p.member for p in group], files_per_table)
+    try:
+        on_step("planned")
+        outcomes = frames.run_group(spark, [p.member for p in group], files_per_table)
+    finally:  # the tasks have read them; a crash before this line leaves them to sweep_routes
+        for pending in group:
+            pending.member.routed.remove()
     for i, (pending, outcome) in enumerate(zip(group, outcomes, strict=True)):
         plan = pending.member.plan
         if outcome.error is not None:
@@ -526,15 +539,18 @@ def compact_pending(
         share_credentials(spark, store.objects)
     grouped = spark is not None and store.settings.compaction_engine == "dataframes"
     at = 0
-    while at < len(pending):
-        state = store.catalog.latest()
-        group = _plan_group(store, pending[at:], state) if grouped else []
-        if group:  # planned from ``state``: each commit is refused if the catalog moved on from it
-            _compact_group(store, state, group, spark, summary, on_step)
-            at += len(group)
-        else:
-            compact_segment(store, pending[at], spark, summary, on_step)
-            at += 1
+    try:
+        while at < len(pending):
+            state = store.catalog.latest()
+            group = _plan_group(store, pending[at:], state) if grouped else []
+            if group:  # planned from ``state``: each commit is refused if the catalog moved on from it
+                _compact_group(store, state, group, spark, summary, on_step)
+                at += len(group)
+            else:
+                compact_segment(store, pending[at], spark, summary, on_step)
+                at += 1
+    finally:  # route files a crashed run left for segments applied or quarantined since
+        frames.sweep_routes(store.wal_dir, pending_segments(store.wal_dir, store.catalog.latest())[0])
     if blocker is not None:
         from history_pipeline.wal.segments import quarantine_reason
 

@@ -30,7 +30,9 @@ import os
 import re
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
+from pathlib import Path
 from typing import Any
+from uuid import uuid4
 
 import numpy as np
 import pyarrow as pa
@@ -209,26 +211,67 @@ class RowLines:
         return RowLines(self.lines[picked], self.starts[picked], self.ends[picked], self.keys[picked])
 
 
+#: where the driver lists a segment's row events for the fold tasks: ``<wal_dir>/routes``, beside
+#: the segments (the WAL is on local disk, or a path shared with the executors)
+ROUTES = "routes"
+
+
+def routes_dir(wal_dir: Path) -> Path:
+    """The folder of the route files of a WAL's segments."""
+    return wal_dir / ROUTES
+
+
+@dataclass(frozen=True)
+class RouteTable:
+    """Where one table's row events in a segment are: a route file beside the segment of int64 rows
+    (line number, byte start and end in the segment without the newline, key), in line order, with
+    their count, largest t and key range. The driver writes it while it verifies the segment and
+    keeps only this; a fold task reads the rows of its own keys."""
+
+    path: str
+    rows: int
+    max_t: int
+    min_key: int
+    max_key: int
+
+    def load(self) -> RowLines:
+        """The rows of the file (the reader is a fold task, or a test)."""
+        data = np.fromfile(self.path, dtype="<i8").reshape(-1, 4)
+        return RowLines(*(np.ascontiguousarray(data[:, i]) for i in range(4)))
+
+
 @dataclass(frozen=True)
 class Routed:
     """A segment routed on the driver: the lines that are not row events in the writer's form, per
-    touched table (uuid, rows, max t) as ``route`` returns them, and where each table's rows are."""
+    touched table (uuid, rows, max t) as ``route`` returns them, and each table's route file."""
 
     records: tuple[tuple[int, bytes], ...]
     touched: tuple[tuple[str, int, int], ...]
-    rows: Mapping[str, RowLines]
+    tables: Mapping[str, RouteTable]
+
+    @property
+    def rows(self) -> dict[str, RowLines]:
+        """Every table's rows, read back from the route files (for tests: the driver never does)."""
+        return {uuid: table.load() for uuid, table in self.tables.items()}
+
+    def remove(self) -> None:
+        """Delete the route files (once the segment's Spark job is over)."""
+        for table in self.tables.values():
+            Path(table.path).unlink(missing_ok=True)
 
 
 class _Router:
     """Routes a segment's body piece by piece (``verify_segment``'s ``on_body``): one RE2 match of
-    the envelope per line (Arrow), per table only int arrays kept; ``gave_up`` when the segment is
-    not for the driver (a row event in another form, too many other lines or tables, bad UTF-8)."""
+    the envelope per line (Arrow); per table the rows found are appended to its route file
+    ``<prefix>.<n>.rows`` at once, so the driver holds one piece, not the segment's rows.
+    ``gave_up`` when the segment is not for the driver (a row event in another form, too many
+    other lines or tables, bad UTF-8)."""
 
-    def __init__(self) -> None:
+    def __init__(self, prefix: Path) -> None:
+        self.prefix = prefix
         self.gave_up = False
         self.records: list[tuple[int, bytes]] = []
-        self.pieces: dict[str, list[tuple[np.ndarray, ...]]] = {}
-        self.max_t: dict[str, int] = {}
+        self.found: dict[str, list[Any]] = {}  # uuid -> [path, rows, max t, min key, max key]
 
     def __call__(self, data: bytes, offset: int, first_line: int) -> None:
         if self.gave_up or not data:
@@ -256,16 +299,32 @@ class _Router:
         ts = np.asarray(head.field("t").filter(mask).cast(pa.int64()).to_numpy())
         at = np.flatnonzero(row)
         for code, uuid in enumerate(tables.dictionary.to_pylist()):
-            mine = at[codes == code]
-            self.pieces.setdefault(uuid, []).append(
-                (first_line + mine, offset + starts[mine], offset + ends[mine], keys[codes == code]))
-            self.max_t[uuid] = max(self.max_t.get(uuid, -1), int(ts[codes == code].max()))
-        if len(self.pieces) > MAX_SCANNED_TABLES:
-            self.gave_up = True
+            if uuid not in self.found:
+                if len(self.found) >= MAX_SCANNED_TABLES:
+                    self.gave_up = True
+                    return
+                path = f"{self.prefix}.{len(self.found)}.rows"
+                self.found[uuid] = [path, 0, -1, None, None]
+            entry = self.found[uuid]
+            mine, its_keys = at[codes == code], keys[codes == code]
+            rows = np.stack([first_line + mine, offset + starts[mine], offset + ends[mine], its_keys], axis=1)
+            with open(entry[0], "ab") as f:
+                rows.astype("<i8").tofile(f)
+            low, high = int(its_keys.min()), int(its_keys.max())
+            entry[1] += len(mine)
+            entry[2] = max(entry[2], int(ts[codes == code].max()))
+            entry[3] = low if entry[3] is None else min(entry[3], low)
+            entry[4] = high if entry[4] is None else max(entry[4], high)
+
+    def discard(self) -> None:
+        """Delete the route files written so far."""
+        for path, *_ in self.found.values():
+            Path(path).unlink(missing_ok=True)
 
     def routed(self) -> Routed | None:
-        """What was found, or None when the segment is not for the driver."""
+        """What was found, or None (its files deleted) when the segment is not for the driver."""
         if self.gave_up:
+            self.discard()
             return None
         for line, text in self.records:  # a row event in another form: Spark's JSON reader routes it
             try:
@@ -273,19 +332,42 @@ class _Router:
             except MalformedRecordError:
                 continue
             if type(event) in _KINDS:
+                self.discard()
                 return None
-        rows = {u: RowLines(*(np.concatenate(c).astype(np.int64) for c in zip(*p, strict=True)))
-                for u, p in self.pieces.items()}
-        touched = tuple(sorted((u, len(r.lines), self.max_t[u]) for u, r in rows.items()))
-        return Routed(tuple(self.records), touched, rows)
+        tables = {u: RouteTable(*found) for u, found in self.found.items()}
+        touched = tuple(sorted((u, r.rows, r.max_t) for u, r in tables.items()))
+        return Routed(tuple(self.records), touched, tables)
 
 
-def verify_and_route(ref: SegmentRef) -> tuple[SealedSegment, Routed | None]:
+def verify_and_route(ref: SegmentRef, routes: Path | None = None) -> tuple[SealedSegment, Routed | None]:
     """Verify a sealed segment and route it on the driver in the same single read (see
-    ``verify_segment``); the route is None when Spark must route it."""
-    router = _Router()
-    sealed = verify_segment(ref, router, ROUTE_BYTES)
+    ``verify_segment``), its row events listed in route files in ``routes`` (by default the
+    WAL's ``routes`` folder, beside the segments), named by segment and a fresh attempt id; the
+    route is None when Spark must route it. A failed read leaves no route file."""
+    folder = routes if routes is not None else routes_dir(ref.path.parent.parent)
+    folder.mkdir(parents=True, exist_ok=True)
+    router = _Router(folder / f"{ref.name}.{uuid4().hex}")
+    try:
+        sealed = verify_segment(ref, router, ROUTE_BYTES)
+    except BaseException:
+        router.discard()
+        raise
     return sealed, router.routed()
+
+
+def sweep_routes(wal_dir: Path, pending: Sequence[SegmentRef]) -> int:
+    """Delete the route files of segments no longer pending (left by a crash during a compaction;
+    a live compaction's are of pending segments); returns how many went."""
+    folder = routes_dir(wal_dir)
+    if not folder.is_dir():
+        return 0
+    keep = {ref.name for ref in pending}
+    gone = 0
+    for entry in folder.iterdir():
+        if entry.name.partition(".")[0] not in keep:
+            entry.unlink(missing_ok=True)
+            gone += 1
+    return gone
 
 
 def _read_lines(path: str, rows: RowLines) -> Iterator[pa.RecordBatch]:
@@ -333,40 +415,6 @@ def part_of_keys(keys: np.ndarray, parts: int, cuts: tuple[int, ...] | None) -> 
     return np.searchsorted(np.asarray(cuts, dtype=np.int64), keys, side="right")
 
 
-@dataclass(frozen=True)
-class PartTask:
-    """One fold task of a driver-routed segment: a table's key part and exactly its lines."""
-
-    work: TableWork
-    rows: RowLines
-    upper: int
-
-    @property
-    def weight(self) -> int:
-        """Its row events (how ``pack_tasks`` balances partitions)."""
-        return len(self.rows.lines)
-
-
-def part_tasks(
-    plan: SegmentFramePlan, routed: Routed, ctx: FrameContext, files_per_table: Callable[[int], int]
-) -> list[PartTask]:
-    """Split each touched table of a driver-routed segment into key parts (ranges of the prior
-    files' keys, or key modulo the part count without them; a backfilled table is not split, as
-    in the task engine), each with its own lines; the largest first, so two cores share them."""
-    empty = RowLines(*(np.zeros(0, np.int64) for _ in range(4)))
-    tasks = []
-    for work in plan.tables:
-        rows = routed.rows.get(work.table_uuid, empty)
-        upper = (work.max_t + 1) if work.max_t is not None else ctx.prior_as_of
-        parts = 1 if work.backfills else files_per_table(work.rows)
-        if parts == 1:
-            tasks.append(PartTask(work, rows, upper))
-            continue
-        of = part_of_keys(rows.keys, parts, key_cuts(work.files, parts))
-        tasks += [PartTask(work, rows.take(of == p), upper) for p in range(parts) if (of == p).any()]
-    return sorted(tasks, key=lambda task: -len(task.rows.lines))
-
-
 def local_slots(spark: Any) -> int | None:
     """How many tasks a local master runs at once (``local[N]``, ``local[*]``, ``local``), None
     elsewhere (a cluster's slots are not known without ``sparkContext``)."""
@@ -379,7 +427,7 @@ def local_slots(spark: Any) -> int | None:
     return (os.cpu_count() or 1) if found.group(1) == "*" else max(1, int(found.group(1)))
 
 
-def pack_tasks(tasks: Sequence[PartTask | GroupTask], slots: int | None) -> list[list[int]]:
+def pack_tasks(tasks: Sequence[GroupTask], slots: int | None) -> list[list[int]]:
     """The part tasks (largest first) dealt into at most ``slots`` Spark partitions, each to the one
     with the fewest rows so far: a Python task costs ~0.1 s even with no work, so a local master
     runs one per core; without a known slot count, one partition per task."""
@@ -392,27 +440,6 @@ def pack_tasks(tasks: Sequence[PartTask | GroupTask], slots: int | None) -> list
         bins[least].append(i)
         load[least] += task.weight + 1
     return [b for b in bins if b]
-
-
-def _part_runner(
-    tasks: Sequence[PartTask], packed: Sequence[Sequence[int]], segment: SealedSegment, ctx: FrameContext
-) -> Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]:
-    """An Arrow UDF: partition indexes in; per part task of the partition its lines read from the
-    segment file, decoded, folded with the prior image of their keys and written; the files'
-    statistics or the part's first failing line out. No shuffle: a part is a whole set of keys."""
-    path = str(segment.ref.path.absolute())
-
-    def run(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-        for batch in batches:
-            for index in (i for p in batch.column(0).to_pylist() for i in packed[p]):
-                task = tasks[index]
-                work = task.work
-                decode = _decoder(work, segment.ref.name)
-                fold_and_write = _folder(work, ctx, task.upper, read_prior=bool(work.files),
-                                         all_keys=bool(work.backfills))
-                yield from fold_and_write(decode(_read_lines(path, task.rows)))
-
-    return run
 
 
 def parsed_lines(spark: Any, segment: SealedSegment) -> Any:
@@ -892,25 +919,14 @@ def table_frame(
 
 
 def run_segment(
-    spark: Any, plan: SegmentFramePlan, routed: Routed | None, parsed: Any | None, ctx: FrameContext,
-    files_per_table: Callable[[int], int],
+    spark: Any, plan: SegmentFramePlan, parsed: Any, ctx: FrameContext, files_per_table: Callable[[int], int]
 ) -> FrameOutcome:
-    """One action validates, folds and writes every touched table and returns the files'
-    statistics with the smallest failing line, if any (then the caller discards the files).
-
-    Routed on the driver: the (table, key part) tasks, each handed its lines' byte ranges, are
-    dealt into the partitions of one ``spark.range`` (no shuffle, no union; one partition per core
-    on a local master). Routed by Spark (``parsed``):
-    one frame per table, unioned."""
-    if routed is not None:
-        tasks = part_tasks(plan, routed, ctx, files_per_table)
-        packed = pack_tasks(tasks, local_slots(spark))
-        runner = _part_runner(tasks, packed, plan.segment, ctx)
-        frame = spark.range(0, len(packed), 1, len(packed)).mapInArrow(runner, OUT_DDL) if tasks else None
-    else:
-        frames = [table_frame(spark, w, parsed, ctx, plan.segment, files_per_table(w.rows)) for w in plan.tables]
-        frame = _union(frames) if frames else None
-    rows = frame.collect() if frame is not None else []
+    """A segment Spark's JSON reader routed (``parsed``): one action validates, folds and writes
+    every touched table (one frame per table, unioned) and returns the files' statistics with the
+    smallest failing line, if any (then the caller discards the files). Segments routed on the
+    driver run as groups (``run_group``)."""
+    frames = [table_frame(spark, w, parsed, ctx, plan.segment, files_per_table(w.rows)) for w in plan.tables]
+    rows = _union(frames).collect() if frames else []
     return _outcome(plan, rows, ctx.segment_id)
 
 
@@ -951,11 +967,12 @@ class GroupMember:
 
 @dataclass(frozen=True)
 class GroupStep:
-    """A (table, key part)'s share of one segment of a group."""
+    """A (table, key part)'s share of one segment of a group: the table's route file (None when
+    the segment has a backfill of the table but no row of it); the task keeps its part's rows."""
 
     member: int
     work: TableWork
-    rows: RowLines
+    route: RouteTable | None
     upper: int
 
 
@@ -977,8 +994,16 @@ class GroupTask:
 
     @property
     def weight(self) -> int:
-        """Its row events in all segments (how ``pack_tasks`` balances partitions)."""
-        return sum(len(s.rows.lines) for s in self.steps)
+        """Its row events in all segments, estimated as an equal share of its tables' (how
+        ``pack_tasks`` balances partitions; the driver does not read the route files)."""
+        return sum(s.route.rows for s in self.steps if s.route is not None) // self.parts
+
+    def rows(self, step: GroupStep) -> RowLines:
+        """This part's rows of one step, read from its route file."""
+        if step.route is None:
+            return RowLines(*(np.zeros(0, np.int64) for _ in range(4)))
+        rows = step.route.load()
+        return rows if self.parts == 1 else rows.take(part_of_keys(rows.keys, self.parts, self.cuts) == self.part)
 
 
 def group_tasks(members: Sequence[GroupMember], files_per_table: Callable[[int], int]) -> list[GroupTask]:
@@ -988,7 +1013,6 @@ def group_tasks(members: Sequence[GroupMember], files_per_table: Callable[[int],
     keys), so a task owns the same keys in every segment. A table with a backfill in the group
     carries every live key of its part, and its backfill's snapshot is one piece per part; the
     largest first."""
-    empty = RowLines(*(np.zeros(0, np.int64) for _ in range(4)))
     tasks = []
     for uuid in sorted({w.table_uuid for m in members for w in m.plan.tables}):
         shares = [(i, w) for i, m in enumerate(members) for w in m.plan.tables if w.table_uuid == uuid]
@@ -996,24 +1020,21 @@ def group_tasks(members: Sequence[GroupMember], files_per_table: Callable[[int],
         all_keys = any(w.backfills for _, w in shares)
         parts = files_per_table(max(w.rows for _, w in shares))
         cuts = key_cuts(first.files, parts) if parts > 1 else None
+        routes = [members[i].routed.tables[uuid] for i, _ in shares if uuid in members[i].routed.tables]
         if parts > 1 and cuts is None:  # no files yet: ranges of the group's own keys
-            keys = [members[i].routed.rows[uuid].keys for i, _ in shares if uuid in members[i].routed.rows]
-            if keys:
-                cuts = equal_cuts(min(int(k.min()) for k in keys), max(int(k.max()) for k in keys), parts)
-            elif all_keys:  # a part's snapshot piece must be a key range
+            if routes:
+                cuts = equal_cuts(min(r.min_key for r in routes), max(r.max_key for r in routes), parts)
+            else:  # a part's snapshot piece must be a key range
                 parts = 1
-        for part in range(parts):
-            steps = []
-            for i, work in shares:
-                rows = members[i].routed.rows.get(uuid, empty)
-                if parts > 1:
-                    rows = rows.take(part_of_keys(rows.keys, parts, cuts) == part)
-                if len(rows.lines) or work.backfills:
-                    upper = (work.max_t + 1) if work.max_t is not None else members[i].ctx.prior_as_of
-                    steps.append(GroupStep(i, work, rows, upper))
-            if steps:
-                tasks.append(GroupTask(uuid, first.files, first.snapshot_as_of, first.supercolumns_before,
-                                       tuple(steps), all_keys, part, parts, cuts))
+        steps = []
+        for i, work in shares:
+            route = members[i].routed.tables.get(uuid)
+            if route is not None or work.backfills:
+                upper = (work.max_t + 1) if work.max_t is not None else members[i].ctx.prior_as_of
+                steps.append(GroupStep(i, work, route, upper))
+        if steps:
+            tasks += [GroupTask(uuid, first.files, first.snapshot_as_of, first.supercolumns_before, tuple(steps),
+                                all_keys, part, parts, cuts) for part in range(parts)]
     return sorted(tasks, key=lambda task: -task.weight)
 
 
@@ -1067,8 +1088,8 @@ def _run_group_task(task: GroupTask, members: Sequence[tuple[str, str, FrameCont
     its files written; output rows name their segment. It stops at its first failing segment:
     what it would fold after that depends on the failing one."""
     store_config = members[0][2].store_config
-    keys = None if task.all_keys else pc.unique(
-        pa.chunked_array([pa.array(s.rows.keys) for s in task.steps]).combine_chunks())
+    lines = [task.rows(step) for step in task.steps]
+    keys = None if task.all_keys else pc.unique(pa.chunked_array([pa.array(r.keys) for r in lines]).combine_chunks())
     carry = pa.table({"key": pa.array([], pa.int64()), "t": pa.array([], pa.int64()),
                       "is_deleted": pa.array([], pa.bool_())})
     if task.files:
@@ -1083,10 +1104,12 @@ def _run_group_task(task: GroupTask, members: Sequence[tuple[str, str, FrameCont
             if task.parts > 1:  # every live key of this part only
                 of = part_of_keys(np.asarray(carry.column("key").combine_chunks()), task.parts, task.cuts)
                 carry = carry.filter(pa.array(of == task.part))
-    for step in task.steps:
+    for step, rows_of_step in zip(task.steps, lines, strict=True):
         path, name, ctx = members[step.member]
         work = step.work
-        decoded = list(_decoder(work, name)(_read_lines(path, step.rows)))
+        if not len(rows_of_step.lines) and not work.backfills:
+            continue
+        decoded = list(_decoder(work, name)(_read_lines(path, rows_of_step)))
         rows = pa.Table.from_batches(decoded) if decoded else _row_schema(work.supercolumns_after).empty_table()
         # a backfill folds every live key; otherwise only the step's own keys' images are needed
         step_keys = None if work.backfills else pc.unique(pc.drop_null(rows.column("key")).combine_chunks())
