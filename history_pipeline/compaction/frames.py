@@ -1,12 +1,13 @@
 """Compaction as Spark DataFrame / Arrow operations (``StoreSettings.compaction_engine``, the default).
 
-Per verified segment the driver never holds the segment:
+Per verified segment the driver never holds the segment, nor a list of its rows:
 
 1. *route*: in the same streaming read that verifies the seal (``verify_and_route``), the driver
    finds, with one regular expression over whole byte chunks (Arrow), the row events in the WAL
-   writer's form, their tables, keys and byte ranges (int arrays only); only the few other
-   records (schema changes, closes) reach Python, and the driver replays them into per-table
-   schema epochs. A segment not in that form is routed by Spark instead:
+   writer's form, their tables, keys and byte ranges, and appends them per table to a route
+   file beside the segment (``<wal_dir>/routes``), keeping only counts and key ranges; only the
+   few other records (schema changes, closes) reach Python, and the driver replays them into
+   per-table schema epochs. A segment not in that form is routed by Spark instead:
    executors split it into (line, text) rows, the JVM parses each envelope (``from_json``),
    and one aggregation brings back the non-row records and per touched table its row count
    and largest t (``parsed_lines`` + ``route``).
@@ -14,11 +15,13 @@ Per verified segment the driver never holds the segment:
    event against its epoch (``vector_decode`` for values in their canonical form, the project's
    own decoders for the rest, so values and messages are those of the contract), read the prior
    image of the part's keys from the table's files (every live key when a backfill needs them),
-   fold (``fold.py``, vectorized) and write the versions and snapshot files. Driver-routed, the
-   tasks are the partitions of one ``spark.range`` and each is handed its lines' byte ranges, so
-   it reads only those (no shuffle); Spark-routed, the decoded rows are spread by a hash of the
-   key and sorted first. Back come the files' statistics, or a part's
-   smallest failing line (then the caller discards the files other parts wrote).
+   fold (``fold.py``, vectorized) and write the versions and snapshot files. Driver-routed,
+   several pending segments run as one job (a *group*, ``run_group``): the tasks are the
+   partitions of one ``spark.range``, each (table, key part) reads its rows' byte ranges from
+   the route files and only those lines of each segment (no shuffle), and carries each key's
+   newest image from segment to segment; Spark-routed, the decoded rows are spread by a hash
+   of the key and sorted first. Back come the files' statistics, or a part's smallest failing
+   line (then the caller discards the files of that segment and of those after it).
 
 The driver then commits exactly as the in-process path does (``compactor.py``).
 """
@@ -1008,8 +1011,8 @@ class GroupTask:
 
 def group_tasks(members: Sequence[GroupMember], files_per_table: Callable[[int], int]) -> list[GroupTask]:
     """The (table, key part) tasks of a group: a table keeps one split for the whole group (parts
-    from its largest share, key ranges of its files at the group's start, as ``part_tasks``
-    cuts one segment; a table without files yet is cut into equal ranges of the group's own
+    from its largest share, equal key ranges of its files at the group's start (``key_cuts``);
+    a table without files yet is cut into equal ranges of the group's own
     keys), so a task owns the same keys in every segment. A table with a backfill in the group
     carries every live key of its part, and its backfill's snapshot is one piece per part; the
     largest first."""
