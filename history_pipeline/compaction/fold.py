@@ -16,17 +16,19 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
 from history_pipeline.casts import CastFailure, cast_value
 from history_pipeline.compaction.carriers import from_carrier, to_carrier
 from history_pipeline.compaction.plan import Backfill
-from history_pipeline.types import arrow_type, from_arrow_value, to_arrow_value
+from history_pipeline.types import TypeKind, arrow_type, from_arrow_value, to_arrow_value
 
 ROW_OPS = ("insert", "update", "delete")
 PRIOR, GONE, BACKFILL = "prior", "gone", "backfill"
 SORT = [("key", "ascending"), ("t", "ascending"), ("line", "ascending")]
+_INTEGERS = (TypeKind.SMALLINT, TypeKind.INTEGER, TypeKind.BIGINT)
 
 
 @dataclass(frozen=True)
@@ -126,23 +128,29 @@ def _before(f: _Frame, b: Backfill, inclusive: bool) -> pa.Array:
 def _cast_values(b: Backfill, keys: list[int], source: pa.Array | None) -> tuple[pa.Array, list[str | None]]:
     """The backfill's value for each live key (a default, or the old value cast) and any failure."""
     target_type = arrow_type(b.target.data_type)
-    if b.source is None or source is None:
-        values: list[Any] = [b.default] * len(keys)
-        errors: list[str | None] = [None] * len(keys)
-    else:
-        old = from_carrier(source, arrow_type(b.source.data_type)).to_pylist()
-        values, errors = [], []
-        for key, raw in zip(keys, old, strict=True):  # casts are per value (casts.py), once per schema change
-            try:
-                values.append(cast_value(from_arrow_value(b.source.data_type, raw), b.source.data_type,
-                                         b.target.data_type))
-                errors.append(None)
-            except CastFailure as exc:
-                values.append(None)
-                errors.append(
-                    f"change of column {b.target.column_uuid} to {b.target.data_type}: "
-                    f"key {key} holds a value that cannot be cast: {exc}"
-                )
+    if b.source is None or source is None:  # a default: one value for every key
+        value = pa.array([to_arrow_value(b.target.data_type, b.default)], target_type)
+        return to_carrier(value.take(pa.array(np.zeros(len(keys), np.int64))), target_type), [None] * len(keys)
+    if b.source.data_type.kind in _INTEGERS and b.target.data_type.kind in _INTEGERS:
+        try:  # an integer into an integer is the value itself when it fits: one Arrow cast
+            cast = pc.cast(from_carrier(source, arrow_type(b.source.data_type)), target_type, safe=True)
+            return to_carrier(cast, target_type), [None] * len(keys)
+        except pa.ArrowInvalid:
+            pass  # out of range somewhere: the per-value casts below name the key and say why
+    values: list[Any] = []
+    errors: list[str | None] = []
+    old = from_carrier(source, arrow_type(b.source.data_type)).to_pylist()
+    for key, raw in zip(keys, old, strict=True):  # casts are per value (casts.py), once per schema change
+        try:
+            values.append(cast_value(from_arrow_value(b.source.data_type, raw), b.source.data_type,
+                                     b.target.data_type))
+            errors.append(None)
+        except CastFailure as exc:
+            values.append(None)
+            errors.append(
+                f"change of column {b.target.column_uuid} to {b.target.data_type}: "
+                f"key {key} holds a value that cannot be cast: {exc}"
+            )
     items = [to_arrow_value(b.target.data_type, v) for v in values]
     return to_carrier(pa.array(items, target_type), target_type), errors
 
