@@ -385,7 +385,7 @@ def _plan_group(store: CompactionHandle, refs: Sequence[SegmentRef], state: Cata
         read = _file_identity(ref.path)
         try:
             sealed, routed = frames.verify_and_route(ref)
-        except SegmentCorruptedError:
+        except (SegmentCorruptedError, MalformedRecordError):
             break  # compact_segment quarantines it
         if routed is None:
             break
