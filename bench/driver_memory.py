@@ -298,11 +298,12 @@ STEPS = {"compact": ("compact",),
          "snapshot": ("snapshot", "snapshot_in_process", "close_intervals", "driver_live_rows")}
 
 
-def run(size: str, work: Path) -> list[dict[str, Any]]:
-    """Every case of ``size``: one setup process per store, one fresh process per measured step."""
+def run(size: str, work: Path, kinds: tuple[str, ...] = ("compact", "snapshot")) -> list[dict[str, Any]]:
+    """Every case of ``size`` (of ``kinds``): one setup process per store, one fresh process per
+    measured step."""
     results = []
     sizes = SIZES[size]
-    for kind in ("compact", "snapshot"):
+    for kind in kinds:
         for n in sizes[kind]:
             base = work / f"{kind}-{n}"
             _in_child("setup", {"kind": kind, "size": n, "held": sizes["held"], "root": str(base)})
@@ -347,10 +348,11 @@ def report(size: str, results: list[dict[str, Any]]) -> str:
                      f"{f['driver_peak_mb'][1]} MiB | {f['driver_growth_mb'][0]} → {f['driver_growth_mb'][1]} MiB "
                      f"| {'yes' if f['flat'] else 'NO'} |")
     lines += ["", "Where a growing step's driver memory goes (see docs/DECISIONS.md, driver memory):",
-              "- compact: the verifying read routes the segment in whole-line pieces and keeps, per touched "
-              "table, int arrays of 32 bytes per row event (line, byte range, key) that tell each task its "
-              "lines (`compaction/frames.verify_and_route`); the events' bytes are not kept (before session 6 "
-              "the routing read split whole chunks into Python bytes: 88 -> 467 MiB from 100k to 1.6M events);",
+              "- compact: the verifying read routes the segment in whole-line pieces and appends, per touched "
+              "table, (line, byte range, key) rows to a route file beside the segment that the tasks read "
+              "(`compaction/frames.verify_and_route`); the driver keeps counts and key ranges only (session 6 "
+              "kept the rows, 32 bytes per row event, and shipped them in the task payloads; before that the "
+              "routing read split whole chunks into Python bytes: 88 -> 467 MiB from 100k to 1.6M events);",
               "- close_intervals: Spark tasks over key ranges since session 7 (before: (key, t) of every row of "
               "an interval in one DuckDB table on the driver, and each file it marked read whole);",
               "- driver_live_rows: the snapshot's previous implementation, for comparison."]
@@ -361,6 +363,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--size", choices=sorted(SIZES), default="quick")
     parser.add_argument("--report", action="store_true", help="rewrite the .md from the saved .json")
+    parser.add_argument("--only", choices=sorted(STEPS), help="only these cases (results printed, not saved)")
     parser.add_argument("--setup", help=argparse.SUPPRESS)
     parser.add_argument("--measure", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
@@ -375,9 +378,11 @@ def main(argv: list[str] | None = None) -> int:
         args.size, results = saved["size"], saved["results"]
     else:
         with tempfile.TemporaryDirectory() as tmp:
-            results = run(args.size, Path(tmp))
+            results = run(args.size, Path(tmp), (args.only,) if args.only else ("compact", "snapshot"))
     text = report(args.size, results)
     print(text)
+    if args.only:
+        return 0
     RESULTS.mkdir(exist_ok=True)
     summary = {"size": args.size, "results": results,
                "flatness": [flatness(results, s) for s in dict.fromkeys(r["step"] for r in results)]}

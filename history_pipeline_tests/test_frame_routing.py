@@ -24,7 +24,9 @@ def scan_segment(segment: SealedSegment) -> tuple[list[tuple[int, bytes]], list[
     driver did before routing moved into the verifying read): (the lines that are not row events
     in the writer's form, per touched table (uuid, rows, max t)), as ``frames.route`` returns; None
     when the segment is not for the driver's shortcut."""
-    router = frames._Router()
+    folder = frames.routes_dir(segment.ref.path.parent.parent)
+    folder.mkdir(exist_ok=True)
+    router = frames._Router(folder / f"{segment.ref.name}.reference")
     with open(segment.ref.path, "rb") as f:
         offset, line, carry = 0, 1, b""
         while offset + len(carry) < segment.body_bytes:
@@ -33,6 +35,7 @@ def scan_segment(segment: SealedSegment) -> tuple[list[tuple[int, bytes]], list[
             router(data[:end], offset, line)
             offset, line, carry = offset + end, line + data.count(b"\n", 0, end), data[end:]
     routed = router.routed()
+    router.discard()
     return None if routed is None else (list(routed.records), list(routed.touched))
 
 
@@ -78,6 +81,11 @@ def test_one_read_verifies_and_routes_as_the_two_passes_did(tmp_path, monkeypatc
                        for n, k in zip(rows.lines, rows.keys, strict=True))
         routed_lines = {n for n, _ in routed.records} | {n for r in routed.rows.values() for n in r.lines}
         assert routed_lines == set(range(1, sealed.records + 1))
+        for uuid, table in routed.tables.items():  # what the driver keeps: a file and its figures
+            rows = routed.rows[uuid]
+            assert (table.rows, table.min_key, table.max_key) == (len(rows.lines), rows.keys.min(), rows.keys.max())
+        routed.remove()
+    assert list(frames.routes_dir(store.wal_dir).iterdir()) == []  # removed
 
 
 def test_a_corrupted_segment_fails_the_single_read_before_any_routing_is_used(tmp_path):
@@ -118,14 +126,18 @@ def test_key_parts_get_disjoint_keys_and_every_line_of_their_table(tmp_path, mon
     plan = frames.plan_frames(sealed, routed.records, routed.touched, replay_schema_history(state.schema_history),
                               state)
     ctx = frames.FrameContext({}, "db", state.frontier + 1, state.txn_id + 1, ref.segment_id)
-    tasks = frames.part_tasks(plan, routed, ctx, compactor.files_per_table)
+    tasks = frames.group_tasks([frames.GroupMember(plan, routed, ctx)], compactor.files_per_table)
     for uuid in ("A", "B"):
-        mine = [t for t in tasks if t.work.table_uuid == uuid]
+        mine = [t for t in tasks if t.table_uuid == uuid]
         assert len(mine) > 1  # split
-        keys = [set(t.rows.keys.tolist()) for t in mine]
+        rows = [t.rows(step) for t in mine for step in t.steps]
+        keys = [set(r.keys.tolist()) for r in rows]
         assert sum(len(k) for k in keys) == len(set().union(*keys))  # a key lives in one part only
-        assert sorted(n for t in mine for n in t.rows.lines) == routed.rows[uuid].lines.tolist()
-    assert [len(t.rows.lines) for t in tasks] == sorted((len(t.rows.lines) for t in tasks), reverse=True)
+        assert sorted(n for r in rows for n in r.lines) == routed.rows[uuid].lines.tolist()
+        ranges = sorted((min(k), max(k)) for k in keys if k)
+        assert all(a[1] < b[0] for a, b in zip(ranges, ranges[1:], strict=False))  # key ranges, not modulo
+    assert [t.weight for t in tasks] == sorted((t.weight for t in tasks), reverse=True)
+    routed.remove()
 
 
 @pytest.mark.parametrize("root", ["local", "s3"])
@@ -135,8 +147,9 @@ def test_split_tables_with_byte_ranges_equal_the_reference(tmp_path, monkeypatch
     monkeypatch.setattr(compactor, "SPLIT_THRESHOLD", 8)
     monkeypatch.setattr(frames, "ROUTE_BYTES", 2_000)
     monkeypatch.setattr(frames, "SKIP_GAP", 200)
-    planned, part_tasks = [], frames.part_tasks
-    monkeypatch.setattr(frames, "part_tasks", lambda *a: planned.append(part_tasks(*a)) or planned[-1])
+    planned, group_tasks = [], frames.group_tasks
+    monkeypatch.setattr(frames, "group_tasks",
+                        lambda *a: planned.append((len(a[0]), group_tasks(*a))) or planned[-1][1])
     events = random_history(5, n_events=120)
     cuts = [i for i in range(1, len(events)) if events[i]["t"] > events[i - 1]["t"]]  # a t is not split
     a, b = cuts[len(cuts) // 3], cuts[2 * len(cuts) // 3]
@@ -154,8 +167,9 @@ def test_split_tables_with_byte_ranges_equal_the_reference(tmp_path, monkeypatch
         if name == "frames":
             assert store.segments() and all(s.state is SegmentState.APPLIED for s in store.segments())
     assert got[0] == got[1]
-    assert len(planned) == 3  # every segment routed on the driver
-    assert any(len({t.work.table_uuid for t in tasks}) < len(tasks) for tasks in planned)  # tables split
+    assert [members for members, _ in planned] == [3]  # every segment routed on the driver, one job
+    tasks = planned[0][1]
+    assert len({t.table_uuid for t in tasks}) < len(tasks)  # tables split
 
 
 def test_a_bad_segment_after_good_ones_is_quarantined_alone(tmp_path, spark):
@@ -173,12 +187,156 @@ def test_a_bad_segment_after_good_ones_is_quarantined_alone(tmp_path, spark):
 
 
 def test_part_tasks_are_dealt_into_one_partition_per_local_core(spark):
-    def task(n: int) -> frames.PartTask:
-        rows = frames.RowLines(*(np.arange(n, dtype=np.int64) for _ in range(4)))
-        return frames.PartTask(None, rows, 0)  # type: ignore[arg-type]
+    def task(n: int) -> frames.GroupTask:
+        step = frames.GroupStep(0, None, frames.RouteTable("", n, 0, 0, 0), 0)  # type: ignore[arg-type]
+        return frames.GroupTask("T", (), None, (), (step,), False)
 
     tasks = [task(n) for n in (50, 40, 30, 20, 5)]
     assert frames.pack_tasks(tasks, 2) == [[0, 3, 4], [1, 2]]  # each to the lighter partition
     assert frames.pack_tasks(tasks, 8) == [[0], [1], [2], [3], [4]]
     assert frames.pack_tasks(tasks, None) == [[0], [1], [2], [3], [4]]  # a cluster: one each
     assert frames.local_slots(spark) == 2  # the test session is local[2]
+
+
+# --- several pending segments in one Spark job (a group) ------------------------------------
+
+
+def _record_groups(monkeypatch) -> list[int]:
+    """Records how many segments each Spark job (``run_group``) folded."""
+    sizes, run_group = [], frames.run_group
+    monkeypatch.setattr(frames, "run_group", lambda spark, members, *a: sizes.append(len(members))
+                        or run_group(spark, members, *a))
+    return sizes
+
+
+def _schema_changes_across(n: int) -> list[list[dict]]:
+    """Three segments over two tables: a column added without a default, a rename, a column added
+    with a default (a backfill) in the middle segment, a type change (a backfill) in the last, and
+    deletes with keys inserted again."""
+    first, second = _two_tables(n)
+    second = [e for e in second if e["op"] != "rename_column"]
+    t = 200 + n
+    second += [
+        {"op": "add_column", "t": t, "table_uuid": "A",
+         "column": {"column_uuid": "x", "column_name": "x", "data_type": "INTEGER"}},
+        {"op": "rename_column", "t": t + 1, "table_uuid": "B", "column_uuid": "c", "new_name": "label"},
+        {"op": "add_column", "t": t + 2, "table_uuid": "B",
+         "column": {"column_uuid": "d", "column_name": "d", "data_type": "INTEGER"}, "default": 7},
+    ]
+    second += [{"op": "update", "t": t + 3 + k, "table_uuid": "AB"[k % 2], "key": k * 3 - n,
+                "values": {"x": k} if k % 2 == 0 else {"d": -k}} for k in range(0, n, 4) if k % 5 != 1]
+    t += 3 + n
+    third = [{"op": "change_column_type", "t": t, "table_uuid": "B", "column_uuid": "i", "data_type": "TEXT"}]
+    third += [{"op": "insert", "t": t + 1 + k, "table_uuid": "AB"[k % 2], "key": k * 3 - n,
+               "values": {"c": f"again {k}", "i": k} if k % 2 == 0 else {"c": f"again {k}", "i": str(k)}}
+              for k in range(1, n, 5)]
+    third += [{"op": "update", "t": t + 1 + n + k, "table_uuid": "AB"[k % 2], "key": k * 3 - n,
+               "values": {"i": 5 * k} if k % 2 == 0 else {"i": f"text {k}", "d": None}} for k in range(2, n, 6)]
+    return [first, second, third]
+
+
+@pytest.mark.parametrize("split", [False, True])
+def test_a_group_across_schema_changes_equals_the_reference(tmp_path, monkeypatch, spark, split):
+    """Three segments in one Spark job, with a column added, a rename and backfills (a default, a
+    type change) in the middle of the group, whole and with the tables split into key parts (a
+    backfill's snapshot then in one piece per part): every answer at every T is the reference's."""
+    if split:
+        monkeypatch.setattr(compactor, "SPLIT_THRESHOLD", 6)
+    sizes = _record_groups(monkeypatch)
+    got = []
+    for name, session in (("frames", spark), ("reference", False)):
+        store = HistoryStore.open(tmp_path / name, database="db", settings=FRAMES)
+        write(store, *_schema_changes_across(60))
+        assert store.compact(spark=session).segments_applied == [1, 2, 3]
+        got.append(answers(store))
+    assert got[0] == got[1]
+    assert sizes == [3]
+    pieces = HistoryStore.open(tmp_path / "frames", database="db", settings=FRAMES)
+    snapshots = [f for f in pieces.catalog_state().files.values() if f.kind.value == "snapshot"]
+    points = {(f.table_uuid, f.snapshot_as_of) for f in snapshots}
+    assert len(points) == 2  # one per backfill
+    if split:
+        assert len(snapshots) > len(points)  # in pieces: disjoint key ranges
+        for point in points:
+            ranges = sorted((f.min_key, f.max_key) for f in snapshots if (f.table_uuid, f.snapshot_as_of) == point)
+            assert all(a[1] < b[0] for a, b in zip(ranges, ranges[1:], strict=False))
+    assert pieces.verify() == []
+
+
+def test_a_bad_segment_in_the_middle_of_a_group_is_quarantined_alone(tmp_path, monkeypatch, spark):
+    """The good segment before it commits, the bad one is quarantined naming its line, the one after
+    it stays pending, and no file written for the bad one or after it is left in the store."""
+    sizes = _record_groups(monkeypatch)
+    store = HistoryStore.open(tmp_path / "frames", database="db", settings=FRAMES)
+    first, second, third = _schema_changes_across(30)
+    bad = [*second[:5], {"op": "update", "t": second[4]["t"], "table_uuid": "A", "key": 99_999, "values": {"i": 1}},
+           *second[5:]]
+    write(store, first, bad, third)
+    lines = _python_lines(store.segments(SegmentState.SEALED)[1].path)
+    line = next(n for n, text in lines.items() if b'"key":99999,' in text)
+    with pytest.raises(SegmentQuarantinedError, match=f"line {line}: update of key 99999"):
+        store.compact(spark=spark)
+    assert sizes == [3]
+    assert [s.segment_id for s in store.segments(SegmentState.APPLIED)] == [1]
+    assert [s.segment_id for s in store.segments(SegmentState.QUARANTINED)] == [2]
+    assert [s.segment_id for s in store.segments(SegmentState.SEALED)] == [3]
+    assert store.frontier == first[-1]["t"]
+    committed = set(store.catalog_state().files)
+    written = {str(p.relative_to(tmp_path / "frames")) for p in (tmp_path / "frames").rglob("*.parquet")}
+    assert written == committed  # the bad segment's files and the next one's were deleted
+    reference = HistoryStore.open(tmp_path / "reference", database="db", settings=FRAMES)
+    write(reference, first)
+    reference.compact(spark=False)
+    assert answers(store) == answers(reference)
+
+
+class Crash(Exception):
+    pass
+
+
+@pytest.mark.parametrize("step", ["files_written", "schema_history_written", "committed"])
+def test_a_crash_between_the_commits_of_a_group_recovers(tmp_path, spark, step):
+    """A crash after the group's job, at a step of its second segment (the first committed): the
+    next run applies every segment exactly once and answers as the reference."""
+    store = HistoryStore.open(tmp_path / "frames", database="db", settings=FRAMES)
+    batches = _schema_changes_across(40)
+    write(store, *batches)
+    seen = []
+
+    def crash(at: str) -> None:
+        seen.append(at)
+        if at == step and seen.count("committed") == (1 if step != "committed" else 2):
+            raise Crash(at)
+
+    with pytest.raises(Crash):
+        store.compact(spark=spark, on_step=crash)
+    applied = 2 if step == "committed" else 1
+    assert store.frontier == batches[applied - 1][-1]["t"]
+    again = HistoryStore.open(tmp_path / "frames", database="db", settings=FRAMES)
+    summary = again.compact(spark=spark)
+    # a segment committed before the crash is only moved (the catalog lists it already)
+    assert summary.segments_applied == ([3] if step == "committed" else [2, 3])
+    assert [s.state for s in again.segments()] == [SegmentState.APPLIED] * 3
+    reference = HistoryStore.open(tmp_path / "reference", database="db", settings=FRAMES)
+    write(reference, *batches)
+    reference.compact(spark=False)
+    assert answers(again) == answers(reference)
+
+
+def test_route_files_a_crashed_run_left_break_nothing_and_go(tmp_path, spark):
+    """Route files are written beside the segments while the driver verifies them and removed after
+    the Spark job; those a killed run left are not reused (a fresh attempt id each read), and
+    compaction removes them once their segments are applied."""
+    store = HistoryStore.open(tmp_path / "frames", database="db", settings=FRAMES)
+    write(store, *_two_tables(40))
+    left = [frames.verify_and_route(ref)[1] for ref in store.segments(SegmentState.SEALED)]  # a run killed here
+    folder = frames.routes_dir(store.wal_dir)
+    stale = sorted(p.name for p in folder.iterdir())
+    assert len(stale) == sum(len(r.tables) for r in left) > 0
+    (folder / "00000000000000000001.torn.0.rows").write_bytes(b"\x01\x02")  # a write cut short
+    assert store.compact(spark=spark).segments_applied == [1, 2]
+    assert list(folder.iterdir()) == []
+    reference = HistoryStore.open(tmp_path / "reference", database="db", settings=FRAMES)
+    write(reference, *_two_tables(40))
+    reference.compact(spark=False)
+    assert answers(store) == answers(reference)

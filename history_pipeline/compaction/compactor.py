@@ -246,23 +246,31 @@ def _apply_frames(
     """The DataFrame path: the driver verifies, routes and plans; Spark decodes, folds and writes."""
     # one read verifies the seal and routes the row events in the writer's form (no Spark job)
     sealed, routed = frames.verify_and_route(ref)
-    # otherwise routing and every table's decode read the parsed lines: split and parse the file once
-    parsed = None if routed is not None else frames.parsed_lines(spark, sealed).persist()
-    try:
-        records, touched = (routed.records, routed.touched) if routed is not None else frames.route(spark, parsed)
-        plan = frames.plan_frames(sealed, records, touched, replay_schema_history(state.schema_history), state)
-        on_step("planned")
-        ctx = frames.FrameContext(
-            store_config=executor_store_config(store.objects),
-            database=store.database,
-            prior_as_of=state.frontier + 1,
-            txn_hint=state.txn_id + 1,
-            segment_id=ref.segment_id,
-            attempt=attempt,
-        )
-        outcome = frames.run_segment(spark, plan, routed, parsed, ctx, files_per_table)
-    finally:
-        if parsed is not None:
+    schema = replay_schema_history(state.schema_history)
+    ctx = frames.FrameContext(
+        store_config=executor_store_config(store.objects),
+        database=store.database,
+        prior_as_of=state.frontier + 1,
+        txn_hint=state.txn_id + 1,
+        segment_id=ref.segment_id,
+        attempt=attempt,
+    )
+    if routed is not None:  # a group of one
+        try:
+            plan = frames.plan_frames(sealed, routed.records, routed.touched, schema, state)
+            on_step("planned")
+            outcome = frames.run_group(spark, [frames.GroupMember(plan, routed, ctx)], files_per_table)[0]
+        finally:
+            routed.remove()
+    else:
+        # routing and every table's decode read the parsed lines: split and parse the file once
+        parsed = frames.parsed_lines(spark, sealed).persist()
+        try:
+            records, touched = frames.route(spark, parsed)
+            plan = frames.plan_frames(sealed, records, touched, schema, state)
+            on_step("planned")
+            outcome = frames.run_segment(spark, plan, parsed, ctx, files_per_table)
+        finally:
             parsed.unpersist()
     if outcome.error is not None:
         for entry in outcome.entries:  # written beside the failing line's check: never committed
@@ -297,6 +305,22 @@ def compact_segment(
         line = getattr(exc, "line", None)
         quarantine_segment(ref, store.wal_dir, str(exc), line)
         raise SegmentQuarantinedError(ref.name, str(exc)) from exc
+    _commit(store, ref, read, state, plan, attempt, summary, on_step)
+
+
+def _commit(
+    store: CompactionHandle,
+    ref: SegmentRef,
+    read: tuple[int, int, int] | None,
+    state: CatalogState,
+    plan: SegmentResult,
+    attempt: str,
+    summary: CompactionSummary,
+    on_step: StepHook,
+) -> CatalogState:
+    """Commit one segment's written files, schema entries, frontier and id in one catalog
+    transaction (refused when the catalog moved on from ``state``), then move it to ``applied/``;
+    returns the state the commit made."""
     on_step("files_written")
     entries = list(plan.entries)
     history_entry = _write_schema_history(store, state, plan, attempt)
@@ -322,7 +346,7 @@ def compact_segment(
         actions.append(ApplySegments((plan.segment_id,)))
         return actions
 
-    store.catalog.commit(f"compact segment {plan.segment}", build)
+    committed = store.catalog.commit(f"compact segment {plan.segment}", build)
     on_step("committed")
     move_segment(ref, SegmentState.APPLIED, store.wal_dir)
     summary.segments_applied.append(plan.segment_id)
@@ -333,6 +357,93 @@ def compact_segment(
     summary.tables_touched.update(e.table_uuid for e in plan.schema_entries)
     summary.schema_changes += len(plan.schema_entries)
     summary.frontier = max(summary.frontier, plan.upper)
+    return committed
+
+
+@dataclass(frozen=True)
+class _Pending:
+    """A segment of a group: its ref, its file identity when read, its attempt and its member."""
+
+    ref: SegmentRef
+    read: tuple[int, int, int] | None
+    attempt: str
+    member: frames.GroupMember
+
+
+def _plan_group(store: CompactionHandle, refs: Sequence[SegmentRef], state: CatalogState) -> list[_Pending]:
+    """The longest run of pending segments, from the first, that can share one Spark job: each
+    verified and routed on the driver (one read each) and planned from the schema the ones before
+    it leave and the catalog as it is now, within the group's bounds. A segment that cannot join
+    (corrupt, routed by Spark, applied already) ends the group; a segment whose schema records
+    fail joins it as its last (it is quarantined in turn)."""
+    group: list[_Pending] = []
+    schema = replay_schema_history(state.schema_history)
+    frontier, rows = state.frontier, 0
+    for ref in refs[: frames.MAX_GROUP_SEGMENTS]:
+        if ref.segment_id in state.applied_segments:
+            break
+        read = _file_identity(ref.path)
+        try:
+            sealed, routed = frames.verify_and_route(ref)
+        except (SegmentCorruptedError, MalformedRecordError):
+            break  # compact_segment quarantines it
+        if routed is None:
+            break
+        plan = frames.plan_frames(sealed, routed.records, routed.touched, schema, state)
+        rows += sum(w.rows for w in plan.tables)
+        if group and rows > frames.MAX_GROUP_ROWS:
+            routed.remove()  # it leads the next group
+            break
+        attempt = uuid.uuid4().hex
+        ctx = frames.FrameContext(
+            store_config=executor_store_config(store.objects),
+            database=store.database,
+            prior_as_of=frontier + 1,
+            txn_hint=state.txn_id + 1 + len(group),
+            segment_id=ref.segment_id,
+            attempt=attempt,
+        )
+        group.append(_Pending(ref, read, attempt, frames.GroupMember(plan, routed, ctx)))
+        if plan.error is not None:
+            break
+        schema, frontier = plan.schema_after, max(frontier, sealed.upper)
+    return group
+
+
+def _compact_group(
+    store: CompactionHandle,
+    state: CatalogState,
+    group: Sequence[_Pending],
+    spark: Any,
+    summary: CompactionSummary,
+    on_step: StepHook,
+) -> None:
+    """Apply a group of segments with one Spark job: then each is committed on its own, in order
+    (its own catalog transaction, as ``compact_segment``), until the first bad one, which is
+    quarantined alone; the files written for it and for the segments after it are deleted (those
+    stay pending and are compacted again by the next run). ``state`` is the catalog the group
+    was planned from."""
+    try:
+        on_step("planned")
+        outcomes = frames.run_group(spark, [p.member for p in group], files_per_table)
+    finally:  # the tasks have read them; a crash before this line leaves them to sweep_routes
+        for pending in group:
+            pending.member.routed.remove()
+    for i, (pending, outcome) in enumerate(zip(group, outcomes, strict=True)):
+        plan = pending.member.plan
+        if outcome.error is not None:
+            for later in outcomes[i:]:  # never committed: written beside a failing line or after it
+                for entry in later.entries:
+                    store.objects.delete(entry.path)
+            exc = outcome.error
+            quarantine_segment(pending.ref, store.wal_dir, str(exc), exc.line)
+            raise SegmentQuarantinedError(pending.ref.name, str(exc)) from exc
+        sealed = plan.segment
+        result = SegmentResult(
+            pending.ref.segment_id, pending.ref.name, sealed.lower, sealed.upper, plan.schema_entries,
+            outcome.entries, outcome.versions, frozenset(w.table_uuid for w in plan.tables if w.rows or w.backfills),
+        )
+        state = _commit(store, pending.ref, pending.read, state, result, pending.attempt, summary, on_step)
 
 
 def _file_identity(path: Path) -> tuple[int, int, int] | None:
@@ -426,8 +537,20 @@ def compact_pending(
     if spark is not None and pending:
         check_paths_visible(spark, store.objects, store.wal_dir, getattr(store.settings, "shared_paths", False))
         share_credentials(spark, store.objects)
-    for ref in pending:
-        compact_segment(store, ref, spark, summary, on_step)
+    grouped = spark is not None and store.settings.compaction_engine == "dataframes"
+    at = 0
+    try:
+        while at < len(pending):
+            state = store.catalog.latest()
+            group = _plan_group(store, pending[at:], state) if grouped else []
+            if group:  # planned from ``state``: each commit is refused if the catalog moved on from it
+                _compact_group(store, state, group, spark, summary, on_step)
+                at += len(group)
+            else:
+                compact_segment(store, pending[at], spark, summary, on_step)
+                at += 1
+    finally:  # route files a crashed run left for segments applied or quarantined since
+        frames.sweep_routes(store.wal_dir, pending_segments(store.wal_dir, store.catalog.latest())[0])
     if blocker is not None:
         from history_pipeline.wal.segments import quarantine_reason
 

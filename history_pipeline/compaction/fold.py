@@ -16,17 +16,19 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
 from history_pipeline.casts import CastFailure, cast_value
 from history_pipeline.compaction.carriers import from_carrier, to_carrier
 from history_pipeline.compaction.plan import Backfill
-from history_pipeline.types import arrow_type, from_arrow_value, to_arrow_value
+from history_pipeline.types import TypeKind, arrow_type, from_arrow_value, to_arrow_value
 
 ROW_OPS = ("insert", "update", "delete")
 PRIOR, GONE, BACKFILL = "prior", "gone", "backfill"
 SORT = [("key", "ascending"), ("t", "ascending"), ("line", "ascending")]
+_INTEGERS = (TypeKind.SMALLINT, TypeKind.INTEGER, TypeKind.BIGINT)
 
 
 @dataclass(frozen=True)
@@ -46,6 +48,7 @@ class Folded:
     versions: pa.Table
     snapshots: tuple[tuple[int, pa.Table], ...]  # (snapshot_as_of, live rows)
     failure: Failure | None
+    images: pa.Table | None = None  # each key's newest image afterwards, when asked for
 
 
 def _col(table: pa.Table, name: str) -> pa.Array:
@@ -125,23 +128,29 @@ def _before(f: _Frame, b: Backfill, inclusive: bool) -> pa.Array:
 def _cast_values(b: Backfill, keys: list[int], source: pa.Array | None) -> tuple[pa.Array, list[str | None]]:
     """The backfill's value for each live key (a default, or the old value cast) and any failure."""
     target_type = arrow_type(b.target.data_type)
-    if b.source is None or source is None:
-        values: list[Any] = [b.default] * len(keys)
-        errors: list[str | None] = [None] * len(keys)
-    else:
-        old = from_carrier(source, arrow_type(b.source.data_type)).to_pylist()
-        values, errors = [], []
-        for key, raw in zip(keys, old, strict=True):  # casts are per value (casts.py), once per schema change
-            try:
-                values.append(cast_value(from_arrow_value(b.source.data_type, raw), b.source.data_type,
-                                         b.target.data_type))
-                errors.append(None)
-            except CastFailure as exc:
-                values.append(None)
-                errors.append(
-                    f"change of column {b.target.column_uuid} to {b.target.data_type}: "
-                    f"key {key} holds a value that cannot be cast: {exc}"
-                )
+    if b.source is None or source is None:  # a default: one value for every key
+        value = pa.array([to_arrow_value(b.target.data_type, b.default)], target_type)
+        return to_carrier(value.take(pa.array(np.zeros(len(keys), np.int64))), target_type), [None] * len(keys)
+    if b.source.data_type.kind in _INTEGERS and b.target.data_type.kind in _INTEGERS:
+        try:  # an integer into an integer is the value itself when it fits: one Arrow cast
+            cast = pc.cast(from_carrier(source, arrow_type(b.source.data_type)), target_type, safe=True)
+            return to_carrier(cast, target_type), [None] * len(keys)
+        except pa.ArrowInvalid:
+            pass  # out of range somewhere: the per-value casts below name the key and say why
+    values: list[Any] = []
+    errors: list[str | None] = []
+    old = from_carrier(source, arrow_type(b.source.data_type)).to_pylist()
+    for key, raw in zip(keys, old, strict=True):  # casts are per value (casts.py), once per schema change
+        try:
+            values.append(cast_value(from_arrow_value(b.source.data_type, raw), b.source.data_type,
+                                     b.target.data_type))
+            errors.append(None)
+        except CastFailure as exc:
+            values.append(None)
+            errors.append(
+                f"change of column {b.target.column_uuid} to {b.target.data_type}: "
+                f"key {key} holds a value that cannot be cast: {exc}"
+            )
     items = [to_arrow_value(b.target.data_type, v) for v in values]
     return to_carrier(pa.array(items, target_type), target_type), errors
 
@@ -189,6 +198,19 @@ def _snapshot(rows: pa.Table, b: Backfill, width: int) -> pa.Table:
     return pa.table(columns)
 
 
+def _images(f: _Frame, width: int) -> pa.Table:
+    """Each key's image after all its rows (backfills included): ``key, is_deleted, t, v<i>``, t its
+    last event's (a delete's image is empty)."""
+    at = pc.indices_nonzero(pc.invert(f.same_next))
+    deleted = pc.fill_null(pc.equal(pc.take(f.kind, at), "delete"), False)
+    event = f.last_within_key(pc.not_equal(f.kind, BACKFILL))
+    columns = {"key": pc.take(_col(f.rows, "key"), at), "is_deleted": deleted, "t": pc.take(f.t, pc.take(event, at))}
+    for i in range(width):
+        source = pc.if_else(deleted, pa.scalar(None, pa.int64()), pc.take(f.image(i), at))
+        columns[f"v{i}"] = pc.take(_col(f.rows, f"v{i}"), source)
+    return pa.table(columns)
+
+
 def _sequence_failure(f: _Frame) -> Failure | None:
     """The first insert of a live key, or update/delete of a missing one."""
     live_before = _and_not_null(f.same_prev, pc.not_equal(_prev(f.kind), "delete"))
@@ -224,8 +246,11 @@ def _versions(f: _Frame, width: int) -> pa.Table:
     return pa.table(columns)
 
 
-def fold(rows: pa.Table, width: int, backfills: Sequence[tuple[Backfill, int, int | None]]) -> Folded:
-    """Fold one key range: ``backfills`` are (backfill, target index, source index or None)."""
+def fold(
+    rows: pa.Table, width: int, backfills: Sequence[tuple[Backfill, int, int | None]], images: bool = False
+) -> Folded:
+    """Fold one key range: ``backfills`` are (backfill, target index, source index or None); with
+    ``images`` also each key's newest image afterwards (what a group task carries on)."""
     failures: list[Failure] = []
     failed = pc.is_valid(_col(rows, "error_class"))
     if pc.any(failed).as_py():
@@ -244,4 +269,4 @@ def fold(rows: pa.Table, width: int, backfills: Sequence[tuple[Backfill, int, in
     if failure is not None:
         failures.append(failure)
     first = min(failures, key=lambda x: (x.line, -1 if x.key is None else x.key)) if failures else None
-    return Folded(_versions(f, width), tuple(snapshots), first)
+    return Folded(_versions(f, width), tuple(snapshots), first, _images(f, width) if images and f.n else None)

@@ -1,12 +1,13 @@
 """Compaction as Spark DataFrame / Arrow operations (``StoreSettings.compaction_engine``, the default).
 
-Per verified segment the driver never holds the segment:
+Per verified segment the driver never holds the segment, nor a list of its rows:
 
 1. *route*: in the same streaming read that verifies the seal (``verify_and_route``), the driver
    finds, with one regular expression over whole byte chunks (Arrow), the row events in the WAL
-   writer's form, their tables, keys and byte ranges (int arrays only); only the few other
-   records (schema changes, closes) reach Python, and the driver replays them into per-table
-   schema epochs. A segment not in that form is routed by Spark instead:
+   writer's form, their tables, keys and byte ranges, and appends them per table to a route
+   file beside the segment (``<wal_dir>/routes``), keeping only counts and key ranges; only the
+   few other records (schema changes, closes) reach Python, and the driver replays them into
+   per-table schema epochs. A segment not in that form is routed by Spark instead:
    executors split it into (line, text) rows, the JVM parses each envelope (``from_json``),
    and one aggregation brings back the non-row records and per touched table its row count
    and largest t (``parsed_lines`` + ``route``).
@@ -14,11 +15,13 @@ Per verified segment the driver never holds the segment:
    event against its epoch (``vector_decode`` for values in their canonical form, the project's
    own decoders for the rest, so values and messages are those of the contract), read the prior
    image of the part's keys from the table's files (every live key when a backfill needs them),
-   fold (``fold.py``, vectorized) and write the versions and snapshot files. Driver-routed, the
-   tasks are the partitions of one ``spark.range`` and each is handed its lines' byte ranges, so
-   it reads only those (no shuffle); Spark-routed, the decoded rows are spread by a hash of the
-   key and sorted first. Back come the files' statistics, or a part's
-   smallest failing line (then the caller discards the files other parts wrote).
+   fold (``fold.py``, vectorized) and write the versions and snapshot files. Driver-routed,
+   several pending segments run as one job (a *group*, ``run_group``): the tasks are the
+   partitions of one ``spark.range``, each (table, key part) reads its rows' byte ranges from
+   the route files and only those lines of each segment (no shuffle), and carries each key's
+   newest image from segment to segment; Spark-routed, the decoded rows are spread by a hash
+   of the key and sorted first. Back come the files' statistics, or a part's smallest failing
+   line (then the caller discards the files of that segment and of those after it).
 
 The driver then commits exactly as the in-process path does (``compactor.py``).
 """
@@ -29,8 +32,10 @@ import bisect
 import os
 import re
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from pathlib import Path
 from typing import Any
+from uuid import uuid4
 
 import numpy as np
 import pyarrow as pa
@@ -209,26 +214,67 @@ class RowLines:
         return RowLines(self.lines[picked], self.starts[picked], self.ends[picked], self.keys[picked])
 
 
+#: where the driver lists a segment's row events for the fold tasks: ``<wal_dir>/routes``, beside
+#: the segments (the WAL is on local disk, or a path shared with the executors)
+ROUTES = "routes"
+
+
+def routes_dir(wal_dir: Path) -> Path:
+    """The folder of the route files of a WAL's segments."""
+    return wal_dir / ROUTES
+
+
+@dataclass(frozen=True)
+class RouteTable:
+    """Where one table's row events in a segment are: a route file beside the segment of int64 rows
+    (line number, byte start and end in the segment without the newline, key), in line order, with
+    their count, largest t and key range. The driver writes it while it verifies the segment and
+    keeps only this; a fold task reads the rows of its own keys."""
+
+    path: str
+    rows: int
+    max_t: int
+    min_key: int
+    max_key: int
+
+    def load(self) -> RowLines:
+        """The rows of the file (the reader is a fold task, or a test)."""
+        data = np.fromfile(self.path, dtype="<i8").reshape(-1, 4)
+        return RowLines(*(np.ascontiguousarray(data[:, i]) for i in range(4)))
+
+
 @dataclass(frozen=True)
 class Routed:
     """A segment routed on the driver: the lines that are not row events in the writer's form, per
-    touched table (uuid, rows, max t) as ``route`` returns them, and where each table's rows are."""
+    touched table (uuid, rows, max t) as ``route`` returns them, and each table's route file."""
 
     records: tuple[tuple[int, bytes], ...]
     touched: tuple[tuple[str, int, int], ...]
-    rows: Mapping[str, RowLines]
+    tables: Mapping[str, RouteTable]
+
+    @property
+    def rows(self) -> dict[str, RowLines]:
+        """Every table's rows, read back from the route files (for tests: the driver never does)."""
+        return {uuid: table.load() for uuid, table in self.tables.items()}
+
+    def remove(self) -> None:
+        """Delete the route files (once the segment's Spark job is over)."""
+        for table in self.tables.values():
+            Path(table.path).unlink(missing_ok=True)
 
 
 class _Router:
     """Routes a segment's body piece by piece (``verify_segment``'s ``on_body``): one RE2 match of
-    the envelope per line (Arrow), per table only int arrays kept; ``gave_up`` when the segment is
-    not for the driver (a row event in another form, too many other lines or tables, bad UTF-8)."""
+    the envelope per line (Arrow); per table the rows found are appended to its route file
+    ``<prefix>.<n>.rows`` at once, so the driver holds one piece, not the segment's rows.
+    ``gave_up`` when the segment is not for the driver (a row event in another form, too many
+    other lines or tables, bad UTF-8)."""
 
-    def __init__(self) -> None:
+    def __init__(self, prefix: Path) -> None:
+        self.prefix = prefix
         self.gave_up = False
         self.records: list[tuple[int, bytes]] = []
-        self.pieces: dict[str, list[tuple[np.ndarray, ...]]] = {}
-        self.max_t: dict[str, int] = {}
+        self.found: dict[str, list[Any]] = {}  # uuid -> [path, rows, max t, min key, max key]
 
     def __call__(self, data: bytes, offset: int, first_line: int) -> None:
         if self.gave_up or not data:
@@ -256,16 +302,32 @@ class _Router:
         ts = np.asarray(head.field("t").filter(mask).cast(pa.int64()).to_numpy())
         at = np.flatnonzero(row)
         for code, uuid in enumerate(tables.dictionary.to_pylist()):
-            mine = at[codes == code]
-            self.pieces.setdefault(uuid, []).append(
-                (first_line + mine, offset + starts[mine], offset + ends[mine], keys[codes == code]))
-            self.max_t[uuid] = max(self.max_t.get(uuid, -1), int(ts[codes == code].max()))
-        if len(self.pieces) > MAX_SCANNED_TABLES:
-            self.gave_up = True
+            if uuid not in self.found:
+                if len(self.found) >= MAX_SCANNED_TABLES:
+                    self.gave_up = True
+                    return
+                path = f"{self.prefix}.{len(self.found)}.rows"
+                self.found[uuid] = [path, 0, -1, None, None]
+            entry = self.found[uuid]
+            mine, its_keys = at[codes == code], keys[codes == code]
+            rows = np.stack([first_line + mine, offset + starts[mine], offset + ends[mine], its_keys], axis=1)
+            with open(entry[0], "ab") as f:
+                rows.astype("<i8").tofile(f)
+            low, high = int(its_keys.min()), int(its_keys.max())
+            entry[1] += len(mine)
+            entry[2] = max(entry[2], int(ts[codes == code].max()))
+            entry[3] = low if entry[3] is None else min(entry[3], low)
+            entry[4] = high if entry[4] is None else max(entry[4], high)
+
+    def discard(self) -> None:
+        """Delete the route files written so far."""
+        for path, *_ in self.found.values():
+            Path(path).unlink(missing_ok=True)
 
     def routed(self) -> Routed | None:
-        """What was found, or None when the segment is not for the driver."""
+        """What was found, or None (its files deleted) when the segment is not for the driver."""
         if self.gave_up:
+            self.discard()
             return None
         for line, text in self.records:  # a row event in another form: Spark's JSON reader routes it
             try:
@@ -273,19 +335,42 @@ class _Router:
             except MalformedRecordError:
                 continue
             if type(event) in _KINDS:
+                self.discard()
                 return None
-        rows = {u: RowLines(*(np.concatenate(c).astype(np.int64) for c in zip(*p, strict=True)))
-                for u, p in self.pieces.items()}
-        touched = tuple(sorted((u, len(r.lines), self.max_t[u]) for u, r in rows.items()))
-        return Routed(tuple(self.records), touched, rows)
+        tables = {u: RouteTable(*found) for u, found in self.found.items()}
+        touched = tuple(sorted((u, r.rows, r.max_t) for u, r in tables.items()))
+        return Routed(tuple(self.records), touched, tables)
 
 
-def verify_and_route(ref: SegmentRef) -> tuple[SealedSegment, Routed | None]:
+def verify_and_route(ref: SegmentRef, routes: Path | None = None) -> tuple[SealedSegment, Routed | None]:
     """Verify a sealed segment and route it on the driver in the same single read (see
-    ``verify_segment``); the route is None when Spark must route it."""
-    router = _Router()
-    sealed = verify_segment(ref, router, ROUTE_BYTES)
+    ``verify_segment``), its row events listed in route files in ``routes`` (by default the
+    WAL's ``routes`` folder, beside the segments), named by segment and a fresh attempt id; the
+    route is None when Spark must route it. A failed read leaves no route file."""
+    folder = routes if routes is not None else routes_dir(ref.path.parent.parent)
+    folder.mkdir(parents=True, exist_ok=True)
+    router = _Router(folder / f"{ref.name}.{uuid4().hex}")
+    try:
+        sealed = verify_segment(ref, router, ROUTE_BYTES)
+    except BaseException:
+        router.discard()
+        raise
     return sealed, router.routed()
+
+
+def sweep_routes(wal_dir: Path, pending: Sequence[SegmentRef]) -> int:
+    """Delete the route files of segments no longer pending (left by a crash during a compaction;
+    a live compaction's are of pending segments); returns how many went."""
+    folder = routes_dir(wal_dir)
+    if not folder.is_dir():
+        return 0
+    keep = {ref.name for ref in pending}
+    gone = 0
+    for entry in folder.iterdir():
+        if entry.name.partition(".")[0] not in keep:
+            entry.unlink(missing_ok=True)
+            gone += 1
+    return gone
 
 
 def _read_lines(path: str, rows: RowLines) -> Iterator[pa.RecordBatch]:
@@ -317,7 +402,12 @@ def key_cuts(files: Sequence[FileEntry], parts: int) -> tuple[int, ...] | None:
     highs = [f.max_key for f in files if f.max_key is not None]
     if parts < 2 or not lows or not highs:
         return None
-    low, width = min(lows), max(highs) - min(lows) + 1
+    return equal_cuts(min(lows), max(highs), parts)
+
+
+def equal_cuts(low: int, high: int, parts: int) -> tuple[int, ...]:
+    """Cuts of the key range [low, high] into ``parts`` ranges of equal width."""
+    width = high - low + 1
     return tuple(low + width * i // parts for i in range(1, parts))
 
 
@@ -326,35 +416,6 @@ def part_of_keys(keys: np.ndarray, parts: int, cuts: tuple[int, ...] | None) -> 
     if cuts is None:
         return np.mod(keys, parts)
     return np.searchsorted(np.asarray(cuts, dtype=np.int64), keys, side="right")
-
-
-@dataclass(frozen=True)
-class PartTask:
-    """One fold task of a driver-routed segment: a table's key part and exactly its lines."""
-
-    work: TableWork
-    rows: RowLines
-    upper: int
-
-
-def part_tasks(
-    plan: SegmentFramePlan, routed: Routed, ctx: FrameContext, files_per_table: Callable[[int], int]
-) -> list[PartTask]:
-    """Split each touched table of a driver-routed segment into key parts (ranges of the prior
-    files' keys, or key modulo the part count without them; a backfilled table is not split, as
-    in the task engine), each with its own lines; the largest first, so two cores share them."""
-    empty = RowLines(*(np.zeros(0, np.int64) for _ in range(4)))
-    tasks = []
-    for work in plan.tables:
-        rows = routed.rows.get(work.table_uuid, empty)
-        upper = (work.max_t + 1) if work.max_t is not None else ctx.prior_as_of
-        parts = 1 if work.backfills else files_per_table(work.rows)
-        if parts == 1:
-            tasks.append(PartTask(work, rows, upper))
-            continue
-        of = part_of_keys(rows.keys, parts, key_cuts(work.files, parts))
-        tasks += [PartTask(work, rows.take(of == p), upper) for p in range(parts) if (of == p).any()]
-    return sorted(tasks, key=lambda task: -len(task.rows.lines))
 
 
 def local_slots(spark: Any) -> int | None:
@@ -369,7 +430,7 @@ def local_slots(spark: Any) -> int | None:
     return (os.cpu_count() or 1) if found.group(1) == "*" else max(1, int(found.group(1)))
 
 
-def pack_tasks(tasks: Sequence[PartTask], slots: int | None) -> list[list[int]]:
+def pack_tasks(tasks: Sequence[GroupTask], slots: int | None) -> list[list[int]]:
     """The part tasks (largest first) dealt into at most ``slots`` Spark partitions, each to the one
     with the fewest rows so far: a Python task costs ~0.1 s even with no work, so a local master
     runs one per core; without a known slot count, one partition per task."""
@@ -380,29 +441,8 @@ def pack_tasks(tasks: Sequence[PartTask], slots: int | None) -> list[list[int]]:
     for i, task in enumerate(tasks):
         least = load.index(min(load))
         bins[least].append(i)
-        load[least] += len(task.rows.lines) + 1
+        load[least] += task.weight + 1
     return [b for b in bins if b]
-
-
-def _part_runner(
-    tasks: Sequence[PartTask], packed: Sequence[Sequence[int]], segment: SealedSegment, ctx: FrameContext
-) -> Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]:
-    """An Arrow UDF: partition indexes in; per part task of the partition its lines read from the
-    segment file, decoded, folded with the prior image of their keys and written; the files'
-    statistics or the part's first failing line out. No shuffle: a part is a whole set of keys."""
-    path = str(segment.ref.path.absolute())
-
-    def run(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-        for batch in batches:
-            for index in (i for p in batch.column(0).to_pylist() for i in packed[p]):
-                task = tasks[index]
-                work = task.work
-                decode = _decoder(work, segment.ref.name)
-                fold_and_write = _folder(work, ctx, task.upper, read_prior=bool(work.files),
-                                         all_keys=bool(work.backfills))
-                yield from fold_and_write(decode(_read_lines(path, task.rows)))
-
-    return run
 
 
 def parsed_lines(spark: Any, segment: SealedSegment) -> Any:
@@ -773,6 +813,45 @@ def _stats_row(e: FileEntry) -> dict[str, Any]:
     }
 
 
+def _write_part(work: TableWork, ctx: FrameContext, upper: int, data: pa.Table, kind: FileKind,
+                snapshot_as_of: int | None) -> FileEntry:
+    """Write one folded file of a part (versions or a snapshot) through the object-store layer."""
+    after = work.supercolumns_after
+    schema = supertable_schema(after)
+    columns = [data.column("key"), data.column("is_deleted"), data.column("t")]
+    columns += [from_carrier(data.column(f"v{i}"), arrow_type(s.data_type)) for i, s in enumerate(after)]
+    meta = FileMetadata(
+        database=ctx.database, table_uuid=work.table_uuid, kind=kind, txn_id=ctx.txn_hint,
+        lower=ctx.prior_as_of, upper=upper, segments=(ctx.segment_id,), snapshot_as_of=snapshot_as_of,
+        attempt=ctx.attempt,
+    )
+    path = new_file_path(ctx.database, work.table_uuid, kind, ctx.txn_hint)
+    return write_parquet(open_executor_store(ctx.store_config), path,
+                         pa.Table.from_arrays(columns, schema=schema), meta)
+
+
+def _fold_out(
+    work: TableWork, ctx: FrameContext, upper: int, rows: pa.Table, images: bool = False
+) -> tuple[list[dict[str, Any]], Any]:
+    """Fold one part's rows (prior image included) and write its files: the output rows (files'
+    statistics, or its first failing line and nothing written) and the fold itself."""
+    after = work.supercolumns_after
+    index = {s.name: i for i, s in enumerate(after)}
+    backfills = [(b, index[b.target.name], None if b.source is None else index[b.source.name]) for b in work.backfills]
+    folded = fold(rows, len(after), backfills, images)
+    if folded.failure is not None:
+        f = folded.failure
+        return [{**{c: None for c in _STATS}, "line": f.line, "key": f.key, "error_class": f.error_class,
+                 "reason": f.reason}], folded
+    out = []
+    if folded.versions.num_rows:
+        out.append(_stats_row(_write_part(work, ctx, upper, folded.versions, FileKind.VERSIONS, None)))
+    for as_of, snapshot in folded.snapshots:
+        if snapshot.num_rows:
+            out.append(_stats_row(_write_part(work, ctx, upper, snapshot, FileKind.SNAPSHOT, as_of)))
+    return out, folded
+
+
 def _folder(
     work: TableWork, ctx: FrameContext, upper: int, read_prior: bool = False, all_keys: bool = False
 ) -> Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]:
@@ -782,21 +861,6 @@ def _folder(
     semi-join in Arrow: no Spark job of its own, no persisted frame), or of every key with
     ``all_keys`` (a backfill), then even without rows of its own."""
     after = work.supercolumns_after
-    index = {s.name: i for i, s in enumerate(after)}
-    backfills = [(b, index[b.target.name], None if b.source is None else index[b.source.name]) for b in work.backfills]
-
-    def write(data: pa.Table, kind: FileKind, snapshot_as_of: int | None) -> FileEntry:
-        schema = supertable_schema(after)
-        columns = [data.column("key"), data.column("is_deleted"), data.column("t")]
-        columns += [from_carrier(data.column(f"v{i}"), arrow_type(s.data_type)) for i, s in enumerate(after)]
-        meta = FileMetadata(
-            database=ctx.database, table_uuid=work.table_uuid, kind=kind, txn_id=ctx.txn_hint,
-            lower=ctx.prior_as_of, upper=upper, segments=(ctx.segment_id,), snapshot_as_of=snapshot_as_of,
-            attempt=ctx.attempt,
-        )
-        path = new_file_path(ctx.database, work.table_uuid, kind, ctx.txn_hint)
-        return write_parquet(open_executor_store(ctx.store_config), path,
-                             pa.Table.from_arrays(columns, schema=schema), meta)
 
     def run(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         parts = [b for b in batches if b.num_rows]
@@ -811,18 +875,7 @@ def _folder(
                 work, open_executor_store(ctx.store_config), ctx.prior_as_of, files, keys)]
             if prior:  # fold sorts by (key, t, line) itself
                 rows = pa.concat_tables([pa.Table.from_batches(prior).cast(rows.schema), rows])
-        folded = fold(rows, len(after), backfills)
-        if folded.failure is not None:
-            f = folded.failure
-            out = [{**{c: None for c in _STATS}, "line": f.line, "key": f.key, "error_class": f.error_class,
-                    "reason": f.reason}]
-        else:
-            out = []
-            if folded.versions.num_rows:
-                out.append(_stats_row(write(folded.versions, FileKind.VERSIONS, None)))
-            for as_of, snapshot in folded.snapshots:
-                if snapshot.num_rows:
-                    out.append(_stats_row(write(snapshot, FileKind.SNAPSHOT, as_of)))
+        out, _ = _fold_out(work, ctx, upper, rows)
         if out:
             yield pa.RecordBatch.from_pylist(out, schema=OUT_SCHEMA)
 
@@ -869,39 +922,15 @@ def table_frame(
 
 
 def run_segment(
-    spark: Any, plan: SegmentFramePlan, routed: Routed | None, parsed: Any | None, ctx: FrameContext,
-    files_per_table: Callable[[int], int],
+    spark: Any, plan: SegmentFramePlan, parsed: Any, ctx: FrameContext, files_per_table: Callable[[int], int]
 ) -> FrameOutcome:
-    """One action validates, folds and writes every touched table and returns the files'
-    statistics with the smallest failing line, if any (then the caller discards the files).
-
-    Routed on the driver: the (table, key part) tasks, each handed its lines' byte ranges, are
-    dealt into the partitions of one ``spark.range`` (no shuffle, no union; one partition per core
-    on a local master). Routed by Spark (``parsed``):
-    one frame per table, unioned."""
-    name = plan.segment.ref.name
-    if routed is not None:
-        tasks = part_tasks(plan, routed, ctx, files_per_table)
-        packed = pack_tasks(tasks, local_slots(spark))
-        runner = _part_runner(tasks, packed, plan.segment, ctx)
-        frame = spark.range(0, len(packed), 1, len(packed)).mapInArrow(runner, OUT_DDL) if tasks else None
-    else:
-        frames = [table_frame(spark, w, parsed, ctx, plan.segment, files_per_table(w.rows)) for w in plan.tables]
-        frame = _union(frames) if frames else None
-    rows = frame.collect() if frame is not None else []
-    entries = [_entry(r, ctx.segment_id) for r in rows if r["path"] is not None]
-    failures = sorted((r for r in rows if r["error_class"] is not None),
-                      key=lambda r: (r["line"], -1 if r["key"] is None else r["key"]))
-    error = None
-    if failures:
-        row = failures[0]
-        error = ERROR_CLASSES.get(row["error_class"], MalformedRecordError)(
-            row["reason"], segment=name, line=int(row["line"])
-        )
-    if plan.error is not None and (error is None or (plan.error.line or 0) <= (error.line or 0)):
-        error = plan.error
-    versions = sum(e.row_count for e in entries if e.kind is FileKind.VERSIONS)
-    return FrameOutcome(tuple(sorted(entries, key=lambda e: e.path)), versions, error)
+    """A segment Spark's JSON reader routed (``parsed``): one action validates, folds and writes
+    every touched table (one frame per table, unioned) and returns the files' statistics with the
+    smallest failing line, if any (then the caller discards the files). Segments routed on the
+    driver run as groups (``run_group``)."""
+    frames = [table_frame(spark, w, parsed, ctx, plan.segment, files_per_table(w.rows)) for w in plan.tables]
+    rows = _union(frames).collect() if frames else []
+    return _outcome(plan, rows, ctx.segment_id)
 
 
 def _union(frames: Sequence[Any]) -> Any:
@@ -917,3 +946,238 @@ def _entry(r: Any, segment_id: int) -> FileEntry:
         row_count=int(r["row_count"]), min_t=r["min_t"], max_t=r["max_t"], min_key=r["min_key"],
         max_key=r["max_key"], segments=(segment_id,), snapshot_as_of=r["snapshot_as_of"],
     )
+
+
+# --- several pending segments in one Spark job ------------------------------------------------
+
+#: pending segments routed on the driver run as one Spark job while a group holds at most this many
+#: segments and row events (a job costs ~0.15-0.3 s of fixed cost however little it does)
+MAX_GROUP_SEGMENTS = 16
+MAX_GROUP_ROWS = 1_000_000
+#: the per-task carry names a supercolumn's values this way (apart from key, t, is_deleted)
+_CARRY = "c:"
+
+
+@dataclass(frozen=True)
+class GroupMember:
+    """One segment of a group: its plan (made from the schema the segments before it leave, and the
+    catalog at the group's start), where its row events are, and its own file context."""
+
+    plan: SegmentFramePlan
+    routed: Routed
+    ctx: FrameContext
+
+
+@dataclass(frozen=True)
+class GroupStep:
+    """A (table, key part)'s share of one segment of a group: the table's route file (None when
+    the segment has a backfill of the table but no row of it); the task keeps its part's rows."""
+
+    member: int
+    work: TableWork
+    route: RouteTable | None
+    upper: int
+
+
+@dataclass(frozen=True)
+class GroupTask:
+    """One (table, key part) through the segments of a group in order: the prior image of all its
+    keys is read once from the files at the group's start, then the folded state (each key's
+    newest version) is carried from segment to segment inside the task."""
+
+    table_uuid: str
+    files: tuple[FileEntry, ...]
+    snapshot_as_of: int | None
+    supercolumns: tuple[Supercolumn, ...]  # what the files at the group's start may hold
+    steps: tuple[GroupStep, ...]
+    all_keys: bool  # a backfill in the group: the part carries every live key of its own
+    part: int = 0
+    parts: int = 1
+    cuts: tuple[int, ...] | None = None
+
+    @property
+    def weight(self) -> int:
+        """Its row events in all segments, estimated as an equal share of its tables' (how
+        ``pack_tasks`` balances partitions; the driver does not read the route files)."""
+        return sum(s.route.rows for s in self.steps if s.route is not None) // self.parts
+
+    def rows(self, step: GroupStep) -> RowLines:
+        """This part's rows of one step, read from its route file."""
+        if step.route is None:
+            return RowLines(*(np.zeros(0, np.int64) for _ in range(4)))
+        rows = step.route.load()
+        return rows if self.parts == 1 else rows.take(part_of_keys(rows.keys, self.parts, self.cuts) == self.part)
+
+
+def group_tasks(members: Sequence[GroupMember], files_per_table: Callable[[int], int]) -> list[GroupTask]:
+    """The (table, key part) tasks of a group: a table keeps one split for the whole group (parts
+    from its largest share, equal key ranges of its files at the group's start (``key_cuts``);
+    a table without files yet is cut into equal ranges of the group's own
+    keys), so a task owns the same keys in every segment. A table with a backfill in the group
+    carries every live key of its part, and its backfill's snapshot is one piece per part; the
+    largest first."""
+    tasks = []
+    for uuid in sorted({w.table_uuid for m in members for w in m.plan.tables}):
+        shares = [(i, w) for i, m in enumerate(members) for w in m.plan.tables if w.table_uuid == uuid]
+        first = shares[0][1]
+        all_keys = any(w.backfills for _, w in shares)
+        parts = files_per_table(max(w.rows for _, w in shares))
+        cuts = key_cuts(first.files, parts) if parts > 1 else None
+        routes = [members[i].routed.tables[uuid] for i, _ in shares if uuid in members[i].routed.tables]
+        if parts > 1 and cuts is None:  # no files yet: ranges of the group's own keys
+            if routes:
+                cuts = equal_cuts(min(r.min_key for r in routes), max(r.max_key for r in routes), parts)
+            else:  # a part's snapshot piece must be a key range
+                parts = 1
+        steps = []
+        for i, work in shares:
+            route = members[i].routed.tables.get(uuid)
+            if route is not None or work.backfills:
+                upper = (work.max_t + 1) if work.max_t is not None else members[i].ctx.prior_as_of
+                steps.append(GroupStep(i, work, route, upper))
+        if steps:
+            tasks += [GroupTask(uuid, first.files, first.snapshot_as_of, first.supercolumns_before, tuple(steps),
+                                all_keys, part, parts, cuts) for part in range(parts)]
+    return sorted(tasks, key=lambda task: -task.weight)
+
+
+def _files_of_part(task: GroupTask) -> list[FileEntry]:
+    """The prior files whose key range may hold a key of the task's part (all without cuts)."""
+    if task.cuts is None:
+        return list(task.files)
+    low = task.cuts[task.part - 1] if task.part > 0 else -(2**63)
+    high = task.cuts[task.part] - 1 if task.part < len(task.cuts) else 2**63 - 1
+    return [f for f in task.files if may_hold_keys(f, low, high)]
+
+
+def _carry_of(table: pa.Table, supercolumns: Sequence[Supercolumn]) -> pa.Table:
+    """Versions (``key, is_deleted, t, v<i>``) as carry rows: values named by supercolumn."""
+    columns = {"key": table.column("key"), "t": table.column("t"), "is_deleted": table.column("is_deleted")}
+    columns |= {_CARRY + s.name: table.column(f"v{i}") for i, s in enumerate(supercolumns)}
+    return pa.table(columns)
+
+
+def _newest(carry: pa.Table) -> pa.Table:
+    """Each key's newest row (a delete included: the key is then gone)."""
+    if not carry.num_rows:
+        return carry
+    ordered = carry.sort_by([("key", "ascending"), ("t", "ascending")])
+    key = ordered.column("key").combine_chunks()
+    last = pc.fill_null(pc.not_equal(key, pa.concat_arrays([key.slice(1), pa.nulls(1, key.type)])), True)
+    return ordered.filter(last)
+
+
+def _carried_prior(work: TableWork, carry: pa.Table, keys: pa.Array | None) -> pa.Table | None:
+    """The carried newest versions of ``keys`` (every key with None) as prior fold rows in
+    ``work``'s layout."""
+    mine = carry if keys is None else carry.filter(pc.is_in(carry.column("key"), keys))
+    if not mine.num_rows:
+        return None
+    before = {s.name for s in work.supercolumns_before}
+    arrays = [mine.column("key").combine_chunks(), mine.column("t").combine_chunks(),
+              mine.column("is_deleted").combine_chunks()]
+    for s in work.supercolumns_after:
+        name = _CARRY + s.name
+        if s.name in before and name in mine.column_names:
+            arrays.append(mine.column(name).combine_chunks())
+        else:
+            arrays.append(pa.nulls(mine.num_rows, carrier_type(arrow_type(s.data_type))))
+    names = ["key", "t", "is_deleted"] + [f"v{i}" for i in range(len(work.supercolumns_after))]
+    return pa.Table.from_batches([_prior_fold_rows(work, pa.RecordBatch.from_arrays(arrays, names=names))])
+
+
+def _run_group_task(task: GroupTask, members: Sequence[tuple[str, str, FrameContext]]) -> Iterator[dict[str, Any]]:
+    """One group task: per segment in order its lines decoded and folded onto the carried state,
+    its files written; output rows name their segment. It stops at its first failing segment:
+    what it would fold after that depends on the failing one."""
+    store_config = members[0][2].store_config
+    lines = [task.rows(step) for step in task.steps]
+    keys = None if task.all_keys else pc.unique(pa.chunked_array([pa.array(r.keys) for r in lines]).combine_chunks())
+    carry = pa.table({"key": pa.array([], pa.int64()), "t": pa.array([], pa.int64()),
+                      "is_deleted": pa.array([], pa.bool_())})
+    if task.files:
+        reader = replace(task.steps[0].work, supercolumns_before=task.supercolumns,
+                         supercolumns_after=task.supercolumns, snapshot_as_of=task.snapshot_as_of)
+        chosen = _files_of_keys(task.files, keys) if keys is not None else _files_of_part(task)
+        files = [(f.path, None if f.kind is FileKind.SNAPSHOT else task.snapshot_as_of) for f in chosen]
+        read = [_carry_of(pa.Table.from_batches([b]), task.supercolumns) for b in _prior_batches(
+            reader, open_executor_store(store_config), members[0][2].prior_as_of, files, keys)]
+        if read:
+            carry = _newest(pa.concat_tables(read))
+            if task.parts > 1:  # every live key of this part only
+                of = part_of_keys(np.asarray(carry.column("key").combine_chunks()), task.parts, task.cuts)
+                carry = carry.filter(pa.array(of == task.part))
+    for step, rows_of_step in zip(task.steps, lines, strict=True):
+        path, name, ctx = members[step.member]
+        work = step.work
+        if not len(rows_of_step.lines) and not work.backfills:
+            continue
+        decoded = list(_decoder(work, name)(_read_lines(path, rows_of_step)))
+        rows = pa.Table.from_batches(decoded) if decoded else _row_schema(work.supercolumns_after).empty_table()
+        # a backfill folds every live key; otherwise only the step's own keys' images are needed
+        step_keys = None if work.backfills else pc.unique(pc.drop_null(rows.column("key")).combine_chunks())
+        prior = _carried_prior(work, carry, step_keys)
+        if prior is not None:
+            rows = pa.concat_tables([prior.cast(rows.schema), rows])
+        out, folded = _fold_out(work, ctx, step.upper, rows, images=bool(work.backfills))
+        yield from ({**row, "segment_id": ctx.segment_id} for row in out)
+        if folded.failure is not None:
+            return
+        if folded.images is not None:  # after a backfill the images, not the versions, hold its values
+            carry = _carry_of(folded.images, work.supercolumns_after)
+        elif folded.versions.num_rows:
+            versions = _carry_of(folded.versions, work.supercolumns_after)
+            carry = _newest(pa.concat_tables([carry, versions], promote_options="default"))
+
+
+GROUP_OUT_SCHEMA = OUT_SCHEMA.append(pa.field("segment_id", pa.int64()))
+GROUP_OUT_DDL = OUT_DDL + ", segment_id bigint"
+
+
+def _group_runner(
+    tasks: Sequence[GroupTask], packed: Sequence[Sequence[int]], members: Sequence[tuple[str, str, FrameContext]]
+) -> Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]:
+    """An Arrow UDF: partition indexes in; the group tasks of the partition run, their rows out."""
+
+    def run(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        for batch in batches:
+            for index in (i for p in batch.column(0).to_pylist() for i in packed[p]):
+                out = list(_run_group_task(tasks[index], members))
+                if out:
+                    yield pa.RecordBatch.from_pylist(out, schema=GROUP_OUT_SCHEMA)
+
+    return run
+
+
+def run_group(
+    spark: Any, members: Sequence[GroupMember], files_per_table: Callable[[int], int]
+) -> list[FrameOutcome]:
+    """One Spark job folds and writes every segment of a group; per segment, in order, its files'
+    statistics and its smallest failing line. Only the outcomes before the first failing segment
+    are complete (a task stops at its failing segment); the caller commits those one by one."""
+    tasks = group_tasks(members, files_per_table)
+    packed = pack_tasks(tasks, local_slots(spark))
+    shared = [(str(m.plan.segment.ref.path.absolute()), m.plan.segment.ref.name, m.ctx) for m in members]
+    rows = []
+    if tasks:
+        rows = spark.range(0, len(packed), 1, len(packed)).mapInArrow(
+            _group_runner(tasks, packed, shared), GROUP_OUT_DDL).collect()
+    return [_outcome(m.plan, [r for r in rows if r["segment_id"] == m.ctx.segment_id], m.ctx.segment_id)
+            for m in members]
+
+
+def _outcome(plan: SegmentFramePlan, rows: Sequence[Any], segment_id: int) -> FrameOutcome:
+    """A segment's files and its smallest failing line (a task's or the driver's) from output rows."""
+    entries = [_entry(r, segment_id) for r in rows if r["path"] is not None]
+    failures = sorted((r for r in rows if r["error_class"] is not None),
+                      key=lambda r: (r["line"], -1 if r["key"] is None else r["key"]))
+    error = None
+    if failures:
+        row = failures[0]
+        error = ERROR_CLASSES.get(row["error_class"], MalformedRecordError)(
+            row["reason"], segment=plan.segment.ref.name, line=int(row["line"])
+        )
+    if plan.error is not None and (error is None or (plan.error.line or 0) <= (error.line or 0)):
+        error = plan.error
+    versions = sum(e.row_count for e in entries if e.kind is FileKind.VERSIONS)
+    return FrameOutcome(tuple(sorted(entries, key=lambda e: e.path)), versions, error)
