@@ -145,18 +145,27 @@ def read_parts(
         return base, changes
     key_filter = ds.field(KEY).isin(pa.array(sorted(set(keys)), pa.int64())) if keys is not None else None
     if selection.snapshot:
-        expr = ds.field(LT) < as_of
-        if key_filter is not None:
-            expr = expr & key_filter
+        expr = _conjunction(None if _all_below(selection.snapshot, as_of) else ds.field(LT) < as_of, key_filter)
         base = dataset_of(store, selection.snapshot, schema).to_table(columns=wanted, filter=expr)
     if selection.versions:
-        expr = ds.field(LT) < as_of
-        if selection.snapshot_as_of is not None:
-            expr = expr & (ds.field(LT) >= selection.snapshot_as_of)
-        if key_filter is not None:
-            expr = expr & key_filter
-        changes = dataset_of(store, selection.versions, schema).to_table(columns=wanted, filter=expr)
+        # a bound every file's statistics already meet is not evaluated row by row (at the latest
+        # T, the usual read, neither is needed)
+        expr = None if _all_below(selection.versions, as_of) else ds.field(LT) < as_of
+        since = selection.snapshot_as_of
+        if since is not None and not all(f.min_t is not None and f.min_t >= since for f in selection.versions):
+            expr = _conjunction(expr, ds.field(LT) >= since)
+        changes = dataset_of(store, selection.versions, schema).to_table(columns=wanted,
+                                                                          filter=_conjunction(expr, key_filter))
     return base, changes
+
+
+def _all_below(files: Sequence[FileEntry], as_of: int) -> bool:
+    """Every row of ``files`` has t < ``as_of`` (by the catalog's statistics)?"""
+    return all(f.max_t is not None and f.max_t < as_of for f in files)
+
+
+def _conjunction(a: ds.Expression | None, b: ds.Expression | None) -> ds.Expression | None:
+    return b if a is None else a if b is None else a & b
 
 
 def live_rows(
