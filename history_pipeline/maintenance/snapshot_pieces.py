@@ -109,11 +109,9 @@ def plan_pieces(
     selection = select_files(state, table_uuid, as_of)
     files = selection.snapshot + selection.versions
     to_read = sum(f.row_count for f in files)
-    cuts = key_cuts_by_rows(files, min(MAX_PIECE_TASKS, max(1, math.ceil(to_read / max(1, piece_rows)))))
-    bounds = [None, *cuts, None]
+    pieces = min(MAX_PIECE_TASKS, max(1, math.ceil(to_read / max(1, piece_rows))))
     tasks = []
-    for i in range(len(bounds) - 1):
-        low, high = bounds[i], bounds[i + 1]
+    for i, (low, high) in enumerate(key_ranges(files, pieces)):
         snapshot = tuple(sorted((f for f in selection.snapshot if key_range_overlaps(f, low, high)),
                                 key=lambda f: (f.min_key is None, f.min_key or 0, f.path)))
         tasks.append(PieceTask(
@@ -121,6 +119,22 @@ def plan_pieces(
             tuple(f for f in selection.versions if key_range_overlaps(f, low, high)), low, high, state.txn_id + 1,
             always=(i == 0), step_rows=piece_rows))
     return tasks
+
+
+def key_ranges(files: Sequence[FileEntry], parts: int, low: int | None = None,
+               high: int | None = None) -> list[tuple[int | None, int | None]]:
+    """[low, high) (None: unbounded) cut into about ``parts`` ranges holding as many of ``files``'
+    rows each (``key_cuts_by_rows``; only cuts strictly inside the range are used)."""
+    cuts = [c for c in key_cuts_by_rows(files, parts) if (low is None or c > low) and (high is None or c < high)]
+    bounds = [low, *cuts, high]
+    return list(zip(bounds, bounds[1:], strict=False))
+
+
+def key_range_filter(low: int | None, high: int | None) -> ds.Expression | None:
+    """The scan filter ``low <= key < high`` (None: unbounded; no filter when both are)."""
+    lower = None if low is None else ds.field(KEY) >= low
+    upper = None if high is None else ds.field(KEY) < high
+    return upper if lower is None else lower if upper is None else lower & upper
 
 
 def key_range_overlaps(f: FileEntry, low: int | None, high: int | None) -> bool:
@@ -156,13 +170,9 @@ def write_piece(task: PieceTask) -> tuple[FileEntry, ...]:
 def _sub_ranges(task: PieceTask) -> list[tuple[int | None, int | None]]:
     """The task's key range cut where about ``step_rows`` of its files' rows fall between cuts
     (the files' key spans clipped to the range)."""
-    files = task.snapshot + task.versions
-    clipped = [_clip(f, task.low, task.high) for f in files]
+    clipped = [_clip(f, task.low, task.high) for f in task.snapshot + task.versions]
     rows = sum(f.row_count for f in clipped)
-    cuts = key_cuts_by_rows(clipped, math.ceil(rows / max(1, task.step_rows)))
-    cuts = tuple(c for c in cuts if (task.low is None or c > task.low) and (task.high is None or c < task.high))
-    bounds = [task.low, *cuts, task.high]
-    return list(zip(bounds, bounds[1:], strict=False))
+    return key_ranges(clipped, math.ceil(rows / max(1, task.step_rows)), task.low, task.high)
 
 
 def _clip(f: FileEntry, low: int | None, high: int | None) -> FileEntry:
@@ -180,10 +190,9 @@ def _clip(f: FileEntry, low: int | None, high: int | None) -> FileEntry:
 def _live_in(task: PieceTask, objects: Any, schema: pa.Schema, low: int | None, high: int | None) -> pa.Table:
     """The live rows as of ``task.as_of`` with a key in [low, high), in key order."""
     in_range = ds.field(LT) < task.as_of
-    if low is not None:
-        in_range = in_range & (ds.field(KEY) >= low)
-    if high is not None:
-        in_range = in_range & (ds.field(KEY) < high)
+    keys = key_range_filter(low, high)
+    if keys is not None:
+        in_range = in_range & keys
     snapshot = tuple(f for f in task.snapshot if key_range_overlaps(f, low, high))
     versions = tuple(f for f in task.versions if key_range_overlaps(f, low, high))
     base = changes = schema.empty_table()
@@ -192,9 +201,7 @@ def _live_in(task: PieceTask, objects: Any, schema: pa.Schema, low: int | None, 
     if versions:
         since = in_range if task.base_as_of is None else in_range & (ds.field(LT) >= task.base_as_of)
         changes = dataset_of(objects, versions, schema).to_table(filter=since)
-    # overlay orders the rows by key whenever there are changes; without, the base is in file
-    # order, which is key order only if the previous pieces' ranges were this one's
-    return overlay(base, changes).select(schema.names).cast(schema).sort_by([(KEY, "ascending")])
+    return overlay(base, changes).select(schema.names).cast(schema)  # overlay returns key order
 
 
 def _write_snapshot_file(task: PieceTask, objects: Any, schema: pa.Schema, parts: list[pa.Table]) -> FileEntry:

@@ -21,7 +21,6 @@ from typing import Any
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.dataset as ds
 
 from history_pipeline.catalog.files import write_parquet
 from history_pipeline.catalog.handle import DatabaseHandle
@@ -30,8 +29,9 @@ from history_pipeline.execution import map_tasks, open_executor_store, store_for
 from history_pipeline.io.store import ObjectStore, now
 from history_pipeline.maintenance.snapshot_pieces import (
     PIECE_ROWS,
-    key_cuts_by_rows,
+    key_range_filter,
     key_range_overlaps,
+    key_ranges,
     write_snapshots,
 )
 from history_pipeline.schema import Supercolumn, replay_schema_history
@@ -46,7 +46,7 @@ from history_pipeline.supertable import (
     read_file_metadata,
     supertable_schema,
 )
-from history_pipeline.supertable.read import dataset_of
+from history_pipeline.supertable.read import as_numpy, dataset_of
 
 #: rows a task closing an interval reads at most (see ``StoreSettings.interval_piece_rows``)
 INTERVAL_PIECE_ROWS = 1_000_000
@@ -198,12 +198,11 @@ def plan_close(state: CatalogState, store_config: dict[str, Any], database: str,
     """The key ranges closing ``interval``: as many as its rows divided by ``piece_rows`` (at least
     one), each with only the files that may hold its keys."""
     rows = sum(f.row_count for f in interval.files)
-    cuts = key_cuts_by_rows(interval.files, max(1, -(-rows // max(1, piece_rows))))
-    bounds = [None, *cuts, None]
+    ranges = key_ranges(interval.files, max(1, -(-rows // max(1, piece_rows))))
     return [CloseTask(store_config, database, interval.table_uuid, tuple(supercolumns), interval.lower,
                       interval.upper, tuple(f for f in interval.files if key_range_overlaps(f, low, high)),
                       low, high, state.txn_id + 1, always=(i == 0))
-            for i, (low, high) in enumerate(zip(bounds, bounds[1:], strict=False))]
+            for i, (low, high) in enumerate(ranges)]
 
 
 def superseded_at(keys: np.ndarray, times: np.ndarray) -> pa.Array:
@@ -225,12 +224,7 @@ def close_piece(task: CloseTask) -> tuple[FileEntry, ...]:
     closed layout, every footer field of the files it replaces kept; returns their entries."""
     objects = open_executor_store(task.store_config)
     schema = supertable_schema(task.supercolumns)
-    in_range = None
-    if task.low is not None:
-        in_range = ds.field(KEY) >= task.low
-    if task.high is not None:
-        below = ds.field(KEY) < task.high
-        in_range = below if in_range is None else in_range & below
+    in_range = key_range_filter(task.low, task.high)
     groups: dict[tuple[FileKind, int | None], list[FileEntry]] = {}
     for f in task.files:
         groups.setdefault((f.kind, f.snapshot_as_of), []).append(f)
@@ -239,8 +233,8 @@ def close_piece(task: CloseTask) -> tuple[FileEntry, ...]:
     if not parts:
         return ()
     superseded = superseded_at(
-        np.concatenate([_numpy(rows.column(KEY)) for _, _, rows in parts]),
-        np.concatenate([_numpy(rows.column(LT)) for _, _, rows in parts]))
+        np.concatenate([as_numpy(rows.column(KEY)) for _, _, rows in parts]),
+        np.concatenate([as_numpy(rows.column(LT)) for _, _, rows in parts]))
     written, start = [], 0
     for (kind, snapshot_as_of), files, rows in parts:
         mine = superseded.slice(start, rows.num_rows)
@@ -272,10 +266,6 @@ def _merged_metadata(objects: ObjectStore, task: CloseTask, kind: FileKind, snap
                    segments=tuple(sorted({s for f in files for s in f.segments})),
                    earliest=max(purges) if purges else None,
                    closed_until=task.upper, closed_layout=CLOSED_LAYOUT)
-
-
-def _numpy(values: pa.ChunkedArray) -> np.ndarray:
-    return values.combine_chunks().to_numpy(zero_copy_only=False)
 
 
 #: intervals marked per call and table, newest first: a store written before closed intervals

@@ -248,14 +248,14 @@ def keep_latest(candidates: pa.Table, *, include_deleted: bool = False) -> pa.Ta
 
 def _sorted_by_key_and_t(table: pa.Table) -> bool:
     """Already in (key, timestamp) order? (one file's rows are; checking costs less than sorting)."""
-    if table.num_rows < 2:
+    return _in_key_and_t_order(as_numpy(table.column(KEY)), as_numpy(table.column(LT)))
+
+
+def _in_key_and_t_order(keys: np.ndarray, times: np.ndarray) -> bool:
+    """Are (keys, times) ascending by key, then by time?"""
+    if len(keys) < 2:
         return True
-    keys = table.column(KEY).combine_chunks()
-    lts = table.column(LT).combine_chunks()
-    head_k, tail_k = keys.slice(0, len(keys) - 1), keys.slice(1)
-    head_t, tail_t = lts.slice(0, len(lts) - 1), lts.slice(1)
-    in_order = pc.or_(pc.less(head_k, tail_k), pc.and_(pc.equal(head_k, tail_k), pc.less(head_t, tail_t)))
-    return bool(pc.all(in_order).as_py())
+    return bool(((keys[1:] > keys[:-1]) | ((keys[1:] == keys[:-1]) & (times[1:] > times[:-1]))).all())
 
 
 def overlay(base: pa.Table, changes: pa.Table) -> pa.Table:
@@ -271,18 +271,18 @@ def overlay(base: pa.Table, changes: pa.Table) -> pa.Table:
         live = base.filter(pc.invert(base.column(DELETED))) if base.num_rows else base
         # a snapshot of several files (pieces by key range) is read in file order
         return live if _in_key_order(live) else live.sort_by([(KEY, "ascending")])
-    changed_keys = _numpy(changes.column(KEY))
-    order = _by_key_then_t(changed_keys, _numpy(changes.column(LT)))
+    changed_keys = as_numpy(changes.column(KEY))
+    order = _by_key_then_t(changed_keys, as_numpy(changes.column(LT)))
     changed_keys = changed_keys[order]
     last = np.empty(len(changed_keys), dtype=bool)
     last[:-1] = changed_keys[:-1] != changed_keys[1:]
     last[-1] = True
     newest = order[last]
     in_base = base.num_rows
-    keys = np.concatenate([_numpy(base.column(KEY)), changed_keys[last]]) if in_base else changed_keys[last]
-    deleted = _numpy(changes.column(DELETED))[newest]
+    keys = np.concatenate([as_numpy(base.column(KEY)), changed_keys[last]]) if in_base else changed_keys[last]
+    deleted = as_numpy(changes.column(DELETED))[newest]
     if in_base:
-        deleted = np.concatenate([_numpy(base.column(DELETED)), deleted])
+        deleted = np.concatenate([as_numpy(base.column(DELETED)), deleted])
     rows = np.concatenate([np.arange(in_base), newest + in_base])
     merged = np.argsort(keys, kind="stable")
     merged_keys = keys[merged]
@@ -304,18 +304,16 @@ def _gather(table: pa.Table, indices: pa.Array) -> pa.Table:
 def _by_key_then_t(keys: np.ndarray, times: np.ndarray) -> np.ndarray:
     """Indices ordering versions by (key, t): a stable sort by key, checked (a key's versions read
     from several files in t order keep that order), else a sort by both."""
-    if len(keys) < 2:
-        return np.arange(len(keys))
-    if bool(((keys[1:] > keys[:-1]) | ((keys[1:] == keys[:-1]) & (times[1:] > times[:-1]))).all()):
+    if _in_key_and_t_order(keys, times):
         return np.arange(len(keys))  # one version file, or several read in (key, t) order
     order = np.argsort(keys, kind="stable")
-    k, t = keys[order], times[order]
-    if bool(((k[1:] != k[:-1]) | (t[1:] > t[:-1])).all()):
+    if _in_key_and_t_order(keys[order], times[order]):
         return order
     return np.lexsort((times, keys))
 
 
-def _numpy(values: pa.Array | pa.ChunkedArray) -> np.ndarray:
+def as_numpy(values: pa.Array | pa.ChunkedArray) -> np.ndarray:
+    """One contiguous NumPy array of an Arrow column (copied where it must be)."""
     return _contiguous(values).to_numpy(zero_copy_only=False)
 
 
