@@ -48,8 +48,8 @@ def _keys_of(events, table_uuid):
     return sorted({e["key"] for e in events if e["op"] in ROW_OPS and e["table_uuid"] == table_uuid})
 
 
-@settings(max_examples=5, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(seed=st.integers(0, 10_000), maintenance=st.sampled_from(["none", "merge", "retain", "retain_merge"]),
+@settings(max_examples=int(__import__("os").environ.get("HP_EXAMPLES", "5")), deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(seed=st.integers(0, 10_000), maintenance=st.sampled_from(["none", "merge", "retain", "retain_merge", "snapshot", "snapshot_merge_retain"]),
        applied_before=st.integers(1, 4))
 def test_erasure_removes_exactly_the_erased_keys_from_every_answer(tmp_path_factory, seed, maintenance,
                                                                    applied_before):
@@ -64,6 +64,12 @@ def test_erasure_removes_exactly_the_erased_keys_from_every_answer(tmp_path_fact
     applied_count = min(applied_before, len(pending))
     for ref in pending[:applied_count]:
         compact_segment(store, ref, None, CompactionSummary())
+    if "snapshot" in maintenance:  # two snapshots: the interval between them is closed
+        for ref in pending[applied_count:applied_count + 1]:
+            store.refresh_snapshots(force=True, spark=False)
+            compact_segment(store, ref, None, CompactionSummary())
+            applied_count += 1
+        store.refresh_snapshots(force=True, spark=False)
     if "merge" in maintenance:
         store.merge(spark=False, small_file_bytes=10**9)
     if "retain" in maintenance and store.frontier + 1 > 1:

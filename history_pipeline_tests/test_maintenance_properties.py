@@ -25,7 +25,7 @@ from history_pipeline_tests.model import BaseDatabase
 from history_pipeline_tests.test_compaction import _split, random_history, write
 
 STEPS = ["compact", "merge", "retain", "load_back", "rebuild", "cleanup_now", "cleanup_grace",
-         "crash_merge", "crash_retain"]
+         "crash_merge", "crash_retain", "snapshot", "snapshot"]
 
 
 class Crash(Exception):
@@ -110,7 +110,7 @@ def check(store, model, applied_events):
     assert store.verify() == []
 
 
-@settings(max_examples=4, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=int(__import__("os").environ.get("HP_EXAMPLES", "4")), deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(seed=st.integers(0, 10_000), steps=st.lists(st.sampled_from(STEPS), min_size=3, max_size=8))
 # the orders that broke round 1 (a load-back after a merge, a rebuild after retention and load-back)
 @example(seed=7, steps=["compact", "compact", "retain", "compact", "merge", "load_back", "rebuild"])
@@ -158,6 +158,8 @@ def test_every_answer_equals_the_model_whatever_maintenance_runs(tmp_path_factor
                     pass
         elif step == "load_back" and store.earliest > 0:
             store.load_cold_tier(cold_uri)
+        elif step == "snapshot":
+            store.refresh_snapshots(force=True, spark=False)
         elif step == "rebuild":
             store.rebuild_catalog()
         elif step == "cleanup_now":
