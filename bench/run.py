@@ -30,6 +30,7 @@ import pyarrow.json as pajson
 import pyarrow.parquet as pq
 
 from bench.history import HOT_KEY, build_history
+from bench.read_path import answer_file
 from bench.workload import Workload, write_workload
 from history_pipeline import HistoryStore, StoreSettings
 from history_pipeline.catalog import AddFile, AdvanceFrontier, FileEntry, FileKind, TransactionLog
@@ -189,7 +190,7 @@ def bench_as_of(work: Path, live_rows: int, histories: list[int], batch: int) ->
             seconds = median_time(lambda s=store, t=as_of: s.load_table("bench", t))
             answer = store.load_table("bench", as_of)
             answer_path = work / f"answer_{versions}_{label}.parquet"
-            pq.write_table(answer, answer_path, compression="zstd")
+            answer_file(answer, answer_path)
             con = duckdb.connect()
             query = f"SELECT * FROM read_parquet('{answer_path}')"
             limit = median_time(lambda c=con, q=query: c.sql(q).to_arrow_table())

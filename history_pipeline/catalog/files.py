@@ -15,6 +15,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.dataset as ds
@@ -32,7 +33,7 @@ from history_pipeline.supertable import (
     supertable_schema,
     write_file,
 )
-from history_pipeline.supertable.read import dataset_of, footer, overlay, read_key
+from history_pipeline.supertable.read import as_numpy, dataset_of, footer, overlay, read_key
 
 
 def entry_of(written: WrittenFile, meta: FileMetadata) -> FileEntry:
@@ -245,6 +246,8 @@ def read_closed(
     superseded = rows.column(SUPERSEDED)
     current = pc.and_(pc.and_(pc.invert(rows.column(DELETED)), pc.less(rows.column(LT), as_of)),
                       pc.or_kleene(pc.is_null(superseded), pc.greater_equal(superseded, as_of)))
-    chosen_rows = pc.indices_nonzero(current)
-    in_key_order = pc.take(chosen_rows, pc.sort_indices(pc.take(rows.column(KEY), chosen_rows)))
-    return rows.select(wanted).take(in_key_order)
+    chosen_rows = as_numpy(pc.indices_nonzero(current))
+    # each row group is a key-sorted run: a stable (merge) sort takes the runs as they are, about
+    # a third of Arrow's full sort
+    in_key_order = chosen_rows[np.argsort(as_numpy(rows.column(KEY))[chosen_rows], kind="stable")]
+    return rows.select(wanted).take(pa.array(in_key_order))
