@@ -177,14 +177,20 @@ def live_rows(
     as_of: int,
     keys: Sequence[int] | None = None,
     columns: Sequence[str] | None = None,
+    reserved: bool = True,
 ) -> pa.Table:
-    """The live rows of a supertable as of ``as_of``: synthetic_key, logical_timestamp and supercolumns."""
+    """The live rows of a supertable as of ``as_of``: synthetic_key, logical_timestamp and supercolumns
+    (``reserved=False``: only synthetic_key and ``columns``, for a reader that drops the rest)."""
     selection = select_files(state, table_uuid, as_of, keys)
     closed = is_closed_read(store, selection)
     if closed and not (keys is not None and len(set(keys)) == 1):
-        return read_closed(store, selection, supercolumns, as_of, keys, columns)
+        return read_closed(store, selection, supercolumns, as_of, keys, columns, reserved)
     base, changes = read_parts(store, selection, supercolumns, as_of, keys, columns, current=closed)
-    return overlay(base, changes)
+    return overlay(base, changes, None if reserved or columns is None else _key_and(columns))
+
+
+def _key_and(columns: Sequence[str]) -> list[str]:
+    return [KEY, *(c for c in columns if c not in (KEY, LT, DELETED))]
 
 
 def is_closed_read(store: ObjectStore, selection: FileSelection) -> bool:
@@ -220,6 +226,7 @@ def read_closed(
     as_of: int,
     keys: Sequence[int] | None = None,
     columns: Sequence[str] | None = None,
+    reserved: bool = True,
 ) -> pa.Table:
     """The live rows as of ``as_of`` of a closed interval (``is_closed_read``), in key order: the
     snapshot's and the versions' rows not superseded below ``as_of`` (keys are unique across both,
@@ -250,4 +257,5 @@ def read_closed(
     # each row group is a key-sorted run: a stable (merge) sort takes the runs as they are, about
     # a third of Arrow's full sort
     in_key_order = chosen_rows[np.argsort(as_numpy(rows.column(KEY))[chosen_rows], kind="stable")]
-    return rows.select(wanted).take(pa.array(in_key_order))
+    kept = wanted if reserved or columns is None else _key_and(columns)
+    return rows.select(kept).take(pa.array(in_key_order))

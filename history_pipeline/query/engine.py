@@ -141,6 +141,7 @@ class QueryContext:
             as_of,
             keys=keys,
             columns=[c.supercolumn for c in descriptor.columns],
+            reserved=False,  # the callers see synthetic_key and the columns only
         )
 
     # --- operations ----------------------------------------------------------------

@@ -258,8 +258,9 @@ def _in_key_and_t_order(keys: np.ndarray, times: np.ndarray) -> bool:
     return bool(((keys[1:] > keys[:-1]) | ((keys[1:] == keys[:-1]) & (times[1:] > times[:-1]))).all())
 
 
-def overlay(base: pa.Table, changes: pa.Table) -> pa.Table:
-    """Snapshot rows overridden by the newest later version of their key (deletes drop the key).
+def overlay(base: pa.Table, changes: pa.Table, keep: Sequence[str] | None = None) -> pa.Table:
+    """Snapshot rows overridden by the newest later version of their key (deletes drop the key);
+    with ``keep``, only those columns of them.
 
     Works on key and timestamp arrays, not rows: the changes are ordered by (key, t) (one pass
     when they already are, as one version file is), the snapshot's keys and the changes' newest
@@ -270,7 +271,8 @@ def overlay(base: pa.Table, changes: pa.Table) -> pa.Table:
     if changes.num_rows == 0:
         live = base.filter(pc.invert(base.column(DELETED))) if base.num_rows else base
         # a snapshot of several files (pieces by key range) is read in file order
-        return live if _in_key_order(live) else live.sort_by([(KEY, "ascending")])
+        live = live if _in_key_order(live) else live.sort_by([(KEY, "ascending")])
+        return live if keep is None else live.select(list(keep))
     changed_keys = as_numpy(changes.column(KEY))
     order = _by_key_then_t(changed_keys, as_numpy(changes.column(LT)))
     changed_keys = changed_keys[order]
@@ -286,10 +288,10 @@ def overlay(base: pa.Table, changes: pa.Table) -> pa.Table:
     rows = np.concatenate([np.arange(in_base), newest + in_base])
     merged = np.argsort(keys, kind="stable")
     merged_keys = keys[merged]
-    keep = ~deleted[merged]
-    keep[:-1] &= merged_keys[:-1] != merged_keys[1:]
+    kept = ~deleted[merged]
+    kept[:-1] &= merged_keys[:-1] != merged_keys[1:]
     combined = pa.concat_tables([base, changes.cast(base.schema)]) if in_base else changes
-    return _gather(combined, pa.array(rows[merged[keep]]))
+    return _gather(combined if keep is None else combined.select(list(keep)), pa.array(rows[merged[kept]]))
 
 
 def _gather(table: pa.Table, indices: pa.Array) -> pa.Table:
