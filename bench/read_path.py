@@ -2,7 +2,7 @@
 
 1. ``load_table`` as of T (latest, middle, and the worst T: just before the newest snapshot, so
    the read takes the previous snapshot plus every version in between) beside DuckDB reading a
-   Parquet file that holds exactly the answer; the streamed ``load_table_reader`` too; bytes on
+   Parquet file that holds exactly the answer (written by DuckDB, see ``answer_file``); the streamed ``load_table_reader`` too; bytes on
    disk (versions, snapshots, and Delta Lake holding the same history with ``--delta``).
 2. A TPC-H-style workload: tables generated here (no extension can be installed offline), loaded
    through the WAL and compaction, then refresh cycles (new orders, deleted orders, updated
@@ -458,7 +458,7 @@ def report(results: dict[str, Any]) -> str:
                      f"T={row['as_of']}{', ' + row['read'] if row.get('read') else ''}"
                      f"{', row groups ' + row['row_groups_read'] if row.get('row_groups_read') else ''} | "
                      f"{row['ours_s']:.3f} s (streamed {row['reader_s']:.3f} s) | DuckDB reading "
-                     f"the answer file {row['duckdb_answer_file_s']:.3f} s | {row['ratio']:.2f}× | ≤ 2× | "
+                     f"the answer file (DuckDB-written) {row['duckdb_answer_file_s']:.3f} s | {row['ratio']:.2f}× | ≤ 2× | "
                      f"{verdict(row['ratio'], 2.0)} |")
     for row in results.get("load_table", []):
         if row.get("lookups"):
