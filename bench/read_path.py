@@ -2,8 +2,9 @@
 
 1. ``load_table`` as of T (latest, middle, and the worst T: just before the newest snapshot, so
    the read takes the previous snapshot plus every version in between) beside DuckDB reading a
-   Parquet file that holds exactly the answer (written by DuckDB, see ``answer_file``); the streamed ``load_table_reader`` too; bytes on
-   disk (versions, snapshots, and Delta Lake holding the same history with ``--delta``).
+   Parquet file that holds exactly the answer (written by DuckDB, see ``answer_file``); the
+   streamed ``load_table_reader`` too; bytes on disk (versions, snapshots, and Delta Lake
+   holding the same history with ``--delta``).
 2. A TPC-H-style workload: tables generated here (no extension can be installed offline), loaded
    through the WAL and compaction, then refresh cycles (new orders, deleted orders, updated
    orders and line items) through the WAL; standard queries run with ``store.sql`` as of several
@@ -457,8 +458,8 @@ def report(results: dict[str, Any]) -> str:
         lines.append(f"| as-of load_table, {row['live_rows']:,} live rows, {row['versions']:,} versions, "
                      f"T={row['as_of']}{', ' + row['read'] if row.get('read') else ''}"
                      f"{', row groups ' + row['row_groups_read'] if row.get('row_groups_read') else ''} | "
-                     f"{row['ours_s']:.3f} s (streamed {row['reader_s']:.3f} s) | DuckDB reading "
-                     f"the answer file (DuckDB-written) {row['duckdb_answer_file_s']:.3f} s | {row['ratio']:.2f}× | ≤ 2× | "
+                     f"{row['ours_s']:.3f} s (streamed {row['reader_s']:.3f} s) | DuckDB reading the "
+                     f"answer file (DuckDB-written) {row['duckdb_answer_file_s']:.3f} s | {row['ratio']:.2f}× | ≤ 2× | "
                      f"{verdict(row['ratio'], 2.0)} |")
     for row in results.get("load_table", []):
         if row.get("lookups"):
