@@ -33,7 +33,7 @@ from history_pipeline.supertable import (
     supertable_schema,
     write_file,
 )
-from history_pipeline.supertable.read import as_numpy, dataset_of, footer, overlay, read_key
+from history_pipeline.supertable.read import as_numpy, dataset_of, footer, gather, overlay, read_key
 
 
 def entry_of(written: WrittenFile, meta: FileMetadata) -> FileEntry:
@@ -231,7 +231,7 @@ def read_closed(
     """The live rows as of ``as_of`` of a closed interval (``is_closed_read``), in key order: the
     snapshot's and the versions' rows not superseded below ``as_of`` (keys are unique across both,
     so no join). Only the row groups ``closed_row_groups`` keeps are read, then the mask and the
-    key order are computed on the integer columns and the rows gathered by a single take."""
+    key order are computed on the integer columns and the rows gathered once, a column per thread."""
     schema = supertable_schema(supercolumns)
     wanted = list(columns) if columns is not None else schema.names
     for reserved in (LT, DELETED, KEY):
@@ -258,4 +258,4 @@ def read_closed(
     # a third of Arrow's full sort
     in_key_order = chosen_rows[np.argsort(as_numpy(rows.column(KEY))[chosen_rows], kind="stable")]
     kept = wanted if reserved or columns is None else _key_and(columns)
-    return rows.select(kept).take(pa.array(in_key_order))
+    return gather(rows.select(kept), pa.array(in_key_order))

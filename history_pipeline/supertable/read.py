@@ -291,10 +291,10 @@ def overlay(base: pa.Table, changes: pa.Table, keep: Sequence[str] | None = None
     kept = ~deleted[merged]
     kept[:-1] &= merged_keys[:-1] != merged_keys[1:]
     combined = pa.concat_tables([base, changes.cast(base.schema)]) if in_base else changes
-    return _gather(combined if keep is None else combined.select(list(keep)), pa.array(rows[merged[kept]]))
+    return gather(combined if keep is None else combined.select(list(keep)), pa.array(rows[merged[kept]]))
 
 
-def _gather(table: pa.Table, indices: pa.Array) -> pa.Table:
+def gather(table: pa.Table, indices: pa.Array) -> pa.Table:
     """``table.take(indices)``, a column per thread (Arrow's take runs one column at a time and
     releases the GIL)."""
     if table.num_columns < 2 or len(indices) < 100_000:
