@@ -64,6 +64,7 @@ def _python_lines(path) -> dict[int, bytes]:
 @pytest.mark.parametrize("piece", [50, 700, 1 << 22])
 def test_one_read_verifies_and_routes_as_the_two_passes_did(tmp_path, monkeypatch, piece):
     monkeypatch.setattr(frames, "ROUTE_BYTES", piece)  # reads cut lines (even shorter than one line)
+    monkeypatch.setattr(frames, "SAMPLE_KEYS", 4)  # the key samples thin out several times
     store = HistoryStore.open(tmp_path, database="db", settings=FRAMES)
     write(store, *_two_tables(60))
     for ref in store.segments(SegmentState.SEALED):
@@ -84,6 +85,10 @@ def test_one_read_verifies_and_routes_as_the_two_passes_did(tmp_path, monkeypatc
         for uuid, table in routed.tables.items():  # what the driver keeps: a file and its figures
             rows = routed.rows[uuid]
             assert (table.rows, table.min_key, table.max_key) == (len(rows.lines), rows.keys.min(), rows.keys.max())
+            sample = routed.samples[uuid]  # every stride-th key in line order, whatever the pieces
+            stride = -(-len(rows.keys) // len(sample))
+            assert len(sample) <= frames.SAMPLE_KEYS < len(rows.keys)
+            assert sample.tolist() == rows.keys[::stride].tolist()
         routed.remove()
     assert list(frames.routes_dir(store.wal_dir).iterdir()) == []  # removed
 
@@ -137,6 +142,62 @@ def test_key_parts_get_disjoint_keys_and_every_line_of_their_table(tmp_path, mon
         ranges = sorted((min(k), max(k)) for k in keys if k)
         assert all(a[1] < b[0] for a, b in zip(ranges, ranges[1:], strict=False))  # key ranges, not modulo
     assert [t.weight for t in tasks] == sorted((t.weight for t in tasks), reverse=True)
+    routed.remove()
+
+
+def test_sampled_keys_stay_uniform_and_bounded(monkeypatch):
+    monkeypatch.setattr(frames, "SAMPLE_KEYS", 10)
+    keys = np.arange(1000, 1237, dtype=np.int64) * 7
+    sample, stride, seen = np.zeros(0, np.int64), 1, 0
+    for size in (1, 5, 30, 2, 100, 99):  # route pieces of any size
+        sample, stride = frames.sample_keys(sample, stride, seen, keys[seen:seen + size])
+        seen += size
+        assert sample.tolist() == keys[:seen:stride].tolist() and len(sample) <= 10
+
+
+def test_balanced_cuts_give_each_part_an_equal_share_of_the_rows():
+    held = np.arange(1, 1001, dtype=np.int64)  # updates over the held keys, then inserts past them
+    inserts = np.arange(1001, 1401, dtype=np.int64)
+    cuts, estimate = frames.balanced_cuts([(held, 1000), (inserts, 400)], 4)
+    assert cuts == (351, 701, 1051)
+    assert estimate == [350, 350, 350, 350]
+    parts = frames.part_of_keys(np.concatenate([held, inserts]), 4, cuts)
+    assert np.bincount(parts).tolist() == estimate
+    # a segment's sample stands for its rows: 10 keys for 1000 rows weigh 100 each
+    cuts, estimate = frames.balanced_cuts([(np.arange(10, dtype=np.int64), 1000), (held, 1000)], 2)
+    assert cuts == (10,) and estimate == [1009, 991]  # keys 0-9: 10 x 100 + 9 held
+    assert frames.balanced_cuts([(np.full(50, 7, np.int64), 50)], 4) == ((), [50])  # one key: one part
+    assert frames.balanced_cuts([(np.zeros(0, np.int64), 0)], 4) is None
+    assert frames.balanced_cuts([(held, 1000)], 1) is None
+    extreme = np.array([-2**63, 2**63 - 1], np.int64)
+    assert frames.balanced_cuts([(extreme, 2)], 2) == ((-2**63 + 1,), [1, 1])
+
+
+def test_inserts_past_the_held_keys_are_spread_over_the_parts(tmp_path, monkeypatch):
+    """Parts hold equal shares of a group's rows even when its inserts lie past every key the
+    table's files hold (equal key widths of the files would give the last part all of them)."""
+    monkeypatch.setattr(compactor, "SPLIT_THRESHOLD", 100)
+    store = HistoryStore.open(tmp_path, database="db", settings=FRAMES)
+    cols = [{"column_uuid": "i", "column_name": "i", "data_type": "BIGINT"}]
+    held = [{"op": "create_table", "t": 1, "table_uuid": "A", "table_name": "a", "columns": cols}]
+    held += [{"op": "insert", "t": 2 + k, "table_uuid": "A", "key": k, "values": {"i": k}} for k in range(400)]
+    later = [{"op": "update", "t": 1000 + k, "table_uuid": "A", "key": (k * 37) % 400, "values": {"i": -k}}
+             for k in range(300)]
+    later += [{"op": "insert", "t": 2000 + k, "table_uuid": "A", "key": 400 + k, "values": {"i": k}}
+              for k in range(300)]
+    write(store, held, later)
+    store.compact(spark=None, only_segment=1)
+    ref = store.segments(SegmentState.SEALED)[0]
+    sealed, routed = frames.verify_and_route(ref)
+    state = store.catalog_state()
+    plan = frames.plan_frames(sealed, routed.records, routed.touched, replay_schema_history(state.schema_history),
+                              state)
+    ctx = frames.FrameContext({}, "db", state.frontier + 1, state.txn_id + 1, ref.segment_id)
+    tasks = frames.group_tasks([frames.GroupMember(plan, routed, ctx)], compactor.files_per_table)
+    rows = [len(t.rows(step).lines) for t in tasks for step in t.steps]
+    assert len(tasks) == 4 and sum(rows) == 600
+    assert max(rows) <= 1.2 * min(rows)  # equal widths of the files' keys: 75 / 75 / 75 / 375
+    assert rows == [t.weight for t in tasks]  # 600 keys: all sampled, so the estimates are exact
     routed.remove()
 
 
