@@ -4,6 +4,8 @@ on the S3 endpoint, and the answers equal the per-event reference."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 
@@ -401,3 +403,33 @@ def test_route_files_a_crashed_run_left_break_nothing_and_go(tmp_path, spark):
     write(reference, *_two_tables(40))
     reference.compact(spark=False)
     assert answers(store) == answers(reference)
+
+
+@pytest.mark.parametrize("stop", ["rows", "corrupt", "segments"])
+def test_segments_routed_ahead_of_a_group_end_leave_no_route_file(tmp_path, monkeypatch, stop):
+    """The driver routes the next segments while it plans one; where the group ends (its row bound,
+    a corrupt segment, its segment bound) those routed ahead leave no route file, and the group's
+    own files are exactly its members' until the job is over."""
+    monkeypatch.setattr(compactor, "ROUTE_THREADS", 3)
+    store = HistoryStore.open(tmp_path, database="db", settings=FRAMES)
+    first, second = _two_tables(60)
+    later = [[{"op": "update", "t": 1000 * s + k, "table_uuid": "AB"[k % 2], "key": k * 3 - 60, "values": {"i": s}}
+              for k in range(0, 60, 2)] for s in (1, 2)]
+    write(store, first, second, *later)  # four segments
+    refs = store.segments(SegmentState.SEALED)
+    if stop == "rows":
+        monkeypatch.setattr(frames, "MAX_GROUP_ROWS", 70)  # the first segment's 60 rows, not the second's
+    elif stop == "corrupt":
+        data = bytearray(refs[2].path.read_bytes())
+        data[data.index(b'"i":1')] ^= 0x01
+        refs[2].path.write_bytes(bytes(data))
+    else:
+        monkeypatch.setattr(frames, "MAX_GROUP_SEGMENTS", 3)
+    group = compactor._plan_group(store, refs, store.catalog_state())
+    assert [p.ref.segment_id for p in group] == {"rows": [1], "corrupt": [1, 2], "segments": [1, 2, 3]}[stop]
+    folder = frames.routes_dir(store.wal_dir)
+    mine = {Path(t.path).name for p in group for t in p.member.routed.tables.values()}
+    assert {p.name for p in folder.iterdir()} == mine and mine
+    for pending in group:
+        pending.member.routed.remove()
+    assert list(folder.iterdir()) == []
