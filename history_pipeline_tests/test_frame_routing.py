@@ -4,6 +4,7 @@ on the S3 endpoint, and the answers equal the per-event reference."""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -259,6 +260,16 @@ def test_part_tasks_are_dealt_into_one_partition_per_local_core(spark):
     assert frames.pack_tasks(tasks, 8) == [[0], [1], [2], [3], [4]]
     assert frames.pack_tasks(tasks, None) == [[0], [1], [2], [3], [4]]  # a cluster: one each
     assert frames.local_slots(spark) == 2  # the test session is local[2]
+    # near-equal parts of two tables: each partition gets a part of each (a row of one table may cost
+    # more than a row of the other); the lightest partition still wins when loads differ much
+    a0 = frames.GroupTask("A", (), None, (), (frames.GroupStep(0, None, frames.RouteTable("", 100, 0, 0, 0), 0),),
+                          False, 0, 2, (0,), 50)  # type: ignore[arg-type]
+    a1, b0, b1 = replace(a0, part=1), replace(a0, table_uuid="B"), replace(a0, table_uuid="B", part=1)
+    assert frames.pack_tasks([a0, a1, b0, b1], 2) == [[0, 2], [1, 3]]  # not A, A | B, B
+    b60, b100 = replace(b0, estimate=60), replace(b0, estimate=100)
+    # within a quarter of its rows of the lightest, a part goes where its table is not yet
+    assert frames.pack_tasks([b60, a0, a1], 2) == [[0, 2], [1]]
+    assert frames.pack_tasks([b100, a0, a1], 2) == [[0], [1, 2]]  # 101 is more than 51 + 12
 
 
 # --- several pending segments in one Spark job (a group) ------------------------------------

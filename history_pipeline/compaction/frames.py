@@ -473,13 +473,17 @@ def local_slots(spark: Any) -> int | None:
 def pack_tasks(tasks: Sequence[GroupTask], slots: int | None) -> list[list[int]]:
     """The part tasks (largest first) dealt into at most ``slots`` Spark partitions, each to the one
     with the fewest rows so far: a Python task costs ~0.1 s even with no work, so a local master
-    runs one per core; without a known slot count, one partition per task."""
+    runs one per core; without a known slot count, one partition per task. Among partitions within
+    a quarter of the task's rows of the lightest, the one with the fewest parts of the task's table:
+    a row costs alike in every part of a table, not across tables (widths and schema epochs differ;
+    1.4x between bench-quick's two tables), so each partition is better off with a mix."""
     if slots is None or slots >= len(tasks):
         return [[i] for i in range(len(tasks))]
     bins: list[list[int]] = [[] for _ in range(slots)]
     load = [0] * slots
     for i, task in enumerate(tasks):
-        least = load.index(min(load))
+        near = [b for b in range(slots) if load[b] <= min(load) + task.weight // 4]
+        least = min(near, key=lambda b: (sum(tasks[j].table_uuid == task.table_uuid for j in bins[b]), load[b], b))
         bins[least].append(i)
         load[least] += task.weight + 1
     return [b for b in bins if b]
