@@ -1184,8 +1184,11 @@ def _run_group_task(task: GroupTask, members: Sequence[tuple[str, str, FrameCont
         if folded.images is not None:  # after a backfill the images, not the versions, hold its values
             carry = _carry_of(folded.images, work.supercolumns_after)
         elif folded.versions.num_rows:
-            versions = _carry_of(folded.versions, work.supercolumns_after)
-            carry = _newest(pa.concat_tables([carry, versions], promote_options="default"))
+            # a step's versions are newer than anything carried: its keys' rows are replaced, no sort
+            # of the whole carry (every touched key of the part) per step
+            newest = _newest(_carry_of(folded.versions, work.supercolumns_after))
+            kept = carry.filter(pc.invert(pc.is_in(carry.column("key"), value_set=newest.column("key"))))
+            carry = pa.concat_tables([kept, newest], promote_options="default")
 
 
 GROUP_OUT_SCHEMA = OUT_SCHEMA.append(pa.field("segment_id", pa.int64()))
