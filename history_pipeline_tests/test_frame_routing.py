@@ -8,6 +8,7 @@ from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
+import pyarrow as pa
 import pytest
 
 from history_pipeline import HistoryStore, SegmentQuarantinedError, StoreSettings
@@ -122,6 +123,11 @@ def test_a_task_reads_exactly_its_lines(tmp_path, monkeypatch, span, gap):
     got = [(n, text) for b in frames._read_lines(str(ref.path), picked)
            for n, text in zip(b.column(0).to_pylist(), b.column(1).to_pylist(), strict=True)]
     assert got == [(int(n), lines[int(n)]) for n in picked.lines]
+    spans = list(frames._read_lines(str(ref.path), picked))
+    for size, batches in ((1, len(spans)), (1 << 30, 1)):  # what a task decodes: spans joined, in order
+        joined = list(frames._coalesced(iter(spans), size))
+        assert pa.Table.from_batches(joined).equals(pa.Table.from_batches(spans))
+        assert len(joined) == batches
 
 
 def test_key_parts_get_disjoint_keys_and_every_line_of_their_table(tmp_path, monkeypatch):

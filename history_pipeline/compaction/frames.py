@@ -413,6 +413,25 @@ def sweep_routes(wal_dir: Path, pending: Sequence[SegmentRef]) -> int:
     return gone
 
 
+#: a fold task decodes its lines in batches of about this many bytes (fewer, larger batches: each
+#: batch costs ~150 Arrow kernel calls whatever its size)
+DECODE_BYTES = 32 << 20
+
+
+def _coalesced(batches: Iterator[pa.RecordBatch], size: int) -> Iterator[pa.RecordBatch]:
+    """``(line, text)`` batches joined into batches of about ``size`` bytes of text (in order)."""
+    held: list[pa.RecordBatch] = []
+    bytes_held = 0
+    for batch in batches:
+        held.append(batch)
+        bytes_held += batch.nbytes
+        if bytes_held >= size:
+            yield pa.Table.from_batches(held).combine_chunks().to_batches()[0]
+            held, bytes_held = [], 0
+    if held:
+        yield pa.Table.from_batches(held).combine_chunks().to_batches()[0]
+
+
 def _read_lines(path: str, rows: RowLines) -> Iterator[pa.RecordBatch]:
     """(line, text) batches of exactly the lines ``rows`` names, read from the segment file in
     spans of at most ``ROUTE_BYTES`` that skip gaps of ``SKIP_GAP`` or more."""
@@ -1170,7 +1189,7 @@ def _run_group_task(task: GroupTask, members: Sequence[tuple[str, str, FrameCont
         work = step.work
         if not len(rows_of_step.lines) and not work.backfills:
             continue
-        decoded = list(_decoder(work, name)(_read_lines(path, rows_of_step)))
+        decoded = list(_decoder(work, name)(_coalesced(_read_lines(path, rows_of_step), DECODE_BYTES)))
         rows = pa.Table.from_batches(decoded) if decoded else _row_schema(work.supercolumns_after).empty_table()
         # a backfill folds every live key; otherwise only the step's own keys' images are needed
         step_keys = None if work.backfills else pc.unique(pc.drop_null(rows.column("key")).combine_chunks())
