@@ -450,3 +450,25 @@ def test_segments_routed_ahead_of_a_group_end_leave_no_route_file(tmp_path, monk
     for pending in group:
         pending.member.routed.remove()
     assert list(folder.iterdir()) == []
+
+
+def test_a_planning_failure_leaves_no_route_file(tmp_path, monkeypatch):
+    """An unexpected error while a group is planned (here on its second segment, the third routed
+    ahead) leaves no route file of any segment behind."""
+    store = HistoryStore.open(tmp_path, database="db", settings=FRAMES)
+    first, second = _two_tables(40)
+    third = [{"op": "update", "t": 5000 + k, "table_uuid": "A", "key": k * 3 - 40, "values": {"i": 7}}
+             for k in range(0, 40, 2)]
+    write(store, first, second, third)
+    plan_frames, calls = frames.plan_frames, []
+
+    def failing(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == 2:
+            raise RuntimeError("planning failed")
+        return plan_frames(*args, **kwargs)
+
+    monkeypatch.setattr(frames, "plan_frames", failing)
+    with pytest.raises(RuntimeError, match="planning failed"):
+        compactor._plan_group(store, store.segments(SegmentState.SEALED), store.catalog_state())
+    assert list(frames.routes_dir(store.wal_dir).iterdir()) == []

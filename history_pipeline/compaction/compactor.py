@@ -401,12 +401,10 @@ def _plan_group(store: CompactionHandle, refs: Sequence[SegmentRef], state: Cata
         candidates.append(ref)
     pool = ThreadPoolExecutor(ROUTE_THREADS, thread_name_prefix="route")
     ahead: list[Future[tuple[tuple[int, int, int] | None, SealedSegment, frames.Routed | None]]] = []
-    used = 0  # results taken from ``ahead``: each went into the group or was dealt with
     try:
         for j, ref in enumerate(candidates):
             while len(ahead) < min(j + ROUTE_THREADS, len(candidates)):
                 ahead.append(pool.submit(_read_and_route, candidates[len(ahead)]))
-            used = j + 1
             try:
                 read, sealed, routed = ahead[j].result()
             except (SegmentCorruptedError, MalformedRecordError):
@@ -435,8 +433,8 @@ def _plan_group(store: CompactionHandle, refs: Sequence[SegmentRef], state: Cata
         for pending in group:
             pending.member.routed.remove()
         raise
-    finally:  # routed ahead but not joining: their files go (a failed read leaves none)
-        for future in ahead[used:]:
+    finally:  # routed (ahead) but not joining: their files go (a failed read leaves none)
+        for future in ahead[len(group) :]:
             _drop_route(future)
         pool.shutdown(wait=True)
     return group
