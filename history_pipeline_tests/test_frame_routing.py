@@ -4,7 +4,11 @@ on the S3 endpoint, and the answers equal the per-event reference."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+from pathlib import Path
+
 import numpy as np
+import pyarrow as pa
 import pytest
 
 from history_pipeline import HistoryStore, SegmentQuarantinedError, StoreSettings
@@ -64,6 +68,7 @@ def _python_lines(path) -> dict[int, bytes]:
 @pytest.mark.parametrize("piece", [50, 700, 1 << 22])
 def test_one_read_verifies_and_routes_as_the_two_passes_did(tmp_path, monkeypatch, piece):
     monkeypatch.setattr(frames, "ROUTE_BYTES", piece)  # reads cut lines (even shorter than one line)
+    monkeypatch.setattr(frames, "SAMPLE_KEYS", 4)  # the key samples thin out several times
     store = HistoryStore.open(tmp_path, database="db", settings=FRAMES)
     write(store, *_two_tables(60))
     for ref in store.segments(SegmentState.SEALED):
@@ -84,6 +89,10 @@ def test_one_read_verifies_and_routes_as_the_two_passes_did(tmp_path, monkeypatc
         for uuid, table in routed.tables.items():  # what the driver keeps: a file and its figures
             rows = routed.rows[uuid]
             assert (table.rows, table.min_key, table.max_key) == (len(rows.lines), rows.keys.min(), rows.keys.max())
+            sample = routed.samples[uuid]  # every stride-th key in line order, whatever the pieces
+            stride = -(-len(rows.keys) // len(sample))
+            assert len(sample) <= frames.SAMPLE_KEYS < len(rows.keys)
+            assert sample.tolist() == rows.keys[::stride].tolist()
         routed.remove()
     assert list(frames.routes_dir(store.wal_dir).iterdir()) == []  # removed
 
@@ -114,6 +123,11 @@ def test_a_task_reads_exactly_its_lines(tmp_path, monkeypatch, span, gap):
     got = [(n, text) for b in frames._read_lines(str(ref.path), picked)
            for n, text in zip(b.column(0).to_pylist(), b.column(1).to_pylist(), strict=True)]
     assert got == [(int(n), lines[int(n)]) for n in picked.lines]
+    spans = list(frames._read_lines(str(ref.path), picked))
+    for size, batches in ((1, len(spans)), (1 << 30, 1)):  # what a task decodes: spans joined, in order
+        joined = list(frames._coalesced(iter(spans), size))
+        assert pa.Table.from_batches(joined).equals(pa.Table.from_batches(spans))
+        assert len(joined) == batches
 
 
 def test_key_parts_get_disjoint_keys_and_every_line_of_their_table(tmp_path, monkeypatch):
@@ -137,6 +151,62 @@ def test_key_parts_get_disjoint_keys_and_every_line_of_their_table(tmp_path, mon
         ranges = sorted((min(k), max(k)) for k in keys if k)
         assert all(a[1] < b[0] for a, b in zip(ranges, ranges[1:], strict=False))  # key ranges, not modulo
     assert [t.weight for t in tasks] == sorted((t.weight for t in tasks), reverse=True)
+    routed.remove()
+
+
+def test_sampled_keys_stay_uniform_and_bounded(monkeypatch):
+    monkeypatch.setattr(frames, "SAMPLE_KEYS", 10)
+    keys = np.arange(1000, 1237, dtype=np.int64) * 7
+    sample, stride, seen = np.zeros(0, np.int64), 1, 0
+    for size in (1, 5, 30, 2, 100, 99):  # route pieces of any size
+        sample, stride = frames.sample_keys(sample, stride, seen, keys[seen:seen + size])
+        seen += size
+        assert sample.tolist() == keys[:seen:stride].tolist() and len(sample) <= 10
+
+
+def test_balanced_cuts_give_each_part_an_equal_share_of_the_rows():
+    held = np.arange(1, 1001, dtype=np.int64)  # updates over the held keys, then inserts past them
+    inserts = np.arange(1001, 1401, dtype=np.int64)
+    cuts, estimate = frames.balanced_cuts([(held, 1000), (inserts, 400)], 4)
+    assert cuts == (351, 701, 1051)
+    assert estimate == [350, 350, 350, 350]
+    parts = frames.part_of_keys(np.concatenate([held, inserts]), 4, cuts)
+    assert np.bincount(parts).tolist() == estimate
+    # a segment's sample stands for its rows: 10 keys for 1000 rows weigh 100 each
+    cuts, estimate = frames.balanced_cuts([(np.arange(10, dtype=np.int64), 1000), (held, 1000)], 2)
+    assert cuts == (10,) and estimate == [1009, 991]  # keys 0-9: 10 x 100 + 9 held
+    assert frames.balanced_cuts([(np.full(50, 7, np.int64), 50)], 4) == ((), [50])  # one key: one part
+    assert frames.balanced_cuts([(np.zeros(0, np.int64), 0)], 4) is None
+    assert frames.balanced_cuts([(held, 1000)], 1) is None
+    extreme = np.array([-2**63, 2**63 - 1], np.int64)
+    assert frames.balanced_cuts([(extreme, 2)], 2) == ((-2**63 + 1,), [1, 1])
+
+
+def test_inserts_past_the_held_keys_are_spread_over_the_parts(tmp_path, monkeypatch):
+    """Parts hold equal shares of a group's rows even when its inserts lie past every key the
+    table's files hold (equal key widths of the files would give the last part all of them)."""
+    monkeypatch.setattr(compactor, "SPLIT_THRESHOLD", 100)
+    store = HistoryStore.open(tmp_path, database="db", settings=FRAMES)
+    cols = [{"column_uuid": "i", "column_name": "i", "data_type": "BIGINT"}]
+    held = [{"op": "create_table", "t": 1, "table_uuid": "A", "table_name": "a", "columns": cols}]
+    held += [{"op": "insert", "t": 2 + k, "table_uuid": "A", "key": k, "values": {"i": k}} for k in range(400)]
+    later = [{"op": "update", "t": 1000 + k, "table_uuid": "A", "key": (k * 37) % 400, "values": {"i": -k}}
+             for k in range(300)]
+    later += [{"op": "insert", "t": 2000 + k, "table_uuid": "A", "key": 400 + k, "values": {"i": k}}
+              for k in range(300)]
+    write(store, held, later)
+    store.compact(spark=None, only_segment=1)
+    ref = store.segments(SegmentState.SEALED)[0]
+    sealed, routed = frames.verify_and_route(ref)
+    state = store.catalog_state()
+    plan = frames.plan_frames(sealed, routed.records, routed.touched, replay_schema_history(state.schema_history),
+                              state)
+    ctx = frames.FrameContext({}, "db", state.frontier + 1, state.txn_id + 1, ref.segment_id)
+    tasks = frames.group_tasks([frames.GroupMember(plan, routed, ctx)], compactor.files_per_table)
+    rows = [len(t.rows(step).lines) for t in tasks for step in t.steps]
+    assert len(tasks) == 4 and sum(rows) == 600
+    assert max(rows) <= 1.2 * min(rows)  # equal widths of the files' keys: 75 / 75 / 75 / 375
+    assert rows == [t.weight for t in tasks]  # 600 keys: all sampled, so the estimates are exact
     routed.remove()
 
 
@@ -196,6 +266,16 @@ def test_part_tasks_are_dealt_into_one_partition_per_local_core(spark):
     assert frames.pack_tasks(tasks, 8) == [[0], [1], [2], [3], [4]]
     assert frames.pack_tasks(tasks, None) == [[0], [1], [2], [3], [4]]  # a cluster: one each
     assert frames.local_slots(spark) == 2  # the test session is local[2]
+    # near-equal parts of two tables: each partition gets a part of each (a row of one table may cost
+    # more than a row of the other); the lightest partition still wins when loads differ much
+    a0 = frames.GroupTask("A", (), None, (), (frames.GroupStep(0, None, frames.RouteTable("", 100, 0, 0, 0), 0),),
+                          False, 0, 2, (0,), 50)  # type: ignore[arg-type]
+    a1, b0, b1 = replace(a0, part=1), replace(a0, table_uuid="B"), replace(a0, table_uuid="B", part=1)
+    assert frames.pack_tasks([a0, a1, b0, b1], 2) == [[0, 2], [1, 3]]  # not A, A | B, B
+    b60, b100 = replace(b0, estimate=60), replace(b0, estimate=100)
+    # within a quarter of its rows of the lightest, a part goes where its table is not yet
+    assert frames.pack_tasks([b60, a0, a1], 2) == [[0, 2], [1]]
+    assert frames.pack_tasks([b100, a0, a1], 2) == [[0], [1, 2]]  # 101 is more than 51 + 12
 
 
 # --- several pending segments in one Spark job (a group) ------------------------------------
@@ -340,3 +420,55 @@ def test_route_files_a_crashed_run_left_break_nothing_and_go(tmp_path, spark):
     write(reference, *_two_tables(40))
     reference.compact(spark=False)
     assert answers(store) == answers(reference)
+
+
+@pytest.mark.parametrize("stop", ["rows", "corrupt", "segments"])
+def test_segments_routed_ahead_of_a_group_end_leave_no_route_file(tmp_path, monkeypatch, stop):
+    """The driver routes the next segments while it plans one; where the group ends (its row bound,
+    a corrupt segment, its segment bound) those routed ahead leave no route file, and the group's
+    own files are exactly its members' until the job is over."""
+    monkeypatch.setattr(compactor, "ROUTE_THREADS", 3)
+    store = HistoryStore.open(tmp_path, database="db", settings=FRAMES)
+    first, second = _two_tables(60)
+    later = [[{"op": "update", "t": 1000 * s + k, "table_uuid": "AB"[k % 2], "key": k * 3 - 60, "values": {"i": s}}
+              for k in range(0, 60, 2)] for s in (1, 2)]
+    write(store, first, second, *later)  # four segments
+    refs = store.segments(SegmentState.SEALED)
+    if stop == "rows":
+        monkeypatch.setattr(frames, "MAX_GROUP_ROWS", 70)  # the first segment's 60 rows, not the second's
+    elif stop == "corrupt":
+        data = bytearray(refs[2].path.read_bytes())
+        data[data.index(b'"i":1')] ^= 0x01
+        refs[2].path.write_bytes(bytes(data))
+    else:
+        monkeypatch.setattr(frames, "MAX_GROUP_SEGMENTS", 3)
+    group = compactor._plan_group(store, refs, store.catalog_state())
+    assert [p.ref.segment_id for p in group] == {"rows": [1], "corrupt": [1, 2], "segments": [1, 2, 3]}[stop]
+    folder = frames.routes_dir(store.wal_dir)
+    mine = {Path(t.path).name for p in group for t in p.member.routed.tables.values()}
+    assert {p.name for p in folder.iterdir()} == mine and mine
+    for pending in group:
+        pending.member.routed.remove()
+    assert list(folder.iterdir()) == []
+
+
+def test_a_planning_failure_leaves_no_route_file(tmp_path, monkeypatch):
+    """An unexpected error while a group is planned (here on its second segment, the third routed
+    ahead) leaves no route file of any segment behind."""
+    store = HistoryStore.open(tmp_path, database="db", settings=FRAMES)
+    first, second = _two_tables(40)
+    third = [{"op": "update", "t": 5000 + k, "table_uuid": "A", "key": k * 3 - 40, "values": {"i": 7}}
+             for k in range(0, 40, 2)]
+    write(store, first, second, third)
+    plan_frames, calls = frames.plan_frames, []
+
+    def failing(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == 2:
+            raise RuntimeError("planning failed")
+        return plan_frames(*args, **kwargs)
+
+    monkeypatch.setattr(frames, "plan_frames", failing)
+    with pytest.raises(RuntimeError, match="planning failed"):
+        compactor._plan_group(store, store.segments(SegmentState.SEALED), store.catalog_state())
+    assert list(frames.routes_dir(store.wal_dir).iterdir()) == []

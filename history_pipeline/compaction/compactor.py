@@ -21,6 +21,7 @@ from __future__ import annotations
 import os
 import uuid
 from collections.abc import Callable, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import MappingProxyType
@@ -65,6 +66,7 @@ from history_pipeline.supertable import (
 )
 from history_pipeline.types import from_arrow_value
 from history_pipeline.wal.segments import (
+    SealedSegment,
     SegmentRef,
     SegmentState,
     list_segments,
@@ -370,44 +372,81 @@ class _Pending:
     member: frames.GroupMember
 
 
+#: segments of a group the driver verifies and routes at once (threads: the read, the checksum and
+#: the Arrow and numpy kernels of routing leave the GIL, so a second core is not idle meanwhile)
+ROUTE_THREADS = 2
+
+
+def _read_and_route(ref: SegmentRef) -> tuple[tuple[int, int, int] | None, SealedSegment, frames.Routed | None]:
+    """A segment's file identity (before the read), its verified bounds and its route."""
+    read = _file_identity(ref.path)
+    sealed, routed = frames.verify_and_route(ref)
+    return read, sealed, routed
+
+
 def _plan_group(store: CompactionHandle, refs: Sequence[SegmentRef], state: CatalogState) -> list[_Pending]:
     """The longest run of pending segments, from the first, that can share one Spark job: each
-    verified and routed on the driver (one read each) and planned from the schema the ones before
-    it leave and the catalog as it is now, within the group's bounds. A segment that cannot join
-    (corrupt, routed by Spark, applied already) ends the group; a segment whose schema records
-    fail joins it as its last (it is quarantined in turn)."""
+    verified and routed on the driver (one read each, ``ROUTE_THREADS`` segments at a time, in
+    order of use) and planned from the schema the ones before it leave and the catalog as it is
+    now, within the group's bounds. A segment that cannot join (corrupt, routed by Spark, applied
+    already) ends the group; a segment whose schema records fail joins it as its last (it is
+    quarantined in turn). Segments routed ahead that do not join leave no route file."""
     group: list[_Pending] = []
     schema = replay_schema_history(state.schema_history)
     frontier, rows = state.frontier, 0
+    candidates: list[SegmentRef] = []
     for ref in refs[: frames.MAX_GROUP_SEGMENTS]:
         if ref.segment_id in state.applied_segments:
             break
-        read = _file_identity(ref.path)
-        try:
-            sealed, routed = frames.verify_and_route(ref)
-        except (SegmentCorruptedError, MalformedRecordError):
-            break  # compact_segment quarantines it
-        if routed is None:
-            break
-        plan = frames.plan_frames(sealed, routed.records, routed.touched, schema, state)
-        rows += sum(w.rows for w in plan.tables)
-        if group and rows > frames.MAX_GROUP_ROWS:
-            routed.remove()  # it leads the next group
-            break
-        attempt = uuid.uuid4().hex
-        ctx = frames.FrameContext(
-            store_config=executor_store_config(store.objects),
-            database=store.database,
-            prior_as_of=frontier + 1,
-            txn_hint=state.txn_id + 1 + len(group),
-            segment_id=ref.segment_id,
-            attempt=attempt,
-        )
-        group.append(_Pending(ref, read, attempt, frames.GroupMember(plan, routed, ctx)))
-        if plan.error is not None:
-            break
-        schema, frontier = plan.schema_after, max(frontier, sealed.upper)
+        candidates.append(ref)
+    pool = ThreadPoolExecutor(ROUTE_THREADS, thread_name_prefix="route")
+    ahead: list[Future[tuple[tuple[int, int, int] | None, SealedSegment, frames.Routed | None]]] = []
+    try:
+        for j, ref in enumerate(candidates):
+            while len(ahead) < min(j + ROUTE_THREADS, len(candidates)):
+                ahead.append(pool.submit(_read_and_route, candidates[len(ahead)]))
+            try:
+                read, sealed, routed = ahead[j].result()
+            except (SegmentCorruptedError, MalformedRecordError):
+                break  # compact_segment quarantines it
+            if routed is None:
+                break
+            plan = frames.plan_frames(sealed, routed.records, routed.touched, schema, state)
+            rows += sum(w.rows for w in plan.tables)
+            if group and rows > frames.MAX_GROUP_ROWS:
+                routed.remove()  # it leads the next group
+                break
+            attempt = uuid.uuid4().hex
+            ctx = frames.FrameContext(
+                store_config=executor_store_config(store.objects),
+                database=store.database,
+                prior_as_of=frontier + 1,
+                txn_hint=state.txn_id + 1 + len(group),
+                segment_id=ref.segment_id,
+                attempt=attempt,
+            )
+            group.append(_Pending(ref, read, attempt, frames.GroupMember(plan, routed, ctx)))
+            if plan.error is not None:
+                break
+            schema, frontier = plan.schema_after, max(frontier, sealed.upper)
+    except BaseException:
+        for pending in group:
+            pending.member.routed.remove()
+        raise
+    finally:  # routed (ahead) but not joining: their files go (a failed read leaves none)
+        for future in ahead[len(group) :]:
+            _drop_route(future)
+        pool.shutdown(wait=True)
     return group
+
+
+def _drop_route(future: Future[tuple[Any, Any, frames.Routed | None]]) -> None:
+    try:
+        routed = future.result()[2]
+    except Exception:  # its own error is reported when it leads a group
+        return
+    if routed is not None:
+        routed.remove()
 
 
 def _compact_group(

@@ -83,7 +83,7 @@ class _Frame:
     def __init__(self, rows: pa.Table):
         self.rows = rows
         self.n = rows.num_rows
-        self.idx = pa.array(range(self.n), pa.int64())
+        self.idx = pa.array(np.arange(self.n, dtype=np.int64))  # not from a Python range: no per-row objects
         key = _col(rows, "key")
         self.same_prev = pc.fill_null(pc.equal(key, _prev(key)), False)
         self.same_next = pc.fill_null(pc.equal(key, _next(key)), False)

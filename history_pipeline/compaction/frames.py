@@ -32,7 +32,7 @@ import bisect
 import os
 import re
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 from uuid import uuid4
@@ -251,6 +251,9 @@ class Routed:
     records: tuple[tuple[int, bytes], ...]
     touched: tuple[tuple[str, int, int], ...]
     tables: Mapping[str, RouteTable]
+    #: per table, every ``stride``-th of its row events' keys (at most ``SAMPLE_KEYS``), for the driver
+    #: only: where to cut the table into parts of equal rows (``balanced_cuts``); not sent to tasks
+    samples: Mapping[str, np.ndarray] = field(default_factory=dict)
 
     @property
     def rows(self) -> dict[str, RowLines]:
@@ -261,6 +264,41 @@ class Routed:
         """Delete the route files (once the segment's Spark job is over)."""
         for table in self.tables.values():
             Path(table.path).unlink(missing_ok=True)
+
+
+#: keys of a table's row events the driver keeps per segment while it routes them (``sample_keys``)
+SAMPLE_KEYS = 1024
+
+
+def sample_keys(sample: np.ndarray, stride: int, seen: int, keys: np.ndarray) -> tuple[np.ndarray, int]:
+    """The keys of row events ``0, stride, 2 * stride ...`` of a table in line order, extended by
+    ``keys`` (its events ``seen, seen + 1 ...``); the stride doubles (every other sample kept)
+    whenever there are more than ``SAMPLE_KEYS``, so the sample stays uniform and bounded."""
+    sample = np.concatenate([sample, keys[(-seen) % stride :: stride]])
+    while len(sample) > SAMPLE_KEYS:
+        sample, stride = sample[::2], stride * 2
+    return sample, stride
+
+
+def balanced_cuts(samples: Sequence[tuple[np.ndarray, int]], parts: int) -> tuple[tuple[int, ...], list[int]] | None:
+    """Cuts of a table's keys into at most ``parts`` ranges holding equal shares of its row events,
+    from per-segment key samples weighted by the segment's rows ``(sample, rows)``, and each range's
+    estimated rows; None without samples. Keys below the first cut go to part 0 (``part_of_keys``);
+    a key that alone holds more than a share makes fewer parts."""
+    weighted = [(s, rows / len(s)) for s, rows in samples if len(s)]
+    if parts < 2 or not weighted:
+        return None
+    keys = np.concatenate([s for s, _ in weighted])
+    weights = np.concatenate([np.full(len(s), w) for s, w in weighted])
+    order = np.argsort(keys, kind="stable")
+    keys, weights = keys[order], weights[order]
+    cumulative = np.cumsum(weights)
+    at = np.searchsorted(cumulative, cumulative[-1] * np.arange(1, parts) / parts, side="left")
+    # the keys up to the quantile's own go below the cut; no cut above every sampled key (an empty top)
+    cuts = np.unique(keys[at][keys[at] < keys[-1]]) + 1
+    of = np.searchsorted(cuts, keys, side="right")
+    estimate = np.bincount(of, weights=weights, minlength=len(cuts) + 1)
+    return tuple(int(c) for c in cuts), [int(round(e)) for e in estimate]
 
 
 class _Router:
@@ -275,6 +313,7 @@ class _Router:
         self.gave_up = False
         self.records: list[tuple[int, bytes]] = []
         self.found: dict[str, list[Any]] = {}  # uuid -> [path, rows, max t, min key, max key]
+        self.samples: dict[str, tuple[np.ndarray, int]] = {}  # uuid -> (key sample, its stride)
 
     def __call__(self, data: bytes, offset: int, first_line: int) -> None:
         if self.gave_up or not data:
@@ -314,6 +353,7 @@ class _Router:
             with open(entry[0], "ab") as f:
                 rows.astype("<i8").tofile(f)
             low, high = int(its_keys.min()), int(its_keys.max())
+            self.samples[uuid] = sample_keys(*self.samples.get(uuid, (np.zeros(0, np.int64), 1)), entry[1], its_keys)
             entry[1] += len(mine)
             entry[2] = max(entry[2], int(ts[codes == code].max()))
             entry[3] = low if entry[3] is None else min(entry[3], low)
@@ -339,7 +379,7 @@ class _Router:
                 return None
         tables = {u: RouteTable(*found) for u, found in self.found.items()}
         touched = tuple(sorted((u, r.rows, r.max_t) for u, r in tables.items()))
-        return Routed(tuple(self.records), touched, tables)
+        return Routed(tuple(self.records), touched, tables, {u: sample for u, (sample, _) in self.samples.items()})
 
 
 def verify_and_route(ref: SegmentRef, routes: Path | None = None) -> tuple[SealedSegment, Routed | None]:
@@ -371,6 +411,25 @@ def sweep_routes(wal_dir: Path, pending: Sequence[SegmentRef]) -> int:
             entry.unlink(missing_ok=True)
             gone += 1
     return gone
+
+
+#: a fold task decodes its lines in batches of about this many bytes (fewer, larger batches: each
+#: batch costs ~150 Arrow kernel calls whatever its size)
+DECODE_BYTES = 32 << 20
+
+
+def _coalesced(batches: Iterator[pa.RecordBatch], size: int) -> Iterator[pa.RecordBatch]:
+    """``(line, text)`` batches joined into batches of about ``size`` bytes of text (in order)."""
+    held: list[pa.RecordBatch] = []
+    bytes_held = 0
+    for batch in batches:
+        held.append(batch)
+        bytes_held += batch.nbytes
+        if bytes_held >= size:
+            yield pa.Table.from_batches(held).combine_chunks().to_batches()[0]
+            held, bytes_held = [], 0
+    if held:
+        yield pa.Table.from_batches(held).combine_chunks().to_batches()[0]
 
 
 def _read_lines(path: str, rows: RowLines) -> Iterator[pa.RecordBatch]:
@@ -433,13 +492,17 @@ def local_slots(spark: Any) -> int | None:
 def pack_tasks(tasks: Sequence[GroupTask], slots: int | None) -> list[list[int]]:
     """The part tasks (largest first) dealt into at most ``slots`` Spark partitions, each to the one
     with the fewest rows so far: a Python task costs ~0.1 s even with no work, so a local master
-    runs one per core; without a known slot count, one partition per task."""
+    runs one per core; without a known slot count, one partition per task. Among partitions within
+    a quarter of the task's rows of the lightest, the one with the fewest parts of the task's table:
+    a row costs alike in every part of a table, not across tables (widths and schema epochs differ;
+    1.4x between bench-quick's two tables), so each partition is better off with a mix."""
     if slots is None or slots >= len(tasks):
         return [[i] for i in range(len(tasks))]
     bins: list[list[int]] = [[] for _ in range(slots)]
     load = [0] * slots
     for i, task in enumerate(tasks):
-        least = load.index(min(load))
+        near = [b for b in range(slots) if load[b] <= min(load) + task.weight // 4]
+        least = min(near, key=lambda b: (sum(tasks[j].table_uuid == task.table_uuid for j in bins[b]), load[b], b))
         bins[least].append(i)
         load[least] += task.weight + 1
     return [b for b in bins if b]
@@ -994,11 +1057,14 @@ class GroupTask:
     part: int = 0
     parts: int = 1
     cuts: tuple[int, ...] | None = None
+    estimate: int | None = None  # its row events as the routed key samples tell, when they do
 
     @property
     def weight(self) -> int:
-        """Its row events in all segments, estimated as an equal share of its tables' (how
-        ``pack_tasks`` balances partitions; the driver does not read the route files)."""
+        """Its row events in all segments (how ``pack_tasks`` balances partitions; the driver does
+        not read the route files): from the key samples, else an equal share of its table's."""
+        if self.estimate is not None:
+            return self.estimate
         return sum(s.route.rows for s in self.steps if s.route is not None) // self.parts
 
     def rows(self, step: GroupStep) -> RowLines:
@@ -1011,9 +1077,10 @@ class GroupTask:
 
 def group_tasks(members: Sequence[GroupMember], files_per_table: Callable[[int], int]) -> list[GroupTask]:
     """The (table, key part) tasks of a group: a table keeps one split for the whole group (parts
-    from its largest share, equal key ranges of its files at the group's start (``key_cuts``);
-    a table without files yet is cut into equal ranges of the group's own
-    keys), so a task owns the same keys in every segment. A table with a backfill in the group
+    from its largest share; key ranges holding equal shares of the group's row events of the
+    table, from the routed key samples (``balanced_cuts``); without samples, equal key ranges of
+    its files at the group's start (``key_cuts``), or of the group's own keys when it has no files
+    yet), so a task owns the same keys in every segment. A table with a backfill in the group
     carries every live key of its part, and its backfill's snapshot is one piece per part; the
     largest first."""
     tasks = []
@@ -1022,9 +1089,19 @@ def group_tasks(members: Sequence[GroupMember], files_per_table: Callable[[int],
         first = shares[0][1]
         all_keys = any(w.backfills for _, w in shares)
         parts = files_per_table(max(w.rows for _, w in shares))
-        cuts = key_cuts(first.files, parts) if parts > 1 else None
         routes = [members[i].routed.tables[uuid] for i, _ in shares if uuid in members[i].routed.tables]
-        if parts > 1 and cuts is None:  # no files yet: ranges of the group's own keys
+        samples = [(members[i].routed.samples[uuid], members[i].routed.tables[uuid].rows)
+                   for i, _ in shares if uuid in members[i].routed.samples]
+        # inserts past the files' keys (or keys crowded in a corner) would leave equal widths lopsided
+        balanced = balanced_cuts(samples, parts) if parts > 1 else None
+        estimates: list[int | None] = [None] * parts
+        if balanced is not None:
+            cuts, counts = balanced
+            parts = len(cuts) + 1
+            estimates = list(counts)
+        else:
+            cuts = key_cuts(first.files, parts) if parts > 1 else None
+        if parts > 1 and not cuts:  # no files yet: ranges of the group's own keys
             if routes:
                 cuts = equal_cuts(min(r.min_key for r in routes), max(r.max_key for r in routes), parts)
             else:  # a part's snapshot piece must be a key range
@@ -1037,7 +1114,7 @@ def group_tasks(members: Sequence[GroupMember], files_per_table: Callable[[int],
                 steps.append(GroupStep(i, work, route, upper))
         if steps:
             tasks += [GroupTask(uuid, first.files, first.snapshot_as_of, first.supercolumns_before, tuple(steps),
-                                all_keys, part, parts, cuts) for part in range(parts)]
+                                all_keys, part, parts, cuts or None, estimates[part]) for part in range(parts)]
     return sorted(tasks, key=lambda task: -task.weight)
 
 
@@ -1112,7 +1189,7 @@ def _run_group_task(task: GroupTask, members: Sequence[tuple[str, str, FrameCont
         work = step.work
         if not len(rows_of_step.lines) and not work.backfills:
             continue
-        decoded = list(_decoder(work, name)(_read_lines(path, rows_of_step)))
+        decoded = list(_decoder(work, name)(_coalesced(_read_lines(path, rows_of_step), DECODE_BYTES)))
         rows = pa.Table.from_batches(decoded) if decoded else _row_schema(work.supercolumns_after).empty_table()
         # a backfill folds every live key; otherwise only the step's own keys' images are needed
         step_keys = None if work.backfills else pc.unique(pc.drop_null(rows.column("key")).combine_chunks())
@@ -1126,8 +1203,11 @@ def _run_group_task(task: GroupTask, members: Sequence[tuple[str, str, FrameCont
         if folded.images is not None:  # after a backfill the images, not the versions, hold its values
             carry = _carry_of(folded.images, work.supercolumns_after)
         elif folded.versions.num_rows:
-            versions = _carry_of(folded.versions, work.supercolumns_after)
-            carry = _newest(pa.concat_tables([carry, versions], promote_options="default"))
+            # a step's versions are newer than anything carried: its keys' rows are replaced, no sort
+            # of the whole carry (every touched key of the part) per step
+            newest = _newest(_carry_of(folded.versions, work.supercolumns_after))
+            kept = carry.filter(pc.invert(pc.is_in(carry.column("key"), value_set=newest.column("key"))))
+            carry = pa.concat_tables([kept, newest], promote_options="default")
 
 
 GROUP_OUT_SCHEMA = OUT_SCHEMA.append(pa.field("segment_id", pa.int64()))
