@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import io
 import json
+import os
 import random
 import subprocess
 import sys
@@ -39,6 +40,9 @@ from history_pipeline_tests.test_maintenance_properties import check
 
 ROW_OPS = ("insert", "update", "delete")
 
+#: hypothesis examples per run (HP_EXAMPLES=60 for a longer search)
+EXAMPLES = int(os.environ.get("HP_EXAMPLES", "5"))
+
 
 def _without(events, table_uuid, keys):
     return [e for e in events if not (e["op"] in ROW_OPS and e["table_uuid"] == table_uuid and e["key"] in keys)]
@@ -48,8 +52,9 @@ def _keys_of(events, table_uuid):
     return sorted({e["key"] for e in events if e["op"] in ROW_OPS and e["table_uuid"] == table_uuid})
 
 
-@settings(max_examples=int(__import__("os").environ.get("HP_EXAMPLES", "5")), deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(seed=st.integers(0, 10_000), maintenance=st.sampled_from(["none", "merge", "retain", "retain_merge", "snapshot", "snapshot_merge_retain"]),
+@settings(max_examples=EXAMPLES, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(seed=st.integers(0, 10_000), maintenance=st.sampled_from(["none", "merge", "retain", "retain_merge", "snapshot",
+                                           "snapshot_merge_retain"]),
        applied_before=st.integers(1, 4))
 def test_erasure_removes_exactly_the_erased_keys_from_every_answer(tmp_path_factory, seed, maintenance,
                                                                    applied_before):

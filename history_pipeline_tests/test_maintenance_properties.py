@@ -9,6 +9,7 @@ nothing. Sizes are small so that the whole property runs in well under a minute.
 
 from __future__ import annotations
 
+import os
 import random
 from datetime import timedelta
 
@@ -26,6 +27,9 @@ from history_pipeline_tests.test_compaction import _split, random_history, write
 
 STEPS = ["compact", "merge", "retain", "load_back", "rebuild", "cleanup_now", "cleanup_grace",
          "crash_merge", "crash_retain", "snapshot", "snapshot"]
+
+#: hypothesis examples per run (HP_EXAMPLES=60 for a longer search)
+EXAMPLES = int(os.environ.get("HP_EXAMPLES", "4"))
 
 
 class Crash(Exception):
@@ -110,7 +114,7 @@ def check(store, model, applied_events):
     assert store.verify() == []
 
 
-@settings(max_examples=int(__import__("os").environ.get("HP_EXAMPLES", "4")), deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=EXAMPLES, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(seed=st.integers(0, 10_000), steps=st.lists(st.sampled_from(STEPS), min_size=3, max_size=8))
 # the orders that broke round 1 (a load-back after a merge, a rebuild after retention and load-back)
 @example(seed=7, steps=["compact", "compact", "retain", "compact", "merge", "load_back", "rebuild"])
