@@ -234,9 +234,9 @@ def read_closed(
     key order are computed on the integer columns and the rows gathered once, a column per thread."""
     schema = supertable_schema(supercolumns)
     wanted = list(columns) if columns is not None else schema.names
-    for reserved in (LT, DELETED, KEY):
-        if reserved not in wanted:
-            wanted.insert(0, reserved)
+    for name in (LT, DELETED, KEY):
+        if name not in wanted:
+            wanted.insert(0, name)
     marked = schema.append(pa.field(SUPERSEDED, pa.int64()))
     chosen = closed_row_groups(store, selection, as_of, keys)
     if not chosen:
