@@ -130,17 +130,22 @@ def test_a_task_reads_exactly_its_lines(tmp_path, monkeypatch, span, gap):
         assert len(joined) == batches
 
 
-def test_key_parts_get_disjoint_keys_and_every_line_of_their_table(tmp_path, monkeypatch):
-    monkeypatch.setattr(compactor, "SPLIT_THRESHOLD", 10)
-    store = HistoryStore.open(tmp_path, database="db", settings=FRAMES)
-    write(store, *_two_tables(90))
+def _first_sealed_tasks(store):
+    """The group tasks of the first sealed segment alone, and its route (to remove after)."""
     ref = store.segments(SegmentState.SEALED)[0]
     sealed, routed = frames.verify_and_route(ref)
     state = store.catalog_state()
     plan = frames.plan_frames(sealed, routed.records, routed.touched, replay_schema_history(state.schema_history),
                               state)
     ctx = frames.FrameContext({}, "db", state.frontier + 1, state.txn_id + 1, ref.segment_id)
-    tasks = frames.group_tasks([frames.GroupMember(plan, routed, ctx)], compactor.files_per_table)
+    return frames.group_tasks([frames.GroupMember(plan, routed, ctx)], compactor.files_per_table), routed
+
+
+def test_key_parts_get_disjoint_keys_and_every_line_of_their_table(tmp_path, monkeypatch):
+    monkeypatch.setattr(compactor, "SPLIT_THRESHOLD", 10)
+    store = HistoryStore.open(tmp_path, database="db", settings=FRAMES)
+    write(store, *_two_tables(90))
+    tasks, routed = _first_sealed_tasks(store)
     for uuid in ("A", "B"):
         mine = [t for t in tasks if t.table_uuid == uuid]
         assert len(mine) > 1  # split
@@ -196,13 +201,7 @@ def test_inserts_past_the_held_keys_are_spread_over_the_parts(tmp_path, monkeypa
               for k in range(300)]
     write(store, held, later)
     store.compact(spark=None, only_segment=1)
-    ref = store.segments(SegmentState.SEALED)[0]
-    sealed, routed = frames.verify_and_route(ref)
-    state = store.catalog_state()
-    plan = frames.plan_frames(sealed, routed.records, routed.touched, replay_schema_history(state.schema_history),
-                              state)
-    ctx = frames.FrameContext({}, "db", state.frontier + 1, state.txn_id + 1, ref.segment_id)
-    tasks = frames.group_tasks([frames.GroupMember(plan, routed, ctx)], compactor.files_per_table)
+    tasks, routed = _first_sealed_tasks(store)
     rows = [len(t.rows(step).lines) for t in tasks for step in t.steps]
     assert len(tasks) == 4 and sum(rows) == 600
     assert max(rows) <= 1.2 * min(rows)  # equal widths of the files' keys: 75 / 75 / 75 / 375
