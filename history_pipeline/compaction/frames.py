@@ -1093,7 +1093,7 @@ def group_tasks(members: Sequence[GroupMember], files_per_table: Callable[[int],
         samples = [(members[i].routed.samples[uuid], members[i].routed.tables[uuid].rows)
                    for i, _ in shares if uuid in members[i].routed.samples]
         # inserts past the files' keys (or keys crowded in a corner) would leave equal widths lopsided
-        balanced = balanced_cuts(samples, parts) if parts > 1 else None
+        balanced = balanced_cuts(samples, parts)  # None below two parts
         estimates: list[int | None] = [None] * parts
         if balanced is not None:
             cuts, counts = balanced
