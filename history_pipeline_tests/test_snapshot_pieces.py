@@ -7,11 +7,13 @@ maintenance operation copes with a snapshot of several files; the same task func
 from __future__ import annotations
 
 import random
+from types import MappingProxyType
 
 import pytest
 
 from history_pipeline import HistoryStore, StoreSettings
-from history_pipeline.catalog.model import FileEntry, FileKind
+from history_pipeline.catalog.files import select_files
+from history_pipeline.catalog.model import CatalogState, FileEntry, FileKind
 from history_pipeline.maintenance.snapshot_pieces import key_cuts_by_rows, plan_pieces
 from history_pipeline.supertable import KEY
 from history_pipeline.supertable.read import dataset_of
@@ -71,6 +73,18 @@ def test_key_cuts_follow_the_files_rows_and_are_increasing_integers_inside_the_r
         assert all(low < c <= high for c in cuts)
     # extreme keys do not overflow
     assert len(key_cuts_by_rows([_fake(-2**63, 2**63 - 1, 10**6)], 4)) == 3
+
+
+def test_a_snapshots_pieces_are_selected_by_key_range_whatever_their_paths():
+    """Pieces read in key order give rows in key order, so the read need not sort them; the catalog
+    lists files by path, and a piece's path says nothing of its keys."""
+    pieces = [FileEntry(f"snapshot-{name}", FileKind.SNAPSHOT, "T", 1, 10, 1, 5, low, low + 9, snapshot_as_of=6)
+              for name, low in (("a", 20), ("b", 0), ("c", 30), ("d", 10))]
+    older = FileEntry("snapshot-0", FileKind.SNAPSHOT, "T", 1, 10, 1, 2, 0, 40, snapshot_as_of=3)
+    state = CatalogState(files=MappingProxyType({f.path: f for f in [*pieces, older]}))
+    selection = select_files(state, "T", 9)
+    assert [f.min_key for f in selection.snapshot] == [0, 10, 20, 30]
+    assert select_files(state, "T", 5).snapshot == (older,)
 
 
 def test_a_snapshot_in_pieces_answers_as_the_model_and_as_one_piece_at_every_t(tmp_path):

@@ -94,7 +94,8 @@ def select_files(
     snapshot_as_of = max((f.snapshot_as_of for f in snapshots), default=None)  # type: ignore[type-var]
     next_snapshot = min((f.snapshot_as_of for f in state.files_of(table_uuid, FileKind.SNAPSHOT)
                          if f.snapshot_as_of is not None and f.snapshot_as_of > as_of), default=None)
-    chosen = tuple(f for f in snapshots if f.snapshot_as_of == snapshot_as_of)
+    # a snapshot's pieces hold disjoint key ranges: read in key order, their rows are in key order
+    chosen = tuple(sorted((f for f in snapshots if f.snapshot_as_of == snapshot_as_of), key=_by_first_key))
     lower = snapshot_as_of if snapshot_as_of is not None else None
     versions = tuple(
         f
@@ -109,6 +110,10 @@ def select_files(
         chosen = tuple(f for f in chosen if may_hold_keys(f, low, high))
         versions = tuple(f for f in versions if may_hold_keys(f, low, high))
     return FileSelection(chosen, snapshot_as_of, versions, next_snapshot)
+
+
+def _by_first_key(f: FileEntry) -> tuple[bool, int]:
+    return (f.min_key is None, f.min_key or 0)
 
 
 def may_hold_keys(f: FileEntry, low: int, high: int) -> bool:

@@ -269,7 +269,9 @@ def overlay(base: pa.Table, changes: pa.Table, keep: Sequence[str] | None = None
     changes, not the history.
     """
     if changes.num_rows == 0:
-        live = base.filter(pc.invert(base.column(DELETED))) if base.num_rows else base
+        # a snapshot holds no deleted rows: filtering would only copy them
+        deleted = base.column(DELETED)
+        live = base.filter(pc.invert(deleted)) if base.num_rows and pc.any(deleted).as_py() else base
         # a snapshot of several files (pieces by key range) is read in file order
         live = live if _in_key_order(live) else live.sort_by([(KEY, "ascending")])
         return live if keep is None else live.select(list(keep))
