@@ -136,13 +136,17 @@ def test_snapshot_then_a_head_and_a_tail(tmp_path):
     _check(store, events)
 
 
-def _kept_tail(store, as_of):
-    """Does sql() keep the tail's newest rows as a table at ``as_of`` (the small-tail path)?"""
+def _live(store, as_of):
+    """The SQL sql() reads items with at ``as_of``."""
     context = store.query_context()
     descriptor = context.resolve("items", as_of)
-    live = live_sql(store.objects, context.state, "T", context.supercolumns("T"), as_of,
+    return live_sql(store.objects, context.state, "T", context.supercolumns("T"), as_of,
                     [c.supercolumn for c in descriptor.columns], "probe", duckdb.connect())
-    return live.kept_tail
+
+
+def _kept_tail(store, as_of):
+    """Does sql() keep the tail's newest rows as a table at ``as_of`` (the small-tail path)?"""
+    return _live(store, as_of).kept_tail
 
 
 @pytest.mark.parametrize("root", ["local", "s3"])
@@ -176,6 +180,11 @@ def test_a_small_tail_is_kept_as_a_table_over_a_head_or_a_snapshot(tmp_path, req
     events += _load(store, [[_update(8, k, 55) for k in range(1, 400, 41)] + [_delete(8, 2)],
                             [_insert(9, 2, 66), _update(9, 1, 77), _update(10, 1, 78), _delete(10, 42)]], alive)
     assert _shape(store, store.frontier + 1) == (True, 1, 1) and _kept_tail(store, store.frontier + 1)
+    # every change together is small beside the snapshot: the head's rows are kept with the tail's,
+    # and only the snapshot's files are scanned
+    head, _ = version_layers(select_files(store.catalog_state(), "T", store.frontier + 1).versions)
+    kept = _live(store, store.frontier + 1).materialized_sql
+    assert head and "__head" not in kept and not any(f.path.rsplit("/", 1)[-1] in kept for f in head)
     _check(store, events)
     # a snapshot beneath and no head (the file after it holds two timestamps): tail kept alone
     store.refresh_snapshots(force=True, spark=False)

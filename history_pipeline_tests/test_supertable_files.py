@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import datetime as dt
 import random
+from decimal import Decimal
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -43,8 +45,39 @@ def test_written_files_read_back_equal_with_the_encodings_chosen_per_column(tmp_
                  for i in range(meta.num_columns)}
     assert "DELTA_BINARY_PACKED" in encodings[KEY] and "DELTA_BINARY_PACKED" in encodings[LT]
     assert "RLE_DICTIONARY" in encodings["mode-2"]  # few distinct values: a dictionary
-    assert "RLE_DICTIONARY" not in encodings["qty-1"]  # nearly all distinct: plain, zstd
+    assert "RLE_DICTIONARY" not in encodings["qty-1"]  # nearly all distinct: no dictionary...
+    assert "DELTA_BINARY_PACKED" in encodings["qty-1"]  # ...but deltas, as DuckDB writes integers
     assert meta.num_row_groups == 3
+
+
+def test_integer_like_columns_are_delta_encoded_and_read_back_equal(tmp_path):
+    """Dates, timestamps and decimals of up to 18 digits are Parquet integers: without a dictionary
+    they are delta-encoded (a decimal stored as INT64); wider decimals and doubles are not."""
+    rng = random.Random(3)
+    n = 2 * ROW_GROUP_ROWS
+    keys = sorted(rng.sample(range(10**7), n))
+    table = pa.table({
+        KEY: pa.array(keys, pa.int64()),
+        DELETED: pa.array([False] * n),
+        LT: pa.array(range(n), pa.int64()),
+        "price-1": pa.array([Decimal(rng.randrange(10**9)) / 100 for _ in keys], pa.decimal128(15, 2)),
+        "wide-2": pa.array([Decimal(rng.randrange(10**30)) / 100 for _ in keys], pa.decimal128(38, 2)),
+        "day-3": pa.array([dt.date(1990, 1, 1) + dt.timedelta(days=rng.randrange(20_000)) for _ in keys]),
+        "at-4": pa.array([rng.randrange(10**15) for _ in keys], pa.timestamp("us", tz="UTC")),
+        "ratio-5": pa.array([rng.random() for _ in keys], pa.float64()),
+        "kind-6": pa.array([Decimal(rng.randrange(3)) for _ in keys], pa.decimal128(10, 0)),  # 3 values
+    })
+    store = LocalStore(tmp_path)
+    written = write_file(store, "db/tables/t/v.parquet", table, _meta(1))
+    assert pq.read_table(store.full_path(written.path)).select(table.column_names).equals(table)
+    column = pq.read_metadata(store.full_path(written.path)).row_group(0).column
+    chunks = {column(i).path_in_schema: column(i) for i in range(table.num_columns)}
+    for name in ("price-1", "day-3", "at-4"):
+        assert "DELTA_BINARY_PACKED" in chunks[name].encodings, name
+    assert chunks["price-1"].physical_type == "INT64"
+    assert chunks["wide-2"].physical_type == "FIXED_LEN_BYTE_ARRAY"
+    assert "DELTA_BINARY_PACKED" not in chunks["wide-2"].encodings + chunks["ratio-5"].encodings
+    assert "RLE_DICTIONARY" in chunks["kind-6"].encodings  # few values: still a dictionary
 
 
 def test_read_key_across_many_files_equals_filtering_every_row(tmp_path):

@@ -33,6 +33,7 @@ import os
 import re
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
+from functools import partial
 from pathlib import Path
 from typing import Any
 from uuid import uuid4
@@ -65,6 +66,7 @@ from history_pipeline.supertable import (
     new_file_path,
     supertable_schema,
 )
+from history_pipeline.supertable.read import keep_latest
 from history_pipeline.types import arrow_native, arrow_type, decode_value, to_arrow_value
 from history_pipeline.wal.segments import SealedSegment, SegmentRef, verify_segment
 
@@ -1134,14 +1136,8 @@ def _carry_of(table: pa.Table, supercolumns: Sequence[Supercolumn]) -> pa.Table:
     return pa.table(columns)
 
 
-def _newest(carry: pa.Table) -> pa.Table:
-    """Each key's newest row (a delete included: the key is then gone)."""
-    if not carry.num_rows:
-        return carry
-    ordered = carry.sort_by([("key", "ascending"), ("t", "ascending")])
-    key = ordered.column("key").combine_chunks()
-    last = pc.fill_null(pc.not_equal(key, pa.concat_arrays([key.slice(1), pa.nulls(1, key.type)])), True)
-    return ordered.filter(last)
+#: each key's newest carried row (a delete included: the key is then gone)
+_newest = partial(keep_latest, include_deleted=True, key="key", t="t", deleted="is_deleted")
 
 
 def _carried_prior(work: TableWork, carry: pa.Table, keys: pa.Array | None) -> pa.Table | None:

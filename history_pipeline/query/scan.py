@@ -136,7 +136,8 @@ def live_sql(
     ``materialized_sql`` is the same with (key, newest t) of the changes read from a table made
     once (two integer columns), so a query scans each change file once; or, when the tail is small
     beside the snapshot and head beneath it (``keeps_tail``), with the tail's newest rows per key
-    themselves kept as that table, so a query scans only the bulk's files. The
+    themselves kept as that table, so a query scans only the bulk's files (over a snapshot, the
+    head too is kept when every change together is small beside it). The
     ``t`` range is a filter on each scan, so row groups outside it are skipped by their min/max.
     Local files are read by DuckDB's Parquet reader (only the columns and row groups a query
     needs); object-store files through Arrow datasets registered as ``{name}__{part}``.
@@ -232,6 +233,11 @@ def live_sql(
         return LiveSql(" UNION ALL ".join(f"(SELECT * FROM {part})" for part in parts), tuple(datasets),
                        tuple(paths))
     head, tail = version_layers(selection.versions)
+    if head and selection.snapshot and keeps_tail((), selection.versions, selection.snapshot):
+        # changes small beside the snapshot are kept whole, head included: a query then scans only
+        # the snapshot's files, anti-joined with one small table's keys (the head's files would be
+        # scanned twice more, and a union of keys on the build side can turn the join around)
+        head, tail = (), tuple(selection.versions)
     head_sql = source(head, "head", in_range) if head else None
     tail_sql = source(tail, "tail", in_range) if tail else None
     sql = assemble(head_sql, newest(tail_sql) if tail_sql else None,

@@ -223,18 +223,20 @@ def read_key(
     return pa.concat_tables(parts).combine_chunks()
 
 
-def keep_latest(candidates: pa.Table, *, include_deleted: bool = False) -> pa.Table:
-    """The newest version of each key, without deleted keys (the Reconstruction Invariant).
+def keep_latest(candidates: pa.Table, *, include_deleted: bool = False, key: str = KEY, t: str = LT,
+                deleted: str = DELETED) -> pa.Table:
+    """The newest version of each key, without deleted keys (the Reconstruction Invariant); with
+    ``include_deleted``, a key whose newest version is a delete keeps that row.
 
     One sort by (key, timestamp) and one pass keeping each key's last row; Arrow
-    types (UUID, JSON extensions) survive untouched.
+    types (UUID, JSON extensions) survive untouched. ``key``, ``t`` and ``deleted`` name the
+    columns (compaction's carried rows use short names).
     """
     if candidates.num_rows == 0:
         return candidates
-    ordered = candidates if _sorted_by_key_and_t(candidates) else candidates.sort_by(
-        [(KEY, "ascending"), (LT, "ascending")]
-    )
-    keys = ordered.column(KEY).combine_chunks()
+    ordered = candidates if _in_key_and_t_order(as_numpy(candidates.column(key)), as_numpy(candidates.column(t))) \
+        else candidates.sort_by([(key, "ascending"), (t, "ascending")])
+    keys = ordered.column(key).combine_chunks()
     if len(keys) > 1:
         last = pc.not_equal(keys.slice(0, len(keys) - 1), keys.slice(1))
         last = pa.concat_arrays([last, pa.array([True])])
@@ -242,13 +244,8 @@ def keep_latest(candidates: pa.Table, *, include_deleted: bool = False) -> pa.Ta
         last = pa.array([True])
     latest = ordered.filter(last)
     if not include_deleted:
-        latest = latest.filter(pc.invert(latest.column(DELETED)))
+        latest = latest.filter(pc.invert(latest.column(deleted)))
     return latest
-
-
-def _sorted_by_key_and_t(table: pa.Table) -> bool:
-    """Already in (key, timestamp) order? (one file's rows are; checking costs less than sorting)."""
-    return _in_key_and_t_order(as_numpy(table.column(KEY)), as_numpy(table.column(LT)))
 
 
 def _in_key_and_t_order(keys: np.ndarray, times: np.ndarray) -> bool:
