@@ -253,8 +253,8 @@ def read_closed(
     key_filter = ds.field(KEY).isin(pa.array(sorted(set(keys)), pa.int64())) if keys is not None else None
     rows = ds.FileSystemDataset(fragments, marked, parquet, fs).to_table(columns=[*wanted, SUPERSEDED],
                                                                           filter=key_filter)
-    # one chunk per column first: gathering from a row group's worth of chunks costs twice as much
-    rows = rows.combine_chunks()
+    # the mask is computed on the row groups' chunks as read; only the key column and the gathered
+    # ones are made contiguous (``gather``: taking from a row group's worth of chunks costs twice as much)
     superseded = rows.column(SUPERSEDED)
     current = pc.and_(pc.and_(pc.invert(rows.column(DELETED)), pc.less(rows.column(LT), as_of)),
                       pc.or_kleene(pc.is_null(superseded), pc.greater_equal(superseded, as_of)))
