@@ -16,7 +16,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from history_pipeline import HistoryStore, QueryError, StoreSettings, supertable
-from history_pipeline.catalog.files import closed_row_groups, is_closed_read, select_files
+from history_pipeline.catalog.files import closed_row_groups, is_closed_read, open_tests, select_files
 from history_pipeline.catalog.model import FileKind
 from history_pipeline.errors import PurgedTimestampError
 from history_pipeline.maintenance import snapshots as snapshots_module
@@ -24,6 +24,7 @@ from history_pipeline.maintenance.snapshots import close_intervals, closed_inter
 from history_pipeline.query.scan import live_sql
 from history_pipeline.schema import replay_schema_history
 from history_pipeline.supertable import SUPERSEDED, read_file_metadata
+from history_pipeline.supertable.read import RowGroupTimes, footer
 from history_pipeline_tests.model import BaseDatabase
 from history_pipeline_tests.test_compaction import _split, check_against_model, random_history, write
 from history_pipeline_tests.test_query_layers import CREATE, _delete, _insert, _load, _update
@@ -423,3 +424,29 @@ def test_intervals_are_closed_by_spark_tasks_over_key_ranges_on_s3(tmp_path, s3_
     assert all(_closed(store, t) for t in every_t if 2 < t < _snapshots(store)[-1])  # at 2 nothing is read
     _check_items(store, events, every_t)
     assert store.verify() == []
+
+
+def test_open_tests_follow_the_row_groups_statistics():
+    settled = RowGroupTimes(1, 9, 0, max_t=5, any_deleted=False)
+    assert open_tests([settled], 6) == (False, False)
+    assert open_tests([settled], 5) == (False, True)  # a row at t = 5 is not current as of 5
+    assert open_tests([settled, RowGroupTimes(1, 9, 0, max_t=2, any_deleted=True)], 9) == (True, False)
+    assert open_tests([RowGroupTimes(None, None, None)], 10**9) == (True, True)  # nothing known: test both
+
+
+def test_closed_reads_that_skip_settled_columns_equal_the_model(tmp_path, tiny_row_groups):
+    """Without deletes, a closed read never reads ``is_deleted`` for load_table, and at some T not
+    ``t`` either; the answers still equal the model at every T (with deletes: every other test)."""
+    store = HistoryStore.open(tmp_path, database="db", settings=SMALL_SNAPSHOTS)
+    batches = [[CREATE] + [_insert(2, k, k) for k in range(40)]]
+    batches += [[_update(t, k, t + k) for k in range(t % 4, 40, 3)] for t in range(3, 16)]
+    events = _load(store, batches)
+    state = store.catalog_state()
+    settled = []
+    for as_of in range(3, _snapshots(store)[-1]):
+        assert _closed(store, as_of), as_of
+        groups = closed_row_groups(store.objects, select_files(state, "T", as_of), as_of)
+        settled.append(open_tests([footer(store.objects, f.path).times[rg] for f, rgs in groups for rg in rgs],
+                                  as_of))
+    assert all(not deleted for deleted, _ in settled) and any(not t for _, t in settled)
+    _check_items(store, events, range(2, store.frontier + 2))

@@ -33,7 +33,7 @@ from history_pipeline.supertable import (
     supertable_schema,
     write_file,
 )
-from history_pipeline.supertable.read import as_numpy, dataset_of, footer, gather, overlay, read_key
+from history_pipeline.supertable.read import RowGroupTimes, as_numpy, dataset_of, footer, gather, overlay, read_key
 
 
 def entry_of(written: WrittenFile, meta: FileMetadata) -> FileEntry:
@@ -224,6 +224,15 @@ def closed_row_groups(store: ObjectStore, selection: FileSelection, as_of: int,
     return chosen
 
 
+def open_tests(groups: Sequence[RowGroupTimes], as_of: int) -> tuple[bool, bool]:
+    """Must a closed read of these row groups test ``is_deleted``, and ``t < as_of``, row by row?
+    Not where their statistics settle it: no row group holds a delete, or every t is below
+    ``as_of`` (a snapshot's rows, and most of an interval's at a T late in it); a column neither
+    tested nor in the answer is then not read at all."""
+    return (any(g.any_deleted is not False for g in groups),
+            any(g.max_t is None or g.max_t >= as_of for g in groups))
+
+
 def read_closed(
     store: ObjectStore,
     selection: FileSelection,
@@ -251,16 +260,22 @@ def read_closed(
     fragments = [parquet.make_fragment(store.full_path(f.path), filesystem=fs, row_groups=groups)
                  for f, groups in chosen]
     key_filter = ds.field(KEY).isin(pa.array(sorted(set(keys)), pa.int64())) if keys is not None else None
-    rows = ds.FileSystemDataset(fragments, marked, parquet, fs).to_table(columns=[*wanted, SUPERSEDED],
+    kept = wanted if reserved or columns is None else _key_and(columns)
+    test_deleted, test_t = open_tests([footer(store, f.path).times[rg] for f, groups in chosen for rg in groups],
+                                      as_of)
+    read = [c for c in wanted if (c != DELETED or test_deleted or c in kept) and (c != LT or test_t or c in kept)]
+    rows = ds.FileSystemDataset(fragments, marked, parquet, fs).to_table(columns=[*read, SUPERSEDED],
                                                                           filter=key_filter)
     # the mask is computed on the row groups' chunks as read; only the key column and the gathered
     # ones are made contiguous (``gather``: taking from a row group's worth of chunks costs twice as much)
     superseded = rows.column(SUPERSEDED)
-    current = pc.and_(pc.and_(pc.invert(rows.column(DELETED)), pc.less(rows.column(LT), as_of)),
-                      pc.or_kleene(pc.is_null(superseded), pc.greater_equal(superseded, as_of)))
+    current = pc.or_kleene(pc.is_null(superseded), pc.greater_equal(superseded, as_of))
+    if test_t:
+        current = pc.and_(pc.less(rows.column(LT), as_of), current)
+    if test_deleted:
+        current = pc.and_(pc.invert(rows.column(DELETED)), current)
     chosen_rows = as_numpy(pc.indices_nonzero(current))
     # each row group is a key-sorted run: a stable (merge) sort takes the runs as they are, about
     # a third of Arrow's full sort
     in_key_order = chosen_rows[np.argsort(as_numpy(rows.column(KEY))[chosen_rows], kind="stable")]
-    kept = wanted if reserved or columns is None else _key_and(columns)
     return gather(rows.select(kept), pa.array(in_key_order))

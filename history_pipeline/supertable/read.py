@@ -53,6 +53,9 @@ class RowGroupTimes:
     #: of ``superseded_at`` (files of a closed interval): the largest value and the NULL count
     max_superseded: int | None
     superseded_nulls: int | None
+    max_t: int | None = None
+    #: does the row group hold a delete? (None: not known)
+    any_deleted: bool | None = None
 
     def may_be_current(self, as_of: int) -> bool:
         """Can a row of this group be current as of ``as_of`` (``t < as_of`` and ``superseded_at``
@@ -101,6 +104,7 @@ def footer(store: ObjectStore, path: str) -> Footer:
         arrow_schema = meta.schema.to_arrow_schema()
         index = arrow_schema.get_field_index(KEY)
         t_index, s_index = arrow_schema.get_field_index(LT), arrow_schema.get_field_index(SUPERSEDED)
+        d_index = arrow_schema.get_field_index(DELETED)
         ranges: list[tuple[int, int] | None] = []
         times: list[RowGroupTimes] = []
         for rg in range(meta.num_row_groups):
@@ -109,10 +113,13 @@ def footer(store: ObjectStore, path: str) -> Footer:
             ranges.append((stats.min, stats.max) if stats is not None and stats.has_min_max else None)
             t_stats = group.column(t_index).statistics if t_index >= 0 else None
             s_stats = group.column(s_index).statistics if s_index >= 0 else None
+            d_stats = group.column(d_index).statistics if d_index >= 0 else None
             times.append(RowGroupTimes(
                 t_stats.min if t_stats is not None and t_stats.has_min_max else None,
                 s_stats.max if s_stats is not None and s_stats.has_min_max else None,
-                s_stats.null_count if s_stats is not None and s_stats.has_null_count else None))
+                s_stats.null_count if s_stats is not None and s_stats.has_null_count else None,
+                t_stats.max if t_stats is not None and t_stats.has_min_max else None,
+                bool(d_stats.max) if d_stats is not None and d_stats.has_min_max else None))
         strings = frozenset(
             field.name for i, field in enumerate(arrow_schema)
             if meta.num_row_groups and _plain_string(field.type) and meta.row_group(0).num_columns > i
