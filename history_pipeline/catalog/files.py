@@ -256,11 +256,15 @@ def read_closed(
     if not chosen:
         return schema.empty_table().select(wanted)
     fs, _ = store.arrow_filesystem()
-    parquet = ds.ParquetFileFormat()
+    kept = wanted if reserved or columns is None else _key_and(columns)
+    # strings every file stores with a dictionary are read as dictionaries and decoded after the gather
+    dictionaries = [c for c in kept if all(c in footer(store, f.path).dictionary_strings for f, _ in chosen)]
+    parquet = ds.ParquetFileFormat(read_options=ds.ParquetReadOptions(dictionary_columns=dictionaries))
+    marked = pa.schema([pa.field(f.name, pa.dictionary(pa.int32(), f.type), f.nullable) if f.name in dictionaries
+                        else f for f in marked])
     fragments = [parquet.make_fragment(store.full_path(f.path), filesystem=fs, row_groups=groups)
                  for f, groups in chosen]
     key_filter = ds.field(KEY).isin(pa.array(sorted(set(keys)), pa.int64())) if keys is not None else None
-    kept = wanted if reserved or columns is None else _key_and(columns)
     test_deleted, test_t = open_tests([footer(store, f.path).times[rg] for f, groups in chosen for rg in groups],
                                       as_of)
     read = [c for c in wanted if (c != DELETED or test_deleted or c in kept) and (c != LT or test_t or c in kept)]
@@ -278,4 +282,4 @@ def read_closed(
     # each row group is a key-sorted run: a stable (merge) sort takes the runs as they are, about
     # a third of Arrow's full sort
     in_key_order = chosen_rows[np.argsort(as_numpy(rows.column(KEY))[chosen_rows], kind="stable")]
-    return gather(rows.select(kept), pa.array(in_key_order))
+    return gather(rows.select(kept), pa.array(in_key_order), pa.schema([schema.field(c) for c in kept]))

@@ -300,14 +300,22 @@ def overlay(base: pa.Table, changes: pa.Table, keep: Sequence[str] | None = None
     return gather(combined if keep is None else combined.select(list(keep)), pa.array(rows[merged[kept]]))
 
 
-def gather(table: pa.Table, indices: pa.Array) -> pa.Table:
+def gather(table: pa.Table, indices: pa.Array, schema: pa.Schema | None = None) -> pa.Table:
     """``table.take(indices)``, a column per thread (Arrow's take runs one column at a time and
     releases the GIL), each column made contiguous first in its thread (taking from many chunks
-    costs about twice as much)."""
+    costs about twice as much). With ``schema``, columns read as dictionaries are decoded to its
+    types after the take (decoding the rows kept from a small dictionary costs less than taking
+    from every row's own string)."""
+    target = schema or table.schema
     if table.num_columns < 2 or len(indices) < 100_000:
-        return table.take(indices)
-    columns = list(_readers().map(lambda column: _contiguous(column).take(indices), table.columns))
-    return pa.Table.from_arrays(columns, schema=table.schema)
+        taken = table.take(indices)
+        return taken if schema is None else taken.cast(schema)
+
+    def one(i: int) -> pa.Array:
+        column = _contiguous(table.column(i)).take(indices)
+        return column if column.type == target.field(i).type else column.cast(target.field(i).type)
+
+    return pa.Table.from_arrays(list(_readers().map(one, range(table.num_columns))), schema=target)
 
 
 def _by_key_then_t(keys: np.ndarray, times: np.ndarray) -> np.ndarray:
