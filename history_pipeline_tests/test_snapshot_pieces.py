@@ -12,7 +12,7 @@ from types import MappingProxyType
 import pytest
 
 from history_pipeline import HistoryStore, StoreSettings
-from history_pipeline.catalog.files import select_files
+from history_pipeline.catalog.files import by_first_key, select_files
 from history_pipeline.catalog.model import CatalogState, FileEntry, FileKind
 from history_pipeline.maintenance.snapshot_pieces import key_cuts_by_rows, plan_pieces
 from history_pipeline.supertable import KEY
@@ -33,7 +33,7 @@ def _points(store, table="T"):
     points: dict[int, list[FileEntry]] = {}
     for f in store.catalog_state().files_of(table, FileKind.SNAPSHOT):
         points.setdefault(f.snapshot_as_of, []).append(f)
-    return {t: sorted(files, key=lambda f: (f.min_key is None, f.min_key or 0)) for t, files in points.items()}
+    return {t: sorted(files, key=by_first_key) for t, files in points.items()}
 
 
 def _assert_disjoint_ranges(files):

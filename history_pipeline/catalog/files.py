@@ -95,7 +95,7 @@ def select_files(
     next_snapshot = min((f.snapshot_as_of for f in state.files_of(table_uuid, FileKind.SNAPSHOT)
                          if f.snapshot_as_of is not None and f.snapshot_as_of > as_of), default=None)
     # a snapshot's pieces hold disjoint key ranges: read in key order, their rows are in key order
-    chosen = tuple(sorted((f for f in snapshots if f.snapshot_as_of == snapshot_as_of), key=_by_first_key))
+    chosen = tuple(sorted((f for f in snapshots if f.snapshot_as_of == snapshot_as_of), key=by_first_key))
     lower = snapshot_as_of if snapshot_as_of is not None else None
     versions = tuple(
         f
@@ -112,8 +112,9 @@ def select_files(
     return FileSelection(chosen, snapshot_as_of, versions, next_snapshot)
 
 
-def _by_first_key(f: FileEntry) -> tuple[bool, int]:
-    return (f.min_key is None, f.min_key or 0)
+def by_first_key(f: FileEntry) -> tuple[bool, int, str]:
+    """Sort key ordering a snapshot's pieces by their key ranges (files without key statistics last)."""
+    return (f.min_key is None, f.min_key or 0, f.path)
 
 
 def may_hold_keys(f: FileEntry, low: int, high: int) -> bool:
@@ -267,7 +268,8 @@ def read_closed(
     key_filter = ds.field(KEY).isin(pa.array(sorted(set(keys)), pa.int64())) if keys is not None else None
     test_deleted, test_t = open_tests([footer(store, f.path).times[rg] for f, groups in chosen for rg in groups],
                                       as_of)
-    read = [c for c in wanted if (c != DELETED or test_deleted or c in kept) and (c != LT or test_t or c in kept)]
+    untested = {c for c, tested in ((DELETED, test_deleted), (LT, test_t)) if not tested and c not in kept}
+    read = [c for c in wanted if c not in untested]
     rows = ds.FileSystemDataset(fragments, marked, parquet, fs).to_table(columns=[*read, SUPERSEDED],
                                                                           filter=key_filter)
     # the mask is computed on the row groups' chunks as read; only the key column and the gathered

@@ -112,8 +112,8 @@ def plan_pieces(
     pieces = min(MAX_PIECE_TASKS, max(1, math.ceil(to_read / max(1, piece_rows))))
     tasks = []
     for i, (low, high) in enumerate(key_ranges(files, pieces)):
-        snapshot = tuple(sorted((f for f in selection.snapshot if key_range_overlaps(f, low, high)),
-                                key=lambda f: (f.min_key is None, f.min_key or 0, f.path)))
+        # select_files gives the pieces in key order (``by_first_key``), and a filter keeps it
+        snapshot = tuple(f for f in selection.snapshot if key_range_overlaps(f, low, high))
         tasks.append(PieceTask(
             store_config, database, table_uuid, tuple(supercolumns), as_of, selection.snapshot_as_of, snapshot,
             tuple(f for f in selection.versions if key_range_overlaps(f, low, high)), low, high, state.txn_id + 1,
