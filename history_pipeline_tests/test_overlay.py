@@ -21,9 +21,15 @@ def _table(rows: list[tuple[int, bool, int, int | None]]) -> pa.Table:
     return pa.table([pa.array(c, f.type) for c, f in zip(columns, SCHEMA, strict=True)], schema=SCHEMA)
 
 
-def _history(seed: int) -> tuple[pa.Table, pa.Table, dict[int, tuple[int, int | None]]]:
+#: key universes: sparse (keys are sorted), dense (a slot per key), dense near the int64 bounds
+UNIVERSES = {"sparse": range(-50, 10_000), "dense": range(-50, 400),
+             "low": range(-2**63, -2**63 + 400), "high": range(2**63 - 400, 2**63)}
+
+
+def _history(seed: int, universe: range = UNIVERSES["sparse"]) -> tuple[pa.Table, pa.Table,
+                                                                          dict[int, tuple[int, int | None]]]:
     rng = random.Random(seed)
-    keys = rng.sample(range(-50, 10_000), rng.randrange(0, 300))
+    keys = rng.sample(universe, rng.randrange(0, 300))
     base_rows = [(k, False, rng.randrange(1, 100), rng.randrange(1000)) for k in keys]
     model = {k: (t, v) for k, _, t, v in base_rows}
     files: list[list[tuple[int, bool, int, int | None]]] = []
@@ -32,7 +38,7 @@ def _history(seed: int) -> tuple[pa.Table, pa.Table, dict[int, tuple[int, int | 
         versions = []
         for _ in range(rng.randrange(0, 200)):
             t += 1
-            key = rng.choice(keys) if keys and rng.random() < 0.7 else rng.randrange(-50, 10_000)
+            key = rng.choice(keys) if keys and rng.random() < 0.7 else rng.choice(universe)
             if rng.random() < 0.15:
                 versions.append((key, True, t, None))
                 model.pop(key, None)
@@ -49,9 +55,10 @@ def _history(seed: int) -> tuple[pa.Table, pa.Table, dict[int, tuple[int, int | 
     return base, changes, model
 
 
-@pytest.mark.parametrize("seed", range(60))
-def test_overlay_equals_the_model(seed: int) -> None:
-    base, changes, model = _history(seed)
+@pytest.mark.parametrize("universe", sorted(UNIVERSES))
+@pytest.mark.parametrize("seed", range(30))
+def test_overlay_equals_the_model(seed: int, universe: str) -> None:
+    base, changes, model = _history(seed, UNIVERSES[universe])
     got = overlay(base, changes)
     assert got.column(KEY).to_pylist() == sorted(model)
     assert list(zip(got.column(LT).to_pylist(), got.column("v").to_pylist(), strict=True)) == \
@@ -59,8 +66,9 @@ def test_overlay_equals_the_model(seed: int) -> None:
     assert not any(got.column(DELETED).to_pylist())
 
 
-def test_overlay_without_a_snapshot_or_without_changes() -> None:
-    base, changes, _ = _history(7)
+@pytest.mark.parametrize("universe", sorted(UNIVERSES))
+def test_overlay_without_a_snapshot_or_without_changes(universe: str) -> None:
+    base, changes, _ = _history(7, UNIVERSES[universe])
     newest: dict[int, tuple[int, bool]] = {}
     for key, deleted, t in zip(*(changes.column(c).to_pylist() for c in (KEY, DELETED, LT)), strict=True):
         if key not in newest or t > newest[key][0]:
@@ -70,3 +78,4 @@ def test_overlay_without_a_snapshot_or_without_changes() -> None:
     assert only_changes.column(LT).to_pylist() == [newest[k][0] for k in only_changes.column(KEY).to_pylist()]
     only_base = overlay(base, changes.slice(0, 0))
     assert only_base.column(KEY).to_pylist() == sorted(base.column(KEY).to_pylist())
+

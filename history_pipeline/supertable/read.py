@@ -267,10 +267,9 @@ def overlay(base: pa.Table, changes: pa.Table, keep: Sequence[str] | None = None
     with ``keep``, only those columns of them.
 
     Works on key and timestamp arrays, not rows: the changes are ordered by (key, t) (one pass
-    when they already are, as one version file is), the snapshot's keys and the changes' newest
-    keys are merged by one stable sort (a snapshot row lands just before its key's change, which
-    shadows it), and the rows are gathered once, in key order. The cost is the live rows plus the
-    changes, not the history.
+    when they already are, as one version file is), the changes' newest rows shadow the snapshot's
+    rows of their keys (``shadowed_in_key_order``), and the rows are gathered once, in key order.
+    The cost is the live rows plus the changes, not the history.
     """
     if changes.num_rows == 0:
         # a snapshot holds no deleted rows: filtering would only copy them
@@ -281,23 +280,55 @@ def overlay(base: pa.Table, changes: pa.Table, keep: Sequence[str] | None = None
         return live if keep is None else live.select(list(keep))
     changed_keys = as_numpy(changes.column(KEY))
     order = _by_key_then_t(changed_keys, as_numpy(changes.column(LT)))
-    changed_keys = changed_keys[order]
+    in_order = order is None
+    changed_keys = changed_keys if in_order else changed_keys[order]
     last = np.empty(len(changed_keys), dtype=bool)
     last[:-1] = changed_keys[:-1] != changed_keys[1:]
     last[-1] = True
-    newest = order[last]
+    newest = np.flatnonzero(last) if in_order else order[last]
     in_base = base.num_rows
-    keys = np.concatenate([as_numpy(base.column(KEY)), changed_keys[last]]) if in_base else changed_keys[last]
-    deleted = as_numpy(changes.column(DELETED))[newest]
-    if in_base:
-        deleted = np.concatenate([as_numpy(base.column(DELETED)), deleted])
-    rows = np.concatenate([np.arange(in_base), newest + in_base])
+    base_keys = as_numpy(base.column(KEY)) if in_base else changed_keys[:0]
+    # a snapshot holds no deleted row: its flags are converted only when one is there
+    base_deleted = as_numpy(base.column(DELETED)) if in_base and pc.any(base.column(DELETED)).as_py() else None
+    rows = shadowed_in_key_order(base_keys, base_deleted, changed_keys[last],
+                                 as_numpy(changes.column(DELETED))[newest], newest + in_base)
+    combined = pa.concat_tables([base, changes.cast(base.schema)]) if in_base else changes
+    return gather(combined if keep is None else combined.select(list(keep)), pa.array(rows))
+
+
+#: direct addressing orders keys spanning at most this many slots per key; sparser keys are sorted
+DENSE_SPAN = 4
+
+
+def shadowed_in_key_order(first_keys: np.ndarray, first_deleted: np.ndarray | None, later_keys: np.ndarray,
+                          later_deleted: np.ndarray, later_rows: np.ndarray) -> np.ndarray:
+    """Row numbers of the surviving rows in key order: the first rows (row ``i`` for
+    ``first_keys[i]``; ``first_deleted``: None when none is) overridden by the later rows of the
+    same key (``later_rows``), a later delete dropping its key. Keys are unique within each side.
+
+    Keys of one table are mostly dense (assigned in sequence), so a slot per key in their span
+    orders them in a few linear passes; sparse keys are merged by one stable sort instead (a
+    first row lands just before its key's later row, which shadows it)."""
+    n = len(first_keys) + len(later_keys)
+    if n == 0:
+        return np.empty(0, dtype=np.int64)
+    present = [k for k in (first_keys, later_keys) if len(k)]
+    low, high = min(int(k.min()) for k in present), max(int(k.max()) for k in present)
+    if high - low < DENSE_SPAN * n:
+        slot = np.full(high - low + 1, -1, dtype=np.int64)
+        first = np.arange(len(first_keys), dtype=np.int64)
+        slot[first_keys - low] = first if first_deleted is None else np.where(first_deleted, -1, first)
+        slot[later_keys - low] = np.where(later_deleted, -1, later_rows)
+        return slot[slot >= 0]
+    keys = np.concatenate([first_keys, later_keys])
+    deleted = np.concatenate([np.zeros(len(first_keys), dtype=bool) if first_deleted is None else first_deleted,
+                              later_deleted])
+    rows = np.concatenate([np.arange(len(first_keys), dtype=np.int64), later_rows])
     merged = np.argsort(keys, kind="stable")
     merged_keys = keys[merged]
     kept = ~deleted[merged]
     kept[:-1] &= merged_keys[:-1] != merged_keys[1:]
-    combined = pa.concat_tables([base, changes.cast(base.schema)]) if in_base else changes
-    return gather(combined if keep is None else combined.select(list(keep)), pa.array(rows[merged[kept]]))
+    return rows[merged[kept]]
 
 
 def gather(table: pa.Table, indices: pa.Array, schema: pa.Schema | None = None) -> pa.Table:
@@ -318,11 +349,12 @@ def gather(table: pa.Table, indices: pa.Array, schema: pa.Schema | None = None) 
     return pa.Table.from_arrays(list(_readers().map(one, range(table.num_columns))), schema=target)
 
 
-def _by_key_then_t(keys: np.ndarray, times: np.ndarray) -> np.ndarray:
-    """Indices ordering versions by (key, t): a stable sort by key, checked (a key's versions read
-    from several files in t order keep that order), else a sort by both."""
+def _by_key_then_t(keys: np.ndarray, times: np.ndarray) -> np.ndarray | None:
+    """Indices ordering versions by (key, t) (None: they are in that order already, as one
+    version file is): a stable sort by key, checked (a key's versions read from several files in
+    t order keep that order), else a sort by both."""
     if _in_key_and_t_order(keys, times):
-        return np.arange(len(keys))  # one version file, or several read in (key, t) order
+        return None
     order = np.argsort(keys, kind="stable")
     if _in_key_and_t_order(keys[order], times[order]):
         return order
