@@ -16,7 +16,13 @@ import pyarrow.parquet as pq
 import pytest
 
 from history_pipeline import HistoryStore, QueryError, StoreSettings, supertable
-from history_pipeline.catalog.files import closed_row_groups, is_closed_read, open_tests, select_files
+from history_pipeline.catalog.files import (
+    closed_row_groups,
+    dictionary_reads,
+    is_closed_read,
+    open_tests,
+    select_files,
+)
 from history_pipeline.catalog.model import FileKind
 from history_pipeline.errors import PurgedTimestampError
 from history_pipeline.maintenance import snapshots as snapshots_module
@@ -452,9 +458,10 @@ def test_closed_reads_that_skip_settled_columns_equal_the_model(tmp_path, tiny_r
     _check_items(store, events, range(2, store.frontier + 2))
 
 
-def test_closed_reads_of_dictionary_strings_equal_the_model(tmp_path):
-    """A text column of few values is stored with a dictionary: a closed read takes it as
-    dictionaries and decodes the rows it keeps, nulls and all, equal to the model at every T."""
+def test_reads_of_dictionary_strings_equal_the_model(tmp_path):
+    """A text column of few values is stored with a dictionary: a closed read, and a layered one
+    (snapshot and changes), take it as dictionaries and decode the rows they keep, nulls and all,
+    equal to the model at every T."""
     store = HistoryStore.open(tmp_path, database="db", settings=SMALL_SNAPSHOTS)
     create = {"op": "create_table", "t": 1, "table_uuid": "M", "table_name": "modes",
               "columns": [{"column_uuid": "m", "column_name": "mode", "data_type": "TEXT"}]}
@@ -465,21 +472,28 @@ def test_closed_reads_of_dictionary_strings_equal_the_model(tmp_path):
     for t in range(3, 14):
         batches.append([{"op": "update", "t": t, "table_uuid": "M", "key": k, "values": {"m": rng.choice(modes)}}
                         for k in rng.sample(range(300), 80)] + [{"op": "delete", "t": t, "table_uuid": "M", "key": t}])
+    # too few for a snapshot (fewer than 0.2 of the live rows): the latest T reads the newest
+    # snapshot and these changes
+    batches.append([{"op": "update", "t": 14, "table_uuid": "M", "key": k, "values": {"m": rng.choice(modes)}}
+                    for k in rng.sample(range(20, 300), 50)])
     events = _load(store, batches)
     model = BaseDatabase()
     for e in events:
         model.apply(e)
     state = store.catalog_state()
     stored = store.query_context().resolve("modes", store.frontier + 1).columns[0].supercolumn
-    dictionary_reads = 0
+    closed_reads = layered_reads = 0
     for as_of in range(2, store.frontier + 2):
         selection = select_files(state, "M", as_of)
         if is_closed_read(store.objects, selection):
-            dictionary_reads += all(stored in footer(store.objects, f.path).dictionary_strings
-                                    for f, _ in closed_row_groups(store.objects, selection, as_of))
+            closed_reads += all(stored in footer(store.objects, f.path).dictionary_strings
+                                for f, _ in closed_row_groups(store.objects, selection, as_of))
+        elif selection.versions:
+            layered_reads += dictionary_reads(store.objects, selection.snapshot + selection.versions,
+                                              [stored]) == [stored]
         expected = model.table_as_of("modes", as_of) or {}
         got = store.load_table("modes", as_of)
         assert got.schema.field("mode").type == pa.string(), as_of
         assert {r.pop("synthetic_key"): r for r in got.to_pylist()} == expected, as_of
         assert got.column("synthetic_key").to_pylist() == sorted(expected), as_of
-    assert dictionary_reads >= 3
+    assert closed_reads >= 3 and layered_reads >= 1, (closed_reads, layered_reads)

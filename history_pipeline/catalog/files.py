@@ -12,7 +12,7 @@ interval (every file read is marked ``closed_until`` the next snapshot, see
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -33,7 +33,16 @@ from history_pipeline.supertable import (
     supertable_schema,
     write_file,
 )
-from history_pipeline.supertable.read import RowGroupTimes, as_numpy, dataset_of, footer, gather, overlay, read_key
+from history_pipeline.supertable.read import (
+    RowGroupTimes,
+    as_dictionaries,
+    as_numpy,
+    dataset_of,
+    footer,
+    gather,
+    overlay,
+    read_key,
+)
 
 
 def entry_of(written: WrittenFile, meta: FileMetadata) -> FileEntry:
@@ -132,10 +141,13 @@ def read_parts(
     keys: Sequence[int] | None = None,
     columns: Sequence[str] | None = None,
     current: bool = False,
+    dictionaries: Sequence[str] = (),
 ) -> tuple[pa.Table, pa.Table]:
     """(the snapshot's rows, the versions after it and below ``as_of``), both possibly empty.
     ``current`` (a closed read, ``is_closed_read``): a point lookup may skip the row groups
-    holding no row current as of ``as_of`` (their rows are older versions than the newest)."""
+    holding no row current as of ``as_of`` (their rows are older versions than the newest).
+    ``dictionaries``: string columns read as dictionaries (``dictionary_reads``; not for a point
+    lookup)."""
     schema = supertable_schema(supercolumns)
     wanted = list(columns) if columns is not None else schema.names
     for reserved in (LT, DELETED, KEY):
@@ -153,7 +165,7 @@ def read_parts(
     key_filter = ds.field(KEY).isin(pa.array(sorted(set(keys)), pa.int64())) if keys is not None else None
     if selection.snapshot:
         expr = _conjunction(None if _all_below(selection.snapshot, as_of) else ds.field(LT) < as_of, key_filter)
-        base = dataset_of(store, selection.snapshot, schema).to_table(columns=wanted, filter=expr)
+        base = dataset_of(store, selection.snapshot, schema, dictionaries).to_table(columns=wanted, filter=expr)
     if selection.versions:
         # a bound every file's statistics already meet is not evaluated row by row (at the latest
         # T, the usual read, neither is needed)
@@ -161,8 +173,8 @@ def read_parts(
         since = selection.snapshot_as_of
         if since is not None and not all(f.min_t is not None and f.min_t >= since for f in selection.versions):
             expr = _conjunction(expr, ds.field(LT) >= since)
-        changes = dataset_of(store, selection.versions, schema).to_table(columns=wanted,
-                                                                          filter=_conjunction(expr, key_filter))
+        changes = dataset_of(store, selection.versions, schema, dictionaries).to_table(
+            columns=wanted, filter=_conjunction(expr, key_filter))
     return base, changes
 
 
@@ -191,8 +203,20 @@ def live_rows(
     closed = is_closed_read(store, selection)
     if closed and not (keys is not None and len(set(keys)) == 1):
         return read_closed(store, selection, supercolumns, as_of, keys, columns, reserved)
-    base, changes = read_parts(store, selection, supercolumns, as_of, keys, columns, current=closed)
-    return overlay(base, changes, None if reserved or columns is None else _key_and(columns))
+    point = keys is not None and len(set(keys)) == 1
+    kept = None if reserved or columns is None else _key_and(columns)
+    # the overlay gathers its rows from the snapshot's and the changes' (none to gather without changes)
+    dictionaries = dictionary_reads(store, selection.snapshot + selection.versions, kept or columns or ()) \
+        if selection.versions and not point else []
+    base, changes = read_parts(store, selection, supercolumns, as_of, keys, columns, current=closed,
+                               dictionaries=dictionaries)
+    return overlay(base, changes, kept, supertable_schema(supercolumns) if dictionaries else None)
+
+
+def dictionary_reads(store: ObjectStore, files: Sequence[FileEntry], columns: Iterable[str]) -> list[str]:
+    """Of ``columns``, the strings every one of ``files`` stores with a dictionary: read as
+    dictionaries, gathered as indices and decoded after the gather (``as_dictionaries``)."""
+    return [c for c in columns if files and all(c in footer(store, f.path).dictionary_strings for f in files)]
 
 
 def _key_and(columns: Sequence[str]) -> list[str]:
@@ -259,10 +283,9 @@ def read_closed(
     fs, _ = store.arrow_filesystem()
     kept = wanted if reserved or columns is None else _key_and(columns)
     # strings every file stores with a dictionary are read as dictionaries and decoded after the gather
-    dictionaries = [c for c in kept if all(c in footer(store, f.path).dictionary_strings for f, _ in chosen)]
+    dictionaries = dictionary_reads(store, [f for f, _ in chosen], kept)
     parquet = ds.ParquetFileFormat(read_options=ds.ParquetReadOptions(dictionary_columns=dictionaries))
-    marked = pa.schema([pa.field(f.name, pa.dictionary(pa.int32(), f.type), f.nullable) if f.name in dictionaries
-                        else f for f in marked])
+    marked = as_dictionaries(marked, dictionaries)
     fragments = [parquet.make_fragment(store.full_path(f.path), filesystem=fs, row_groups=groups)
                  for f, groups in chosen]
     key_filter = ds.field(KEY).isin(pa.array(sorted(set(keys)), pa.int64())) if keys is not None else None

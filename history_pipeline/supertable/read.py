@@ -38,11 +38,24 @@ class StoredFile(Protocol):
     def max_key(self) -> int | None: ...
 
 
-def dataset_of(store: ObjectStore, files: Iterable[StoredFile], schema: pa.Schema) -> ds.Dataset:
-    """One Arrow dataset over files, with columns missing from older files read as nulls."""
+def dataset_of(store: ObjectStore, files: Iterable[StoredFile], schema: pa.Schema,
+               dictionaries: Sequence[str] = ()) -> ds.Dataset:
+    """One Arrow dataset over files, with columns missing from older files read as nulls (and
+    the string columns ``dictionaries`` read as dictionaries, see ``as_dictionaries``)."""
     fs, _ = store.arrow_filesystem()
     paths = [store.full_path(f.path) for f in files]
-    return ds.dataset(paths, schema=schema, format="parquet", filesystem=fs)
+    if not dictionaries:
+        return ds.dataset(paths, schema=schema, format="parquet", filesystem=fs)
+    parquet = ds.ParquetFileFormat(read_options=ds.ParquetReadOptions(dictionary_columns=list(dictionaries)))
+    return ds.dataset(paths, schema=as_dictionaries(schema, dictionaries), format=parquet, filesystem=fs)
+
+
+def as_dictionaries(schema: pa.Schema, names: Sequence[str]) -> pa.Schema:
+    """``schema`` with the columns ``names`` as dictionaries of their type: strings every file
+    stores with a dictionary are read that way, gathered as indices and decoded after (``gather``
+    with the plain schema), which costs less than taking from every row's own string."""
+    return pa.schema([pa.field(f.name, pa.dictionary(pa.int32(), f.type), f.nullable) if f.name in names else f
+                      for f in schema])
 
 
 @dataclass(frozen=True)
@@ -262,9 +275,11 @@ def _in_key_and_t_order(keys: np.ndarray, times: np.ndarray) -> bool:
     return bool(((keys[1:] > keys[:-1]) | ((keys[1:] == keys[:-1]) & (times[1:] > times[:-1]))).all())
 
 
-def overlay(base: pa.Table, changes: pa.Table, keep: Sequence[str] | None = None) -> pa.Table:
+def overlay(base: pa.Table, changes: pa.Table, keep: Sequence[str] | None = None,
+            schema: pa.Schema | None = None) -> pa.Table:
     """Snapshot rows overridden by the newest later version of their key (deletes drop the key);
-    with ``keep``, only those columns of them.
+    with ``keep``, only those columns of them; with ``schema``, columns read as dictionaries are
+    decoded to its types (after the gather).
 
     Works on key and timestamp arrays, not rows: the changes are ordered by (key, t) (one pass
     when they already are, as one version file is), the changes' newest rows shadow the snapshot's
@@ -277,7 +292,8 @@ def overlay(base: pa.Table, changes: pa.Table, keep: Sequence[str] | None = None
         live = base.filter(pc.invert(deleted)) if base.num_rows and pc.any(deleted).as_py() else base
         # a snapshot of several files (pieces by key range) is read in file order
         live = live if _in_key_order(live) else live.sort_by([(KEY, "ascending")])
-        return live if keep is None else live.select(list(keep))
+        live = live if keep is None else live.select(list(keep))
+        return live if schema is None else live.cast(_fields_of(schema, live.column_names))
     changed_keys = as_numpy(changes.column(KEY))
     order = _by_key_then_t(changed_keys, as_numpy(changes.column(LT)))
     in_order = order is None
@@ -293,7 +309,12 @@ def overlay(base: pa.Table, changes: pa.Table, keep: Sequence[str] | None = None
     rows = shadowed_in_key_order(base_keys, base_deleted, changed_keys[last],
                                  as_numpy(changes.column(DELETED))[newest], newest + in_base)
     combined = pa.concat_tables([base, changes.cast(base.schema)]) if in_base else changes
-    return gather(combined if keep is None else combined.select(list(keep)), pa.array(rows))
+    combined = combined if keep is None else combined.select(list(keep))
+    return gather(combined, pa.array(rows), None if schema is None else _fields_of(schema, combined.column_names))
+
+
+def _fields_of(schema: pa.Schema, names: Sequence[str]) -> pa.Schema:
+    return pa.schema([schema.field(name) for name in names])
 
 
 #: direct addressing orders keys spanning at most this many slots per key; sparser keys are sorted
