@@ -201,9 +201,9 @@ def live_rows(
     (``reserved=False``: only synthetic_key and ``columns``, for a reader that drops the rest)."""
     selection = select_files(state, table_uuid, as_of, keys)
     closed = is_closed_read(store, selection)
-    if closed and not (keys is not None and len(set(keys)) == 1):
-        return read_closed(store, selection, supercolumns, as_of, keys, columns, reserved)
     point = keys is not None and len(set(keys)) == 1
+    if closed and not point:
+        return read_closed(store, selection, supercolumns, as_of, keys, columns, reserved)
     kept = None if reserved or columns is None else _key_and(columns)
     # the overlay gathers its rows from the snapshot's and the changes' (none to gather without changes)
     dictionaries = dictionary_reads(store, selection.snapshot + selection.versions, kept or columns or ()) \
