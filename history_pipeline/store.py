@@ -39,7 +39,7 @@ from history_pipeline.maintenance.erasure import (
 from history_pipeline.maintenance.export import export_database
 from history_pipeline.maintenance.merge import MergeSummary, merge
 from history_pipeline.maintenance.retention import RetentionSummary, load_cold_tier, retain
-from history_pipeline.maintenance.snapshots import SnapshotSummary, due_tables, refresh_snapshots
+from history_pipeline.maintenance.snapshots import SnapshotSummary, due_tables, marking_due, refresh_snapshots
 from history_pipeline.maintenance.ttl import TtlSummary, apply_ttl, set_ttl, ttl_purge_points
 from history_pipeline.query.engine import QueryContext
 from history_pipeline.schema import TableDescriptor
@@ -78,6 +78,10 @@ class StoreSettings:
     #: piece, since a closed file's time buckets are cut within the file (a smaller file has
     #: coarser buckets, and a read as of T skips less of it) and closing overlays nothing
     interval_piece_rows: int = 1_000_000
+    #: the open interval is marked (``superseded_at`` as of the frontier) once this fraction of the
+    #: versions that make a snapshot due are unmarked: a read as of the latest T then decodes the
+    #: rows current at the marks and at most this fraction more (0: never marked)
+    mark_open_fraction: float = 0.25
 
 
 def default_wal_base(root: str | Path) -> Path:
@@ -395,10 +399,13 @@ class HistoryStore:
         pieces over key ranges written by Spark tasks (``spark=False``: the same tasks in-process;
         a session is started only when a table is due)."""
         settings = self.settings
-        due = due_tables(self.catalog.latest(), settings.snapshot_min_versions, settings.snapshot_ratio, force)
+        state = self.catalog.latest()
+        due = due_tables(state, settings.snapshot_min_versions, settings.snapshot_ratio, force) or marking_due(
+            state, settings.snapshot_min_versions, settings.snapshot_ratio, settings.mark_open_fraction)
         return refresh_snapshots(self, settings.snapshot_min_versions, settings.snapshot_ratio, force,
                                  spark=self.spark(spark) if due else None, piece_rows=settings.snapshot_piece_rows,
-                                 interval_rows=settings.interval_piece_rows)
+                                 interval_rows=settings.interval_piece_rows,
+                                 mark_fraction=settings.mark_open_fraction)
 
     # --- queries -----------------------------------------------------------------
 

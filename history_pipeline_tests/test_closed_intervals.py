@@ -412,7 +412,8 @@ def test_intervals_are_closed_by_spark_tasks_over_key_ranges_on_s3(tmp_path, s3_
     """Closing on Spark executors, several key ranges per interval, through the S3 endpoint: each
     range is its own marked file per kind, and every T answers as the model."""
     store = HistoryStore.open(s3_bucket, database="db", wal_dir=tmp_path / "wal", s3=s3_options,
-                              settings=replace(SMALL_SNAPSHOTS, snapshot_piece_rows=20, interval_piece_rows=20))
+                              settings=replace(SMALL_SNAPSHOTS, snapshot_piece_rows=20, interval_piece_rows=20,
+                                               mark_open_fraction=0))  # closes only
     with monkeypatch.context() as unclosed:  # the history without its closes, to close them below
         unclosed.setattr(snapshots_module, "close_intervals", lambda *_, **__: 0)
         events = _items_history(store)

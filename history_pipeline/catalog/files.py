@@ -78,17 +78,50 @@ class FileSelection:
     versions: tuple[FileEntry, ...]
     #: the oldest snapshot above ``as_of``: the end of the interval being read (None: open interval)
     next_snapshot: int | None = None
+    #: the T the files were selected for (None: not known, never a closed read)
+    as_of: int | None = None
+
+    @property
+    def marked_until(self) -> int | None:
+        """U when the files read are marked as of one U: the snapshot's and every version file
+        below U carry ``superseded_at`` (their key's next version below U, see
+        ``maintenance/snapshots.py``), and every other version file starts at or above U. A
+        closed interval's files are marked as of its next snapshot, an open interval's as of the
+        frontier at its last marking. None: not so marked."""
+        files = self.snapshot + self.versions
+        marks = {f.closed_until for f in files if f.closed_until is not None}
+        if len(marks) != 1 or any(f.closed_until is None for f in self.snapshot):
+            return None
+        (mark,) = marks
+        lower = self.snapshot_as_of
+        for f in self.versions:
+            if f.closed_until is None:
+                if f.min_t is None or f.min_t < mark:
+                    return None
+            # marking never takes a version file reaching below its interval's snapshot
+            elif f.max_t is None or f.max_t >= mark or (lower is not None and (f.min_t is None or f.min_t < lower)):
+                return None
+        return mark
 
     @property
     def closed(self) -> bool:
-        """Every file read is marked closed for this interval: its rows carry ``superseded_at``
-        (their key's next version below ``next_snapshot``), so the read is a filter, no join."""
-        files = self.snapshot + self.versions
-        lower = self.snapshot_as_of
-        return (self.next_snapshot is not None and bool(files)
-                and all(f.closed_until == self.next_snapshot for f in files)
-                # marking never takes a version file reaching below its interval's snapshot
-                and all(lower is None or (f.min_t is not None and f.min_t >= lower) for f in self.versions))
+        """Every file read is marked as of one U at or above ``as_of``: its rows carry
+        ``superseded_at``, so the read is a filter, no join."""
+        mark = self.marked_until
+        return (mark is not None and self.as_of is not None and self.as_of <= mark
+                and bool(self.snapshot + self.versions)
+                and all(f.closed_until == mark for f in self.snapshot + self.versions))
+
+    @property
+    def marked_and_since(self) -> tuple[int, tuple[FileEntry, ...], tuple[FileEntry, ...]] | None:
+        """(U, the files marked as of U, the version files since U) when the files are marked
+        (``marked_until``) below ``as_of``: the rows current as of U overlaid with the versions
+        since are the answer. None: not so marked, or a closed read."""
+        mark = self.marked_until
+        if mark is None or self.as_of is None or self.as_of <= mark:
+            return None
+        marked = self.snapshot + tuple(f for f in self.versions if f.closed_until == mark)
+        return mark, marked, tuple(f for f in self.versions if f.closed_until is None)
 
 
 def select_files(
@@ -118,7 +151,7 @@ def select_files(
         low, high = min(keys, default=0), max(keys, default=-1)
         chosen = tuple(f for f in chosen if may_hold_keys(f, low, high))
         versions = tuple(f for f in versions if may_hold_keys(f, low, high))
-    return FileSelection(chosen, snapshot_as_of, versions, next_snapshot)
+    return FileSelection(chosen, snapshot_as_of, versions, next_snapshot, as_of)
 
 
 def by_first_key(f: FileEntry) -> tuple[bool, int, str]:
@@ -157,11 +190,21 @@ def read_parts(
     base, changes = empty, empty
     if keys is not None and len(set(keys)) == 1:  # a point lookup: cached footers, bisected row groups
         (key,) = set(keys)
-        current_at = as_of if current else None
-        base = read_key(store, selection.snapshot, schema, wanted, key, None, as_of, current_at)
-        changes = read_key(store, selection.versions, schema, wanted, key, selection.snapshot_as_of, as_of,
-                           current_at)
-        return base, changes
+        # files marked as of U skip the row groups holding no row current then: the key's newest
+        # version below U is kept (a closed read: U >= as_of; above the marks, the versions since
+        # U are read whole and overlay it)
+        marks = selection.marked_and_since
+        current_at = as_of if current else marks[0] if marks is not None else None
+
+        def of_key(files: Sequence[FileEntry], lower: int | None) -> pa.Table:
+            marked = [f for f in files if current_at is not None and f.closed_until is not None
+                      and f.closed_until >= current_at]
+            rest = [f for f in files if f.closed_until is None or current_at is None or f.closed_until < current_at]
+            parts = [read_key(store, group, schema, wanted, key, lower, as_of, at)
+                     for group, at in ((marked, current_at), (rest, None)) if group]
+            return pa.concat_tables(parts) if len(parts) > 1 else parts[0] if parts else empty
+
+        return of_key(selection.snapshot, None), of_key(selection.versions, selection.snapshot_as_of)
     key_filter = ds.field(KEY).isin(pa.array(sorted(set(keys)), pa.int64())) if keys is not None else None
     if selection.snapshot:
         expr = _conjunction(None if _all_below(selection.snapshot, as_of) else ds.field(LT) < as_of, key_filter)
@@ -204,6 +247,8 @@ def live_rows(
     point = keys is not None and len(set(keys)) == 1
     if closed and not point:
         return read_closed(store, selection, supercolumns, as_of, keys, columns, reserved)
+    if not point and selection.marked_and_since is not None and is_marked_read(store, selection):
+        return read_marked_and_since(store, selection, supercolumns, as_of, keys, columns, reserved)
     kept = None if reserved or columns is None else _key_and(columns)
     # the overlay gathers its rows from the snapshot's and the changes' (none to gather without changes)
     dictionaries = dictionary_reads(store, selection.snapshot + selection.versions, kept or columns or ()) \
@@ -224,10 +269,18 @@ def _key_and(columns: Sequence[str]) -> list[str]:
 
 
 def is_closed_read(store: ObjectStore, selection: FileSelection) -> bool:
-    """Can ``selection`` be read by filters alone? Its interval is closed (every file marked for
-    it) and every file holds ``superseded_at`` (footers are cached, so asking again is free)."""
+    """Can ``selection`` be read by filters alone? Every file is marked as of one U >= as_of
+    (``FileSelection.closed``) and holds ``superseded_at`` (footers are cached, so asking again is
+    free)."""
     return selection.closed and all(
         SUPERSEDED in footer(store, f.path).columns for f in selection.snapshot + selection.versions)
+
+
+def is_marked_read(store: ObjectStore, selection: FileSelection) -> bool:
+    """Can ``selection`` be read as the rows current at its marks U overlaid with the versions
+    since (``FileSelection.marked_and_since``)? Every marked file holds ``superseded_at``."""
+    marks = selection.marked_and_since
+    return marks is not None and all(SUPERSEDED in footer(store, f.path).columns for f in marks[1])
 
 
 def closed_row_groups(store: ObjectStore, selection: FileSelection, as_of: int,
@@ -236,9 +289,15 @@ def closed_row_groups(store: ObjectStore, selection: FileSelection, as_of: int,
     ``as_of`` (and one of ``keys``), by their statistics (cached footers): the others are not read.
     Correct for any row order; ``supertable.closed_layout`` makes it skip nearly every row group
     not in the answer."""
+    return row_groups_current(store, selection.snapshot + selection.versions, as_of, keys)
+
+
+def row_groups_current(store: ObjectStore, files: Sequence[FileEntry], as_of: int,
+                       keys: Sequence[int] | None = None) -> list[tuple[FileEntry, list[int]]]:
+    """``closed_row_groups`` of marked ``files`` (each marked as of some U >= ``as_of``)."""
     low, high = (min(keys), max(keys)) if keys else (None, None)
     chosen = []
-    for f in selection.snapshot + selection.versions:
+    for f in files:
         cached = footer(store, f.path)
         groups = cached.row_groups_current(as_of)
         if low is not None and high is not None:
@@ -267,32 +326,93 @@ def read_closed(
     columns: Sequence[str] | None = None,
     reserved: bool = True,
 ) -> pa.Table:
-    """The live rows as of ``as_of`` of a closed interval (``is_closed_read``), in key order: the
+    """The live rows as of ``as_of`` of a closed read (``is_closed_read``), in key order: the
     snapshot's and the versions' rows not superseded below ``as_of`` (keys are unique across both,
     so no join). Only the row groups ``closed_row_groups`` keeps are read, then the mask and the
     key order are computed on the integer columns and the rows gathered once, a column per thread."""
     schema = supertable_schema(supercolumns)
+    kept = _kept(schema, columns, reserved)
+    rows, current = _current_rows(store, selection.snapshot + selection.versions, schema, as_of, keys, kept)
+    if rows is None:
+        return schema.empty_table().select(kept)
+    # each row group is a key-sorted run: a stable (merge) sort takes the runs as they are, about
+    # a third of Arrow's full sort
+    in_key_order = current[np.argsort(as_numpy(rows.column(KEY))[current], kind="stable")]
+    return gather(rows.select(kept), pa.array(in_key_order), pa.schema([schema.field(c) for c in kept]))
+
+
+def read_marked_and_since(
+    store: ObjectStore,
+    selection: FileSelection,
+    supercolumns: Sequence[Supercolumn],
+    as_of: int,
+    keys: Sequence[int] | None = None,
+    columns: Sequence[str] | None = None,
+    reserved: bool = True,
+) -> pa.Table:
+    """The live rows as of ``as_of`` above the marks U of an open interval (``is_marked_read``), in
+    key order: the rows current at U (a filter on the marked files, as a closed read as of U) with
+    the newest version since U of each key over them (a delete drops its key). The current rows
+    are overlaid as they were read, not sorted (``shadowed_in_key_order`` takes keys in any
+    order), and every row is gathered once."""
+    marks = selection.marked_and_since
+    assert marks is not None
+    mark, marked, since = marks
+    schema = supertable_schema(supercolumns)
+    kept = _kept(schema, columns, reserved)
+    dictionaries = dictionary_reads(store, [*marked, *since], kept)
+    read_schema = as_dictionaries(schema, dictionaries)
+    rows, current = _current_rows(store, marked, schema, mark, keys, kept, dictionaries)
+    base = rows.select(kept) if rows is not None else read_schema.empty_table().select(kept)
+    changes = read_schema.empty_table().select([*kept, *(c for c in (LT, DELETED) if c not in kept)])
+    if since:
+        expr = None if _all_below(since, as_of) else ds.field(LT) < as_of
+        key_filter = ds.field(KEY).isin(pa.array(sorted(set(keys)), pa.int64())) if keys is not None else None
+        changes = dataset_of(store, since, schema, dictionaries).to_table(
+            columns=changes.column_names, filter=_conjunction(expr, key_filter))
+    return overlay(base, changes, kept, schema if dictionaries else None, current=current)
+
+
+def _kept(schema: pa.Schema, columns: Sequence[str] | None, reserved: bool) -> list[str]:
+    """The columns a read returns: the reserved ones and ``columns`` (every one when None), or
+    only the key and ``columns`` (``reserved=False``)."""
     wanted = list(columns) if columns is not None else schema.names
     for name in (LT, DELETED, KEY):
         if name not in wanted:
             wanted.insert(0, name)
-    marked = schema.append(pa.field(SUPERSEDED, pa.int64()))
-    chosen = closed_row_groups(store, selection, as_of, keys)
+    return wanted if reserved or columns is None else _key_and(columns)
+
+
+def _current_rows(
+    store: ObjectStore,
+    files: Sequence[FileEntry],
+    schema: pa.Schema,
+    as_of: int,
+    keys: Sequence[int] | None,
+    kept: Sequence[str],
+    dictionaries: Sequence[str] | None = None,
+) -> tuple[pa.Table | None, np.ndarray]:
+    """The row groups of marked ``files`` that may hold a row current as of ``as_of``, read (the
+    ``kept`` columns and what the mask tests; strings every file stores with a
+    dictionary as dictionaries unless ``dictionaries`` names them), and the indices of the rows
+    current then: not deleted, ``t < as_of`` and ``superseded_at`` NULL or at/above it. None when
+    no row group may hold one."""
+    chosen = row_groups_current(store, files, as_of, keys)
     if not chosen:
-        return schema.empty_table().select(wanted)
+        return None, np.empty(0, dtype=np.int64)
     fs, _ = store.arrow_filesystem()
-    kept = wanted if reserved or columns is None else _key_and(columns)
-    # strings every file stores with a dictionary are read as dictionaries and decoded after the gather
-    dictionaries = dictionary_reads(store, [f for f, _ in chosen], kept)
-    parquet = ds.ParquetFileFormat(read_options=ds.ParquetReadOptions(dictionary_columns=dictionaries))
-    marked = as_dictionaries(marked, dictionaries)
+    if dictionaries is None:
+        dictionaries = dictionary_reads(store, [f for f, _ in chosen], kept)
+    parquet = ds.ParquetFileFormat(read_options=ds.ParquetReadOptions(dictionary_columns=list(dictionaries)))
+    marked = as_dictionaries(schema.append(pa.field(SUPERSEDED, pa.int64())), dictionaries)
     fragments = [parquet.make_fragment(store.full_path(f.path), filesystem=fs, row_groups=groups)
                  for f, groups in chosen]
     key_filter = ds.field(KEY).isin(pa.array(sorted(set(keys)), pa.int64())) if keys is not None else None
     test_deleted, test_t = open_tests([footer(store, f.path).times[rg] for f, groups in chosen for rg in groups],
                                       as_of)
     untested = {c for c, tested in ((DELETED, test_deleted), (LT, test_t)) if not tested and c not in kept}
-    read = [c for c in wanted if c not in untested]
+    read = [c for c in (KEY, DELETED, LT, *kept) if c not in untested]
+    read = list(dict.fromkeys(read))
     rows = ds.FileSystemDataset(fragments, marked, parquet, fs).to_table(columns=[*read, SUPERSEDED],
                                                                           filter=key_filter)
     # the mask is computed on the row groups' chunks as read; only the key column and the gathered
@@ -303,8 +423,4 @@ def read_closed(
         current = pc.and_(pc.less(rows.column(LT), as_of), current)
     if test_deleted:
         current = pc.and_(pc.invert(rows.column(DELETED)), current)
-    chosen_rows = as_numpy(pc.indices_nonzero(current))
-    # each row group is a key-sorted run: a stable (merge) sort takes the runs as they are, about
-    # a third of Arrow's full sort
-    in_key_order = chosen_rows[np.argsort(as_numpy(rows.column(KEY))[chosen_rows], kind="stable")]
-    return gather(rows.select(kept), pa.array(in_key_order), pa.schema([schema.field(c) for c in kept]))
+    return rows, as_numpy(pc.indices_nonzero(current)).astype(np.int64)

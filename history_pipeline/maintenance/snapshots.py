@@ -10,6 +10,12 @@ start) is *closed*: no version can join it. ``close_intervals`` rewrites the fil
 interval (snapshot S and the version files inside it) with ``superseded_at``, the t of the row's
 key's next version below S' (NULL: none), and marks them ``closed_until = S'``; a read as of T in
 [S, S') is then two filtered scans (``superseded_at`` NULL or >= T), no join.
+
+A row's ``superseded_at`` is its key's next version, so marks computed as of any U hold for every
+T <= U. ``mark_open_intervals`` marks the open interval [S, frontier + 1) the same way once a
+fraction of a snapshot's worth of versions in it are unmarked: a read up to its marks is a
+filter, a later one overlays the few versions since on the rows current at the marks. The
+rewritten files replace the old ones, so marking adds no bytes.
 """
 
 from __future__ import annotations
@@ -93,8 +99,9 @@ def due_tables(state: CatalogState, min_versions: int, ratio: float, force: bool
 
 def refresh_snapshots(store: DatabaseHandle, min_versions: int, ratio: float, force: bool = False,
                       spark: Any | None = None, piece_rows: int = PIECE_ROWS,
-                      interval_rows: int = INTERVAL_PIECE_ROWS) -> SnapshotSummary:
-    """Write a snapshot as of frontier + 1 for every table whose history since its last one is long.
+                      interval_rows: int = INTERVAL_PIECE_ROWS, mark_fraction: float = 0.0) -> SnapshotSummary:
+    """Write a snapshot as of frontier + 1 for every table whose history since its last one is long,
+    mark the intervals that closed, then the open intervals due a marking (``mark_fraction``).
 
     Each snapshot is written in pieces over key ranges by Spark tasks (in-process without a
     session; see ``snapshot_pieces``); the driver plans and commits them, never reading a row."""
@@ -123,7 +130,50 @@ def refresh_snapshots(store: DatabaseHandle, min_versions: int, ratio: float, fo
                 summary.rows += sum(e.row_count for e in table.entries)
                 summary.bytes += sum(e.size_bytes for e in table.entries)
     close_intervals(store, spark=spark, piece_rows=interval_rows)
+    mark_open_intervals(store, min_versions, ratio, mark_fraction, spark=spark, piece_rows=interval_rows)
     return summary
+
+
+def open_interval(state: CatalogState, table_uuid: str) -> Interval | None:
+    """The table's open interval [newest snapshot, frontier + 1) and its files (the snapshot's and
+    the version files since it); None without version files since the snapshot, or when one
+    reaches below it (a merge across the snapshot: its reads keep the layered reconstruction)."""
+    snapshots = [f for f in state.files_of(table_uuid, FileKind.SNAPSHOT) if f.snapshot_as_of is not None]
+    newest = max((f.snapshot_as_of for f in snapshots), default=None)  # type: ignore[type-var]
+    versions = [f for f in state.files_of(table_uuid, FileKind.VERSIONS)
+                if f.row_count and f.min_t is not None and f.max_t is not None
+                and (newest is None or f.max_t >= newest)]
+    if not versions or any(newest is not None and f.min_t < newest for f in versions):  # type: ignore[operator]
+        return None
+    base = tuple(f for f in snapshots if f.snapshot_as_of == newest)
+    return Interval(table_uuid, newest, state.frontier + 1, base + tuple(versions))
+
+
+def marking_due(state: CatalogState, min_versions: int, ratio: float, fraction: float) -> list[Interval]:
+    """The open intervals to mark as of frontier + 1: those whose unmarked versions reach
+    ``fraction`` of the versions that make a snapshot due (none at ``fraction`` 0, and none of a
+    table whose snapshot is due: its interval closes instead)."""
+    if fraction <= 0:
+        return []
+    due = []
+    for table_uuid in sorted({f.table_uuid for f in state.files.values() if f.table_uuid}):
+        since, snapshot_rows, _ = versions_since_snapshot(state, table_uuid)
+        snapshot_after = max(min_versions, ratio * snapshot_rows)
+        interval = open_interval(state, table_uuid)
+        if interval is None or since >= snapshot_after:
+            continue
+        unmarked = sum(f.row_count for f in interval.files if f.kind is FileKind.VERSIONS and f.closed_until is None)
+        if unmarked >= max(1.0, fraction * snapshot_after):
+            due.append(interval)
+    return due
+
+
+def mark_open_intervals(store: DatabaseHandle, min_versions: int, ratio: float, fraction: float,
+                        spark: Any | None = None, piece_rows: int = INTERVAL_PIECE_ROWS) -> int:
+    """Mark the open intervals due a marking (``marking_due``) as of frontier + 1, as
+    ``close_intervals`` marks closed ones; returns how many files were replaced."""
+    state: CatalogState = store.catalog.latest()
+    return _mark(store, state, marking_due(state, min_versions, ratio, fraction), spark, piece_rows)
 
 
 @dataclass(frozen=True)
@@ -281,11 +331,19 @@ def close_intervals(store: DatabaseHandle, spark: Any | None = None, max_interva
     transaction replaces all the files. Returns how many files were replaced. A file removed
     meanwhile (a merge, an erasure) leaves the catalog as it was: the next call tries again."""
     state: CatalogState = store.catalog.latest()
-    supers = replay_schema_history(state.schema_history).supercolumns
     intervals = [interval for table_uuid in sorted({f.table_uuid for f in state.files.values() if f.table_uuid})
                  for interval in closed_intervals(state, table_uuid)[::-1][:max_intervals]]
+    return _mark(store, state, intervals, spark, piece_rows)
+
+
+def _mark(store: DatabaseHandle, state: CatalogState, intervals: Sequence[Interval], spark: Any | None,
+          piece_rows: int) -> int:
+    """Rewrite the files of ``intervals`` marked as of each one's upper bound, over key ranges by
+    Spark tasks, and replace them in one transaction; returns how many files were replaced (0
+    when one went meanwhile)."""
     if not intervals:
         return 0
+    supers = replay_schema_history(state.schema_history).supercolumns
     config = store_for_tasks(spark, store.objects)
     tasks = [task for interval in intervals
              for task in plan_close(state, config, store.database, interval,

@@ -276,24 +276,30 @@ def _in_key_and_t_order(keys: np.ndarray, times: np.ndarray) -> bool:
 
 
 def overlay(base: pa.Table, changes: pa.Table, keep: Sequence[str] | None = None,
-            schema: pa.Schema | None = None) -> pa.Table:
+            schema: pa.Schema | None = None, current: np.ndarray | None = None) -> pa.Table:
     """Snapshot rows overridden by the newest later version of their key (deletes drop the key);
     with ``keep``, only those columns of them; with ``schema``, columns read as dictionaries are
-    decoded to its types (after the gather).
+    decoded to its types (after the gather); with ``current``, only those rows of ``base`` (in any
+    order, none deleted, keys unique) are its live rows.
 
     Works on key and timestamp arrays, not rows: the changes are ordered by (key, t) (one pass
-    when they already are, as one version file is), the changes' newest rows shadow the snapshot's
+    when they already are, as one version file is), the changes' newest rows shadow the base's
     rows of their keys (``shadowed_in_key_order``), and the rows are gathered once, in key order.
     The cost is the live rows plus the changes, not the history.
     """
+    columns = list(keep) if keep is not None else base.column_names
+    decoded = None if schema is None else _fields_of(schema, columns)
+    if changes.num_rows == 0 and current is not None:
+        in_order = current[np.argsort(as_numpy(base.column(KEY))[current], kind="stable")]
+        return gather(base.select(columns), pa.array(in_order), decoded)
     if changes.num_rows == 0:
         # a snapshot holds no deleted rows: filtering would only copy them
         deleted = base.column(DELETED)
         live = base.filter(pc.invert(deleted)) if base.num_rows and pc.any(deleted).as_py() else base
         # a snapshot of several files (pieces by key range) is read in file order
         live = live if _in_key_order(live) else live.sort_by([(KEY, "ascending")])
-        live = live if keep is None else live.select(list(keep))
-        return live if schema is None else live.cast(_fields_of(schema, live.column_names))
+        live = live.select(columns)
+        return live if decoded is None else live.cast(decoded)
     changed_keys = as_numpy(changes.column(KEY))
     order = _by_key_then_t(changed_keys, as_numpy(changes.column(LT)))
     in_order = order is None
@@ -304,13 +310,19 @@ def overlay(base: pa.Table, changes: pa.Table, keep: Sequence[str] | None = None
     newest = np.flatnonzero(last) if in_order else order[last]
     in_base = base.num_rows
     base_keys = as_numpy(base.column(KEY)) if in_base else changed_keys[:0]
-    # a snapshot holds no deleted row: its flags are converted only when one is there
-    base_deleted = as_numpy(base.column(DELETED)) if in_base and pc.any(base.column(DELETED)).as_py() else None
+    if current is not None:
+        base_keys, base_deleted = base_keys[current] if in_base else base_keys, None
+    else:
+        # a snapshot holds no deleted row: its flags are converted only when one is there
+        base_deleted = as_numpy(base.column(DELETED)) if in_base and pc.any(base.column(DELETED)).as_py() else None
     rows = shadowed_in_key_order(base_keys, base_deleted, changed_keys[last],
-                                 as_numpy(changes.column(DELETED))[newest], newest + in_base)
-    combined = pa.concat_tables([base, changes.cast(base.schema)]) if in_base else changes
-    combined = combined if keep is None else combined.select(list(keep))
-    return gather(combined, pa.array(rows), None if schema is None else _fields_of(schema, combined.column_names))
+                                 as_numpy(changes.column(DELETED))[newest], newest + in_base,
+                                 current if in_base else None)
+    combined = changes.select(columns)
+    if in_base:
+        kept = base.select(columns)
+        combined = pa.concat_tables([kept, combined.cast(kept.schema)])
+    return gather(combined, pa.array(rows), decoded)
 
 
 def _fields_of(schema: pa.Schema, names: Sequence[str]) -> pa.Schema:
@@ -322,10 +334,12 @@ DENSE_SPAN = 4
 
 
 def shadowed_in_key_order(first_keys: np.ndarray, first_deleted: np.ndarray | None, later_keys: np.ndarray,
-                          later_deleted: np.ndarray, later_rows: np.ndarray) -> np.ndarray:
-    """Row numbers of the surviving rows in key order: the first rows (row ``i`` for
-    ``first_keys[i]``; ``first_deleted``: None when none is) overridden by the later rows of the
-    same key (``later_rows``), a later delete dropping its key. Keys are unique within each side.
+                          later_deleted: np.ndarray, later_rows: np.ndarray,
+                          first_rows: np.ndarray | None = None) -> np.ndarray:
+    """Row numbers of the surviving rows in key order: the first rows (row ``first_rows[i]``, by
+    default ``i``, for ``first_keys[i]``; ``first_deleted``: None when none is) overridden by the
+    later rows of the same key (``later_rows``), a later delete dropping its key. Keys are unique
+    within each side, in any order.
 
     Keys of one table are mostly dense (assigned in sequence), so a slot per key in their span
     orders them in a few linear passes; sparse keys are merged by one stable sort instead (a
@@ -337,14 +351,15 @@ def shadowed_in_key_order(first_keys: np.ndarray, first_deleted: np.ndarray | No
     low, high = min(int(k.min()) for k in present), max(int(k.max()) for k in present)
     if high - low < DENSE_SPAN * n:
         slot = np.full(high - low + 1, -1, dtype=np.int64)
-        first = np.arange(len(first_keys), dtype=np.int64)
+        first = np.arange(len(first_keys), dtype=np.int64) if first_rows is None else first_rows
         slot[first_keys - low] = first if first_deleted is None else np.where(first_deleted, -1, first)
         slot[later_keys - low] = np.where(later_deleted, -1, later_rows)
         return slot[slot >= 0]
     keys = np.concatenate([first_keys, later_keys])
     deleted = np.concatenate([np.zeros(len(first_keys), dtype=bool) if first_deleted is None else first_deleted,
                               later_deleted])
-    rows = np.concatenate([np.arange(len(first_keys), dtype=np.int64), later_rows])
+    rows = np.concatenate([np.arange(len(first_keys), dtype=np.int64) if first_rows is None else first_rows,
+                           later_rows])
     merged = np.argsort(keys, kind="stable")
     merged_keys = keys[merged]
     kept = ~deleted[merged]

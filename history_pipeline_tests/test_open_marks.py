@@ -1,0 +1,189 @@
+"""Marks of the open interval (issue 13): once enough versions above the newest snapshot are
+unmarked, the snapshot's and those versions' files are rewritten with ``superseded_at`` as of the
+frontier. A read up to the marks is then a filter (a closed read); a later one takes the rows
+current at the marks and overlays the versions since. Each test asserts which read is taken (on
+the selection, not on timing) and that every answer equals the model at every T."""
+
+from __future__ import annotations
+
+import random
+from dataclasses import replace
+
+import numpy as np
+import pyarrow as pa
+import pytest
+
+from history_pipeline import HistoryStore, StoreSettings
+from history_pipeline.catalog.files import is_closed_read, is_marked_read, select_files
+from history_pipeline.catalog.model import FileKind
+from history_pipeline.maintenance.snapshots import marking_due, open_interval
+from history_pipeline.supertable.read import overlay
+from history_pipeline_tests.test_closed_intervals import _check_items, _check_lookups
+from history_pipeline_tests.test_compaction import _split, check_against_model, random_history, write
+from history_pipeline_tests.test_query_layers import CREATE, _delete, _insert, _load, _update
+from history_pipeline_tests.test_read_path import check_sql_against_model
+
+#: a snapshot after 60 versions (0.2 of the live rows when more), the open interval marked once 15
+#: of them are unmarked: a few batches between snapshots, each interval marked about twice
+MARKED = StoreSettings(snapshot_min_versions=60, snapshot_ratio=0.2, mark_open_fraction=0.25)
+
+
+def _history(store, tail=5, alive=None):
+    """Inserts, then batches of updates, deletes and re-inserts; then a snapshot, 20 updates (a
+    marking's share: the open interval is marked as of the frontier) and ``tail`` updates too few
+    for the next marking, so the latest T reads above the marks."""
+    rng = random.Random(11)
+    batches = [[CREATE] + [_insert(2, k, k) for k in range(40)]]
+    t = 3
+    for _ in range(14):
+        batch = []
+        for _ in range(rng.randint(1, 2)):
+            keys = rng.sample(range(50), 12)
+            batch += [_update(t, k, rng.randint(0, 100)) for k in keys[:6]]
+            batch += [_delete(t, k) for k in keys[6:9]] + [_insert(t, k, rng.randint(0, 100)) for k in keys[9:]]
+            t += 1
+        batches.append(batch)
+    alive = set() if alive is None else alive
+    events = _load(store, batches, alive)
+    store.refresh_snapshots(force=True)
+    for n in (20, tail):
+        if n:  # a timestamp each: every T between them is read
+            keys = rng.sample(sorted(alive), n)
+            events += _load(store, [[_update(t + i, k, rng.randint(0, 100)) for i, k in enumerate(keys)]], alive)
+            t += n
+    return events
+
+
+def _reads(store, table="T"):
+    """Each T's read: "closed" (a filter), "marked" (above the marks) or "layered"."""
+    state = store.catalog_state()
+    kinds = {}
+    for as_of in range(2, store.frontier + 2):
+        selection = select_files(state, table, as_of)
+        kinds[as_of] = ("closed" if is_closed_read(store.objects, selection)
+                        else "marked" if is_marked_read(store.objects, selection) else "layered")
+    return kinds
+
+
+def _open_marks(store, table="T"):
+    """The marks U of the open interval's files (None: not marked)."""
+    interval = open_interval(store.catalog_state(), table)
+    marks = {f.closed_until for f in interval.files} if interval else set()
+    return max(marks - {None}, default=None)
+
+
+def test_every_t_up_to_the_open_marks_is_a_filter_and_above_them_an_overlay_equal_to_the_model(tmp_path):
+    store = HistoryStore.open(tmp_path, database="db", settings=MARKED)
+    events = _history(store)
+    snapshots = sorted({f.snapshot_as_of for f in store.catalog_state().files_of("T", FileKind.SNAPSHOT)})
+    marks = _open_marks(store)
+    assert snapshots and marks is not None and snapshots[-1] < marks <= store.frontier
+    reads = _reads(store)
+    for as_of, read in reads.items():
+        expected = "closed" if as_of < snapshots[-1] or as_of <= marks else "marked"
+        assert read == expected or (as_of == 2 and read == "layered"), (as_of, read)  # at 2 nothing is read
+    assert list(reads.values()).count("marked") >= 2
+    # not due again: the versions since the marks are fewer than a marking's share
+    assert marking_due(store.catalog_state(), 60, 0.2, 0.25) == []
+    _check_items(store, events, range(2, store.frontier + 2))
+    _check_lookups(store, events, [snapshots[-1], marks - 1, marks, store.frontier + 1])
+    assert store.verify() == []  # every mark agrees with the versions
+
+
+def test_the_open_interval_is_marked_again_as_it_grows_and_closed_by_the_next_snapshot(tmp_path):
+    store = HistoryStore.open(tmp_path, database="db", settings=MARKED)
+    alive: set[int] = set()
+    events = _history(store, tail=0, alive=alive)
+    seen = {_open_marks(store)}
+    rng = random.Random(3)
+    t = store.frontier + 1
+    for _ in range(12):
+        events += _load(store, [[_update(t, k, rng.randint(0, 100)) for k in rng.sample(sorted(alive), 8)]], alive)
+        seen.add(_open_marks(store))
+        t += 1
+    # every other batch reaches a marking's share (15 versions): marked as of later frontiers,
+    # and a snapshot (60 versions) closes the interval, whose files are then marked for it
+    assert len(seen - {None}) >= 3
+    snapshots = sorted({f.snapshot_as_of for f in store.catalog_state().files_of("T", FileKind.SNAPSHOT)})
+    assert all(f.closed_until in (None, *snapshots, *seen) for f in store.catalog_state().files_of("T"))
+    _check_items(store, events, range(2, store.frontier + 2))
+    assert store.verify() == []
+
+
+@pytest.mark.parametrize("seed", [5, 21])
+def test_random_histories_with_schema_changes_and_marks_equal_the_model(tmp_path, seed):
+    events = random_history(seed, n_events=160)
+    store = HistoryStore.open(tmp_path, database="db",
+                              settings=StoreSettings(snapshot_min_versions=30, snapshot_ratio=0.2,
+                                                     mark_open_fraction=0.2))
+    batches = _split(events, random.Random(seed))
+    for batch in batches[:-1]:
+        write(store, batch)
+        store.compact(spark=False)
+    # the last batch neither marks nor snapshots (as between two markings): T above the marks
+    unmarking = HistoryStore.open(tmp_path, database="db", settings=replace(
+        store.settings, mark_open_fraction=0, snapshot_min_versions=10**9))
+    write(unmarking, batches[-1])
+    unmarking.compact(spark=False)
+    state = store.catalog_state()
+    tables = sorted({f.table_uuid for f in state.files.values() if f.table_uuid})
+    kinds = [_reads(store, table) for table in tables]
+    assert any("marked" in k.values() for k in kinds), kinds
+    check_against_model(store, events)
+    check_sql_against_model(store, events, range(0, store.frontier + 2))
+    assert store.verify() == []
+
+
+def test_marks_on_an_s3_root(tmp_path, s3_bucket, s3_options):
+    store = HistoryStore.open(s3_bucket, database="db", wal_dir=tmp_path / "wal", s3=s3_options, settings=MARKED)
+    events = _history(store)
+    reads = _reads(store)
+    marked = [t for t, read in reads.items() if read == "marked"]
+    assert marked
+    _check_items(store, events, [marked[0] - 1, marked[0], store.frontier + 1])
+
+
+def test_merge_and_rebuild_keep_the_open_marks_right(tmp_path):
+    store = HistoryStore.open(tmp_path, database="db", settings=replace(MARKED, interval_piece_rows=20))
+    events = _history(store)
+    store.merge(spark=False)
+    merged = _reads(store)
+    assert "marked" in merged.values() and "closed" in merged.values()
+    store.rebuild_catalog()
+    assert _reads(store) == merged  # the marks are read back from the files' footers
+    _check_items(store, events, range(2, store.frontier + 2))
+    assert store.verify() == []
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_an_overlay_of_rows_current_in_any_order_equals_a_dict_model(seed):
+    """``overlay`` with ``current``: the base's live rows given as unsorted row numbers (as a
+    filter over marked files finds them), the changes' newest version per key over them."""
+    rng = np.random.default_rng(seed)
+    universe = int(rng.choice([60, 10_000, 2**62]))
+    keys = rng.choice(universe, size=int(rng.integers(0, 50)), replace=False).astype(np.int64) \
+        if universe < 2**62 else np.unique(rng.integers(0, universe, 50, dtype=np.int64))
+    rng.shuffle(keys)
+    dead = rng.random(len(keys)) < 0.2  # rows the filter does not keep (superseded, deleted)
+    base = pa.table({"synthetic_key": keys, "is_deleted": pa.array([False] * len(keys)),
+                     "logical_timestamp": pa.array(np.full(len(keys), 1, np.int64)),
+                     "v": pa.array(rng.integers(0, 100, len(keys)))})
+    current = np.flatnonzero(~dead)
+    rng.shuffle(current)
+    n = int(rng.integers(0, 40))
+    pool = keys if len(keys) and rng.random() < 0.7 else np.arange(5, dtype=np.int64)
+    changed = rng.choice(pool, size=n) if len(pool) else np.zeros(0, np.int64)
+    changes = pa.table({"synthetic_key": pa.array(changed, pa.int64()),
+                        "is_deleted": pa.array(rng.random(n) < 0.3),
+                        "logical_timestamp": pa.array(np.arange(2, n + 2), pa.int64()),
+                        "v": pa.array(rng.integers(0, 100, n))})
+    model = {int(k): int(v) for k, v in zip(keys[current], base.column("v").to_numpy()[current], strict=True)}
+    for k, d, v in zip(changed, changes.column("is_deleted").to_pylist(), changes.column("v").to_pylist(),
+                       strict=True):
+        if d:
+            model.pop(int(k), None)
+        else:
+            model[int(k)] = v
+    got = overlay(base, changes, ["synthetic_key", "v"], current=current)
+    assert got.column("synthetic_key").to_pylist() == sorted(model)
+    assert dict(zip(got.column("synthetic_key").to_pylist(), got.column("v").to_pylist(), strict=True)) == model
