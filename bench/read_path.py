@@ -37,7 +37,7 @@ import pyarrow.parquet as pq
 from bench.history import TABLE_UUID, append_open_versions, build_history, default_segment_events
 from history_pipeline import HistoryStore, StoreSettings
 from history_pipeline.catalog import FileKind
-from history_pipeline.catalog.files import is_closed_read, select_files
+from history_pipeline.catalog.files import is_closed_read, is_marked_read, select_files
 from history_pipeline.maintenance.snapshots import due_tables
 
 RESULTS = Path(__file__).parent / "results"
@@ -120,12 +120,27 @@ def bench_load_table(work: Path, live_rows: int, versions: int, batch: int, delt
     rows[0]["lookups_after_merge"]["version_bytes"] = sum(
         f.size_bytes for f in store.catalog_state().files_of(TABLE_UUID, FileKind.VERSIONS))
     # the open interval at its longest: the versions above the newest snapshot one short of making
-    # the next one due, so the latest T takes the layered read over all of them
+    # the next one due. It is marked as of the frontier at every marking's share of them
+    # (``mark_open_fraction``), so the worst latest T is just before the next marking: marked at
+    # the last one, then one version short of another
     due_after = max(store.settings.snapshot_min_versions, int(store.settings.snapshot_ratio * live_rows))
-    grown = append_open_versions(store, history, due_after - 1)
+    share = int(store.settings.mark_open_fraction * due_after)
+    marked_at = (due_after - 1) // share * share if share else 0
+    grown = history
+    if marked_at:
+        grown = append_open_versions(store, grown, marked_at)
+        mark_s = median_time(lambda: store.refresh_snapshots(spark=False), repeat=1)  # marks, in-process
+        marks = select_files(store.catalog_state(), TABLE_UUID, grown.frontier + 1).marked_until
+        assert marks == grown.frontier + 1, marks
+        rows.append(dict(_time_load_table(store, work, versions, f"open interval, in the middle of its marks "
+                                          f"({marked_at:,} versions marked)", history.frontier + 1 + marked_at // 2),
+                         mark_s=mark_s))
+    grown = append_open_versions(store, grown, min(share, due_after) - 1 if share else due_after - 1, seed=3)
     assert not due_tables(store.catalog_state(), store.settings.snapshot_min_versions, store.settings.snapshot_ratio)
+    above = f"{marked_at:,} marked, {grown.frontier - history.frontier - marked_at:,} since" if marked_at else \
+        f"{due_after - 1:,} versions above it"
     rows.append(_time_load_table(store, work, versions, "latest, open interval just before the next snapshot is due "
-                                 f"({due_after - 1:,} versions above it)", grown.frontier + 1))
+                                 f"({above})", grown.frontier + 1))
     return rows
 
 
@@ -146,8 +161,10 @@ def _time_load_table(store: HistoryStore, work: Path, versions: int, label: str,
     state = store.catalog_state()
     selection = select_files(state, TABLE_UUID, as_of)
     closed = is_closed_read(store.objects, selection)
-    return {"versions": versions, "live_rows": answer.num_rows, "as_of": label, "t": as_of,
-            "read": "closed interval (filter)" if closed else "layered (joins)",
+    read = "closed interval (filter)" if closed else \
+        "above the marks (rows current at them, overlaid)" if is_marked_read(store.objects, selection) else \
+        "layered (joins)"
+    return {"versions": versions, "live_rows": answer.num_rows, "as_of": label, "t": as_of, "read": read,
             "row_groups_read": _row_groups_read(store, selection, as_of) if closed else None,
             "ours_s": ours, "reader_s": streamed, "duckdb_answer_file_s": limit, "ratio": ours / limit}
 
@@ -458,7 +475,9 @@ def report(results: dict[str, Any]) -> str:
         lines.append(f"| as-of load_table, {row['live_rows']:,} live rows, {row['versions']:,} versions, "
                      f"T={row['as_of']}{', ' + row['read'] if row.get('read') else ''}"
                      f"{', row groups ' + row['row_groups_read'] if row.get('row_groups_read') else ''} | "
-                     f"{row['ours_s']:.3f} s (streamed {row['reader_s']:.3f} s) | DuckDB reading the "
+                     f"{row['ours_s']:.3f} s (streamed {row['reader_s']:.3f} s"
+                     f"{', marking took {:.1f} s'.format(row['mark_s']) if row.get('mark_s') else ''}) | "
+                     "DuckDB reading the "
                      f"answer file (DuckDB-written) {row['duckdb_answer_file_s']:.3f} s | {row['ratio']:.2f}× | ≤ 2× | "
                      f"{verdict(row['ratio'], 2.0)} |")
     for row in results.get("load_table", []):

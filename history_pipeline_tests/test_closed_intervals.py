@@ -20,6 +20,7 @@ from history_pipeline.catalog.files import (
     closed_row_groups,
     dictionary_reads,
     is_closed_read,
+    is_marked_read,
     open_tests,
     select_files,
 )
@@ -459,11 +460,13 @@ def test_closed_reads_that_skip_settled_columns_equal_the_model(tmp_path, tiny_r
     _check_items(store, events, range(2, store.frontier + 2))
 
 
-def test_reads_of_dictionary_strings_equal_the_model(tmp_path):
+@pytest.mark.parametrize("mark_open_fraction", [0, 0.25])
+def test_reads_of_dictionary_strings_equal_the_model(tmp_path, mark_open_fraction):
     """A text column of few values is stored with a dictionary: a closed read, and a layered one
-    (snapshot and changes), take it as dictionaries and decode the rows they keep, nulls and all,
-    equal to the model at every T."""
-    store = HistoryStore.open(tmp_path, database="db", settings=SMALL_SNAPSHOTS)
+    (snapshot and changes) or one above the open interval's marks, take it as dictionaries and
+    decode the rows they keep, nulls and all, equal to the model at every T."""
+    store = HistoryStore.open(tmp_path, database="db",
+                              settings=replace(SMALL_SNAPSHOTS, mark_open_fraction=mark_open_fraction))
     create = {"op": "create_table", "t": 1, "table_uuid": "M", "table_name": "modes",
               "columns": [{"column_uuid": "m", "column_name": "mode", "data_type": "TEXT"}]}
     rng = random.Random(4)
@@ -474,27 +477,32 @@ def test_reads_of_dictionary_strings_equal_the_model(tmp_path):
         batches.append([{"op": "update", "t": t, "table_uuid": "M", "key": k, "values": {"m": rng.choice(modes)}}
                         for k in rng.sample(range(300), 80)] + [{"op": "delete", "t": t, "table_uuid": "M", "key": t}])
     # too few for a snapshot (fewer than 0.2 of the live rows): the latest T reads the newest
-    # snapshot and these changes
+    # snapshot and these changes (marked, when marking: then the last ten are too few for it, and
+    # of one value, so that their file too has a dictionary)
     batches.append([{"op": "update", "t": 14, "table_uuid": "M", "key": k, "values": {"m": rng.choice(modes)}}
-                    for k in rng.sample(range(20, 300), 50)])
+                    for k in rng.sample(range(20, 300), 45)])
+    batches.append([{"op": "update", "t": 15 + i // 5, "table_uuid": "M", "key": k, "values": {"m": "AIR"}}
+                    for i, k in enumerate(rng.sample(range(20, 300), 10))])
     events = _load(store, batches)
     model = BaseDatabase()
     for e in events:
         model.apply(e)
     state = store.catalog_state()
     stored = store.query_context().resolve("modes", store.frontier + 1).columns[0].supercolumn
-    closed_reads = layered_reads = 0
+    closed_reads = layered_reads = marked_reads = 0
     for as_of in range(2, store.frontier + 2):
         selection = select_files(state, "M", as_of)
         if is_closed_read(store.objects, selection):
             closed_reads += all(stored in footer(store.objects, f.path).dictionary_strings
                                 for f, _ in closed_row_groups(store.objects, selection, as_of))
-        elif selection.versions:
+        elif selection.versions:  # layered, or above the marks: both read the same files' dictionaries
             layered_reads += dictionary_reads(store.objects, selection.snapshot + selection.versions,
                                               [stored]) == [stored]
+            marked_reads += is_marked_read(store.objects, selection)
         expected = model.table_as_of("modes", as_of) or {}
         got = store.load_table("modes", as_of)
         assert got.schema.field("mode").type == pa.string(), as_of
         assert {r.pop("synthetic_key"): r for r in got.to_pylist()} == expected, as_of
         assert got.column("synthetic_key").to_pylist() == sorted(expected), as_of
     assert closed_reads >= 3 and layered_reads >= 1, (closed_reads, layered_reads)
+    assert (marked_reads >= 1) == (mark_open_fraction > 0), marked_reads
