@@ -23,6 +23,7 @@ from history_pipeline.catalog.files import (
     is_marked_read,
     open_tests,
     select_files,
+    superseded_settled,
 )
 from history_pipeline.catalog.model import FileKind
 from history_pipeline.errors import PurgedTimestampError
@@ -440,6 +441,11 @@ def test_open_tests_follow_the_row_groups_statistics():
     assert open_tests([settled], 5) == (False, True)  # a row at t = 5 is not current as of 5
     assert open_tests([settled, RowGroupTimes(1, 9, 0, max_t=2, any_deleted=True)], 9) == (True, False)
     assert open_tests([RowGroupTimes(None, None, None)], 10**9) == (True, True)  # nothing known: test both
+    # superseded_at need not be read only where every row's is NULL (rows current at any T up to the marks)
+    never = RowGroupTimes(1, None, 4, rows=4)
+    assert superseded_settled([never]) and superseded_settled([never, never])
+    assert not superseded_settled([never, RowGroupTimes(1, 9, 3, rows=4)])  # one row superseded at 9
+    assert not superseded_settled([RowGroupTimes(1, None, 4)])  # its rows not known
 
 
 def test_closed_reads_that_skip_settled_columns_equal_the_model(tmp_path, tiny_row_groups):

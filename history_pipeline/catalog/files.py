@@ -39,7 +39,7 @@ from history_pipeline.supertable.read import (
     as_numpy,
     dataset_of,
     footer,
-    gather,
+    gather_with_keys,
     overlay,
     read_key,
 )
@@ -317,6 +317,13 @@ def open_tests(groups: Sequence[RowGroupTimes], as_of: int) -> tuple[bool, bool]
             any(g.max_t is None or g.max_t >= as_of for g in groups))
 
 
+def superseded_settled(groups: Sequence[RowGroupTimes]) -> bool:
+    """Is no row of these row groups superseded (every ``superseded_at`` NULL, by their
+    statistics)? Then a read current at any T up to their marks need not read the column (the
+    rows current at an open interval's marks are such row groups)."""
+    return all(g.never_superseded for g in groups)
+
+
 def read_closed(
     store: ObjectStore,
     selection: FileSelection,
@@ -337,8 +344,9 @@ def read_closed(
         return schema.empty_table().select(kept)
     # each row group is a key-sorted run: a stable (merge) sort takes the runs as they are, about
     # a third of Arrow's full sort
-    in_key_order = current[np.argsort(as_numpy(rows.column(KEY))[current], kind="stable")]
-    return gather(rows.select(kept), pa.array(in_key_order), pa.schema([schema.field(c) for c in kept]))
+    keys = as_numpy(rows.column(KEY))[current]
+    order = np.argsort(keys, kind="stable")
+    return gather_with_keys(rows.select(kept), current[order], keys[order], pa.schema([schema.field(c) for c in kept]))
 
 
 def read_marked_and_since(
@@ -408,19 +416,26 @@ def _current_rows(
     fragments = [parquet.make_fragment(store.full_path(f.path), filesystem=fs, row_groups=groups)
                  for f, groups in chosen]
     key_filter = ds.field(KEY).isin(pa.array(sorted(set(keys)), pa.int64())) if keys is not None else None
-    test_deleted, test_t = open_tests([footer(store, f.path).times[rg] for f, groups in chosen for rg in groups],
-                                      as_of)
+    times = [footer(store, f.path).times[rg] for f, groups in chosen for rg in groups]
+    test_deleted, test_t = open_tests(times, as_of)
+    test_superseded = not superseded_settled(times)
     untested = {c for c, tested in ((DELETED, test_deleted), (LT, test_t)) if not tested and c not in kept}
-    read = [c for c in (KEY, DELETED, LT, *kept) if c not in untested]
-    read = list(dict.fromkeys(read))
-    rows = ds.FileSystemDataset(fragments, marked, parquet, fs).to_table(columns=[*read, SUPERSEDED],
-                                                                          filter=key_filter)
+    read = list(dict.fromkeys(c for c in (KEY, DELETED, LT, *kept) if c not in untested))
+    rows = ds.FileSystemDataset(fragments, marked, parquet, fs).to_table(
+        columns=[*read, SUPERSEDED] if test_superseded else read, filter=key_filter)
     # the mask is computed on the row groups' chunks as read; only the key column and the gathered
     # ones are made contiguous (``gather``: taking from a row group's worth of chunks costs twice as much)
-    superseded = rows.column(SUPERSEDED)
-    current = pc.or_kleene(pc.is_null(superseded), pc.greater_equal(superseded, as_of))
+    tests = []
+    if test_superseded:
+        superseded = rows.column(SUPERSEDED)
+        tests.append(pc.or_kleene(pc.is_null(superseded), pc.greater_equal(superseded, as_of)))
     if test_t:
-        current = pc.and_(pc.less(rows.column(LT), as_of), current)
+        tests.append(pc.less(rows.column(LT), as_of))
     if test_deleted:
-        current = pc.and_(pc.invert(rows.column(DELETED)), current)
+        tests.append(pc.invert(rows.column(DELETED)))
+    if not tests:
+        return rows, np.arange(rows.num_rows, dtype=np.int64)
+    current = tests[0]
+    for test in tests[1:]:
+        current = pc.and_(current, test)
     return rows, as_numpy(pc.indices_nonzero(current)).astype(np.int64)

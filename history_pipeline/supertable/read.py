@@ -69,6 +69,13 @@ class RowGroupTimes:
     max_t: int | None = None
     #: does the row group hold a delete? (None: not known)
     any_deleted: bool | None = None
+    #: its rows (None: not known)
+    rows: int | None = None
+
+    @property
+    def never_superseded(self) -> bool:
+        """Is every row's ``superseded_at`` NULL (no row of it superseded below its marks)?"""
+        return self.rows is not None and self.superseded_nulls == self.rows
 
     def may_be_current(self, as_of: int) -> bool:
         """Can a row of this group be current as of ``as_of`` (``t < as_of`` and ``superseded_at``
@@ -132,7 +139,8 @@ def footer(store: ObjectStore, path: str) -> Footer:
                 s_stats.max if s_stats is not None and s_stats.has_min_max else None,
                 s_stats.null_count if s_stats is not None and s_stats.has_null_count else None,
                 t_stats.max if t_stats is not None and t_stats.has_min_max else None,
-                bool(d_stats.max) if d_stats is not None and d_stats.has_min_max else None))
+                bool(d_stats.max) if d_stats is not None and d_stats.has_min_max else None,
+                group.num_rows))
         strings = frozenset(
             field.name for i, field in enumerate(arrow_schema)
             if meta.num_row_groups and _plain_string(field.type) and meta.row_group(0).num_columns > i
@@ -290,8 +298,11 @@ def overlay(base: pa.Table, changes: pa.Table, keep: Sequence[str] | None = None
     columns = list(keep) if keep is not None else base.column_names
     decoded = None if schema is None else _fields_of(schema, columns)
     if changes.num_rows == 0 and current is not None:
-        in_order = current[np.argsort(as_numpy(base.column(KEY))[current], kind="stable")]
-        return gather(base.select(columns), pa.array(in_order), decoded)
+        keys = as_numpy(base.column(KEY))[current]
+        order = np.argsort(keys, kind="stable")
+        if KEY in columns:
+            return gather_with_keys(base.select(columns), current[order], keys[order], decoded)
+        return gather(base.select(columns), pa.array(current[order]), decoded)
     if changes.num_rows == 0:
         # a snapshot holds no deleted rows: filtering would only copy them
         deleted = base.column(DELETED)
@@ -315,13 +326,15 @@ def overlay(base: pa.Table, changes: pa.Table, keep: Sequence[str] | None = None
     else:
         # a snapshot holds no deleted row: its flags are converted only when one is there
         base_deleted = as_numpy(base.column(DELETED)) if in_base and pc.any(base.column(DELETED)).as_py() else None
-    rows = shadowed_in_key_order(base_keys, base_deleted, changed_keys[last],
-                                 as_numpy(changes.column(DELETED))[newest], newest + in_base,
-                                 current if in_base else None)
+    rows, keys = survivors_in_key_order(base_keys, base_deleted, changed_keys[last],
+                                        as_numpy(changes.column(DELETED))[newest], newest + in_base,
+                                        current if in_base else None)
     combined = changes.select(columns)
     if in_base:
         kept = base.select(columns)
         combined = pa.concat_tables([kept, combined.cast(kept.schema)])
+    if KEY in columns:
+        return gather_with_keys(combined, rows, keys, decoded)
     return gather(combined, pa.array(rows), decoded)
 
 
@@ -339,22 +352,33 @@ def shadowed_in_key_order(first_keys: np.ndarray, first_deleted: np.ndarray | No
     """Row numbers of the surviving rows in key order: the first rows (row ``first_rows[i]``, by
     default ``i``, for ``first_keys[i]``; ``first_deleted``: None when none is) overridden by the
     later rows of the same key (``later_rows``), a later delete dropping its key. Keys are unique
-    within each side, in any order.
+    within each side, in any order."""
+    return survivors_in_key_order(first_keys, first_deleted, later_keys, later_deleted, later_rows, first_rows)[0]
+
+
+def survivors_in_key_order(first_keys: np.ndarray, first_deleted: np.ndarray | None, later_keys: np.ndarray,
+                           later_deleted: np.ndarray, later_rows: np.ndarray,
+                           first_rows: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """``shadowed_in_key_order`` and the surviving rows' keys (so the key column need not be gathered).
 
     Keys of one table are mostly dense (assigned in sequence), so a slot per key in their span
-    orders them in a few linear passes; sparse keys are merged by one stable sort instead (a
-    first row lands just before its key's later row, which shadows it)."""
+    orders them in a few linear passes (slots of 32 bits while row numbers fit: half the memory to
+    touch); sparse keys are merged by one stable sort instead (a first row lands just before its
+    key's later row, which shadows it)."""
     n = len(first_keys) + len(later_keys)
     if n == 0:
-        return np.empty(0, dtype=np.int64)
+        return np.empty(0, dtype=np.int64), np.empty(0, dtype=np.int64)
     present = [k for k in (first_keys, later_keys) if len(k)]
     low, high = min(int(k.min()) for k in present), max(int(k.max()) for k in present)
     if high - low < DENSE_SPAN * n:
-        slot = np.full(high - low + 1, -1, dtype=np.int64)
-        first = np.arange(len(first_keys), dtype=np.int64) if first_rows is None else first_rows
+        most = max([len(first_keys)] + [int(r.max()) for r in (first_rows, later_rows) if r is not None and len(r)])
+        kind = np.int32 if most < 2**31 - 1 else np.int64
+        slot = np.full(high - low + 1, -1, dtype=kind)
+        first = np.arange(len(first_keys), dtype=kind) if first_rows is None else first_rows
         slot[first_keys - low] = first if first_deleted is None else np.where(first_deleted, -1, first)
         slot[later_keys - low] = np.where(later_deleted, -1, later_rows)
-        return slot[slot >= 0]
+        filled = np.flatnonzero(slot >= 0)
+        return slot[filled], filled + low
     keys = np.concatenate([first_keys, later_keys])
     deleted = np.concatenate([np.zeros(len(first_keys), dtype=bool) if first_deleted is None else first_deleted,
                               later_deleted])
@@ -364,7 +388,22 @@ def shadowed_in_key_order(first_keys: np.ndarray, first_deleted: np.ndarray | No
     merged_keys = keys[merged]
     kept = ~deleted[merged]
     kept[:-1] &= merged_keys[:-1] != merged_keys[1:]
-    return rows[merged[kept]]
+    return rows[merged[kept]], merged_keys[kept]
+
+
+def gather_with_keys(table: pa.Table, indices: np.ndarray, keys: np.ndarray,
+                     schema: pa.Schema | None = None) -> pa.Table:
+    """``gather`` of every column but the key, whose values in the gathered order are ``keys``
+    (known from ordering them: taking it again would cost a column's gather)."""
+    others = [name for name in table.column_names if name != KEY]
+    taken = gather(table.select(others), pa.array(indices),
+                   None if schema is None else pa.schema([schema.field(name) for name in others]))
+    key_type = (schema or table.schema).field(KEY).type
+    columns = {name: taken.column(name) for name in others}
+    columns[KEY] = pa.chunked_array([pa.array(keys, key_type)])
+    target = schema or table.schema
+    return pa.Table.from_arrays([columns[name] for name in table.column_names],
+                                schema=pa.schema([target.field(name) for name in table.column_names]))
 
 
 def gather(table: pa.Table, indices: pa.Array, schema: pa.Schema | None = None) -> pa.Table:
