@@ -9,6 +9,7 @@ from __future__ import annotations
 import random
 from dataclasses import replace
 
+import duckdb
 import numpy as np
 import pyarrow as pa
 import pytest
@@ -17,6 +18,9 @@ from history_pipeline import HistoryStore, StoreSettings
 from history_pipeline.catalog.files import is_closed_read, is_marked_read, select_files
 from history_pipeline.catalog.model import FileKind
 from history_pipeline.maintenance.snapshots import marking_due, open_interval
+from history_pipeline.query.scan import live_sql
+from history_pipeline.schema import replay_schema_history
+from history_pipeline.supertable import SUPERSEDED
 from history_pipeline.supertable.read import overlay
 from history_pipeline_tests.test_closed_intervals import _check_items, _check_lookups
 from history_pipeline_tests.test_compaction import _split, check_against_model, random_history, write
@@ -85,6 +89,12 @@ def test_every_t_up_to_the_open_marks_is_a_filter_and_above_them_an_overlay_equa
     assert list(reads.values()).count("marked") >= 2
     # not due again: the versions since the marks are fewer than a marking's share
     assert marking_due(store.catalog_state(), 60, 0.2, 0.25) == []
+    # the SQL above the marks takes the rows current at them as its base layer, not the snapshot
+    state = store.catalog_state()
+    supers = replay_schema_history(state.schema_history).supercolumns["T"]
+    with duckdb.connect() as db:
+        sql = live_sql(store.objects, state, "T", supers, store.frontier + 1, [s.name for s in supers], "v", db).sql
+    assert f'"{SUPERSEDED}" IS NULL' in sql
     _check_items(store, events, range(2, store.frontier + 2))
     _check_lookups(store, events, [snapshots[-1], marks - 1, marks, store.frontier + 1])
     assert store.verify() == []  # every mark agrees with the versions

@@ -13,7 +13,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.dataset as ds
 
-from history_pipeline.catalog.files import is_closed_read, select_files
+from history_pipeline.catalog.files import FileSelection, is_closed_read, is_marked_read, select_files
 from history_pipeline.catalog.model import CatalogState, FileEntry
 from history_pipeline.io.store import LocalStore, ObjectStore
 from history_pipeline.schema import Supercolumn
@@ -143,11 +143,19 @@ def live_sql(
     needs); object-store files through Arrow datasets registered as ``{name}__{part}``.
     In a closed interval (``FileSelection.closed``: every file marked for [snapshot, next
     snapshot) and holding ``superseded_at``) the read is two filtered scans instead, no join:
-    the rows not deleted whose ``superseded_at`` is NULL or at/above ``as_of``.
+    the rows not deleted whose ``superseded_at`` is NULL or at/above ``as_of``. Above an open
+    interval's marks U (``FileSelection.marked_and_since``) the marked files' rows current at U
+    (``superseded_at`` NULL) stand for the snapshot, and the version files since U are the changes.
     Columns: synthetic_key, is_deleted, logical_timestamp, then ``columns`` (supercolumn names).
     ``con`` only names DuckDB's types (of columns no file has yet); nothing is created on it.
     """
     selection = select_files(state, table_uuid, as_of)
+    marks = selection.marked_and_since if is_marked_read(store, selection) else None
+    if marks is not None:
+        # above an open interval's marks U: the rows current at U (superseded_at NULL) are the
+        # base layer, and the version files since U the changes over it
+        mark, marked_files, since = marks
+        selection = FileSelection(marked_files, mark, since, None, as_of)
     schema = supertable_schema(supercolumns)
     wanted = [KEY, DELETED, LT] + [c for c in columns if c not in (KEY, DELETED, LT)]
     types = _duckdb_types(con, schema)
@@ -160,6 +168,8 @@ def live_sql(
     closed = is_closed_read(store, selection)
     marked = schema.append(pa.field(SUPERSEDED, pa.int64()))
     sup = _quote(SUPERSEDED)
+    # the base layer above the marks: the rows no version below them superseded
+    at_marks = f" WHERE {sup} IS NULL" if marks is not None else ""
 
     def scan(files: Sequence[FileEntry], part: str) -> tuple[str, list[str]]:
         """The files as one relation (a table function or a registered dataset) and the wanted
@@ -167,7 +177,8 @@ def live_sql(
         if not local:
             registered = f"{name}__{part}"
             if all(r != registered for r, _ in datasets):
-                datasets.append((registered, dataset_of(store, files, marked if closed else schema)))
+                read_marks = closed or (marks is not None and part == "snapshot")
+                datasets.append((registered, dataset_of(store, files, marked if read_marks else schema)))
             return _quote(registered), [_quote(c) for c in wanted]
         full = [store.full_path(f.path) for f in files]
         paths.extend(p for p in full if p not in paths)
@@ -203,7 +214,7 @@ def live_sql(
         parts = []
         if selection.snapshot:
             # a snapshot holds the state as of its snapshot_as_of <= as_of: every row is below as_of
-            base = f"SELECT * FROM {source(selection.snapshot, 'snapshot', '')} s WHERE NOT s.{d}"
+            base = f"SELECT * FROM {source(selection.snapshot, 'snapshot', at_marks)} s WHERE NOT s.{d}"
             rewritten = " UNION ALL ".join(
                 [f"SELECT {k} FROM {head_sql}"] * bool(head_sql) + [changes_keys] * bool(changes_keys))
             if rewritten:
@@ -256,7 +267,9 @@ def live_sql(
         layers = []
         if selection.snapshot:
             rewritten = [f"SELECT {k} FROM {relation(head, 'head')}{in_range}"] * bool(head) + [keys]
-            layers.append(f"SELECT {COLUMNS_TOKEN} FROM {relation(selection.snapshot, 'snapshot')} s ANTI JOIN "
+            bulk = relation(selection.snapshot, "snapshot") if marks is None else \
+                source(selection.snapshot, "snapshot", at_marks)
+            layers.append(f"SELECT {COLUMNS_TOKEN} FROM {bulk} s ANTI JOIN "
                           f"({' UNION ALL '.join(rewritten)}) n USING ({k}) WHERE NOT s.{d}")
         if head:
             layers.append(f"SELECT {COLUMNS_TOKEN} FROM {relation(head, 'head')} h ANTI JOIN ({keys}) n "
