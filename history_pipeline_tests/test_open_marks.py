@@ -197,3 +197,21 @@ def test_an_overlay_of_rows_current_in_any_order_equals_a_dict_model(seed):
     got = overlay(base, changes, ["synthetic_key", "v"], current=current)
     assert got.column("synthetic_key").to_pylist() == sorted(model)
     assert dict(zip(got.column("synthetic_key").to_pylist(), got.column("v").to_pylist(), strict=True)) == model
+
+
+def test_the_refresh_reports_the_files_it_marked(tmp_path):
+    """Versions compacted by a store that does not mark are marked by the next refresh, which says
+    how many files it replaced; a refresh with nothing due marks nothing."""
+    alive: set[int] = set()
+    store = HistoryStore.open(tmp_path, database="db", settings=MARKED)
+    events = _history(store, tail=0, alive=alive)
+    before = _open_marks(store)
+    unmarking = HistoryStore.open(tmp_path, database="db", settings=replace(MARKED, mark_open_fraction=0))
+    t = store.frontier + 1
+    events += _load(unmarking, [[_update(t + i, k, 1) for i, k in enumerate(sorted(alive)[:16])]], alive)
+    assert _open_marks(store) == before
+    summary = store.refresh_snapshots()
+    assert summary.marked_files >= 2 and summary.tables == []  # the snapshot's files and the versions'
+    assert _open_marks(store) == store.frontier + 1 > before
+    assert store.refresh_snapshots().marked_files == 0
+    _check_items(store, events, range(before - 1, store.frontier + 2))

@@ -64,6 +64,9 @@ class SnapshotSummary:
     tables: list[str] = field(default_factory=list)
     rows: int = 0
     bytes: int = 0
+    #: files of closed intervals, and of open intervals, rewritten with their marks
+    closed_files: int = 0
+    marked_files: int = 0
 
     def as_dict(self) -> dict[str, Any]:
         return dict(self.__dict__)
@@ -129,8 +132,9 @@ def refresh_snapshots(store: DatabaseHandle, min_versions: int, ratio: float, fo
                 summary.tables.append(table.table_uuid)
                 summary.rows += sum(e.row_count for e in table.entries)
                 summary.bytes += sum(e.size_bytes for e in table.entries)
-    close_intervals(store, spark=spark, piece_rows=interval_rows)
-    mark_open_intervals(store, min_versions, ratio, mark_fraction, spark=spark, piece_rows=interval_rows)
+    summary.closed_files = close_intervals(store, spark=spark, piece_rows=interval_rows)
+    summary.marked_files = mark_open_intervals(store, min_versions, ratio, mark_fraction, spark=spark,
+                                               piece_rows=interval_rows)
     return summary
 
 

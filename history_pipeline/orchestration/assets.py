@@ -162,6 +162,8 @@ def supertables(context: dg.AssetExecutionContext, history: HistoryRootResource,
             "databases": len(report),
             "files_merged": sum(r["merge"]["files_removed"] for r in report.values()),
             "snapshots_written": sum(len(r["snapshots"]["tables"]) for r in report.values()),
+            "files_marked": sum(r["snapshots"]["closed_files"] + r["snapshots"]["marked_files"]
+                                for r in report.values()),
             "live_bytes": sum(r["live_bytes"] for r in report.values()),
             "by_database": md_table(
                 ["database", "frontier", "live files", "live bytes", "files merged", "snapshots"],
