@@ -433,9 +433,11 @@ def _current_rows(
         tests.append(pc.less(rows.column(LT), as_of))
     if test_deleted:
         tests.append(pc.invert(rows.column(DELETED)))
+    # row numbers of 32 bits while they fit: the overlay's slots are written from them
+    kind = np.int32 if rows.num_rows < 2**31 else np.int64
     if not tests:
-        return rows, np.arange(rows.num_rows, dtype=np.int64)
+        return rows, np.arange(rows.num_rows, dtype=kind)
     current = tests[0]
     for test in tests[1:]:
         current = pc.and_(current, test)
-    return rows, as_numpy(pc.indices_nonzero(current)).astype(np.int64)
+    return rows, as_numpy(pc.indices_nonzero(current)).astype(kind)

@@ -376,7 +376,7 @@ def survivors_in_key_order(first_keys: np.ndarray, first_deleted: np.ndarray | N
         slot = np.full(high - low + 1, -1, dtype=kind)
         first = np.arange(len(first_keys), dtype=kind) if first_rows is None else first_rows
         slot[first_keys - low] = first if first_deleted is None else np.where(first_deleted, -1, first)
-        slot[later_keys - low] = np.where(later_deleted, -1, later_rows)
+        slot[later_keys - low] = np.where(later_deleted, -1, later_rows.astype(kind, copy=False))
         filled = np.flatnonzero(slot >= 0)
         return slot[filled], filled + low
     keys = np.concatenate([first_keys, later_keys])
