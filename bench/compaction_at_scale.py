@@ -179,6 +179,9 @@ def delta_merge(work: Path, store: HistoryStore, held_frontier: int) -> float:
     write_deltalake(str(path), live)
     batches = sorted((f for f in state.files_of(TABLE_UUID, FileKind.VERSIONS) if (f.min_t or 0) > held_frontier),
                      key=lambda f: f.min_t or 0)
+    # one MERGE per segment, as a CDC sink would: each file must hold one segment's versions (a
+    # file rewritten over several, by a merge or a marking, would flatter Delta with fewer MERGEs)
+    assert all(len(entry.segments) == 1 for entry in batches), [entry.segments for entry in batches]
     total = 0.0
     for entry in batches:
         source = keep_latest(pq.read_table(store.objects.full_path(entry.path)), include_deleted=True)

@@ -357,7 +357,8 @@ class HistoryStore:
         session = self.spark(spark) if self.segments(SegmentState.SEALED) else None
         summary = compact_pending(self, session, on_step or (lambda step: None))
         if summary.segments_applied:
-            self.refresh_snapshots(spark=session if session is not None else False)
+            # snapshots that became due; marking the open interval is the maintenance's
+            self.refresh_snapshots(spark=session if session is not None else False, mark=False)
         return summary
 
     def _compact_one(self, segment_id: int, spark: Any | None, on_step: Any) -> CompactionSummary:
@@ -391,21 +392,24 @@ class HistoryStore:
         session = self.spark(spark)
         compact_segment(self, target, session, summary, on_step)
         if summary.segments_applied:
-            self.refresh_snapshots(spark=session if session is not None else False)
+            # snapshots that became due; marking the open interval is the maintenance's
+            self.refresh_snapshots(spark=session if session is not None else False, mark=False)
         return summary
 
-    def refresh_snapshots(self, force: bool = False, spark: Any | None = None) -> SnapshotSummary:
+    def refresh_snapshots(self, force: bool = False, spark: Any | None = None, mark: bool = True) -> SnapshotSummary:
         """Snapshot the tables whose history since their last snapshot has grown long, each in
         pieces over key ranges written by Spark tasks (``spark=False``: the same tasks in-process;
-        a session is started only when a table is due)."""
+        a session is started only when a table is due), then (``mark``) mark the open intervals
+        due a marking (``StoreSettings.mark_open_fraction``). Compaction refreshes without
+        marking; the maintenance after it (the ``supertables`` asset) marks."""
         settings = self.settings
+        fraction = settings.mark_open_fraction if mark else 0.0
         state = self.catalog.latest()
         due = due_tables(state, settings.snapshot_min_versions, settings.snapshot_ratio, force) or marking_due(
-            state, settings.snapshot_min_versions, settings.snapshot_ratio, settings.mark_open_fraction)
+            state, settings.snapshot_min_versions, settings.snapshot_ratio, fraction)
         return refresh_snapshots(self, settings.snapshot_min_versions, settings.snapshot_ratio, force,
                                  spark=self.spark(spark) if due else None, piece_rows=settings.snapshot_piece_rows,
-                                 interval_rows=settings.interval_piece_rows,
-                                 mark_fraction=settings.mark_open_fraction)
+                                 interval_rows=settings.interval_piece_rows, mark_fraction=fraction)
 
     # --- queries -----------------------------------------------------------------
 

@@ -32,6 +32,15 @@ from history_pipeline_tests.test_read_path import check_sql_against_model
 MARKED = StoreSettings(snapshot_min_versions=60, snapshot_ratio=0.2, mark_open_fraction=0.25)
 
 
+def _load_and_mark(store, batches, alive):
+    """Each batch compacted, then the maintenance after it (which marks the open interval when due)."""
+    events = []
+    for batch in batches:
+        events += _load(store, [batch], alive)
+        store.refresh_snapshots()
+    return events
+
+
 def _history(store, tail=5, alive=None):
     """Inserts, then batches of updates, deletes and re-inserts; then a snapshot, 20 updates (a
     marking's share: the open interval is marked as of the frontier) and ``tail`` updates too few
@@ -48,12 +57,13 @@ def _history(store, tail=5, alive=None):
             t += 1
         batches.append(batch)
     alive = set() if alive is None else alive
-    events = _load(store, batches, alive)
+    events = _load_and_mark(store, batches, alive)
     store.refresh_snapshots(force=True)
     for n in (20, tail):
         if n:  # a timestamp each: every T between them is read
             keys = rng.sample(sorted(alive), n)
-            events += _load(store, [[_update(t + i, k, rng.randint(0, 100)) for i, k in enumerate(keys)]], alive)
+            events += _load_and_mark(store, [[_update(t + i, k, rng.randint(0, 100)) for i, k in enumerate(keys)]],
+                                     alive)
             t += n
     return events
 
@@ -108,7 +118,8 @@ def test_the_open_interval_is_marked_again_as_it_grows_and_closed_by_the_next_sn
     rng = random.Random(3)
     t = store.frontier + 1
     for _ in range(12):
-        events += _load(store, [[_update(t, k, rng.randint(0, 100)) for k in rng.sample(sorted(alive), 8)]], alive)
+        events += _load_and_mark(store, [[_update(t, k, rng.randint(0, 100)) for k in rng.sample(sorted(alive), 8)]],
+                                 alive)
         seen.add(_open_marks(store))
         t += 1
     # every other batch reaches a marking's share (15 versions): marked as of later frontiers,
@@ -130,6 +141,7 @@ def test_random_histories_with_schema_changes_and_marks_equal_the_model(tmp_path
     for batch in batches[:-1]:
         write(store, batch)
         store.compact(spark=False)
+        store.refresh_snapshots()  # the maintenance after compaction marks
     # the last batch neither marks nor snapshots (as between two markings): T above the marks
     unmarking = HistoryStore.open(tmp_path, database="db", settings=replace(
         store.settings, mark_open_fraction=0, snapshot_min_versions=10**9))
