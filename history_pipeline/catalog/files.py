@@ -344,9 +344,10 @@ def read_closed(
         return schema.empty_table().select(kept)
     # each row group is a key-sorted run: a stable (merge) sort takes the runs as they are, about
     # a third of Arrow's full sort
-    keys = as_numpy(rows.column(KEY))[current]
-    order = np.argsort(keys, kind="stable")
-    return gather_with_keys(rows.select(kept), current[order], keys[order], pa.schema([schema.field(c) for c in kept]))
+    row_keys = as_numpy(rows.column(KEY))[current]
+    order = np.argsort(row_keys, kind="stable")
+    return gather_with_keys(rows.select(kept), current[order], row_keys[order],
+                            pa.schema([schema.field(c) for c in kept]))
 
 
 def read_marked_and_since(
@@ -361,7 +362,7 @@ def read_marked_and_since(
     """The live rows as of ``as_of`` above the marks U of an open interval (``is_marked_read``), in
     key order: the rows current at U (a filter on the marked files, as a closed read as of U) with
     the newest version since U of each key over them (a delete drops its key). The current rows
-    are overlaid as they were read, not sorted (``shadowed_in_key_order`` takes keys in any
+    are overlaid as they were read, not sorted (``survivors_in_key_order`` takes keys in any
     order), and every row is gathered once."""
     marks = selection.marked_and_since
     assert marks is not None
