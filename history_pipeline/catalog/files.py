@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from functools import cached_property
 
 import numpy as np
 import pyarrow as pa
@@ -81,7 +82,7 @@ class FileSelection:
     #: the T the files were selected for (None: not known, never a closed read)
     as_of: int | None = None
 
-    @property
+    @cached_property
     def marked_until(self) -> int | None:
         """U when the files read are marked as of one U: the snapshot's and every version file
         below U carry ``superseded_at`` (their key's next version below U, see
@@ -196,10 +197,11 @@ def read_parts(
         marks = selection.marked_and_since
         current_at = as_of if current else marks[0] if marks is not None else None
 
+        def skips(f: FileEntry) -> bool:
+            return current_at is not None and f.closed_until is not None and f.closed_until >= current_at
+
         def of_key(files: Sequence[FileEntry], lower: int | None) -> pa.Table:
-            marked = [f for f in files if current_at is not None and f.closed_until is not None
-                      and f.closed_until >= current_at]
-            rest = [f for f in files if f.closed_until is None or current_at is None or f.closed_until < current_at]
+            marked, rest = [f for f in files if skips(f)], [f for f in files if not skips(f)]
             parts = [read_key(store, group, schema, wanted, key, lower, as_of, at)
                      for group, at in ((marked, current_at), (rest, None)) if group]
             return pa.concat_tables(parts) if len(parts) > 1 else parts[0] if parts else empty
@@ -247,7 +249,7 @@ def live_rows(
     point = keys is not None and len(set(keys)) == 1
     if closed and not point:
         return read_closed(store, selection, supercolumns, as_of, keys, columns, reserved)
-    if not point and selection.marked_and_since is not None and is_marked_read(store, selection):
+    if not point and is_marked_read(store, selection):
         return read_marked_and_since(store, selection, supercolumns, as_of, keys, columns, reserved)
     kept = None if reserved or columns is None else _key_and(columns)
     # the overlay gathers its rows from the snapshot's and the changes' (none to gather without changes)

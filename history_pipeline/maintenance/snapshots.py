@@ -161,12 +161,16 @@ def marking_due(state: CatalogState, min_versions: int, ratio: float, fraction: 
         return []
     due = []
     for table_uuid in sorted({f.table_uuid for f in state.files.values() if f.table_uuid}):
-        since, snapshot_rows, _ = versions_since_snapshot(state, table_uuid)
-        snapshot_after = max(min_versions, ratio * snapshot_rows)
         interval = open_interval(state, table_uuid)
-        if interval is None or since >= snapshot_after:
+        if interval is None:
             continue
-        unmarked = sum(f.row_count for f in interval.files if f.kind is FileKind.VERSIONS and f.closed_until is None)
+        # what versions_since_snapshot counts, from the interval's files (none straddles the snapshot)
+        versions = [f for f in interval.files if f.kind is FileKind.VERSIONS]
+        snapshot_rows = sum(f.row_count for f in interval.files if f.kind is FileKind.SNAPSHOT)
+        snapshot_after = max(min_versions, ratio * snapshot_rows)
+        if sum(f.row_count for f in versions) >= snapshot_after:
+            continue
+        unmarked = sum(f.row_count for f in versions if f.closed_until is None)
         if unmarked >= max(1.0, fraction * snapshot_after):
             due.append(interval)
     return due

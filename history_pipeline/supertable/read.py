@@ -300,9 +300,7 @@ def overlay(base: pa.Table, changes: pa.Table, keep: Sequence[str] | None = None
     if changes.num_rows == 0 and current is not None:
         keys = as_numpy(base.column(KEY))[current]
         order = np.argsort(keys, kind="stable")
-        if KEY in columns:
-            return gather_with_keys(base.select(columns), current[order], keys[order], decoded)
-        return gather(base.select(columns), pa.array(current[order]), decoded)
+        return gather_with_keys(base.select(columns), current[order], keys[order], decoded)
     if changes.num_rows == 0:
         # a snapshot holds no deleted rows: filtering would only copy them
         deleted = base.column(DELETED)
@@ -333,9 +331,7 @@ def overlay(base: pa.Table, changes: pa.Table, keep: Sequence[str] | None = None
     if in_base:
         kept = base.select(columns)
         combined = pa.concat_tables([kept, combined.cast(kept.schema)])
-    if KEY in columns:
-        return gather_with_keys(combined, rows, keys, decoded)
-    return gather(combined, pa.array(rows), decoded)
+    return gather_with_keys(combined, rows, keys, decoded)
 
 
 def _fields_of(schema: pa.Schema, names: Sequence[str]) -> pa.Schema:
@@ -394,7 +390,10 @@ def survivors_in_key_order(first_keys: np.ndarray, first_deleted: np.ndarray | N
 def gather_with_keys(table: pa.Table, indices: np.ndarray, keys: np.ndarray,
                      schema: pa.Schema | None = None) -> pa.Table:
     """``gather`` of every column but the key, whose values in the gathered order are ``keys``
-    (known from ordering them: taking it again would cost a column's gather)."""
+    (known from ordering them: taking it again would cost a column's gather); a table without
+    the key column is gathered whole."""
+    if KEY not in table.column_names:
+        return gather(table, pa.array(indices), schema)
     others = [name for name in table.column_names if name != KEY]
     taken = gather(table.select(others), pa.array(indices),
                    None if schema is None else pa.schema([schema.field(name) for name in others]))
