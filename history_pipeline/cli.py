@@ -369,6 +369,12 @@ def cmd_merge(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_snapshots(args: argparse.Namespace) -> int:
+    spark = False if args.in_process else None  # None: a Spark session only when a table is due one
+    print(json.dumps(_store(args).refresh_snapshots(force=args.force, spark=spark).as_dict(), indent=2))
+    return 0
+
+
 def cmd_retain(args: argparse.Namespace) -> int:
     print(json.dumps(_store(args).retain(args.purge_before, cold_tier=args.cold_tier).as_dict(), indent=2))
     return 0
@@ -584,6 +590,12 @@ def build_parser() -> argparse.ArgumentParser:
     _format_option(p)
 
     _command(sub, "merge", cmd_merge, "merge small files into fewer large ones (answers unchanged)")
+    p = _command(sub, "snapshots", cmd_snapshots, "snapshot, close and mark what is due (answers unchanged)",
+                 "What the maintenance runs: snapshot the tables whose history since their last snapshot "
+                 "has grown long, record where each finished interval's rows stop being current, and "
+                 "mark long open intervals the same way, so that reads as of any T stay filters.")
+    p.add_argument("--force", action="store_true", help="snapshot every table now, due or not")
+    p.add_argument("--in-process", action="store_true", help="run the snapshot tasks without Spark")
     p = _command(sub, "retain", cmd_retain, "purge history before a timestamp")
     p.add_argument("purge_before", type=as_of_argument, help="as_of below this is no longer answerable")
     p.add_argument("--cold-tier", default=None, help="keep the purged files there first (path or s3://)")

@@ -1,22 +1,28 @@
-"""The console script, run as a user runs it: exit codes, output formats, one-line errors."""
+"""The console script's commands as a user runs them: exit codes, output formats, one-line errors.
+
+Most run through its entry point in this process (``cli_support.run_command``); the installed
+script itself runs where only a process shows it: its own Spark, its exit, its environment."""
 
 import json
 import os
 import subprocess
-import sys
 from pathlib import Path
 
-SCRIPT = str(Path(sys.executable).parent / "history-pipeline")
+from history_pipeline_tests.cli_support import SCRIPT, run_command
 
 
 def run(root, *args, stdin=None):
+    return run_command(["--root", str(root), "--database", "db", *args], stdin)
+
+
+def run_script(root, *args, stdin=None, env=None):
     return subprocess.run(
         [SCRIPT, "--root", str(root), "--database", "db", *args],
         input=stdin,
         capture_output=True,
         text=True,
-        timeout=120,
-        env={**os.environ},
+        timeout=180,
+        env=env or {**os.environ},
     )
 
 
@@ -33,10 +39,10 @@ EVENTS = [
 
 def test_append_compact_query_history_diff(tmp_path):
     lines = "\n".join(json.dumps(e) for e in EVENTS) + "\n"
-    appended = run(tmp_path, "append", "--seal", stdin=lines)
+    appended = run_script(tmp_path, "append", "--seal", stdin=lines)
     assert appended.returncode == 0, appended.stderr
     assert "appended 4 events" in appended.stdout
-    compacted = run(tmp_path, "compact")  # the default: Spark, local[*]
+    compacted = run_script(tmp_path, "compact")  # the default: a Spark session of its own, local[*]
     assert compacted.returncode == 0 and json.loads(compacted.stdout)["frontier"] == 3
     out = run(tmp_path, "sql", "SELECT amount FROM orders", "--as-of", "3", "--format", "json")
     assert [json.loads(line) for line in out.stdout.splitlines()] == [{"amount": "12.50"}]
@@ -55,19 +61,27 @@ def test_append_compact_query_history_diff(tmp_path):
 def test_errors_are_one_line_with_exit_code_1(tmp_path):
     run(tmp_path, "append", "--seal", stdin="\n".join(json.dumps(e) for e in EVENTS) + "\n")
     run(tmp_path, "compact", "--in-process")
-    result = run(tmp_path, "load", "orders", "--as-of", "99")
+    result = run_script(tmp_path, "load", "orders", "--as-of", "99")
     assert result.returncode == 1
     assert result.stderr.strip().startswith("error: as_of=99 is in the future")
     assert len(result.stderr.strip().splitlines()) == 1
     bad = run(tmp_path, "append", stdin='{"op": "insert", "t": 1}\n')
     assert bad.returncode == 1 and "missing field" in bad.stderr
     assert run(tmp_path, "no-such-command").returncode == 2
+    assert run_script(tmp_path, "no-such-command").returncode == 2
 
 
-def test_maintenance_commands(tmp_path):
+def test_maintenance_commands(tmp_path, spark):  # retain runs on the test run's session
     run(tmp_path, "append", "--seal", stdin="\n".join(json.dumps(e) for e in EVENTS) + "\n")
     run(tmp_path, "compact", "--in-process")
     assert run(tmp_path, "verify").returncode == 0
+    nothing_due = json.loads(run(tmp_path, "snapshots", "--in-process").stdout)
+    assert nothing_due["tables"] == [] and nothing_due["marked_files"] == 0
+    forced = json.loads(run(tmp_path, "snapshots", "--force", "--in-process").stdout)
+    assert forced["tables"] == [T] and forced["rows"] == 1 and forced["as_of"] == 4
+    assert run(tmp_path, "load", "orders", "--as-of", "4", "--format", "json").stdout.strip() == (
+        '{"synthetic_key": 1, "amount": "13.00"}'
+    )
     exported = run(tmp_path, "export", "--as-of", "4", "--to", str(tmp_path / "backup"))
     assert exported.returncode == 0 and json.loads(exported.stdout)["tables"] == ["orders"]
     retained = run(tmp_path, "retain", "3", "--cold-tier", str(tmp_path / "cold"))
@@ -188,8 +202,7 @@ def test_user_errors_are_one_line_with_exit_code_1(tmp_path):
     one_line_error(run(a_file, "status"), "is a file")
     one_line_error(run(tmp_path, "append", str(tmp_path / "missing.jsonl")), "no such file")
     run(tmp_path, "append", "--seal", stdin="\n".join(json.dumps(e) for e in EVENTS) + "\n")
-    other = subprocess.run([SCRIPT, "--root", str(tmp_path), "--database", "other", "tables"],
-                           capture_output=True, text=True, timeout=120)
+    other = run_command(["--root", str(tmp_path), "--database", "other", "tables"])
     one_line_error(other, "databases found there: db")
     run(tmp_path, "compact", "--in-process")
     one_line_error(run(tmp_path, "sql", "SELEC * FROM orders"), 'SQL syntax error: syntax error at or near "SELEC"')
@@ -200,7 +213,7 @@ def test_user_errors_are_one_line_with_exit_code_1(tmp_path):
     one_line_error(run(tmp_path, "row-history", "orders", "99"), "key 99 of table orders has no version")
     one_line_error(run(tmp_path, "diff", "orders", "--from", "2000", "--to", "1000"), "must not be after")
     one_line_error(run(tmp_path, "load", "orders", "--as-of", "99"), "as_of=99 is in the future")
-    no_credentials = subprocess.run(
+    no_credentials = subprocess.run(  # an environment of its own: a process
         [SCRIPT, "--root", "s3://some-bucket/prefix", "status"], capture_output=True, text=True, timeout=120,
         env={k: v for k, v in os.environ.items() if not k.startswith("AWS_")} | {
             "AWS_CONFIG_FILE": str(tmp_path / "none"), "AWS_SHARED_CREDENTIALS_FILE": str(tmp_path / "none"),
@@ -208,11 +221,11 @@ def test_user_errors_are_one_line_with_exit_code_1(tmp_path):
     )
     one_line_error(no_credentials, "no S3 credentials")
     # --debug works after the command too, and shows the stack trace
-    debug = run(tmp_path, "load", "orders", "--as-of", "99", "--debug")
+    debug = run_script(tmp_path, "load", "orders", "--as-of", "99", "--debug")
     assert debug.returncode == 1 and "Traceback" in debug.stderr
 
 
-def test_tables_status_history_and_sql_statements(tmp_path):
+def test_tables_status_history_and_sql_statements(tmp_path, spark):  # retain on the run's session
     run(tmp_path, "append", "--seal", stdin="\n".join(json.dumps(e) for e in EVENTS) + "\n")
     run(tmp_path, "compact", "--in-process")
     tables = run(tmp_path, "tables", "--as-of", "2", "--format", "json")

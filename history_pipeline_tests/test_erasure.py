@@ -14,10 +14,7 @@ import io
 import json
 import os
 import random
-import subprocess
-import sys
 from datetime import timedelta
-from pathlib import Path
 
 import boto3
 import pyarrow.parquet as pq
@@ -34,6 +31,7 @@ from history_pipeline.maintenance import erasure as erasure_module
 from history_pipeline.maintenance.erasure import ErasureInputError, ErasureRequest
 from history_pipeline.maintenance.export import list_exports, load_export
 from history_pipeline.wal.segments import read_segment
+from history_pipeline_tests.cli_support import run_command
 from history_pipeline_tests.model import BaseDatabase
 from history_pipeline_tests.test_compaction import _split, random_history, write
 from history_pipeline_tests.test_maintenance_properties import check
@@ -305,17 +303,13 @@ def test_rebuild_and_load_back_never_bring_erased_keys_back_and_purge_now_ends_t
     assert store.verify() == []
 
 
-SCRIPT = str(Path(sys.executable).parent / "history-pipeline")
-
-
-def test_cli_erase(tmp_path):
+def test_cli_erase(tmp_path, spark):  # the erasure runs on the test run's session
     store = HistoryStore.open(tmp_path / "root", database="db")
     _history(store)
     store.compact(spark=False)
 
     def run(*args):
-        return subprocess.run([SCRIPT, "--root", str(tmp_path / "root"), "--database", "db", *args],
-                              capture_output=True, text=True, timeout=300)
+        return run_command(["--root", str(tmp_path / "root"), "--database", "db", *args])
 
     done = run("erase", "people", "2", "--by", "dpo", "--reason", "ticket 7")
     assert done.returncode == 0, done.stderr
@@ -405,16 +399,14 @@ def test_ttl_purges_one_table_like_retention_and_leaves_the_others_alone(tmp_pat
         store.set_ttl(target, 0)
 
 
-def test_cli_ttl(tmp_path):
+def test_cli_ttl(tmp_path, spark):
     store = HistoryStore.open(tmp_path / "root", database="db")
     _history(store)
     store.compact(spark=False)
-    done = subprocess.run([SCRIPT, "--root", str(tmp_path / "root"), "--database", "db", "ttl", "people", "4",
-                           "--apply"], capture_output=True, text=True, timeout=300)
+    done = run_command(["--root", str(tmp_path / "root"), "--database", "db", "ttl", "people", "4", "--apply"])
     assert done.returncode == 0, done.stderr
     assert json.loads(done.stdout)["purged"] == {T: store.frontier + 1 - 4}
-    bad = subprocess.run([SCRIPT, "--root", str(tmp_path / "root"), "--database", "db", "ttl", "people", "-1"],
-                         capture_output=True, text=True, timeout=300)
+    bad = run_command(["--root", str(tmp_path / "root"), "--database", "db", "ttl", "people", "-1"])
     assert bad.returncode == 1 and "positive number" in bad.stderr.splitlines()[-1]
 
 
