@@ -320,7 +320,9 @@ def overlay(base: pa.Table, changes: pa.Table, keep: Sequence[str] | None = None
     in_base = base.num_rows
     base_keys = as_numpy(base.column(KEY)) if in_base else changed_keys[:0]
     if current is not None:
-        base_keys, base_deleted = base_keys[current] if in_base else base_keys, None
+        # every row read current (as the rows current at an open interval's marks are): no indirection
+        current = None if len(current) == in_base else current
+        base_keys, base_deleted = base_keys[current] if current is not None else base_keys, None
     else:
         # a snapshot holds no deleted row: its flags are converted only when one is there
         base_deleted = as_numpy(base.column(DELETED)) if in_base and pc.any(base.column(DELETED)).as_py() else None
@@ -371,8 +373,10 @@ def survivors_in_key_order(first_keys: np.ndarray, first_deleted: np.ndarray | N
         kind = np.int32 if most < 2**31 - 1 else np.int64
         slot = np.full(high - low + 1, -1, dtype=kind)
         first = np.arange(len(first_keys), dtype=kind) if first_rows is None else first_rows
-        slot[first_keys - low] = first if first_deleted is None else np.where(first_deleted, -1, first)
-        slot[later_keys - low] = np.where(later_deleted, -1, later_rows.astype(kind, copy=False))
+        # keys from 0 (as a table's are) index the slots as they are, without a shifted copy
+        slot[first_keys - low if low else first_keys] = first if first_deleted is None else \
+            np.where(first_deleted, -1, first)
+        slot[later_keys - low if low else later_keys] = np.where(later_deleted, -1, later_rows.astype(kind, copy=False))
         filled = np.flatnonzero(slot >= 0)
         return slot[filled], filled + low
     keys = np.concatenate([first_keys, later_keys])
