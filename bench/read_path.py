@@ -38,7 +38,7 @@ from bench.history import TABLE_UUID, append_open_versions, build_history, defau
 from history_pipeline import HistoryStore, StoreSettings
 from history_pipeline.catalog import FileKind
 from history_pipeline.catalog.files import is_closed_read, is_marked_read, select_files
-from history_pipeline.maintenance.snapshots import due_tables
+from history_pipeline.maintenance.snapshots import due_tables, marking_share
 
 RESULTS = Path(__file__).parent / "results"
 
@@ -82,9 +82,10 @@ def dir_bytes(path: Path) -> int:
 # --- 1. load_table as of T ---------------------------------------------------------------------
 
 
-def bench_load_table(work: Path, live_rows: int, versions: int, batch: int, delta: bool) -> list[dict[str, Any]]:
+def bench_load_table(work: Path, live_rows: int, versions: int, batch: int, delta: bool,
+                     snapshot_ratio: float) -> list[dict[str, Any]]:
     store = HistoryStore.open(work / f"history_{versions}", database="bench",
-                              settings=StoreSettings(snapshot_min_versions=live_rows, snapshot_ratio=1.0))
+                              settings=StoreSettings(snapshot_min_versions=live_rows, snapshot_ratio=snapshot_ratio))
     history = build_history(store, live_rows, versions, batch)
     state = store.catalog_state()
     snapshots = sorted({f.snapshot_as_of for f in state.files_of(TABLE_UUID, FileKind.SNAPSHOT)
@@ -124,7 +125,8 @@ def bench_load_table(work: Path, live_rows: int, versions: int, batch: int, delt
     # (``mark_open_fraction``), so the worst latest T is just before the next marking: marked at
     # the last one, then one version short of another
     due_after = max(store.settings.snapshot_min_versions, int(store.settings.snapshot_ratio * live_rows))
-    share = int(store.settings.mark_open_fraction * due_after)
+    share = int(marking_share(live_rows, live_rows, store.settings.mark_open_fraction)) \
+        if store.settings.mark_open_fraction else 0
     marked_at = (due_after - 1) // share * share if share else 0
     grown = history
     if marked_at:
@@ -531,11 +533,12 @@ def report(results: dict[str, Any]) -> str:
 
 
 def run(work: Path, live_rows: int, histories: list[int], batch: int, orders: int, cycles: int,
-        delta: bool) -> dict[str, Any]:
-    results: dict[str, Any] = {"load_table": [], "tpch": []}
+        delta: bool, snapshot_ratio: float) -> dict[str, Any]:
+    results: dict[str, Any] = {"load_table": [], "tpch": [], "snapshot_ratio": snapshot_ratio}
     for versions in histories:
-        print(f"read path: load_table at {versions:,} versions ...", flush=True)
-        results["load_table"] += bench_load_table(work, live_rows, versions, batch, delta)
+        print(f"read path: load_table at {versions:,} versions, snapshots every {snapshot_ratio:g}x the live "
+              "rows ...", flush=True)
+        results["load_table"] += bench_load_table(work, live_rows, versions, batch, delta, snapshot_ratio)
     if orders:
         print(f"read path: TPC-H-style workload, {orders:,} orders, {cycles} refresh cycles ...", flush=True)
         results["tpch"] = bench_tpch(work, orders, cycles)
@@ -552,13 +555,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--cycles", type=int, default=4)
     parser.add_argument("--delta", action="store_true", help="also write the history to Delta Lake for storage")
     parser.add_argument("--out", default="read_path", help="results file name (under bench/results/)")
+    parser.add_argument("--snapshot-ratio", type=float, default=StoreSettings().snapshot_ratio,
+                        help="a snapshot once the versions since the last one reach this times the live rows "
+                             "(default: the store's)")
     args = parser.parse_args(argv)
     if args.quick:
         args.live_rows, args.histories, args.batch, args.tpch_orders, args.cycles = 50_000, [500_000], 50_000, 3000, 3
     RESULTS.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory() as tmp:
         results = run(Path(tmp), args.live_rows, args.histories, args.batch, args.tpch_orders, args.cycles,
-                      args.delta)
+                      args.delta, args.snapshot_ratio)
     table = report(results)
     print(table)
     (RESULTS / f"{args.out}.json").write_text(json.dumps(results, indent=2, default=str))

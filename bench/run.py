@@ -463,7 +463,8 @@ def main(argv: list[str] | None = None) -> int:
             print("7/7 read path: worst T, TPC-H-style SQL as of T ...", flush=True)
             (work / "read_path").mkdir()
             results["read_path"] = read_path.run(work / "read_path", config["live_rows"], config["histories"][1:],
-                                                 config["batch"], config["live_rows"] // 20, 4, delta=False)
+                                                 config["batch"], config["live_rows"] // 20, 4, delta=False,
+                                                 snapshot_ratio=StoreSettings().snapshot_ratio)
         if not args.skip_service:
             from bench.service import bench_service
 

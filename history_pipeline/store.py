@@ -78,9 +78,10 @@ class StoreSettings:
     #: piece, since a closed file's time buckets are cut within the file (a smaller file has
     #: coarser buckets, and a read as of T skips less of it) and closing overlays nothing
     interval_piece_rows: int = 1_000_000
-    #: the open interval is marked (``superseded_at`` as of the frontier) once this fraction of the
-    #: versions that make a snapshot due are unmarked: a read as of the latest T then decodes the
-    #: rows current at the marks and at most this fraction more (0: never marked)
+    #: the open interval is marked (``superseded_at`` as of the frontier) once its unmarked versions
+    #: reach this fraction of its snapshot's rows (at least of ``snapshot_min_versions``): a read as
+    #: of the latest T then decodes the rows current at the marks and at most that many versions
+    #: more (0: never marked)
     mark_open_fraction: float = 0.25
 
 

@@ -31,7 +31,7 @@ from history_pipeline.maintenance import snapshots as snapshots_module
 from history_pipeline.maintenance.snapshots import close_intervals, closed_intervals
 from history_pipeline.query.scan import live_sql
 from history_pipeline.schema import replay_schema_history
-from history_pipeline.supertable import SUPERSEDED, read_file_metadata
+from history_pipeline.supertable import DELETED, KEY, LT, SUPERSEDED, read_file_metadata
 from history_pipeline.supertable.read import RowGroupTimes, footer
 from history_pipeline_tests.model import BaseDatabase
 from history_pipeline_tests.test_compaction import _split, check_against_model, random_history, write
@@ -299,6 +299,47 @@ def _check_lookups(store, events, as_ofs, keys=range(0, 50, 3)):
                                                        rows.column("logical_timestamp").to_pylist(),
                                                        strict=True) if k == key)
         assert [v["logical_timestamp"] for v in store.row_history("items", key)] == ts, key
+
+
+def _rows_read_and_current(table, groups, as_of):
+    """(rows of the row groups a read as of ``as_of`` keeps by their statistics, rows current then)."""
+    t = table.column(LT).to_numpy()
+    superseded = table.column(SUPERSEDED)
+    ends = np.where(superseded.is_valid().to_numpy(zero_copy_only=False), superseded.fill_null(0).to_numpy(),
+                    np.iinfo(np.int64).max)
+    read = begin = 0
+    for rows in groups:
+        if t[begin:begin + rows].min() < as_of and ends[begin:begin + rows].max() >= as_of:
+            read += rows
+        begin += rows
+    return read, int(((t < as_of) & (ends >= as_of)).sum())
+
+
+def test_the_closed_layout_cuts_superseded_rows_by_t_too_for_long_intervals():
+    """An interval three times as long as its live rows: most rows superseded after a T early in
+    it were also written after T, and the cells by t let a read skip them. Every row group is
+    key-sorted and one (class, bucket, cell) run, the rows are the table's, and the rows read
+    beyond the answer shrink from buckets by ``superseded_at`` alone (``time_buckets=1``)."""
+    rng = np.random.default_rng(5)
+    live, n = 4000, 12000
+    keys = np.concatenate([np.arange(live), rng.integers(0, live, n - live)])
+    times = np.arange(1, n + 1)
+    table = pa.table({KEY: keys, DELETED: np.zeros(n, dtype=bool), LT: times,
+                      SUPERSEDED: snapshots_module.superseded_at(keys, times)})
+    excess = {}
+    for time_buckets in (1, 4):
+        rows, groups = supertable.closed_layout(table, None, row_group_rows=64, buckets=8,
+                                                time_buckets=time_buckets)
+        assert sum(groups) == n and sorted(rows.column(LT).to_pylist()) == times.tolist()
+        begin = 0
+        for size in groups:
+            group = rows.slice(begin, size)
+            assert group.column(KEY).to_pylist() == sorted(group.column(KEY).to_pylist())
+            begin += size
+        read_and_current = [_rows_read_and_current(rows, groups, as_of) for as_of in range(2000, n + 1, 1000)]
+        assert all(current <= read for read, current in read_and_current)
+        excess[time_buckets] = sum(read - current for read, current in read_and_current)
+    assert excess[4] < 0.6 * excess[1], excess
 
 
 def test_the_closed_layout_skips_row_groups_and_equals_the_model_at_every_t(tmp_path, tiny_row_groups):

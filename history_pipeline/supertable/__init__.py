@@ -21,6 +21,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
@@ -36,12 +37,15 @@ RESERVED = (KEY, DELETED, LT)
 SUPERSEDED = "superseded_at"
 ROW_GROUP_ROWS = 16_384
 #: the row order of a closed interval's files (``closed_layout``), named in their footer and catalog
-#: entry; files marked before it (no layout named: key-sorted whole) are laid out again when their
-#: interval is next closed
-CLOSED_LAYOUT = 2
+#: entry; files marked in an older one (2: superseded rows by ``superseded_at`` buckets only; none
+#: named: key-sorted whole) are laid out again when their interval is next closed
+CLOSED_LAYOUT = 3
 #: row groups of a closed file's time-ordered rows are cut into about this many buckets per class:
 #: a read as of T wastes about half a bucket per class, a key lookup looks at one row group per bucket
 CLOSED_BUCKETS = 8
+#: a bucket of superseded rows is cut into about this many cells by t: a read as of T early in a long
+#: interval then skips the rows of later buckets written after T, not only those superseded before
+CLOSED_TIME_BUCKETS = 4
 #: data page size of a closed-layout file: a key lookup by DuckDB (``row_history``) skips the pages of
 #: a row group holding none of the key's rows, which pays for the page headers (+0.5-0.7% bytes)
 CLOSED_PAGE_BYTES = 16 * 1024
@@ -300,7 +304,7 @@ def parquet_bytes(table: pa.Table, row_groups: Sequence[int] | None = None, page
 
 
 def closed_layout(table: pa.Table, lower: int | None, row_group_rows: int | None = None,
-                  buckets: int | None = None) -> tuple[pa.Table, tuple[int, ...]]:
+                  buckets: int | None = None, time_buckets: int | None = None) -> tuple[pa.Table, tuple[int, ...]]:
     """The rows of a closed interval's file (holding ``superseded_at``) ordered so that a read as
     of any T in the interval skips the row groups holding no row current at T, and their row
     group sizes.
@@ -309,41 +313,52 @@ def closed_layout(table: pa.Table, lower: int | None, row_group_rows: int | None
     rows never superseded in the interval, ordered by ``max(t, lower)`` (``lower``: the snapshot's
     t for a snapshot file, whose rows are then all one key-sorted run, current at every T), and
     superseded rows, ordered by ``superseded_at``. Each class is cut into about ``buckets`` buckets
-    of whole row groups, and each bucket is key-sorted, so a row group's statistics bound its
-    rows' t (or ``superseded_at``) and its keys: a read as of T skips row groups with ``min(t) >= T``
-    or ``max(superseded_at) < T``, a key lookup reads one row group per bucket at most."""
+    of whole row groups; a superseded row's bucket is cut again into about ``time_buckets`` cells
+    by ``t`` (in a long interval most rows superseded after T were also written after it). Each
+    bucket or cell is key-sorted, so a row group's statistics bound its rows' t, ``superseded_at``
+    and keys: a read as of T skips row groups with ``min(t) >= T`` or ``max(superseded_at) < T``,
+    a key lookup reads one row group per cell at most."""
     row_group_rows = row_group_rows or ROW_GROUP_ROWS
     buckets = buckets or CLOSED_BUCKETS
+    time_buckets = time_buckets or CLOSED_TIME_BUCKETS
     n = table.num_rows
     if n == 0:
         return table, ()
-    t, superseded = table.column(LT), table.column(SUPERSEDED)
-    is_open = pc.is_null(superseded)
-    start = t if lower is None else pc.max_element_wise(t, pa.scalar(lower, pa.int64()))
-    order_by = pc.if_else(is_open, start, superseded)
-    klass = pc.cast(pc.invert(is_open), pa.int8())  # 0: never superseded here, 1: superseded
-    ranked = pa.table({"c": klass, "v": order_by, "k": table.column(KEY), "t": t})
-    first = pc.sort_indices(ranked, sort_keys=[("c", "ascending"), ("v", "ascending"), ("k", "ascending"),
-                                               ("t", "ascending")])
-    opened = n - (pc.sum(klass).as_py() or 0)
-    sizes = [opened, n - opened]
-    widths = [row_group_rows * max(1, -(-size // (row_group_rows * buckets))) for size in sizes]
-    # rank within the class (positions in ``first``), then its bucket: rows of equal value may fall
-    # into two buckets, which costs nothing (a bucket's bounds come from its rows)
-    position = pc.subtract(pc.cumulative_sum(pa.repeat(pa.scalar(1, pa.int64()), n)), 1)
-    in_class = pc.if_else(pc.less(position, opened), position, pc.subtract(position, opened))
-    width = pc.if_else(pc.less(position, opened), widths[0], widths[1])
-    bucket = pc.divide(in_class, width)  # integer division
-    ordered = pa.table({"c": pc.take(klass, first), "b": bucket, "k": pc.take(table.column(KEY), first),
-                        "t": pc.take(t, first)})
-    second = pc.sort_indices(ordered, sort_keys=[("c", "ascending"), ("b", "ascending"), ("k", "ascending"),
-                                                 ("t", "ascending")])
-    rows = table.take(pc.take(first, second))
+    keys, times = table.column(KEY).to_numpy(), table.column(LT).to_numpy()
+    superseded = table.column(SUPERSEDED)
+    klass = superseded.is_valid().to_numpy(zero_copy_only=False).astype(np.int8)  # 1: superseded here
+    start = times if lower is None else np.maximum(times, lower)
+    order_by = np.where(klass == 1, pc.fill_null(superseded, 0).to_numpy(), start)
+    by_time = np.lexsort((times, keys, order_by, klass))
+    opened = n - int(klass.sum())
+    # rank within the class (positions in ``by_time``), then its bucket: rows of equal value may
+    # fall into two buckets, which costs nothing (a bucket's bounds come from its rows)
+    width = _bucket_rows(opened, row_group_rows, buckets), _bucket_rows(n - opened, row_group_rows, buckets)
+    bucket = np.concatenate([np.arange(opened) // width[0], np.arange(n - opened) // width[1]])
+    cell = np.zeros(n, dtype=np.int64)
+    if n > opened:
+        # a superseded_at bucket of ``width[1]`` ranks starts at its number times that width once
+        # its rows are ordered by (bucket, t)
+        superseded_bucket = bucket[opened:]
+        by_t = np.lexsort((times[by_time[opened:]], superseded_bucket))
+        in_bucket = np.arange(n - opened) - superseded_bucket[by_t] * width[1]
+        cell[opened + by_t] = in_bucket // _bucket_rows(width[1], row_group_rows, time_buckets)
+    ordered_class = klass[by_time]
+    second = np.lexsort((times[by_time], keys[by_time], cell, bucket, ordered_class))
+    rows = table.take(pa.array(by_time[second]))
+    # every (class, bucket, cell) run is cut into whole row groups
+    runs = (ordered_class[second], bucket[second], cell[second])
+    changes = np.flatnonzero(np.any([r[1:] != r[:-1] for r in runs], axis=0)) + 1
+    bounds = [0, *changes.tolist(), n]
     groups: list[int] = []
-    for size, w in zip(sizes, widths, strict=True):
-        for begin in range(0, size, w):
-            groups += _even_parts(min(w, size - begin), row_group_rows)
+    for begin, end in zip(bounds[:-1], bounds[1:], strict=True):
+        groups += _even_parts(end - begin, row_group_rows)
     return rows, tuple(groups)
+
+
+def _bucket_rows(rows: int, row_group_rows: int, buckets: int) -> int:
+    """Rows per bucket to cut ``rows`` into about ``buckets`` of whole row groups."""
+    return row_group_rows * max(1, -(-rows // (row_group_rows * buckets)))
 
 
 def _even_parts(rows: int, most: int) -> list[int]:
