@@ -125,8 +125,9 @@ def bench_load_table(work: Path, live_rows: int, versions: int, batch: int, delt
     # (``mark_open_fraction``), so the worst latest T is just before the next marking: marked at
     # the last one, then one version short of another
     due_after = max(store.settings.snapshot_min_versions, int(store.settings.snapshot_ratio * live_rows))
-    share = int(marking_share(live_rows, live_rows, store.settings.mark_open_fraction)) \
-        if store.settings.mark_open_fraction else 0
+    settings = store.settings
+    share = int(marking_share(settings.snapshot_min_versions, settings.snapshot_ratio, live_rows,
+                              settings.mark_open_fraction)) if settings.mark_open_fraction else 0
     marked_at = (due_after - 1) // share * share if share else 0
     grown = history
     if marked_at:
@@ -207,23 +208,22 @@ def _delta_bytes(work: Path, store: HistoryStore, per: int) -> int:
              .when_matched_update_all().when_not_matched_insert_all().execute())
         merges += 1
 
+    # a closed interval's files are pieces over key ranges, each spanning the interval's times: a
+    # chunk's versions are gathered from every file before its MERGE (file by file, a chunk would
+    # be cut into a MERGE per piece, and Delta's bytes grow with every MERGE)
     first_t = min(f.min_t or 0 for f in files)
-    pending: list[pa.Table] = []
-    pending_chunk = None
+    by_chunk: dict[int, list[pa.Table]] = {}
     for entry in files:
         rows = pq.read_table(store.objects.full_path(entry.path))
         if SUPERSEDED in rows.column_names:  # our closed-interval bookkeeping, not part of Delta's rows
             rows = rows.drop_columns([SUPERSEDED])
         chunk_of = pc.divide(pc.subtract(rows["logical_timestamp"], first_t), per)
-        for chunk in sorted(set(chunk_of.to_pylist())):
-            part = rows.filter(pc.equal(chunk_of, chunk))
-            if pending_chunk is not None and chunk != pending_chunk:
-                apply(pa.concat_tables(pending))
-                pending = []
-            pending_chunk = chunk
-            pending.append(part)
-    if pending:
-        apply(pa.concat_tables(pending))
+        for chunk in pc.unique(chunk_of).to_pylist():
+            by_chunk.setdefault(chunk, []).append(rows.filter(pc.equal(chunk_of, chunk)))
+    chunks = sorted(by_chunk)
+    for chunk in chunks:
+        apply(pa.concat_tables(by_chunk.pop(chunk)))
+    assert merges == len(chunks) == (store.frontier - first_t) // per + 1, (merges, len(chunks))
     return dir_bytes(path)
 
 

@@ -79,9 +79,9 @@ class StoreSettings:
     #: coarser buckets, and a read as of T skips less of it) and closing overlays nothing
     interval_piece_rows: int = 1_000_000
     #: the open interval is marked (``superseded_at`` as of the frontier) once its unmarked versions
-    #: reach this fraction of its snapshot's rows (at least of ``snapshot_min_versions``): a read as
-    #: of the latest T then decodes the rows current at the marks and at most that many versions
-    #: more (0: never marked)
+    #: reach this fraction of the versions that make a snapshot due, or of the snapshot's rows when
+    #: snapshots are spaced further apart (``snapshots.marking_share``): a read as of the latest T
+    #: then decodes the rows current at the marks and at most that many versions more (0: never)
     mark_open_fraction: float = 0.25
 
 

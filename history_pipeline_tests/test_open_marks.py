@@ -14,15 +14,15 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from history_pipeline import HistoryStore, StoreSettings
+from history_pipeline import HistoryStore, StoreSettings, supertable
 from history_pipeline.catalog.files import is_closed_read, is_marked_read, select_files
 from history_pipeline.catalog.model import FileKind
-from history_pipeline.maintenance.snapshots import marking_due, open_interval
+from history_pipeline.maintenance.snapshots import marking_due, marking_share, open_interval
 from history_pipeline.query.scan import live_sql
 from history_pipeline.schema import replay_schema_history
 from history_pipeline.supertable import SUPERSEDED
 from history_pipeline.supertable.read import overlay
-from history_pipeline_tests.test_closed_intervals import _check_items, _check_lookups
+from history_pipeline_tests.test_closed_intervals import _check_items, _check_lookups, tiny_row_groups  # noqa: F401
 from history_pipeline_tests.test_compaction import _split, check_against_model, random_history, write
 from history_pipeline_tests.test_query_layers import CREATE, _delete, _insert, _load, _update
 from history_pipeline_tests.test_read_path import check_sql_against_model
@@ -128,6 +128,51 @@ def test_the_open_interval_is_marked_again_as_it_grows_and_closed_by_the_next_sn
     snapshots = sorted({f.snapshot_as_of for f in store.catalog_state().files_of("T", FileKind.SNAPSHOT)})
     assert all(f.closed_until in (None, *snapshots, *seen) for f in store.catalog_state().files_of("T"))
     _check_items(store, events, range(2, store.frontier + 2))
+    assert store.verify() == []
+
+
+def test_the_marking_share_is_of_the_snapshot_threshold_or_of_the_live_rows_when_snapshots_are_sparser():
+    assert marking_share(60, 0.2, 400, 0.25) == 0.25 * 80  # snapshots every 0.2x the live rows
+    assert marking_share(1_000_000, 1.0, 1_000_000, 0.25) == 250_000
+    assert marking_share(1_000_000, 3.0, 1_000_000, 0.25) == 250_000  # not 0.25 x 3M
+    assert marking_share(200_000, 3.0, 10, 0.25) == 50_000  # a small table: of the minimum
+    assert marking_share(10, 3.0, 0, 0.0) == 1.0
+
+
+@pytest.mark.usefixtures("tiny_row_groups")  # many row groups: buckets and cells in small files
+def test_sparse_snapshots_long_intervals_in_cells_by_t_and_marks_equal_the_model(tmp_path, monkeypatch):
+    """Snapshots three times the live rows apart: the closed intervals are long (their superseded
+    rows laid out in cells by t as well), and the open interval is marked every quarter of the
+    live rows, not of the next snapshot's threshold. Every T equals the model."""
+    monkeypatch.setattr(supertable, "CLOSED_TIME_BUCKETS", 3)
+    settings = StoreSettings(snapshot_min_versions=20, snapshot_ratio=3.0, mark_open_fraction=0.25)
+    store = HistoryStore.open(tmp_path, database="db", settings=settings)
+    rng = random.Random(4)
+    alive: set[int] = set()
+    events = _load_and_mark(store, [[CREATE] + [_insert(2, k, k) for k in range(40)]], alive)
+    t, marks_seen = 3, set()
+    for _ in range(32):
+        batch = [_update(t, k, rng.randint(0, 100)) for k in rng.sample(sorted(alive), 9)]
+        if t % 4 == 0:
+            gone = rng.choice(sorted(alive))
+            batch += [_delete(t + 1, gone), _insert(t + 2, gone, rng.randint(0, 100))]
+            t += 2
+        events += _load_and_mark(store, [batch], alive)
+        marks_seen.add(_open_marks(store))
+        t += 1
+    # fewer versions than a marking's share: the latest T reads above the marks
+    events += _load_and_mark(store, [[_update(t, k, 7) for k in sorted(alive)[:3]]], alive)
+    state = store.catalog_state()
+    snapshots = sorted({f.snapshot_as_of for f in state.files_of("T", FileKind.SNAPSHOT)})
+    assert len(snapshots) >= 3
+    # a closed interval of over 3x the 40 live rows
+    assert sum(1 for e in events if e.get("key") is not None and snapshots[1] <= e["t"] < snapshots[2]) >= 120
+    assert len(marks_seen - {None}) >= 4  # a marking each ~10 versions, not each ~30
+    assert any(f.closed_layout == supertable.CLOSED_LAYOUT for f in state.files_of("T") if f.closed_until)
+    reads = _reads(store)
+    assert "closed" in reads.values() and "marked" in reads.values()
+    _check_items(store, events, range(2, store.frontier + 2))
+    _check_lookups(store, events, range(2, store.frontier + 2, 5))
     assert store.verify() == []
 
 

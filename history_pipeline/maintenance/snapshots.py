@@ -153,12 +153,13 @@ def open_interval(state: CatalogState, table_uuid: str) -> Interval | None:
     return Interval(table_uuid, newest, state.frontier + 1, base + tuple(versions))
 
 
-def marking_share(min_versions: int, snapshot_rows: int, fraction: float) -> float:
-    """Unmarked versions that make an open interval due a marking: ``fraction`` of its snapshot's
-    rows (the live rows then), at least of ``min_versions``. Not of the versions that make the
-    next snapshot due: with snapshots spaced several times the live rows apart, a read as of the
-    latest T still decodes at most this many versions beyond the rows current at the marks."""
-    return max(1.0, fraction * max(min_versions, snapshot_rows))
+def marking_share(min_versions: int, ratio: float, snapshot_rows: int, fraction: float) -> float:
+    """Unmarked versions that make an open interval due a marking: ``fraction`` of the versions
+    that make its next snapshot due, or of its snapshot's rows (the live rows then, at least
+    ``min_versions``) when snapshots are spaced further apart: a read as of the latest T then
+    decodes at most this many versions beyond the rows current at the marks, however long the
+    interval grows."""
+    return max(1.0, fraction * min(max(min_versions, ratio * snapshot_rows), max(min_versions, snapshot_rows)))
 
 
 def marking_due(state: CatalogState, min_versions: int, ratio: float, fraction: float) -> list[Interval]:
@@ -179,7 +180,7 @@ def marking_due(state: CatalogState, min_versions: int, ratio: float, fraction: 
         if sum(f.row_count for f in versions) >= snapshot_after:
             continue
         unmarked = sum(f.row_count for f in versions if f.closed_until is None)
-        if unmarked >= marking_share(min_versions, snapshot_rows, fraction):
+        if unmarked >= marking_share(min_versions, ratio, snapshot_rows, fraction):
             due.append(interval)
     return due
 

@@ -37,15 +37,18 @@ RESERVED = (KEY, DELETED, LT)
 SUPERSEDED = "superseded_at"
 ROW_GROUP_ROWS = 16_384
 #: the row order of a closed interval's files (``closed_layout``), named in their footer and catalog
-#: entry; files marked in an older one (2: superseded rows by ``superseded_at`` buckets only; none
-#: named: key-sorted whole) are laid out again when their interval is next closed
-CLOSED_LAYOUT = 3
+#: entry; files marked before it (no layout named: key-sorted whole) are laid out again when their
+#: interval is next closed
+CLOSED_LAYOUT = 2
 #: row groups of a closed file's time-ordered rows are cut into about this many buckets per class:
 #: a read as of T wastes about half a bucket per class, a key lookup looks at one row group per bucket
 CLOSED_BUCKETS = 8
-#: a bucket of superseded rows is cut into about this many cells by t: a read as of T early in a long
-#: interval then skips the rows of later buckets written after T, not only those superseded before
-CLOSED_TIME_BUCKETS = 4
+#: a bucket of superseded rows may be cut again into about this many cells by t, so that a read as of
+#: T early in a long interval skips the rows of later buckets written after T too. 1 (no cells, the
+#: layout named 2): with snapshots spaced the live rows apart (the default) intervals are short and
+#: cells gained no read but cost a key lookup ~25% more row groups; with snapshots 3x apart, 4
+#: cells read 1.3x the answer's rows where buckets alone read 1.7x (docs/DECISIONS.md, session 12)
+CLOSED_TIME_BUCKETS = 1
 #: data page size of a closed-layout file: a key lookup by DuckDB (``row_history``) skips the pages of
 #: a row group holding none of the key's rows, which pays for the page headers (+0.5-0.7% bytes)
 CLOSED_PAGE_BYTES = 16 * 1024
