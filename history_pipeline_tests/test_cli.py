@@ -15,14 +15,13 @@ def run(root, *args, stdin=None):
     return run_command(["--root", str(root), "--database", "db", *args], stdin)
 
 
-def run_script(root, *args, stdin=None, env=None):
+def run_script(root, *args, stdin=None):
     return subprocess.run(
         [SCRIPT, "--root", str(root), "--database", "db", *args],
         input=stdin,
         capture_output=True,
         text=True,
         timeout=180,
-        env=env or {**os.environ},
     )
 
 

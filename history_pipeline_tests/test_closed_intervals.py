@@ -187,10 +187,12 @@ def test_closed_intervals_on_an_s3_root(tmp_path, s3_bucket, s3_options):
     _check_items(store, events, [closed[0], closed[len(closed) // 2], closed[-1], store.frontier + 1])
 
 
-def test_verify_names_a_file_whose_superseded_at_is_wrong(tmp_path):
+@pytest.mark.parametrize("kind", [FileKind.VERSIONS, FileKind.SNAPSHOT])
+def test_verify_names_a_file_whose_superseded_at_is_wrong(tmp_path, kind):
     store = HistoryStore.open(tmp_path, database="db", settings=SMALL_SNAPSHOTS)
     _items_history(store)
-    marked = [f for f in store.catalog_state().files_of("T", FileKind.VERSIONS) if f.closed_until is not None]
+    assert store.verify() == []
+    marked = [f for f in store.catalog_state().files_of("T", kind) if f.closed_until is not None]
     # a file with a row superseded inside its interval
     victim = next(f for f in marked
                   if pq.read_table(store.objects.full_path(f.path)).column(SUPERSEDED).null_count < f.row_count)

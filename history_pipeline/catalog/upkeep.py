@@ -14,10 +14,12 @@ from __future__ import annotations
 import json
 import random
 import uuid
+from collections.abc import Iterator
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import duckdb
+import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
@@ -310,29 +312,55 @@ _MARKED_SCHEMA = _RESERVED_SCHEMA.append(pa.field(SUPERSEDED, pa.int64()))
 
 def _check_superseded(con: duckdb.DuckDBPyConnection, store: ObjectStore, state: CatalogState,
                       table_uuid: str) -> list[Problem]:
-    """Every file marked closed until S' holds, per row, its key's next version below S' (a
-    snapshot row: its key's first version in [snapshot, S')), from the live versions (view ``v``)."""
+    """Every file marked closed until U holds, per row, its key's next version below U (a
+    snapshot row: its key's first version in [snapshot, U)), from the live versions (view ``v``).
+
+    One query per kind of file, however many are marked: their rows are scanned with their file's
+    name and joined with its bounds, so the versions are read twice per table, not once per file."""
     problems: list[Problem] = []
-    for entry in state.files_of(table_uuid):
-        upper = entry.closed_until
-        if upper is None or not entry.row_count:
+    marked = [f for f in state.files_of(table_uuid) if f.closed_until is not None and f.row_count]
+    for kind in (FileKind.VERSIONS, FileKind.SNAPSHOT):
+        files = [f for f in marked if f.kind is kind]
+        if not files:
             continue
-        con.register("m", dataset_of(store, [entry], _MARKED_SCHEMA))
-        if entry.kind is FileKind.SNAPSHOT:
-            expected = (f"SELECT {KEY}, min({LT}) AS nxt FROM v WHERE {LT} >= {entry.snapshot_as_of} "
-                        f"AND {LT} < {upper} GROUP BY {KEY}")
-            join = f"LEFT JOIN ({expected}) n USING ({KEY})"
+        con.register("m", _rows_with_their_file(store, files))
+        con.register("bounds", pa.table({"file": pa.array(range(len(files)), pa.int32()),
+                                         "lower": pa.array([f.snapshot_as_of for f in files], pa.int64()),
+                                         "upper": pa.array([f.closed_until for f in files], pa.int64())}))
+        if kind is FileKind.SNAPSHOT:
+            expected = (f"SELECT m.file, m.{KEY}, m.{LT}, m.{SUPERSEDED}, b.upper, min(v.{LT}) AS nxt "
+                        f"FROM m JOIN bounds b USING (file) LEFT JOIN v ON v.{KEY} = m.{KEY} "
+                        f"AND v.{LT} >= b.lower AND v.{LT} < b.upper GROUP BY ALL")
         else:
-            expected = f"SELECT {KEY}, {LT}, lead({LT}) OVER (PARTITION BY {KEY} ORDER BY {LT}) AS nxt FROM v"
-            join = f"LEFT JOIN ({expected}) n USING ({KEY}, {LT})"
+            expected = (f"SELECT m.file, m.{KEY}, m.{LT}, m.{SUPERSEDED}, b.upper, n.nxt "
+                        f"FROM m JOIN bounds b USING (file) LEFT JOIN (SELECT {KEY}, {LT}, "
+                        f"lead({LT}) OVER (PARTITION BY {KEY} ORDER BY {LT}) AS nxt FROM v) n USING ({KEY}, {LT})")
         wrong = con.execute(
-            f"SELECT m.{KEY}, m.{LT} FROM m {join} WHERE m.{SUPERSEDED} IS DISTINCT FROM "
-            f"(CASE WHEN n.nxt < {upper} THEN n.nxt END) ORDER BY 1, 2 LIMIT 3").fetchall()
-        for key, t in wrong:
+            f"SELECT file, {KEY}, {LT} FROM ({expected}) "
+            f"WHERE {SUPERSEDED} IS DISTINCT FROM (CASE WHEN nxt < upper THEN nxt END) "
+            f"QUALIFY row_number() OVER (PARTITION BY file ORDER BY {KEY}, {LT}) <= 3 "
+            f"ORDER BY file, {KEY}, {LT}").fetchall()
+        for number, key, t in wrong:
+            entry = files[number]
             problems.append(Problem("superseded_mismatch", entry.path,
-                                    f"key {key} at t {t}: superseded_at is not its next version below {upper}"))
+                                    f"key {key} at t {t}: superseded_at is not its next version below "
+                                    f"{entry.closed_until}"))
         con.unregister("m")
+        con.unregister("bounds")
     return problems
+
+
+def _rows_with_their_file(store: ObjectStore, files: list[FileEntry]) -> pa.RecordBatchReader:
+    """(synthetic_key, logical_timestamp, superseded_at, file) of ``files``, streamed file by file;
+    ``file`` is the file's position in ``files``."""
+    schema = _MARKED_SCHEMA.remove(_MARKED_SCHEMA.get_field_index(DELETED)).append(pa.field("file", pa.int32()))
+
+    def batches() -> Iterator[pa.RecordBatch]:
+        for number, entry in enumerate(files):
+            for batch in dataset_of(store, [entry], _MARKED_SCHEMA).to_batches(columns=[KEY, LT, SUPERSEDED]):
+                yield batch.append_column("file", pa.array(np.full(batch.num_rows, number, dtype=np.int32)))
+
+    return pa.RecordBatchReader.from_batches(schema, batches())
 
 
 def _sample_snapshots(snapshots: list[FileEntry], samples: int, rng: random.Random) -> list[FileEntry]:
