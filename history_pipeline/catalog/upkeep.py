@@ -328,9 +328,16 @@ def _check_superseded(con: duckdb.DuckDBPyConnection, store: ObjectStore, state:
                                          "lower": pa.array([f.snapshot_as_of for f in files], pa.int64()),
                                          "upper": pa.array([f.closed_until for f in files], pa.int64())}))
         if kind is FileKind.SNAPSHOT:
-            expected = (f"SELECT m.file, m.{KEY}, m.{LT}, m.{SUPERSEDED}, b.upper, min(v.{LT}) AS nxt "
-                        f"FROM m JOIN bounds b USING (file) LEFT JOIN v ON v.{KEY} = m.{KEY} "
-                        f"AND v.{LT} >= b.lower AND v.{LT} < b.upper GROUP BY ALL")
+            # the key's first version at or after the snapshot: the snapshot's rows placed among the
+            # versions at the snapshot's t (before a version at that t), each taking the nearest
+            # version after it (a join on the key would pair each row with every version of its key)
+            expected = (f"SELECT file, {KEY}, {LT}, {SUPERSEDED}, upper, nxt FROM ("
+                        f"SELECT *, min(CASE WHEN file IS NULL THEN from_t END) OVER (PARTITION BY {KEY} "
+                        f"ORDER BY from_t, file NULLS LAST ROWS BETWEEN CURRENT ROW AND UNBOUNDED FOLLOWING) AS nxt "
+                        f"FROM ("
+                        f"SELECT m.file, m.{KEY}, m.{LT}, m.{SUPERSEDED}, b.upper, b.lower AS from_t "
+                        f"FROM m JOIN bounds b USING (file) UNION ALL "
+                        f"SELECT NULL, {KEY}, {LT}, NULL, NULL, {LT} FROM v)) WHERE file IS NOT NULL")
         else:
             expected = (f"SELECT m.file, m.{KEY}, m.{LT}, m.{SUPERSEDED}, b.upper, n.nxt "
                         f"FROM m JOIN bounds b USING (file) LEFT JOIN (SELECT {KEY}, {LT}, "
