@@ -124,8 +124,8 @@ def bench_load_table(work: Path, live_rows: int, versions: int, batch: int, delt
     # the next one due. It is marked as of the frontier at every marking's share of them
     # (``mark_open_fraction``), so the worst latest T is just before the next marking: marked at
     # the last one, then one version short of another
-    due_after = max(store.settings.snapshot_min_versions, int(store.settings.snapshot_ratio * live_rows))
     settings = store.settings
+    due_after = max(settings.snapshot_min_versions, int(settings.snapshot_ratio * live_rows))
     share = int(marking_share(settings.snapshot_min_versions, settings.snapshot_ratio, live_rows,
                               settings.mark_open_fraction)) if settings.mark_open_fraction else 0
     marked_at = (due_after - 1) // share * share if share else 0

@@ -19,7 +19,6 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import duckdb
-import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
@@ -315,8 +314,8 @@ def _check_superseded(con: duckdb.DuckDBPyConnection, store: ObjectStore, state:
     """Every file marked closed until U holds, per row, its key's next version below U (a
     snapshot row: its key's first version in [snapshot, U)), from the live versions (view ``v``).
 
-    One query per kind of file, however many are marked: their rows are scanned with their file's
-    name and joined with its bounds, so the versions are read twice per table, not once per file."""
+    One query per kind of file, however many are marked: their rows are streamed with their file's
+    number and joined with its bounds, so the versions are read twice per table, not once per file."""
     problems: list[Problem] = []
     marked = [f for f in state.files_of(table_uuid) if f.closed_until is not None and f.row_count]
     for kind in (FileKind.VERSIONS, FileKind.SNAPSHOT):
@@ -365,7 +364,7 @@ def _rows_with_their_file(store: ObjectStore, files: list[FileEntry]) -> pa.Reco
     def batches() -> Iterator[pa.RecordBatch]:
         for number, entry in enumerate(files):
             for batch in dataset_of(store, [entry], _MARKED_SCHEMA).to_batches(columns=[KEY, LT, SUPERSEDED]):
-                yield batch.append_column("file", pa.array(np.full(batch.num_rows, number, dtype=np.int32)))
+                yield batch.append_column("file", pa.repeat(pa.scalar(number, pa.int32()), batch.num_rows))
 
     return pa.RecordBatchReader.from_batches(schema, batches())
 

@@ -159,7 +159,7 @@ def marking_share(min_versions: int, ratio: float, snapshot_rows: int, fraction:
     ``min_versions``) when snapshots are spaced further apart: a read as of the latest T then
     decodes at most this many versions beyond the rows current at the marks, however long the
     interval grows."""
-    return max(1.0, fraction * min(max(min_versions, ratio * snapshot_rows), max(min_versions, snapshot_rows)))
+    return max(1.0, fraction * max(min_versions, min(ratio, 1.0) * snapshot_rows))
 
 
 def marking_due(state: CatalogState, min_versions: int, ratio: float, fraction: float) -> list[Interval]:

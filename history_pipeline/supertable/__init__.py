@@ -333,6 +333,7 @@ def closed_layout(table: pa.Table, lower: int | None, row_group_rows: int | None
     start = times if lower is None else np.maximum(times, lower)
     order_by = np.where(klass == 1, pc.fill_null(superseded, 0).to_numpy(), start)
     by_time = np.lexsort((times, keys, order_by, klass))
+    ordered_times = times[by_time]
     opened = n - int(klass.sum())
     # rank within the class (positions in ``by_time``), then its bucket: rows of equal value may
     # fall into two buckets, which costs nothing (a bucket's bounds come from its rows)
@@ -343,11 +344,11 @@ def closed_layout(table: pa.Table, lower: int | None, row_group_rows: int | None
         # a superseded_at bucket of ``width[1]`` ranks starts at its number times that width once
         # its rows are ordered by (bucket, t)
         superseded_bucket = bucket[opened:]
-        by_t = np.lexsort((times[by_time[opened:]], superseded_bucket))
+        by_t = np.lexsort((ordered_times[opened:], superseded_bucket))
         in_bucket = np.arange(n - opened) - superseded_bucket[by_t] * width[1]
         cell[opened + by_t] = in_bucket // _bucket_rows(width[1], row_group_rows, time_buckets)
     ordered_class = klass[by_time]
-    second = np.lexsort((times[by_time], keys[by_time], cell, bucket, ordered_class))
+    second = np.lexsort((ordered_times, keys[by_time], cell, bucket, ordered_class))
     rows = table.take(pa.array(by_time[second]))
     # every (class, bucket, cell) run is cut into whole row groups
     runs = (ordered_class[second], bucket[second], cell[second])
