@@ -6,11 +6,12 @@ from __future__ import annotations
 
 import random
 
+import numpy as np
 import pyarrow as pa
 import pytest
 
 from history_pipeline.supertable import DELETED, KEY, LT
-from history_pipeline.supertable.read import overlay
+from history_pipeline.supertable.read import overlay, survivors_in_key_order
 
 SCHEMA = pa.schema([pa.field(KEY, pa.int64(), nullable=False), pa.field(DELETED, pa.bool_(), nullable=False),
                     pa.field(LT, pa.int64(), nullable=False), pa.field("v", pa.int64())])
@@ -79,3 +80,19 @@ def test_overlay_without_a_snapshot_or_without_changes(universe: str) -> None:
     only_base = overlay(base, changes.slice(0, 0))
     assert only_base.column(KEY).to_pylist() == sorted(base.column(KEY).to_pylist())
 
+
+
+@pytest.mark.parametrize("universe", sorted(UNIVERSES))
+@pytest.mark.parametrize("seed", range(5))
+def test_unique_keys_alone_come_back_in_key_order_with_their_rows(seed: int, universe: str) -> None:
+    """A closed read's current rows (unique keys in row-group runs, at row numbers of their own)
+    are ordered by the same function with no later rows."""
+    rng = random.Random(seed)
+    keys = rng.sample(UNIVERSES[universe], rng.randrange(0, 300))
+    rows = np.array(rng.sample(range(10_000), len(keys)), dtype=np.int32)
+    none = np.empty(0, dtype=np.int64)
+    order, ordered_keys = survivors_in_key_order(np.array(keys, dtype=np.int64), None, none,
+                                                 np.empty(0, dtype=bool), none, rows)
+    expected = sorted(zip(keys, rows.tolist(), strict=True))
+    assert ordered_keys.tolist() == [k for k, _ in expected]
+    assert order.tolist() == [r for _, r in expected]

@@ -43,6 +43,8 @@ from history_pipeline.supertable.read import (
     gather_with_keys,
     overlay,
     read_key,
+    read_row_groups,
+    survivors_in_key_order,
 )
 
 
@@ -341,15 +343,20 @@ def read_closed(
     key order are computed on the integer columns and the rows gathered once, a column per thread."""
     schema = supertable_schema(supercolumns)
     kept = _kept(schema, columns, reserved)
-    rows, current = _current_rows(store, selection.snapshot + selection.versions, schema, as_of, keys, kept)
+    # every current row is live: is_deleted is known (False) and is read only where it is tested
+    gathered = [c for c in kept if c != DELETED]
+    rows, current = _current_rows(store, selection.snapshot + selection.versions, schema, as_of, keys, gathered)
     if rows is None:
         return schema.empty_table().select(kept)
-    # each row group is a key-sorted run: a stable (merge) sort takes the runs as they are, about
-    # a third of Arrow's full sort
-    row_keys = as_numpy(rows.column(KEY))[current]
-    order = np.argsort(row_keys, kind="stable")
-    return gather_with_keys(rows.select(kept), current[order], row_keys[order],
-                            pa.schema([schema.field(c) for c in kept]))
+    # keys are unique across the current rows: a slot per key orders them (row groups are
+    # key-sorted runs, so sparse keys take a stable merge sort of the runs instead)
+    none = np.empty(0, dtype=np.int64)
+    order, row_keys = survivors_in_key_order(as_numpy(rows.column(KEY))[current], None, none, np.empty(0, dtype=bool),
+                                             none, current)
+    live = gather_with_keys(rows.select(gathered), order, row_keys, pa.schema([schema.field(c) for c in gathered]))
+    if DELETED in kept:
+        live = live.add_column(kept.index(DELETED), schema.field(DELETED), pa.array(np.zeros(len(order), dtype=bool)))
+    return live
 
 
 def read_marked_and_since(
@@ -411,24 +418,19 @@ def _current_rows(
     chosen = row_groups_current(store, files, as_of, keys)
     if not chosen:
         return None, np.empty(0, dtype=np.int64)
-    fs, _ = store.arrow_filesystem()
     if dictionaries is None:
         dictionaries = dictionary_reads(store, [f for f, _ in chosen], kept)
-    parquet = ds.ParquetFileFormat(read_options=ds.ParquetReadOptions(dictionary_columns=list(dictionaries)))
     marked = as_dictionaries(schema.append(pa.field(SUPERSEDED, pa.int64())), dictionaries)
-    fragments = [parquet.make_fragment(store.full_path(f.path), filesystem=fs, row_groups=groups)
-                 for f, groups in chosen]
-    key_filter = ds.field(KEY).isin(pa.array(sorted(set(keys)), pa.int64())) if keys is not None else None
     times = [footer(store, f.path).times[rg] for f, groups in chosen for rg in groups]
     test_deleted, test_t = open_tests(times, as_of)
     test_superseded = not superseded_settled(times)
     untested = {c for c, tested in ((DELETED, test_deleted), (LT, test_t)) if not tested and c not in kept}
     read = list(dict.fromkeys(c for c in (KEY, DELETED, LT, *kept) if c not in untested))
-    rows = ds.FileSystemDataset(fragments, marked, parquet, fs).to_table(
-        columns=[*read, SUPERSEDED] if test_superseded else read, filter=key_filter)
-    # the mask is computed on the row groups' chunks as read; only the key column and the gathered
-    # ones are made contiguous (``gather``: taking from a row group's worth of chunks costs twice as much)
-    tests = []
+    rows = read_row_groups(store, chosen, pa.schema([marked.field(c) for c in
+                                                     ([*read, SUPERSEDED] if test_superseded else read)]))
+    # the mask is computed on the chunks as read; only the key column and the gathered ones are
+    # made contiguous (``gather``: taking from many chunks costs about twice as much)
+    tests = [] if keys is None else [pc.is_in(rows.column(KEY), pa.array(sorted(set(keys)), pa.int64()))]
     if test_superseded:
         superseded = rows.column(SUPERSEDED)
         tests.append(pc.or_kleene(pc.is_null(superseded), pc.greater_equal(superseded, as_of)))

@@ -234,21 +234,54 @@ def read_key(
         mine = pc.and_(pc.equal(table.column(KEY), key), pc.less(table.column(LT), upper))
         if lower is not None:
             mine = pc.and_(mine, pc.greater_equal(table.column(LT), lower))
-        table = table.filter(mine)
-        if table.schema.equals(target):
-            return table
-        # an older file lacks later supercolumns (nulls), or stores a type Arrow reads back differently
-        return pa.table(
-            [table.column(c).cast(target.field(c).type) if c in table.column_names
-             else pa.nulls(table.num_rows, target.field(c).type) for c in wanted],
-            schema=target,
-        )
+        return conform(table.filter(mine), target)
 
     if len(reads) == 1:
         parts = [read(*reads[0])]
     else:
         parts = list(_readers().map(lambda r: read(*r), reads))
     return pa.concat_tables(parts).combine_chunks()
+
+
+def conform(table: pa.Table, target: pa.Schema) -> pa.Table:
+    """``table`` with ``target``'s columns and types: an older file lacks later supercolumns (read
+    as nulls), or stores a type Arrow reads back differently (cast)."""
+    if table.schema.equals(target):
+        return table
+    return pa.Table.from_arrays(
+        [_as(table.column(f.name), f.type) if f.name in table.column_names else pa.nulls(table.num_rows, f.type)
+         for f in target],
+        schema=target,
+    )
+
+
+def _as(column: pa.ChunkedArray, kind: pa.DataType) -> pa.ChunkedArray:
+    return column if column.type == kind else column.cast(kind)
+
+
+def read_row_groups(store: ObjectStore, chosen: Sequence[tuple[StoredFile, Sequence[int]]],
+                    target: pa.Schema) -> pa.Table:
+    """The row groups ``chosen`` of each file, ``target``'s columns (its dictionary columns read as
+    dictionaries, see ``as_dictionaries``), in file and row-group order.
+
+    Each file is opened with its cached footer and read on its own thread: Arrow's dataset
+    scanner reads every footer again and costs about a third more for the same row groups."""
+    fs, _ = store.arrow_filesystem()
+    dictionaries = [f.name for f in target if pa.types.is_dictionary(f.type)]
+
+    def read(f: StoredFile, groups: Sequence[int]) -> pa.Table:
+        cached = footer(store, f.path)
+        with fs.open_input_file(store.full_path(f.path)) as handle:
+            parquet = pq.ParquetFile(handle, metadata=cached.meta,
+                                     read_dictionary=[c for c in dictionaries if c in cached.columns] or None)
+            table = parquet.read_row_groups(list(groups), columns=[c for c in target.names if c in cached.columns])
+        return conform(table, target)
+
+    if not chosen:
+        return target.empty_table()
+    if len(chosen) == 1:
+        return read(*chosen[0])
+    return pa.concat_tables(_readers().map(lambda c: read(*c), chosen))
 
 
 def keep_latest(candidates: pa.Table, *, include_deleted: bool = False, key: str = KEY, t: str = LT,
