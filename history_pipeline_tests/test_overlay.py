@@ -82,13 +82,17 @@ def test_overlay_without_a_snapshot_or_without_changes(universe: str) -> None:
 
 
 
-@pytest.mark.parametrize("universe", sorted(UNIVERSES))
+@pytest.mark.parametrize("universe", [*sorted(UNIVERSES), "full"])
 @pytest.mark.parametrize("seed", range(5))
 def test_unique_keys_alone_come_back_in_key_order_with_their_rows(seed: int, universe: str) -> None:
     """A closed read's current rows (unique keys in row-group runs, at row numbers of their own)
-    are ordered by the same function with no later rows."""
+    are ordered by the same function with no later rows; "full": every key of a span, once."""
     rng = random.Random(seed)
-    keys = rng.sample(UNIVERSES[universe], rng.randrange(0, 300))
+    if universe == "full":
+        keys = list(range(seed * 1000 - 7, seed * 1000 + rng.randrange(1, 300)))
+        rng.shuffle(keys)
+    else:
+        keys = rng.sample(UNIVERSES[universe], rng.randrange(0, 300))
     rows = np.array(rng.sample(range(10_000), len(keys)), dtype=np.int32)
     none = np.empty(0, dtype=np.int64)
     order, ordered_keys = survivors_in_key_order(np.array(keys, dtype=np.int64), None, none,

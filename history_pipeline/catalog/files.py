@@ -428,21 +428,38 @@ def _current_rows(
     read = list(dict.fromkeys(c for c in (KEY, DELETED, LT, *kept) if c not in untested))
     rows = read_row_groups(store, chosen, pa.schema([marked.field(c) for c in
                                                      ([*read, SUPERSEDED] if test_superseded else read)]))
-    # the mask is computed on the chunks as read; only the key column and the gathered ones are
-    # made contiguous (``gather``: taking from many chunks costs about twice as much)
-    tests = [] if keys is None else [pc.is_in(rows.column(KEY), pa.array(sorted(set(keys)), pa.int64()))]
-    if test_superseded:
-        superseded = rows.column(SUPERSEDED)
-        tests.append(pc.or_kleene(pc.is_null(superseded), pc.greater_equal(superseded, as_of)))
-    if test_t:
-        tests.append(pc.less(rows.column(LT), as_of))
-    if test_deleted:
-        tests.append(pc.invert(rows.column(DELETED)))
-    # row numbers of 32 bits while they fit: the overlay's slots are written from them
+    tested = [name for name, test in ((SUPERSEDED, test_superseded), (LT, test_t), (DELETED, test_deleted),
+                                      (KEY, keys is not None)) if test]
+    return rows, _current_indices(rows, tested, as_of, keys)
+
+
+#: a NULL ``superseded_at`` (never superseded below the marks) compares as this
+_NEVER = np.iinfo(np.int64).max
+
+
+def _current_indices(rows: pa.Table, tested: Sequence[str], as_of: int, keys: Sequence[int] | None) -> np.ndarray:
+    """Row numbers of the rows current as of ``as_of`` among ``rows``, by the columns ``tested``
+    (those a closed read must test: ``superseded_at``, ``t``, ``is_deleted``, the key when
+    ``keys`` is given), of 32 bits while they fit (the overlay's slots are written from them). The
+    tests run on NumPy views of each record batch as read: no column is copied whole."""
     kind = np.int32 if rows.num_rows < 2**31 else np.int64
-    if not tests:
-        return rows, np.arange(rows.num_rows, dtype=kind)
-    current = tests[0]
-    for test in tests[1:]:
-        current = pc.and_(current, test)
-    return rows, as_numpy(pc.indices_nonzero(current)).astype(kind)
+    if not tested:
+        return np.arange(rows.num_rows, dtype=kind)
+    wanted = np.array(sorted(set(keys)), dtype=np.int64) if keys is not None else None
+    parts, offset = [], 0
+    for batch in rows.select(list(tested)).to_batches():
+        current: np.ndarray | None = None
+        for name in batch.schema.names:
+            column = batch.column(name)
+            if name == SUPERSEDED:
+                test = pc.fill_null(column, _NEVER).to_numpy() >= as_of
+            elif name == LT:
+                test = column.to_numpy() < as_of
+            elif name == DELETED:
+                test = ~column.to_numpy(zero_copy_only=False)
+            else:
+                test = np.isin(column.to_numpy(), wanted)
+            current = test if current is None else np.logical_and(current, test, out=current)
+        parts.append(np.flatnonzero(current).astype(kind) + kind(offset))
+        offset += batch.num_rows
+    return np.concatenate(parts) if parts else np.empty(0, dtype=kind)
