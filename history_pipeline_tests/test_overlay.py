@@ -100,3 +100,31 @@ def test_unique_keys_alone_come_back_in_key_order_with_their_rows(seed: int, uni
     expected = sorted(zip(keys, rows.tolist(), strict=True))
     assert ordered_keys.tolist() == [k for k, _ in expected]
     assert order.tolist() == [r for _, r in expected]
+
+
+@pytest.mark.parametrize("kind", ["updates", "deletes", "beyond"])
+@pytest.mark.parametrize("seed", range(5))
+def test_a_snapshot_of_every_key_in_its_span_overlaid_with_changes(seed: int, kind: str) -> None:
+    """A snapshot holding every key of its span (a table without deletes) under updates of those
+    keys, and deletes of some of them ("deletes"), or keys inserted beyond the span ("beyond"):
+    the model's rows, in key order."""
+    rng = random.Random(seed)
+    low = rng.choice([0, -40, 2**40])
+    base_rows = [(k, False, 1, rng.randrange(1000)) for k in range(low, low + rng.randrange(1, 300))]
+    model = {k: (t, v) for k, _, t, v in base_rows}
+    versions = []
+    for t in range(100, 100 + rng.randrange(1, 400)):
+        key = rng.choice(base_rows)[0]
+        gone = kind == "deletes" and rng.random() < 0.1
+        if kind == "beyond" and rng.random() < 0.1:
+            key = low + len(base_rows) + rng.randrange(1, 50)
+        value = None if gone else rng.randrange(1000)
+        versions.append((key, gone, t, value))
+        if gone:
+            model.pop(key, None)
+        else:
+            model[key] = (t, value)
+    got = overlay(_table(base_rows), _table(sorted(versions)))
+    assert got.column(KEY).to_pylist() == sorted(model)
+    assert list(zip(got.column(LT).to_pylist(), got.column("v").to_pylist(), strict=True)) == \
+        [model[k] for k in sorted(model)]

@@ -404,14 +404,15 @@ def survivors_in_key_order(first_keys: np.ndarray, first_deleted: np.ndarray | N
     if high - low < DENSE_SPAN * n:
         most = max([len(first_keys)] + [int(r.max()) for r in (first_rows, later_rows) if r is not None and len(r)])
         kind = np.int32 if most < 2**31 - 1 else np.int64
-        if not len(later_keys) and first_deleted is None and n == high - low + 1:
-            # unique keys filling their span (a table without deletes): every slot is written once
-            slot = np.empty(n, dtype=kind)
-            slot[first_keys - low if low else first_keys] = np.arange(n, dtype=kind) if first_rows is None \
-                else first_rows
+        first = np.arange(len(first_keys), dtype=kind) if first_rows is None else first_rows
+        if first_deleted is None and len(first_keys) == high - low + 1 and not later_deleted.any():
+            # the first keys fill the whole span and nothing deletes (a table without deletes):
+            # every slot is written, so none needs clearing or finding
+            slot = np.empty(high - low + 1, dtype=kind)
+            slot[first_keys - low if low else first_keys] = first
+            slot[later_keys - low if low else later_keys] = later_rows
             return slot, np.arange(low, high + 1, dtype=np.int64)
         slot = np.full(high - low + 1, -1, dtype=kind)
-        first = np.arange(len(first_keys), dtype=kind) if first_rows is None else first_rows
         # keys from 0 (as a table's are) index the slots as they are, without a shifted copy
         slot[first_keys - low if low else first_keys] = first if first_deleted is None else \
             np.where(first_deleted, -1, first)
