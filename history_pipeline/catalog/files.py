@@ -384,10 +384,15 @@ def read_marked_and_since(
     base = rows.select(kept) if rows is not None else read_schema.empty_table().select(kept)
     changes = read_schema.empty_table().select([*kept, *(c for c in (LT, DELETED) if c not in kept)])
     if since:
-        expr = None if _all_below(since, as_of) else ds.field(LT) < as_of
-        key_filter = ds.field(KEY).isin(pa.array(sorted(set(keys)), pa.int64())) if keys is not None else None
-        changes = dataset_of(store, since, schema, dictionaries).to_table(
-            columns=changes.column_names, filter=_conjunction(expr, key_filter))
+        # each file's row groups below as_of (by their statistics), then the rows
+        chosen = [(f, [rg for rg, times in enumerate(footer(store, f.path).times) if times.min_t is None
+                       or times.min_t < as_of]) for f in since]
+        changes = read_row_groups(store, [(f, groups) for f, groups in chosen if groups], changes.schema)
+        tests = [] if _all_below(since, as_of) else [pc.less(changes.column(LT), as_of)]
+        if keys is not None:
+            tests.append(pc.is_in(changes.column(KEY), pa.array(sorted(set(keys)), pa.int64())))
+        if tests:
+            changes = changes.filter(tests[0] if len(tests) == 1 else pc.and_(*tests))
     return overlay(base, changes, kept, schema if dictionaries else None, current=current)
 
 
