@@ -11,7 +11,7 @@ import pyarrow as pa
 import pytest
 
 from history_pipeline.supertable import DELETED, KEY, LT
-from history_pipeline.supertable.read import overlay, survivors_in_key_order
+from history_pipeline.supertable.read import gather, overlay, survivors_in_key_order
 
 SCHEMA = pa.schema([pa.field(KEY, pa.int64(), nullable=False), pa.field(DELETED, pa.bool_(), nullable=False),
                     pa.field(LT, pa.int64(), nullable=False), pa.field("v", pa.int64())])
@@ -128,3 +128,20 @@ def test_a_snapshot_of_every_key_in_its_span_overlaid_with_changes(seed: int, ki
     assert got.column(KEY).to_pylist() == sorted(model)
     assert list(zip(got.column(LT).to_pylist(), got.column("v").to_pylist(), strict=True)) == \
         [model[k] for k in sorted(model)]
+
+
+def test_a_large_gather_decodes_dictionaries_in_halves_equal_to_arrow_take() -> None:
+    """``gather`` above its threshold (columns on threads, each dictionary column unified from its
+    chunks' own dictionaries and decoded in two halves) equals Arrow's take and cast."""
+    rng = np.random.default_rng(3)
+    n = 150_001
+    names = pa.array([None if i % 97 == 0 else f"name-{i % 1000}" for i in range(n)], pa.string())
+    chunks = [names.slice(a, b - a).dictionary_encode() for a, b in ((0, 40_000), (40_000, 40_000), (40_000, n))]
+    values = pa.array(rng.integers(0, 1000, n), pa.int64())
+    read = pa.table({"v": pa.chunked_array([values.slice(0, 70_000), values.slice(70_000)]),
+                     "name": pa.chunked_array(chunks)})
+    target = pa.schema([pa.field("v", pa.int64()), pa.field("name", pa.string())])
+    indices = pa.array(rng.permutation(n)[: n - 5].astype(np.int32))
+    got = gather(read, indices, target)
+    assert got.schema == target
+    assert got.equals(read.take(indices).cast(target))

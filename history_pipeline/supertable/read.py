@@ -450,21 +450,47 @@ def gather_with_keys(table: pa.Table, indices: np.ndarray, keys: np.ndarray,
 
 
 def gather(table: pa.Table, indices: pa.Array, schema: pa.Schema | None = None) -> pa.Table:
-    """``table.take(indices)``, a column per thread (Arrow's take runs one column at a time and
+    """``table.take(indices)``, on the reader threads (Arrow's take runs one column at a time and
     releases the GIL), each column made contiguous first in its thread (taking from many chunks
     costs about twice as much). With ``schema``, columns read as dictionaries are decoded to its
     types after the take (decoding the rows kept from a small dictionary costs less than taking
-    from every row's own string)."""
+    from every row's own string), in two halves: the decode is the longest job, and split it keeps
+    both threads busy."""
     target = schema or table.schema
     if table.num_columns < 2 or len(indices) < 100_000:
         taken = table.take(indices)
         return taken if schema is None else taken.cast(schema)
+    # a decoded column's dictionaries unified once (its chunks' own, per row group), here
+    flat = {i: _values_and_codes(table.column(i)) for i in range(table.num_columns)
+            if pa.types.is_dictionary(table.column(i).type) and not pa.types.is_dictionary(target.field(i).type)}
+    half = len(indices) // 2
+    # the decodes first: they take longest
+    jobs = [(i, start, stop) for i in flat for start, stop in ((0, half), (half, len(indices)))]
+    jobs += [(i, 0, len(indices)) for i in range(table.num_columns) if i not in flat]
 
-    def one(i: int) -> pa.Array:
-        column = _contiguous(table.column(i)).take(indices)
-        return column if column.type == target.field(i).type else column.cast(target.field(i).type)
+    def one(job: tuple[int, int, int]) -> pa.Array:
+        i, start, stop = job
+        part = indices if stop - start == len(indices) else indices.slice(start, stop - start)
+        kind = target.field(i).type
+        if i in flat:
+            values, codes = flat[i]
+            taken = values.take(codes.take(part))
+        else:
+            taken = _contiguous(table.column(i)).take(part)
+        return taken if taken.type == kind else taken.cast(kind)
 
-    return pa.Table.from_arrays(list(_readers().map(one, range(table.num_columns))), schema=target)
+    parts: dict[int, list[pa.Array]] = {}
+    for (i, _, _), taken in zip(jobs, _readers().map(one, jobs), strict=True):
+        parts.setdefault(i, []).append(taken)
+    return pa.Table.from_arrays([pa.chunked_array(parts[i], target.field(i).type) for i in range(table.num_columns)],
+                                schema=target)
+
+
+def _values_and_codes(column: pa.ChunkedArray) -> tuple[pa.Array, pa.Array]:
+    """A dictionary column as one array of values and one of codes into it (its chunks'
+    dictionaries unified, not appended: a small dictionary is decoded from cache)."""
+    combined = _contiguous(column)
+    return combined.dictionary, combined.indices
 
 
 def _by_key_then_t(keys: np.ndarray, times: np.ndarray) -> np.ndarray | None:
