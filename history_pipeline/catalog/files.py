@@ -12,6 +12,7 @@ interval (every file read is marked ``closed_until`` the next snapshot, see
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from functools import cached_property
@@ -19,7 +20,6 @@ from functools import cached_property
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
-import pyarrow.dataset as ds
 
 from history_pipeline.catalog.model import CatalogState, FileEntry, FileKind
 from history_pipeline.io.store import ObjectStore
@@ -38,7 +38,6 @@ from history_pipeline.supertable.read import (
     RowGroupTimes,
     as_dictionaries,
     as_numpy,
-    dataset_of,
     footer,
     gather_with_keys,
     overlay,
@@ -209,29 +208,43 @@ def read_parts(
             return pa.concat_tables(parts) if len(parts) > 1 else parts[0] if parts else empty
 
         return of_key(selection.snapshot, None), of_key(selection.versions, selection.snapshot_as_of)
-    key_filter = ds.field(KEY).isin(pa.array(sorted(set(keys)), pa.int64())) if keys is not None else None
+    target = as_dictionaries(schema, dictionaries).empty_table().select(wanted).schema
     if selection.snapshot:
-        expr = _conjunction(None if _all_below(selection.snapshot, as_of) else ds.field(LT) < as_of, key_filter)
-        base = dataset_of(store, selection.snapshot, schema, dictionaries).to_table(columns=wanted, filter=expr)
+        base = rows_below(store, selection.snapshot, target, as_of, None, keys)
     if selection.versions:
-        # a bound every file's statistics already meet is not evaluated row by row (at the latest
-        # T, the usual read, neither is needed)
-        expr = None if _all_below(selection.versions, as_of) else ds.field(LT) < as_of
-        since = selection.snapshot_as_of
-        if since is not None and not all(f.min_t is not None and f.min_t >= since for f in selection.versions):
-            expr = _conjunction(expr, ds.field(LT) >= since)
-        changes = dataset_of(store, selection.versions, schema, dictionaries).to_table(
-            columns=wanted, filter=_conjunction(expr, key_filter))
+        changes = rows_below(store, selection.versions, target, as_of, selection.snapshot_as_of, keys)
     return base, changes
 
 
-def _all_below(files: Sequence[FileEntry], as_of: int) -> bool:
-    """Every row of ``files`` has t < ``as_of`` (by the catalog's statistics)?"""
-    return all(f.max_t is not None and f.max_t < as_of for f in files)
-
-
-def _conjunction(a: ds.Expression | None, b: ds.Expression | None) -> ds.Expression | None:
-    return b if a is None else a if b is None else a & b
+def rows_below(store: ObjectStore, files: Sequence[FileEntry], target: pa.Schema, as_of: int, lower: int | None,
+               keys: Sequence[int] | None = None) -> pa.Table:
+    """The rows of ``files`` with ``lower <= t < as_of`` (and one of ``keys``), ``target``'s
+    columns, in file order: the row groups whose statistics allow such a row, read through their
+    cached footers (``read_row_groups``), then the rows. A bound every row group's statistics
+    already meet is not tested row by row (at the latest T, the usual read, neither is)."""
+    low, high = (min(keys), max(keys)) if keys else (None, None)
+    chosen = []
+    for f in files:
+        cached = footer(store, f.path)
+        groups = [rg for rg, times in enumerate(cached.times)
+                  if (times.min_t is None or times.min_t < as_of)
+                  and (lower is None or times.max_t is None or times.max_t >= lower)
+                  and (low is None or cached.key_ranges[rg] is None
+                       or (cached.key_ranges[rg][0] <= high and low <= cached.key_ranges[rg][1]))]
+        if groups:
+            chosen.append((f, cached, groups))
+    rows = read_row_groups(store, [(f, groups) for f, _, groups in chosen], target)
+    times = [cached.times[rg] for _, cached, groups in chosen for rg in groups]
+    tests = []
+    if any(g.max_t is None or g.max_t >= as_of for g in times):
+        tests.append(pc.less(rows.column(LT), as_of))
+    if lower is not None and any(g.min_t is None or g.min_t < lower for g in times):
+        tests.append(pc.greater_equal(rows.column(LT), lower))
+    if keys is not None:
+        tests.append(pc.is_in(rows.column(KEY), pa.array(sorted(set(keys)), pa.int64())))
+    if not tests:
+        return rows
+    return rows.filter(tests[0] if len(tests) == 1 else functools.reduce(pc.and_, tests))
 
 
 def live_rows(
@@ -384,15 +397,7 @@ def read_marked_and_since(
     base = rows.select(kept) if rows is not None else read_schema.empty_table().select(kept)
     changes = read_schema.empty_table().select([*kept, *(c for c in (LT, DELETED) if c not in kept)])
     if since:
-        # each file's row groups below as_of (by their statistics), then the rows
-        chosen = [(f, [rg for rg, times in enumerate(footer(store, f.path).times) if times.min_t is None
-                       or times.min_t < as_of]) for f in since]
-        changes = read_row_groups(store, [(f, groups) for f, groups in chosen if groups], changes.schema)
-        tests = [] if _all_below(since, as_of) else [pc.less(changes.column(LT), as_of)]
-        if keys is not None:
-            tests.append(pc.is_in(changes.column(KEY), pa.array(sorted(set(keys)), pa.int64())))
-        if tests:
-            changes = changes.filter(tests[0] if len(tests) == 1 else pc.and_(*tests))
+        changes = rows_below(store, since, changes.schema, as_of, None, keys)
     return overlay(base, changes, kept, schema if dictionaries else None, current=current)
 
 
