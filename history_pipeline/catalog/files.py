@@ -226,11 +226,11 @@ def rows_below(store: ObjectStore, files: Sequence[FileEntry], target: pa.Schema
     chosen = []
     for f in files:
         cached = footer(store, f.path)
+        in_range = None if low is None or high is None else set(cached.row_groups_overlapping(low, high))
         groups = [rg for rg, times in enumerate(cached.times)
                   if (times.min_t is None or times.min_t < as_of)
                   and (lower is None or times.max_t is None or times.max_t >= lower)
-                  and (low is None or cached.key_ranges[rg] is None
-                       or (cached.key_ranges[rg][0] <= high and low <= cached.key_ranges[rg][1]))]
+                  and (in_range is None or rg in in_range)]
         if groups:
             chosen.append((f, cached, groups))
     rows = read_row_groups(store, [(f, groups) for f, _, groups in chosen], target)
@@ -318,8 +318,8 @@ def row_groups_current(store: ObjectStore, files: Sequence[FileEntry], as_of: in
         cached = footer(store, f.path)
         groups = cached.row_groups_current(as_of)
         if low is not None and high is not None:
-            groups = [rg for rg in groups if cached.key_ranges[rg] is None
-                      or (cached.key_ranges[rg][0] <= high and low <= cached.key_ranges[rg][1])]
+            in_range = set(cached.row_groups_overlapping(low, high))
+            groups = [rg for rg in groups if rg in in_range]
         if groups:
             chosen.append((f, groups))
     return chosen

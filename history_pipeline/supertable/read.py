@@ -102,7 +102,12 @@ class Footer:
     schema: pa.Schema | None = None
 
     def row_groups_holding(self, key: int) -> list[int]:
-        return [rg for rg, bounds in enumerate(self.key_ranges) if bounds is None or bounds[0] <= key <= bounds[1]]
+        return self.row_groups_overlapping(key, key)
+
+    def row_groups_overlapping(self, low: int, high: int) -> list[int]:
+        """The row groups that may hold a key in [low, high] (all where their statistics are missing)."""
+        return [rg for rg, bounds in enumerate(self.key_ranges)
+                if bounds is None or bounds[0] <= high and low <= bounds[1]]
 
     def row_groups_current(self, as_of: int) -> list[int]:
         """The row groups that may hold a row current as of ``as_of`` (see ``RowGroupTimes``)."""
@@ -463,23 +468,19 @@ def gather(table: pa.Table, indices: pa.Array, schema: pa.Schema | None = None) 
     if table.num_columns < 2 or len(indices) < 100_000:
         taken = table.take(indices)
         return taken if schema is None else taken.cast(schema)
-    # a decoded column's dictionaries unified once (its chunks' own, per row group), here
-    flat = {i: _values_and_codes(table.column(i)) for i in range(table.num_columns)
-            if pa.types.is_dictionary(table.column(i).type) and not pa.types.is_dictionary(target.field(i).type)}
+    # a decoded column made contiguous once (its row groups' dictionaries unified), here
+    decoded = {i: _contiguous(table.column(i)) for i in range(table.num_columns)
+               if pa.types.is_dictionary(table.column(i).type) and not pa.types.is_dictionary(target.field(i).type)}
     half = len(indices) // 2
     # the decodes first: they take longest
-    jobs = [(i, start, stop) for i in flat for start, stop in ((0, half), (half, len(indices)))]
-    jobs += [(i, 0, len(indices)) for i in range(table.num_columns) if i not in flat]
+    jobs = [(i, start, stop) for i in decoded for start, stop in ((0, half), (half, len(indices)))]
+    jobs += [(i, 0, len(indices)) for i in range(table.num_columns) if i not in decoded]
 
     def one(job: tuple[int, int, int]) -> pa.Array:
         i, start, stop = job
         part = indices if stop - start == len(indices) else indices.slice(start, stop - start)
         kind = target.field(i).type
-        if i in flat:
-            values, codes = flat[i]
-            taken = values.take(codes.take(part))
-        else:
-            taken = _contiguous(table.column(i)).take(part)
+        taken = (decoded[i] if i in decoded else _contiguous(table.column(i))).take(part)
         return taken if taken.type == kind else taken.cast(kind)
 
     parts: dict[int, list[pa.Array]] = {}
@@ -487,13 +488,6 @@ def gather(table: pa.Table, indices: pa.Array, schema: pa.Schema | None = None) 
         parts.setdefault(i, []).append(taken)
     return pa.Table.from_arrays([pa.chunked_array(parts[i], target.field(i).type) for i in range(table.num_columns)],
                                 schema=target)
-
-
-def _values_and_codes(column: pa.ChunkedArray) -> tuple[pa.Array, pa.Array]:
-    """A dictionary column as one array of values and one of codes into it (its chunks'
-    dictionaries unified, not appended: a small dictionary is decoded from cache)."""
-    combined = _contiguous(column)
-    return combined.dictionary, combined.indices
 
 
 def _by_key_then_t(keys: np.ndarray, times: np.ndarray) -> np.ndarray | None:
