@@ -63,6 +63,7 @@ def entry_of(written: WrittenFile, meta: FileMetadata) -> FileEntry:
         snapshot_as_of=meta.snapshot_as_of,
         closed_until=meta.closed_until,
         closed_layout=meta.closed_layout,
+        holds_versions=meta.holds_versions,
     )
 
 
@@ -107,12 +108,20 @@ class FileSelection:
 
     @property
     def closed(self) -> bool:
-        """Every file read is marked as of one U at or above ``as_of``: its rows carry
-        ``superseded_at``, so the read is a filter, no join."""
-        mark = self.marked_until
-        return (mark is not None and self.as_of is not None and self.as_of <= mark
-                and bool(self.snapshot + self.versions)
-                and all(f.closed_until == mark for f in self.snapshot + self.versions))
+        """Every file read is marked as of some U at or above ``as_of``: its rows carry
+        ``superseded_at`` (their key's next version below U, which is the next version below
+        ``as_of`` too), so the read is a filter, no join. The marks may differ from file to file:
+        a snapshot piece holding versions (``FileEntry.holds_versions``) read inside its interval
+        is marked as of the next interval's end once that closes."""
+        files = self.snapshot + self.versions
+        if self.as_of is None or not files:
+            return False
+        if any(f.closed_until is None or f.closed_until < self.as_of for f in files):
+            return False
+        lower = self.snapshot_as_of
+        # marking never takes a version file reaching below its interval's snapshot or past its marks
+        return all(f.max_t is not None and f.max_t < f.closed_until  # type: ignore[operator]
+                   and (lower is None or (f.min_t is not None and f.min_t >= lower)) for f in self.versions)
 
     @property
     def marked_and_since(self) -> tuple[int, tuple[FileEntry, ...], tuple[FileEntry, ...]] | None:
@@ -141,13 +150,16 @@ def select_files(
     # a snapshot's pieces hold disjoint key ranges: read in key order, their rows are in key order
     chosen = tuple(sorted((f for f in snapshots if f.snapshot_as_of == snapshot_as_of), key=by_first_key))
     lower = snapshot_as_of if snapshot_as_of is not None else None
+    # the versions since the snapshot: version files, and the pieces of the next snapshot that
+    # hold the versions of this interval still current at its end (stored only there)
     versions = tuple(
         f
-        for f in state.files_of(table_uuid, FileKind.VERSIONS)
+        for f in state.versions_of(table_uuid)
         if f.row_count
         and f.min_t is not None
         and f.min_t < as_of
         and (lower is None or (f.max_t is not None and f.max_t >= lower))
+        and (not f.holds_versions or (f.snapshot_as_of is not None and f.snapshot_as_of > as_of))
     )
     if keys is not None:
         low, high = min(keys, default=0), max(keys, default=-1)

@@ -39,6 +39,14 @@ class FileEntry:
     closed_until: int | None = None
     #: the row order of a closed file (``supertable.CLOSED_LAYOUT``; None: key-sorted whole)
     closed_layout: int | None = None
+    #: a snapshot piece whose rows are also versions: those written in the interval before
+    #: ``snapshot_as_of`` and current at it (kept only here; see ``maintenance/snapshots.py``)
+    holds_versions: bool = False
+
+    @property
+    def is_versions(self) -> bool:
+        """Are the file's rows versions (row history, reads inside their interval)?"""
+        return self.kind is FileKind.VERSIONS or self.holds_versions
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -55,6 +63,7 @@ class FileEntry:
             "snapshot_as_of": self.snapshot_as_of,
             **({"closed_until": self.closed_until} if self.closed_until is not None else {}),
             **({"closed_layout": self.closed_layout} if self.closed_layout is not None else {}),
+            **({"holds_versions": True} if self.holds_versions else {}),
         }
 
     @staticmethod
@@ -73,6 +82,7 @@ class FileEntry:
             snapshot_as_of=obj.get("snapshot_as_of"),
             closed_until=obj.get("closed_until"),
             closed_layout=obj.get("closed_layout"),
+            holds_versions=bool(obj.get("holds_versions", False)),
         )
 
 
@@ -290,6 +300,10 @@ class CatalogState:
     def earliest_of(self, table_uuid: str) -> int:
         """The smallest answerable as_of for one table (the database's, or its TTL purge point)."""
         return max(self.earliest, self.table_earliest.get(table_uuid, 0))
+
+    def versions_of(self, table_uuid: str) -> list[FileEntry]:
+        """Live files of one table whose rows are versions (``FileEntry.is_versions``), by path."""
+        return [f for f in self.files_of(table_uuid) if f.is_versions]
 
     def files_of(self, table_uuid: str, kind: FileKind | None = None) -> list[FileEntry]:
         """Live files of one table (optionally of one kind), by path."""

@@ -207,7 +207,7 @@ def verify(
         problems += verify_file(store, entry)
     if any(p.kind in ("missing_file", "unreadable_file") for p in problems):
         return problems  # the data checks below would only fail on the same files
-    data_max = max((f.max_t for f in state.files.values() if f.max_t is not None and f.kind is FileKind.VERSIONS),
+    data_max = max((f.max_t for f in state.files.values() if f.max_t is not None and f.is_versions),
                    default=None)
     if data_max is not None and data_max > state.frontier:
         problems.append(Problem("frontier_behind_data", None, f"frontier {state.frontier} < data up to {data_max}"))
@@ -259,7 +259,7 @@ def verify_data(state: CatalogState, store: ObjectStore, snapshot_samples: int =
     con = duckdb.connect(":memory:")
     try:
         for table_uuid in sorted({f.table_uuid for f in state.files.values() if f.table_uuid}):
-            versions = state.files_of(table_uuid, FileKind.VERSIONS)
+            versions = state.versions_of(table_uuid)
             if not versions:
                 continue
             con.register("v", dataset_of(store, versions, _RESERVED_SCHEMA))
@@ -509,6 +509,7 @@ def _entry_from_footer(path: str, meta: FileMetadata, footer: pq.FileMetaData, s
         snapshot_as_of=meta.snapshot_as_of,
         closed_until=meta.closed_until,
         closed_layout=meta.closed_layout,
+        holds_versions=meta.holds_versions,
     )
 
 

@@ -58,7 +58,7 @@ from history_pipeline.supertable import (
     METADATA_KEY,
     SUPERSEDED,
     FileMetadata,
-    closed_layout,
+    layout_of,
     new_file_path,
     read_file_metadata,
     supertable_schema,
@@ -180,7 +180,7 @@ def erase_file_task(task: EraseTask) -> EraseOutcome:
     path = new_file_path(task.database, task.table_uuid, entry.kind, task.txn_hint)
     row_groups = None
     if marked and meta.closed_until is not None:  # the kept rows in the closed layout again
-        rest, row_groups = closed_layout(rest, entry.snapshot_as_of)
+        rest, row_groups = layout_of(rest, entry.snapshot_as_of, entry.holds_versions)
     return EraseOutcome(entry.path, write_parquet(objects, path, rest, meta, row_groups), hits)
 
 

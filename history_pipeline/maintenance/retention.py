@@ -99,6 +99,14 @@ def retain_table_task(task: RetentionTask) -> RetentionOutcome:
     below = [f for f in versions if f.min_t is not None and f.min_t < purge_before]
     added: list[FileEntry] = []
     kept = live_rows(objects, state, task.table_uuid, task.supercolumns, purge_before)
+    # a kept snapshot's pieces holding versions already store the newest versions below the purge
+    # point of their keys (current at the snapshot, so as of the purge point too): not twice
+    held = [f for f in state.files_of(task.table_uuid, FileKind.SNAPSHOT)
+            if f.holds_versions and f.snapshot_as_of is not None and f.snapshot_as_of >= purge_before
+            and f.min_t is not None and f.min_t < purge_before]
+    if held and kept.num_rows:
+        held_keys = dataset_of(objects, held, schema).to_table(columns=[KEY], filter=ds.field(LT) < purge_before)
+        kept = kept.filter(pc.invert(pc.is_in(kept.column(KEY), value_set=held_keys.column(KEY))))
     if kept.num_rows:
         kept = kept.select(schema.names).cast(schema)
         meta = FileMetadata(task.database, task.table_uuid, FileKind.VERSIONS, txn_hint, None, purge_before,

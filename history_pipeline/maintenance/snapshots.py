@@ -12,7 +12,19 @@ key's next version below S' (NULL: none), and marks them ``closed_until = S'``; 
 [S, S') is then two filtered scans (``superseded_at`` NULL or >= T), no join.
 
 A row's ``superseded_at`` is its key's next version, so marks computed as of any U hold for every
-T <= U. ``mark_open_intervals`` marks the open interval [S, frontier + 1) the same way once a
+T <= U.
+
+Closing the newest interval [S, S') also stops the snapshot S' repeating it. Most of S' rows
+were written inside [S, S') and are current at S': they are the interval's versions whose
+``superseded_at`` is NULL. Those versions move into pieces of S' that hold versions
+(``holds_versions``), and S' itself keeps only the rows written before S: each row is stored once,
+the reads decode the same rows. Such a piece is a snapshot piece to every reader as of T >= S'
+and one of the interval's version files to a read as of T in [S, S') and to row history; closing
+the next interval marks it as a snapshot piece, and its marks as of that later end hold inside
+[S, S') too. A key range whose versions do not equal the snapshot's rows (a snapshot written by a
+type change fills a new supercolumn the versions lack) keeps its snapshot rows whole.
+
+``mark_open_intervals`` marks the open interval [S, frontier + 1) the same way once a
 fraction of a snapshot's worth of versions in it are unmarked: a read up to its marks is a
 filter, a later one overlays the few versions since on the rows current at the marks. The
 rewritten files replace the old ones, so marking adds no bytes.
@@ -27,6 +39,7 @@ from typing import Any
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from history_pipeline.catalog.files import write_parquet
 from history_pipeline.catalog.handle import DatabaseHandle
@@ -43,11 +56,12 @@ from history_pipeline.maintenance.snapshot_pieces import (
 from history_pipeline.schema import Supercolumn, replay_schema_history
 from history_pipeline.supertable import (
     CLOSED_LAYOUT,
+    DELETED,
     KEY,
     LT,
     SUPERSEDED,
     FileMetadata,
-    closed_layout,
+    layout_of,
     new_file_path,
     read_file_metadata,
     supertable_schema,
@@ -202,11 +216,28 @@ class Interval:
     lower: int | None
     upper: int
     files: tuple[FileEntry, ...]
+    #: the snapshot ``upper`` whole, when closing stops it repeating the interval (the newest
+    #: closed interval, its snapshot not yet marked): see the module docstring
+    next_snapshot: tuple[FileEntry, ...] = ()
 
     @property
     def unmarked(self) -> tuple[FileEntry, ...]:
-        """Files not marked for this interval, or marked in an older row order (laid out again)."""
-        return tuple(f for f in self.files if f.closed_until != self.upper or f.closed_layout != CLOSED_LAYOUT)
+        """Files not marked for this interval (marks as of a later end hold too: a piece holding
+        versions is marked for the next interval), or marked in an older row order (laid out again)."""
+        return tuple(f for f in self.files
+                     if f.closed_until is None or f.closed_until < self.upper or f.closed_layout != CLOSED_LAYOUT)
+
+    @property
+    def rewritten(self) -> tuple[FileEntry, ...]:
+        """The files closing rewrites: all but the pieces of snapshot ``upper`` holding versions
+        that are marked already, as of it or a later end (read for the other rows' marks only:
+        their own rows are current at ``upper``, so closing would only lose their later marks)."""
+        return tuple(f for f in self.files if f.path not in self.settled)
+
+    @property
+    def settled(self) -> frozenset[str]:
+        return frozenset(f.path for f in self.files
+                         if f.holds_versions and f.snapshot_as_of == self.upper and f not in self.unmarked)
 
 
 def closed_intervals(state: CatalogState, table_uuid: str) -> list[Interval]:
@@ -227,6 +258,9 @@ def closed_intervals(state: CatalogState, table_uuid: str) -> list[Interval]:
         inside.setdefault(first, []).append(f)
         if first != last:
             straddling.update(range(first, last + 1))
+    for f in snapshots:  # versions stored in the next snapshot's pieces belong inside the interval too
+        if f.holds_versions and f.row_count:
+            inside.setdefault(bounds.index(f.snapshot_as_of), []).append(f)  # type: ignore[arg-type]
     found = []
     for i, upper in enumerate(bounds):
         lower = bounds[i - 1] if i else None
@@ -235,6 +269,10 @@ def closed_intervals(state: CatalogState, table_uuid: str) -> list[Interval]:
         base = [f for f in snapshots if lower is not None and f.snapshot_as_of == lower]
         interval = Interval(table_uuid, lower, upper, tuple(base + inside.get(i, [])))
         if interval.unmarked:
+            whole = [f for f in snapshots if f.snapshot_as_of == upper]
+            if (i == len(bounds) - 1 and all(not f.holds_versions and f.closed_until is None for f in whole)
+                    and any(f.kind is FileKind.VERSIONS for f in interval.files)):
+                interval = replace(interval, next_snapshot=tuple(whole))
             found.append(interval)
     return found
 
@@ -258,6 +296,11 @@ class CloseTask:
     #: write the snapshot's file even when the range holds none of its rows (the first range), so
     #: that the snapshot point, which bounds the intervals, never leaves the catalog
     always: bool
+    #: the pieces of snapshot ``upper`` that may hold the range's keys, when closing splits it
+    #: (``Interval.next_snapshot``); empty: no split
+    next_files: tuple[FileEntry, ...] = ()
+    #: files read for the marks of the others but not written again (``Interval.settled``)
+    settled: frozenset[str] = frozenset()
 
 
 def plan_close(state: CatalogState, store_config: dict[str, Any], database: str, interval: Interval,
@@ -268,7 +311,9 @@ def plan_close(state: CatalogState, store_config: dict[str, Any], database: str,
     ranges = key_ranges(interval.files, max(1, -(-rows // max(1, piece_rows))))
     return [CloseTask(store_config, database, interval.table_uuid, tuple(supercolumns), interval.lower,
                       interval.upper, tuple(f for f in interval.files if key_range_overlaps(f, low, high)),
-                      low, high, state.txn_id + 1, always=(i == 0))
+                      low, high, state.txn_id + 1, always=(i == 0),
+                      next_files=tuple(f for f in interval.next_snapshot if key_range_overlaps(f, low, high)),
+                      settled=interval.settled)
             for i, (low, high) in enumerate(ranges)]
 
 
@@ -287,37 +332,88 @@ def superseded_at(keys: np.ndarray, times: np.ndarray) -> pa.Array:
 
 def close_piece(task: CloseTask) -> tuple[FileEntry, ...]:
     """Read the task's key range of its interval once, give every row its ``superseded_at``, and
-    write the rows of each kind of file (the snapshot's, the versions') as one marked file in the
-    closed layout, every footer field of the files it replaces kept; returns their entries."""
+    write the rows of each kind of file (the snapshot's, the versions', a snapshot piece's holding
+    versions) as one marked file in the closed layout, every footer field of the files it replaces
+    kept; when the task splits the next snapshot, the versions current at its end move into a
+    piece of it (see the module docstring). Returns the written files' entries."""
     objects = open_executor_store(task.store_config)
     schema = supertable_schema(task.supercolumns)
     in_range = key_range_filter(task.low, task.high)
-    groups: dict[tuple[FileKind, int | None], list[FileEntry]] = {}
+    groups: dict[tuple[FileKind, int | None, bool], list[FileEntry]] = {}
     for f in task.files:
-        groups.setdefault((f.kind, f.snapshot_as_of), []).append(f)
-    parts = [(kind_of, files, dataset_of(objects, files, schema).to_table(filter=in_range))
-             for kind_of, files in sorted(groups.items(), key=lambda g: (g[0][0].value, g[0][1] or 0))]
+        groups.setdefault((f.kind, f.snapshot_as_of, f.holds_versions), []).append(f)
+    parts = [(group, files, dataset_of(objects, files, schema).to_table(filter=in_range))
+             for group, files in sorted(groups.items(), key=lambda g: (g[0][0].value, g[0][1] or 0, g[0][2]))]
     if not parts:
         return ()
     superseded = superseded_at(
         np.concatenate([as_numpy(rows.column(KEY)) for _, _, rows in parts]),
         np.concatenate([as_numpy(rows.column(LT)) for _, _, rows in parts]))
-    written, start = [], 0
-    for (kind, snapshot_as_of), files, rows in parts:
+    outputs: list[tuple[FileMetadata, pa.Table]] = []
+    tails: list[tuple[list[FileEntry], pa.Table]] = []
+    start = 0
+    for (kind, snapshot_as_of, holds), files, rows in parts:
         mine = superseded.slice(start, rows.num_rows)
         start += rows.num_rows
-        if rows.num_rows == 0 and not (task.always and kind is FileKind.SNAPSHOT):
+        if all(f.path in task.settled for f in files):
             continue
-        meta = _merged_metadata(objects, task, kind, snapshot_as_of, files)
-        table, row_groups = closed_layout(rows.append_column(pa.field(SUPERSEDED, pa.int64()), mine),
-                                          snapshot_as_of)
-        path = new_file_path(task.database, task.table_uuid, kind, task.txn_hint)
-        written.append(write_parquet(objects, path, table, meta, row_groups or None))
+        marked = rows.append_column(pa.field(SUPERSEDED, pa.int64()), mine)
+        if task.next_files and kind is FileKind.VERSIONS:
+            current = pc.and_(pc.is_null(mine), pc.invert(pc.fill_null(rows.column(DELETED), False)))
+            tails.append((files, marked.filter(current)))
+            marked = marked.filter(pc.invert(current))
+        outputs.append((_merged_metadata(objects, task, kind, snapshot_as_of, files, holds), marked))
+    if task.next_files:
+        outputs += _split_next_snapshot(objects, task, schema, in_range, tails)
+    written = []
+    for meta, table in outputs:
+        if table.num_rows == 0 and not (task.always and meta.kind is FileKind.SNAPSHOT and not meta.holds_versions):
+            continue
+        laid_out, row_groups = layout_of(table, meta.snapshot_as_of, meta.holds_versions)
+        path = new_file_path(task.database, task.table_uuid, meta.kind, task.txn_hint)
+        written.append(write_parquet(objects, path, laid_out, meta, row_groups or None))
     return tuple(written)
 
 
+def _split_next_snapshot(objects: ObjectStore, task: CloseTask, schema: pa.Schema, in_range: Any,
+                         tails: list[tuple[list[FileEntry], pa.Table]]) -> list[tuple[FileMetadata, pa.Table]]:
+    """The files replacing the next snapshot's rows in the task's range: a piece of the rows
+    written before the interval and a piece holding the interval's versions current at its end
+    (``tails``, each with the version files it came from), both marked as of ``upper`` (every row
+    current there). Only when the versions equal the snapshot's rows written inside the interval,
+    column for column; otherwise the snapshot's rows stay whole and the versions in their files."""
+    whole = dataset_of(objects, task.next_files, schema).to_table(filter=in_range)
+    inside = (pc.greater_equal(whole.column(LT), task.lower) if task.lower is not None
+              else pa.array(np.ones(whole.num_rows, dtype=bool)))
+    before, written_inside = whole.filter(pc.invert(inside)), whole.filter(inside)
+    versions = pa.concat_tables([t for _, t in tails]) if tails else schema.empty_table().append_column(
+        pa.field(SUPERSEDED, pa.int64()), pa.array([], pa.int64()))
+    by_key = [(KEY, "ascending")]
+    split = versions.select(schema.names).sort_by(by_key).equals(written_inside.select(schema.names).sort_by(by_key))
+    snapshot_meta = _merged_metadata(objects, task, FileKind.SNAPSHOT, task.upper, list(task.next_files), False)
+    outputs = []
+    if split:
+        outputs.append((snapshot_meta, _with_no_marks(before)))
+        if versions.num_rows:
+            sources = sorted({f.path: f for files, _ in tails for f in files}.values(), key=lambda f: f.path)
+            meta = _merged_metadata(objects, task, FileKind.VERSIONS, None, sources, False)
+            outputs.append((replace(meta, kind=FileKind.SNAPSHOT, snapshot_as_of=task.upper, holds_versions=True),
+                            versions))
+    else:
+        outputs.append((snapshot_meta, _with_no_marks(whole)))
+        for files, rows in tails:  # back among the versions, in files of their own
+            if rows.num_rows:
+                outputs.append((_merged_metadata(objects, task, FileKind.VERSIONS, None, files, False), rows))
+    return outputs
+
+
+def _with_no_marks(rows: pa.Table) -> pa.Table:
+    """A snapshot's rows marked as of its own t: none is superseded there."""
+    return rows.append_column(pa.field(SUPERSEDED, pa.int64()), pa.nulls(rows.num_rows, pa.int64()))
+
+
 def _merged_metadata(objects: ObjectStore, task: CloseTask, kind: FileKind, snapshot_as_of: int | None,
-                     files: Sequence[FileEntry]) -> FileMetadata:
+                     files: Sequence[FileEntry], holds_versions: bool) -> FileMetadata:
     """The footer of the file replacing ``files``' rows in the task's range: theirs (the first
     one's fields; t bounds, segments and retention's purge point over all), marked closed."""
     metas = [m for m, _ in (read_file_metadata(objects, f.path) for f in files) if m is not None]
@@ -332,7 +428,7 @@ def _merged_metadata(objects: ObjectStore, task: CloseTask, kind: FileKind, snap
                    lower=min(lowers) if lowers else meta.lower, upper=max(uppers) if uppers else meta.upper,
                    segments=tuple(sorted({s for f in files for s in f.segments})),
                    earliest=max(purges) if purges else None,
-                   closed_until=task.upper, closed_layout=CLOSED_LAYOUT)
+                   closed_until=task.upper, closed_layout=CLOSED_LAYOUT, holds_versions=holds_versions)
 
 
 #: intervals marked per call and table, newest first: a store written before closed intervals
@@ -360,13 +456,14 @@ def _mark(store: DatabaseHandle, state: CatalogState, intervals: Sequence[Interv
     when one went meanwhile)."""
     if not intervals:
         return 0
+    intervals = _disjoint(intervals)
     supers = replay_schema_history(state.schema_history).supercolumns
     config = store_for_tasks(spark, store.objects)
     tasks = [task for interval in intervals
              for task in plan_close(state, config, store.database, interval,
                                     supers.get(interval.table_uuid, ()), piece_rows)]
     added = [entry for entries in map_tasks(spark, close_piece, tasks) for entry in entries]
-    replaced = sorted({f.path for interval in intervals for f in interval.files})
+    replaced = sorted({f.path for interval in intervals for f in interval.rewritten + interval.next_snapshot})
     removed_at = now()
 
     def build(current: CatalogState) -> list[Any] | None:
@@ -376,3 +473,18 @@ def _mark(store: DatabaseHandle, state: CatalogState, intervals: Sequence[Interv
 
     committed = store.catalog.commit("close intervals", build)
     return len(replaced) if all(new.path in committed.files for new in added) else 0
+
+
+def _disjoint(intervals: Sequence[Interval]) -> list[Interval]:
+    """The intervals, leaving out any that shares a file with one before it (a piece holding
+    versions is in two intervals): one rewrite per file per transaction; the next call marks the
+    rest."""
+    taken: set[str] = set()
+    chosen = []
+    for interval in intervals:
+        paths = {f.path for f in interval.rewritten + interval.next_snapshot}
+        if paths & taken:
+            continue
+        taken |= paths
+        chosen.append(interval)
+    return chosen

@@ -25,7 +25,7 @@ import pyarrow.compute as pc
 
 from history_pipeline.casts import CastFailure, cast_value
 from history_pipeline.catalog.files import live_rows
-from history_pipeline.catalog.model import CatalogState, FileKind
+from history_pipeline.catalog.model import CatalogState
 from history_pipeline.errors import (
     FutureTimestampError,
     NegativeTimestampError,
@@ -202,7 +202,7 @@ class QueryContext:
         """Every retained version of a key, oldest first, values named as at each version's time."""
         descriptor = self._resolve_any_time(table)
         supercolumns = self.supercolumns(descriptor.table_uuid)
-        files = self.state.files_of(descriptor.table_uuid, FileKind.VERSIONS)
+        files = self.state.versions_of(descriptor.table_uuid)
         schema = supertable_schema(supercolumns)
         con = reader_cursor()
         try:

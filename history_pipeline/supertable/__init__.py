@@ -120,6 +120,9 @@ class FileMetadata:
     closed_until: int | None = None
     #: the row order of a closed file (``CLOSED_LAYOUT``; None: key-sorted, as marked before it)
     closed_layout: int | None = None
+    #: a snapshot piece holding versions: the rows written in the interval before the snapshot and
+    #: still current at it, stored nowhere else (see ``maintenance/snapshots.py``)
+    holds_versions: bool = False
 
     def to_bytes(self) -> bytes:
         return json.dumps(
@@ -138,6 +141,7 @@ class FileMetadata:
                 "attempt": self.attempt,
                 **({"closed_until": self.closed_until} if self.closed_until is not None else {}),
                 **({"closed_layout": self.closed_layout} if self.closed_layout is not None else {}),
+                **({"holds_versions": True} if self.holds_versions else {}),
             }
         ).encode()
 
@@ -159,6 +163,7 @@ class FileMetadata:
             attempt=obj.get("attempt"),
             closed_until=obj.get("closed_until"),
             closed_layout=obj.get("closed_layout"),
+            holds_versions=bool(obj.get("holds_versions", False)),
         )
 
 
@@ -304,6 +309,19 @@ def parquet_bytes(table: pa.Table, row_groups: Sequence[int] | None = None, page
             writer.write_table(table.slice(offset, rows), row_group_size=max(rows, 1))
             offset += rows
     return buffer.getvalue()
+
+
+#: cells by t of a snapshot piece holding versions: inside their own interval its rows are read by
+#: t (most are superseded only in the next interval), in the next one by ``superseded_at``
+HOLDING_TIME_BUCKETS = 4
+
+
+def layout_of(table: pa.Table, snapshot_as_of: int | None, holds_versions: bool) -> tuple[pa.Table, tuple[int, ...]]:
+    """``closed_layout`` for a marked file of this kind: a snapshot's rows are one key-sorted run
+    of never-superseded rows, a piece holding versions is cut by t as well."""
+    if holds_versions:
+        return closed_layout(table, None, time_buckets=HOLDING_TIME_BUCKETS)
+    return closed_layout(table, snapshot_as_of)
 
 
 def closed_layout(table: pa.Table, lower: int | None, row_group_rows: int | None = None,
