@@ -91,8 +91,9 @@ def bench_load_table(work: Path, live_rows: int, versions: int, batch: int, delt
     snapshots = sorted({f.snapshot_as_of for f in state.files_of(TABLE_UUID, FileKind.SNAPSHOT)
                         if f.snapshot_as_of is not None})
     worst = snapshots[-1] - 1 if snapshots else history.frontier + 1
-    version_bytes = sum(f.size_bytes for f in state.files_of(TABLE_UUID, FileKind.VERSIONS))
-    snapshot_bytes = sum(f.size_bytes for f in state.files_of(TABLE_UUID, FileKind.SNAPSHOT))
+    # a snapshot's pieces holding versions count as versions: they are the history's only copy of them
+    version_bytes = sum(f.size_bytes for f in state.versions_of(TABLE_UUID))
+    snapshot_bytes = sum(f.size_bytes for f in state.files_of(TABLE_UUID, FileKind.SNAPSHOT) if not f.holds_versions)
     delta_bytes = delta_batch_bytes = segment_events = None
     if delta:
         # the target's baseline: one MERGE per WAL segment of the writer's default size, measured
@@ -119,7 +120,7 @@ def bench_load_table(work: Path, live_rows: int, versions: int, batch: int, delt
     rows[0]["lookups_after_merge"] = bench_lookups(store, history.frontier + 1, live_rows)
     rows[0]["lookups_after_merge"]["merge_s"] = merge_s
     rows[0]["lookups_after_merge"]["version_bytes"] = sum(
-        f.size_bytes for f in store.catalog_state().files_of(TABLE_UUID, FileKind.VERSIONS))
+        f.size_bytes for f in store.catalog_state().versions_of(TABLE_UUID))
     # the open interval at its longest: the versions above the newest snapshot one short of making
     # the next one due. It is marked as of the frontier at every marking's share of them
     # (``mark_open_fraction``), so the worst latest T is just before the next marking: marked at
@@ -198,7 +199,8 @@ def _delta_bytes(work: Path, store: HistoryStore, per: int) -> int:
     from history_pipeline.supertable import SUPERSEDED
     from history_pipeline.supertable.read import keep_latest
 
-    files = sorted(store.catalog_state().files_of(TABLE_UUID, FileKind.VERSIONS), key=lambda f: f.min_t or 0)
+    # every version once: the version files and the snapshot pieces holding versions
+    files = sorted(store.catalog_state().versions_of(TABLE_UUID), key=lambda f: f.min_t or 0)
     path = work / f"delta_{store.frontier}_{per}"
     merges = 0
 
@@ -226,8 +228,13 @@ def _delta_bytes(work: Path, store: HistoryStore, per: int) -> int:
         for chunk in pc.unique(chunk_of).to_pylist():
             by_chunk.setdefault(chunk, []).append(rows.filter(pc.equal(chunk_of, chunk)))
     chunks = sorted(by_chunk)
+    fed = 0
     for chunk in chunks:
-        apply(pa.concat_tables(by_chunk.pop(chunk)))
+        rows = pa.concat_tables(by_chunk.pop(chunk))
+        fed += rows.num_rows
+        apply(rows)
+    # the bench's history gives each version a t of its own: Delta got all of them
+    assert fed == store.frontier - first_t + 1, (fed, store.frontier - first_t + 1)
     assert merges == len(chunks) == (store.frontier - first_t) // per + 1, (merges, len(chunks))
     return dir_bytes(path)
 

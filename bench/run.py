@@ -143,7 +143,7 @@ def bench_delta_merge(work: Path, store: HistoryStore) -> dict[str, Any]:
         path = root / table_uuid
         # one MERGE per segment and table: a segment may be written as several files (key parts)
         by_segment: dict[tuple[Any, ...], list[FileEntry]] = {}
-        for entry in state.files_of(table_uuid, FileKind.VERSIONS):
+        for entry in state.versions_of(table_uuid):  # with the snapshot pieces holding versions
             by_segment.setdefault(entry.segments or (entry.path,), []).append(entry)
         batches = sorted(by_segment.values(), key=lambda files: min(f.min_t or 0 for f in files))
         created = False
@@ -232,16 +232,19 @@ def bench_delta_time_travel(work: Path, live_rows: int, versions: int, batch: in
 
     store = HistoryStore.open(work / f"history_{versions}", database="bench")
     state = store.catalog_state()
-    files = sorted(state.files_of("bench-table", FileKind.VERSIONS), key=lambda f: f.min_t or 0)
+    files = sorted(state.versions_of("bench-table"), key=lambda f: f.min_t or 0)
     path = work / "delta_history"
     for i, entry in enumerate(files):
         source = _latest_per_key(pq.read_table(store.objects.full_path(entry.path)))
         if i == 0:
             write_deltalake(str(path), source)
         else:
+            # files overlap in time (an interval's pieces, its snapshot's pieces holding versions):
+            # the newer version of a key wins whatever the order of the files
             (DeltaTable(str(path)).merge(source, predicate="t.synthetic_key = s.synthetic_key",
                                          source_alias="s", target_alias="t")
-             .when_matched_update_all().when_not_matched_insert_all().execute())
+             .when_matched_update_all(predicate="s.logical_timestamp > t.logical_timestamp")
+             .when_not_matched_insert_all().execute())
     version = DeltaTable(str(path)).version()
     seconds = median_time(lambda: DeltaTable(str(path), version=version).to_pyarrow_table())
     ours = median_time(lambda: store.load_table("bench", store.frontier + 1))

@@ -37,8 +37,11 @@ def _points(store, table="T"):
 
 
 def _assert_disjoint_ranges(files):
-    ranges = [(f.min_key, f.max_key) for f in files if f.row_count]
-    assert all(a[1] < b[0] for a, b in zip(ranges, ranges[1:], strict=False)), ranges
+    """The pieces of one kind (rows written before the interval, or versions held) hold disjoint
+    key ranges; the two kinds interleave."""
+    for holding in (False, True):
+        ranges = sorted((f.min_key, f.max_key) for f in files if f.row_count and f.holds_versions == holding)
+        assert all(a[1] < b[0] for a, b in zip(ranges, ranges[1:], strict=False)), ranges
 
 
 def _snapshot_rows(store, files, table="T"):
