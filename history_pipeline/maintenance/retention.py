@@ -285,10 +285,11 @@ def _restore(store: DatabaseHandle, cold: ObjectStore, manifest_path: str) -> in
     supers = replay_schema_history(state.schema_history).supercolumns
     back = {e.path for e in restored}
     tasks = []
-    for table_uuid in sorted({e.table_uuid for e in restored if e.table_uuid and e.kind is FileKind.VERSIONS}):
+    # restored snapshot pieces holding versions hold versions the retention's kept file repeats
+    for table_uuid in sorted({e.table_uuid for e in restored if e.table_uuid and e.is_versions}):
         tasks.append(UnpurgeTask(
             store.objects.config(), store.database, table_uuid,
-            tuple(e for e in restored if e.table_uuid == table_uuid and e.kind is FileKind.VERSIONS),
+            tuple(e for e in restored if e.table_uuid == table_uuid and e.is_versions),
             tuple(f for f in state.files_of(table_uuid, FileKind.VERSIONS) if f.path not in back),
             tuple(supers.get(table_uuid, ())), state.txn_id + 1,
         ))
