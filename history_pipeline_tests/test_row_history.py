@@ -26,7 +26,7 @@ SMALL_SNAPSHOTS = StoreSettings(snapshot_min_versions=6, snapshot_ratio=0.5)
 def _both_reads(store, uuid, key):
     """(DuckDB's read or None, pyarrow's read) of one key's versions, in timestamp order."""
     context = store.query_context()
-    files = context.state.files_of(uuid, FileKind.VERSIONS)
+    files = context.state.versions_of(uuid)  # with the snapshot pieces holding versions
     schema = supertable_schema(context.supercolumns(uuid))
     con = reader_cursor()
     try:
