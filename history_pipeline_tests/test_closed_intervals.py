@@ -577,3 +577,33 @@ def test_reads_of_dictionary_strings_equal_the_model(tmp_path, mark_open_fractio
     assert closed_reads >= 3 and layered_reads >= 1, (closed_reads, layered_reads)
     # above the newest snapshot (marked as of its own t) a read overlays the versions since on it
     assert marked_reads >= 1, marked_reads
+
+
+def test_a_snapshot_filling_a_new_supercolumn_keeps_its_rows_whole_where_the_versions_differ(tmp_path):
+    """A type change's snapshot (written by compaction, the new supercolumn filled for every row)
+    is not the versions before it: closing keeps its rows whole and the versions in their files
+    (split anyway, the reads after it lost the filled values). A later snapshot, whose rows are
+    the versions, stops repeating its interval. Every T reads as the model, and verify agrees."""
+    store = HistoryStore.open(tmp_path, database="db", settings=StoreSettings(snapshot_min_versions=10**9))
+    change = {"op": "change_column_type", "t": 4, "table_uuid": "T", "column_uuid": "a",
+              "data_type": "DOUBLE PRECISION"}
+    alive: set[int] = set()
+    events = _load(store, [[CREATE] + [_insert(2, k, k) for k in range(20)],
+                           [_update(3, k, k + 100) for k in range(0, 20, 2)], [change]], alive)
+    (changed,) = _snapshots(store)
+    events += _load(store, [[_update(5, k, 7) for k in range(0, 20, 3)], [_delete(6, 4), _delete(6, 5)]], alive)
+    store.refresh_snapshots(force=True, spark=False)
+    first, later = _snapshots(store)
+    assert first == changed
+    state = store.catalog_state()
+    assert closed_intervals(state, "T") == []  # both intervals are marked
+    pieces = {point: [f for f in state.files_of("T", FileKind.SNAPSHOT) if f.snapshot_as_of == point]
+              for point in (first, later)}
+    assert not any(f.holds_versions for f in pieces[first])  # the filled rows stay whole
+    assert sum(f.row_count for f in pieces[first]) == 20
+    held = [f for f in pieces[later] if f.holds_versions]
+    assert held and sum(f.row_count for f in held) == 7  # the updates at t 5, none of them deleted
+    assert sum(f.row_count for f in pieces[later] if not f.holds_versions) == 20 - 7 - 2
+    assert store.verify() == []
+    _check_items(store, events, range(2, store.frontier + 2))
+    _check_lookups(store, events, range(2, store.frontier + 2), keys=range(20))
