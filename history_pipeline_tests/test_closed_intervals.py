@@ -100,6 +100,8 @@ def test_every_t_below_the_newest_snapshot_is_a_filter_scan_equal_to_the_model(t
         pieces = [f for f in state.files_of("T", FileKind.SNAPSHOT) if f.snapshot_as_of == point]
         assert any(f.holds_versions and f.row_count for f in pieces), point
         assert all(f.min_t >= _previous(snapshots, point) for f in pieces if f.holds_versions and f.row_count)
+        # and the snapshot's own pieces only the rows written before that interval
+        assert all(f.max_t < _previous(snapshots, point) for f in pieces if not f.holds_versions and f.row_count)
     for as_of in range(3, store.frontier + 2):  # at 2 there is nothing to read
         assert _closed(store, as_of) == (as_of <= snapshots[-1]), as_of
     assert store.verify() == []  # every mark agrees with the versions
