@@ -236,6 +236,7 @@ class Interval:
 
     @property
     def settled(self) -> frozenset[str]:
+        """Paths of the pieces of snapshot ``upper`` holding versions that closing leaves as they are."""
         return frozenset(f.path for f in self.files
                          if f.holds_versions and f.snapshot_as_of == self.upper and f not in self.unmarked)
 
