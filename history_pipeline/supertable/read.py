@@ -181,6 +181,13 @@ def _readers() -> ThreadPoolExecutor:
     return pool
 
 
+#: a key lookup reads the key column of a file's candidate row groups first when there are this
+#: many (then whole row groups only where the key is). A snapshot's two kinds of piece hold
+#: disjoint keys, so one of them usually lacks the key: at 2, a lookup as of the middle of a
+#: closed interval took 4.45 ms against 5.25 at 3 (1: 4.41, but 3.89 against 3.53 at the latest T)
+KEY_FIRST_GROUPS = 2
+
+
 def read_key(
     store: ObjectStore,
     files: Sequence[StoredFile],
@@ -222,7 +229,7 @@ def read_key(
         with fs.open_input_file(store.full_path(path)) as handle:
             parquet = pq.ParquetFile(handle, metadata=cached.meta,
                                      read_dictionary=[c for c in wanted if c in cached.dictionary_strings] or None)
-            if len(groups) > 2:
+            if len(groups) >= KEY_FIRST_GROUPS:
                 # the candidates' key column alone first (one read), then whole row groups only
                 # where the key is
                 keys = parquet.read_row_groups(groups, columns=[KEY], use_threads=False).column(0)
