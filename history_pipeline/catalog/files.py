@@ -151,7 +151,8 @@ def select_files(
     chosen = tuple(sorted((f for f in snapshots if f.snapshot_as_of == snapshot_as_of), key=by_first_key))
     lower = snapshot_as_of if snapshot_as_of is not None else None
     # the versions since the snapshot: version files, and the pieces of the next snapshot that
-    # hold the versions of this interval still current at its end (stored only there)
+    # hold the versions of this interval still current at its end (stored only there; a piece
+    # holding versions of an earlier interval ends below ``lower``)
     versions = tuple(
         f
         for f in state.versions_of(table_uuid)
@@ -159,7 +160,6 @@ def select_files(
         and f.min_t is not None
         and f.min_t < as_of
         and (lower is None or (f.max_t is not None and f.max_t >= lower))
-        and (not f.holds_versions or (f.snapshot_as_of is not None and f.snapshot_as_of > as_of))
     )
     if keys is not None:
         low, high = min(keys, default=0), max(keys, default=-1)

@@ -232,13 +232,15 @@ class Interval:
         """The files closing rewrites: all but the pieces of snapshot ``upper`` holding versions
         that are marked already, as of it or a later end (read for the other rows' marks only:
         their own rows are current at ``upper``, so closing would only lose their later marks)."""
-        return tuple(f for f in self.files if f.path not in self.settled)
+        settled = self.settled
+        return tuple(f for f in self.files if f.path not in settled)
 
     @property
     def settled(self) -> frozenset[str]:
         """Paths of the pieces of snapshot ``upper`` holding versions that closing leaves as they are."""
+        unmarked = {f.path for f in self.unmarked}
         return frozenset(f.path for f in self.files
-                         if f.holds_versions and f.snapshot_as_of == self.upper and f not in self.unmarked)
+                         if f.holds_versions and f.snapshot_as_of == self.upper and f.path not in unmarked)
 
 
 def closed_intervals(state: CatalogState, table_uuid: str) -> list[Interval]:
@@ -340,32 +342,39 @@ def close_piece(task: CloseTask) -> tuple[FileEntry, ...]:
     objects = open_executor_store(task.store_config)
     schema = supertable_schema(task.supercolumns)
     in_range = key_range_filter(task.low, task.high)
-    groups: dict[tuple[FileKind, int | None, bool], list[FileEntry]] = {}
+    # settled files are read for the others' marks but never written: a group of their own
+    groups: dict[tuple[FileKind, int | None, bool, bool], list[FileEntry]] = {}
     for f in task.files:
-        groups.setdefault((f.kind, f.snapshot_as_of, f.holds_versions), []).append(f)
+        groups.setdefault((f.kind, f.snapshot_as_of, f.holds_versions, f.path in task.settled), []).append(f)
     parts = [(group, files, dataset_of(objects, files, schema).to_table(filter=in_range))
-             for group, files in sorted(groups.items(), key=lambda g: (g[0][0].value, g[0][1] or 0, g[0][2]))]
+             for group, files in sorted(groups.items(), key=lambda g: (g[0][0].value, g[0][1] or 0, *g[0][2:]))]
     if not parts:
         return ()
     superseded = superseded_at(
         np.concatenate([as_numpy(rows.column(KEY)) for _, _, rows in parts]),
         np.concatenate([as_numpy(rows.column(LT)) for _, _, rows in parts]))
     outputs: list[tuple[FileMetadata, pa.Table]] = []
-    tails: list[tuple[list[FileEntry], pa.Table]] = []
+    #: (the output the rows were taken from, its files, the versions current at ``upper``)
+    tails: list[tuple[int, list[FileEntry], pa.Table]] = []
     start = 0
-    for (kind, snapshot_as_of, holds), files, rows in parts:
+    for (kind, snapshot_as_of, holds, settled), files, rows in parts:
         mine = superseded.slice(start, rows.num_rows)
         start += rows.num_rows
-        if all(f.path in task.settled for f in files):
+        if settled:
             continue
         marked = rows.append_column(pa.field(SUPERSEDED, pa.int64()), mine)
         if task.next_files and kind is FileKind.VERSIONS:
             current = pc.and_(pc.is_null(mine), pc.invert(pc.fill_null(rows.column(DELETED), False)))
-            tails.append((files, marked.filter(current)))
+            tails.append((len(outputs), files, marked.filter(current)))
             marked = marked.filter(pc.invert(current))
         outputs.append((_merged_metadata(objects, task, kind, snapshot_as_of, files, holds), marked))
     if task.next_files:
-        outputs += _split_next_snapshot(objects, task, schema, in_range, tails)
+        replacing, moved = _split_next_snapshot(objects, task, schema, in_range, tails)
+        if not moved:  # the versions stay in the files they came from
+            for at, _, rows in tails:
+                meta, rest = outputs[at]
+                outputs[at] = (meta, pa.concat_tables([rest, rows]))
+        outputs += replacing
     written = []
     for meta, table in outputs:
         if table.num_rows == 0 and not (task.always and meta.kind is FileKind.SNAPSHOT and not meta.holds_versions):
@@ -377,35 +386,32 @@ def close_piece(task: CloseTask) -> tuple[FileEntry, ...]:
 
 
 def _split_next_snapshot(objects: ObjectStore, task: CloseTask, schema: pa.Schema, in_range: Any,
-                         tails: list[tuple[list[FileEntry], pa.Table]]) -> list[tuple[FileMetadata, pa.Table]]:
-    """The files replacing the next snapshot's rows in the task's range: a piece of the rows
-    written before the interval and a piece holding the interval's versions current at its end
-    (``tails``, each with the version files it came from), both marked as of ``upper`` (every row
-    current there). Only when the versions equal the snapshot's rows written inside the interval,
-    column for column; otherwise the snapshot's rows stay whole and the versions in their files."""
+                         tails: list[tuple[int, list[FileEntry], pa.Table]]
+                         ) -> tuple[list[tuple[FileMetadata, pa.Table]], bool]:
+    """The files replacing the next snapshot's rows in the task's range, and whether the versions
+    moved into them: a piece of the rows written before the interval and a piece holding the
+    interval's versions current at its end (``tails``, each with the version files it came from),
+    both marked as of ``upper`` (every row current there). Only when the versions equal the
+    snapshot's rows written inside the interval, column for column; otherwise the snapshot's rows
+    stay whole (and the versions in their files)."""
     whole = dataset_of(objects, task.next_files, schema).to_table(filter=in_range)
     inside = (pc.greater_equal(whole.column(LT), task.lower) if task.lower is not None
               else pa.array(np.ones(whole.num_rows, dtype=bool)))
     before, written_inside = whole.filter(pc.invert(inside)), whole.filter(inside)
-    versions = pa.concat_tables([t for _, t in tails]) if tails else schema.empty_table().append_column(
+    versions = pa.concat_tables([t for _, _, t in tails]) if tails else schema.empty_table().append_column(
         pa.field(SUPERSEDED, pa.int64()), pa.array([], pa.int64()))
     by_key = [(KEY, "ascending")]
     split = versions.select(schema.names).sort_by(by_key).equals(written_inside.select(schema.names).sort_by(by_key))
     snapshot_meta = _merged_metadata(objects, task, FileKind.SNAPSHOT, task.upper, list(task.next_files), False)
-    outputs = []
-    if split:
-        outputs.append((snapshot_meta, _with_no_marks(before)))
-        if versions.num_rows:
-            sources = sorted({f.path: f for files, _ in tails for f in files}.values(), key=lambda f: f.path)
-            meta = _merged_metadata(objects, task, FileKind.VERSIONS, None, sources, False)
-            outputs.append((replace(meta, kind=FileKind.SNAPSHOT, snapshot_as_of=task.upper, holds_versions=True),
-                            versions))
-    else:
-        outputs.append((snapshot_meta, _with_no_marks(whole)))
-        for files, rows in tails:  # back among the versions, in files of their own
-            if rows.num_rows:
-                outputs.append((_merged_metadata(objects, task, FileKind.VERSIONS, None, files, False), rows))
-    return outputs
+    if not split:
+        return [(snapshot_meta, _with_no_marks(whole))], False
+    outputs = [(snapshot_meta, _with_no_marks(before))]
+    if versions.num_rows:
+        sources = sorted({f.path: f for _, files, _ in tails for f in files}.values(), key=lambda f: f.path)
+        meta = _merged_metadata(objects, task, FileKind.VERSIONS, None, sources, False)
+        outputs.append((replace(meta, kind=FileKind.SNAPSHOT, snapshot_as_of=task.upper, holds_versions=True),
+                        versions))
+    return outputs, True
 
 
 def _with_no_marks(rows: pa.Table) -> pa.Table:
