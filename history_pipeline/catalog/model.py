@@ -7,6 +7,7 @@ remove of a file that is not live, a segment applied twice).
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from types import MappingProxyType
@@ -307,14 +308,17 @@ class CatalogState:
 
     def files_of(self, table_uuid: str, kind: FileKind | None = None) -> list[FileEntry]:
         """Live files of one table (optionally of one kind), by path."""
-        return sorted(
-            (
-                f
-                for f in self.files.values()
-                if f.table_uuid == table_uuid and (kind is None or f.kind is kind)
-            ),
-            key=lambda f: f.path,
-        )
+        of_table = self._files_by_table.get(table_uuid, ())
+        return [f for f in of_table if kind is None or f.kind is kind]
+
+    @functools.cached_property
+    def _files_by_table(self) -> Mapping[str | None, tuple[FileEntry, ...]]:
+        """Each table's live files by path, computed once per state (a state never changes, and
+        every read selects its files from them)."""
+        by_table: dict[str | None, list[FileEntry]] = {}
+        for f in sorted(self.files.values(), key=lambda f: f.path):
+            by_table.setdefault(f.table_uuid, []).append(f)
+        return {table: tuple(files) for table, files in by_table.items()}
 
     def to_json(self) -> dict[str, Any]:
         return {

@@ -351,5 +351,7 @@ def _as_type(column: pa.ChunkedArray, kind: pa.DataType) -> pa.ChunkedArray | No
         return column
     if pa.types.is_boolean(kind) and isinstance(column.type, pa.BaseExtensionType) \
             and column.type.extension_name == "arrow.bool8":
-        return pa.chunked_array([pc.not_equal(chunk.storage, 0) for chunk in column.chunks], kind)
+        # one kernel call over every chunk (DuckDB hands back a chunk per file read)
+        storage = pa.chunked_array([chunk.storage for chunk in column.chunks], column.type.storage_type)
+        return pc.not_equal(storage, 0)
     return None

@@ -14,6 +14,7 @@ files back is ``supertable/read.py``.
 from __future__ import annotations
 
 import enum
+import functools
 import io
 import json
 import uuid
@@ -63,6 +64,12 @@ class FileKind(enum.Enum):
 
 def supertable_schema(supercolumns: Sequence[Supercolumn]) -> pa.Schema:
     """Reserved columns first, then every supercolumn (always nullable)."""
+    return _supertable_schema(tuple(supercolumns))
+
+
+@functools.lru_cache(maxsize=1024)
+def _supertable_schema(supercolumns: tuple[Supercolumn, ...]) -> pa.Schema:
+    # every read and lookup asks for its table's schema: building it costs a lookup ~0.2 ms
     fields = [
         pa.field(KEY, pa.int64(), nullable=False),
         pa.field(DELETED, pa.bool_(), nullable=False),

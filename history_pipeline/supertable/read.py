@@ -10,10 +10,10 @@ from __future__ import annotations
 import bisect
 import os
 from collections import OrderedDict
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Protocol, TypeVar
 
 import numpy as np
 import pyarrow as pa
@@ -23,6 +23,8 @@ import pyarrow.parquet as pq
 
 from history_pipeline.io.store import LocalStore, ObjectStore
 from history_pipeline.supertable import DELETED, KEY, LT, SUPERSEDED
+
+Result = TypeVar("Result")
 
 
 class StoredFile(Protocol):
@@ -248,11 +250,23 @@ def read_key(
             mine = pc.and_(mine, pc.greater_equal(table.column(LT), lower))
         return conform(table.filter(mine), target)
 
-    if len(reads) == 1:
-        parts = [read(*reads[0])]
-    else:
-        parts = list(_readers().map(lambda r: read(*r), reads))
-    return pa.concat_tables(parts).combine_chunks()
+    return pa.concat_tables(_each_here_and_on_readers(read, reads)).combine_chunks()
+
+
+def _each_here_and_on_readers(fn: Callable[..., Result], args: Sequence[tuple]) -> list[Result]:
+    """``fn(*a)`` of each of ``args``, in order: the first on this thread while the reader threads
+    run the others (a lookup reads a file or two: handing every one to a thread and waiting costs
+    a wake-up more than the read of a small row group)."""
+    if len(args) == 1:
+        return [fn(*args[0])]
+    pending = [_readers().submit(fn, *a) for a in args[1:]]
+    try:
+        first = fn(*args[0])
+    except BaseException:
+        for future in pending:
+            future.cancel()
+        raise
+    return [first, *(future.result() for future in pending)]
 
 
 def conform(table: pa.Table, target: pa.Schema) -> pa.Table:
@@ -296,7 +310,7 @@ def read_row_groups(store: ObjectStore, chosen: Sequence[tuple[StoredFile, Seque
         return target.empty_table()
     if len(chosen) == 1:
         return read(*chosen[0])
-    return pa.concat_tables(_readers().map(lambda c: read(*c), chosen))
+    return pa.concat_tables(_each_here_and_on_readers(read, chosen))
 
 
 def keep_latest(candidates: pa.Table, *, include_deleted: bool = False, key: str = KEY, t: str = LT,
