@@ -8,10 +8,11 @@ from decimal import Decimal
 
 import pyarrow as pa
 import pyarrow.parquet as pq
+import pytest
 
 from history_pipeline.io.store import LocalStore
 from history_pipeline.supertable import DELETED, KEY, LT, ROW_GROUP_ROWS, FileKind, FileMetadata, write_file
-from history_pipeline.supertable.read import read_key
+from history_pipeline.supertable.read import read_key, reads_key_first
 
 
 def _meta(i: int) -> FileMetadata:
@@ -80,12 +81,21 @@ def test_integer_like_columns_are_delta_encoded_and_read_back_equal(tmp_path):
     assert "RLE_DICTIONARY" in chunks["kind-6"].encodings  # few values: still a dictionary
 
 
-def test_read_key_across_many_files_equals_filtering_every_row(tmp_path):
+@pytest.mark.parametrize("key_span", [3_000, 300_000])  # dense: read whole at once; sparse: key column first
+def test_read_key_across_many_files_equals_filtering_every_row(tmp_path, monkeypatch, key_span):
     store = LocalStore(tmp_path)
     rng = random.Random(9)
     files, tables = [], []
+    key_only_reads = []
+    original = pq.ParquetFile.read_row_groups
+
+    def spy(self, groups, columns=None, **kwargs):
+        key_only_reads.append(columns == [KEY])
+        return original(self, groups, columns=columns, **kwargs)
+
+    monkeypatch.setattr(pq.ParquetFile, "read_row_groups", spy)
     for i in range(12):
-        keys = [rng.randrange(3_000) for _ in range(4_000)] + [7] * rng.randrange(0, 40)
+        keys = [rng.randrange(key_span) for _ in range(4_000)] + [7] * rng.randrange(0, 40)
         table = _versions(rng, keys, i * 10**6, with_note=i >= 6)
         tables.append(table)
         files.append(write_file(store, f"db/tables/t/v{i}.parquet", table, _meta(i)))
@@ -103,3 +113,14 @@ def test_read_key_across_many_files_equals_filtering_every_row(tmp_path):
         assert got.schema.names == wanted
         assert sorted(got.to_pylist(), key=lambda r: r[LT]) == sorted(expected, key=lambda r: r[LT])
     assert read_key(store, files, schema, wanted, 10**6, None, 2**63 - 1).num_rows == 0
+    # the path taken follows the files' key density
+    assert any(key_only_reads) is (key_span > 4_000)
+
+
+def test_a_lookup_reads_the_key_column_first_where_row_groups_likely_lack_the_key():
+    dense, rows = (0, ROW_GROUP_ROWS - 1), ROW_GROUP_ROWS
+    assert not reads_key_first([(dense, rows)])  # a key-sorted piece holding its whole range
+    assert not reads_key_first([(None, rows)])  # no statistics: assume it holds the key
+    assert reads_key_first([((0, 3 * rows), rows)])  # a snapshot piece holding a third of its range
+    assert reads_key_first([((0, 10**6), rows)] * 8)  # an interval's time buckets, each spanning it all
+    assert not reads_key_first([((0, 10), 500)])  # many versions a key: every row group holds it
