@@ -301,10 +301,11 @@ def read_row_groups(store: ObjectStore, chosen: Sequence[tuple[StoredFile, Seque
     """The row groups ``chosen`` of each file, ``target``'s columns (its dictionary columns read as
     dictionaries, see ``as_dictionaries``), in file and row-group order.
 
-    Each file is opened with its cached footer and read on its own thread: Arrow's dataset
-    scanner reads every footer again and costs about a third more for the same row groups. On an
-    object store the column chunks are fetched together (``pre_buffer``), as the scanner does:
-    a request per chunk would pay the latency of each."""
+    Each file is opened with its cached footer and the files are read in parallel (the first on
+    the calling thread, the others on the reader threads): Arrow's dataset scanner reads every
+    footer again and costs about a third more for the same row groups. On an object store the
+    column chunks are fetched together (``pre_buffer``), as the scanner does: a request per chunk
+    would pay the latency of each."""
     fs, _ = store.arrow_filesystem()
     dictionaries = [f.name for f in target if pa.types.is_dictionary(f.type)]
     remote = not isinstance(store, LocalStore)
