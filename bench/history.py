@@ -81,8 +81,10 @@ def append_open_versions(store: HistoryStore, history: History, n: int, seed: in
 def _write_batch(store: HistoryStore, keys: list[int], t: int, rng: random.Random, schema: pa.Schema) -> int:
     """One version file of these keys' updates from timestamp ``t`` on, committed; the next free t."""
     n = len(keys)
-    keys = sorted(keys)
-    # one timestamp per version; a key updated twice in a batch keeps increasing timestamps
+    # one timestamp per version, in the order the keys come: updates reach the log in random key
+    # order, and compaction writes them key-sorted (below), so t is not correlated with the key
+    # (a batch whose t grew with the key would let every closed file's buckets by superseded_at
+    # cut the key range too, flattering key lookups, closed reads and the t column's bytes)
     lts = list(range(t, t + n))
     table = pa.table(
         {

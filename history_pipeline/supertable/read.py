@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import bisect
 import os
+import threading
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -23,6 +24,7 @@ import pyarrow.parquet as pq
 
 from history_pipeline.io.store import LocalStore, ObjectStore
 from history_pipeline.supertable import DELETED, KEY, LT, SUPERSEDED
+from history_pipeline.supertable.bloom import BLOCK_BYTES, bitset_bytes, block_may_hold, block_of, xxh64_int64
 
 Result = TypeVar("Result")
 
@@ -102,18 +104,77 @@ class Footer:
     dictionary_strings: frozenset[str] = frozenset()
     #: the file's Arrow schema without its metadata (files of one schema are read without union by name)
     schema: pa.Schema | None = None
+    #: the Bloom filters on the key column, where the file has them (``supertable.time_cut``)
+    blooms: KeyBlooms | None = None
 
     def row_groups_holding(self, key: int) -> list[int]:
         return self.row_groups_overlapping(key, key)
 
     def row_groups_overlapping(self, low: int, high: int) -> list[int]:
-        """The row groups that may hold a key in [low, high] (all where their statistics are missing)."""
-        return [rg for rg, bounds in enumerate(self.key_ranges)
-                if bounds is None or bounds[0] <= high and low <= bounds[1]]
+        """The row groups that may hold a key in [low, high] (all where their statistics are
+        missing); for one key, by their Bloom filters too."""
+        groups = [rg for rg, bounds in enumerate(self.key_ranges)
+                  if bounds is None or bounds[0] <= high and low <= bounds[1]]
+        if low == high and groups and self.blooms is not None:
+            return self.blooms.may_hold(groups, low)
+        return groups
 
     def row_groups_current(self, as_of: int) -> list[int]:
         """The row groups that may hold a row current as of ``as_of`` (see ``RowGroupTimes``)."""
         return [rg for rg, times in enumerate(self.times) if times.may_be_current(as_of)]
+
+
+@dataclass(frozen=True)
+class KeyBlooms:
+    """Where a file's Bloom filters on the key column are: (offset, length) per row group, None
+    where a row group has none. Their bytes are read once, on a file's first lookup."""
+
+    store: ObjectStore
+    path: str
+    filters: tuple[tuple[int, int] | None, ...]
+
+    def may_hold(self, groups: Sequence[int], key: int) -> list[int]:
+        """Those of ``groups`` whose filter does not rule ``key`` out."""
+        start, data = _bloom_bytes(self)
+        key_hash = xxh64_int64(key)
+        kept = []
+        for rg in groups:
+            spot = self.filters[rg]
+            if spot is not None:
+                offset, length = spot
+                size = bitset_bytes(length)
+                at = offset + length - size + block_of(key_hash, size) * BLOCK_BYTES - start
+                if not block_may_hold(data[at:at + BLOCK_BYTES], key_hash):
+                    continue
+            kept.append(rg)
+        return kept
+
+
+#: the Bloom filter bytes of the files lookups touched, newest use last, within a byte budget
+_BLOOMS: OrderedDict[tuple[str, str], tuple[int, bytes]] = OrderedDict()
+_BLOOM_CACHE_BYTES = 256 * 1024 * 1024
+_bloom_lock = threading.Lock()
+
+
+def _bloom_bytes(blooms: KeyBlooms) -> tuple[int, bytes]:
+    """The span of the file holding all its key filters (they are written together): its start, its bytes."""
+    cache_key = (blooms.store.uri, blooms.path)
+    with _bloom_lock:
+        cached = _BLOOMS.get(cache_key)
+        if cached is not None:
+            _BLOOMS.move_to_end(cache_key)
+            return cached
+    spots = [spot for spot in blooms.filters if spot is not None]
+    start, end = min(o for o, _ in spots), max(o + n for o, n in spots)
+    fs, _ = blooms.store.arrow_filesystem()
+    with fs.open_input_file(blooms.store.full_path(blooms.path)) as handle:
+        data = handle.read_at(end - start, start)
+    with _bloom_lock:
+        _BLOOMS[cache_key] = (start, data)
+        held = sum(len(d) for _, d in _BLOOMS.values())
+        while held > _BLOOM_CACHE_BYTES and len(_BLOOMS) > 1:
+            held -= len(_BLOOMS.popitem(last=False)[1][1])
+    return start, data
 
 
 _FOOTERS: OrderedDict[tuple[str, str], Footer] = OrderedDict()
@@ -153,12 +214,20 @@ def footer(store: ObjectStore, path: str) -> Footer:
             if meta.num_row_groups and _plain_string(field.type) and meta.row_group(0).num_columns > i
             and meta.row_group(0).column(i).path_in_schema == field.name
             and meta.row_group(0).column(i).has_dictionary_page)
+        filters = [_bloom_spot(meta.row_group(rg).column(index)) if index >= 0 else None
+                   for rg in range(meta.num_row_groups)]
+        blooms = KeyBlooms(store, path, tuple(filters)) if any(filters) else None
         cached = Footer(meta, frozenset(arrow_schema.names), tuple(ranges), tuple(times), strings,
-                        arrow_schema.remove_metadata())
+                        arrow_schema.remove_metadata(), blooms)
         _FOOTERS[cache_key] = cached
         if len(_FOOTERS) > _FOOTER_CACHE_SIZE:
             _FOOTERS.popitem(last=False)
     return cached
+
+
+def _bloom_spot(column: pq.ColumnChunkMetaData) -> tuple[int, int] | None:
+    offset, length = column.bloom_filter_offset, column.bloom_filter_length
+    return (offset, length) if offset is not None and length else None
 
 
 def _plain_string(kind: pa.DataType) -> bool:

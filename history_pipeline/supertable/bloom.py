@@ -1,0 +1,60 @@
+"""Parquet split-block Bloom filters on the key column: which row groups may hold a key.
+
+A closed file's row groups are cut by time (``closed_layout``), so under updates that arrive in
+random key order each row group spans nearly the whole key range and its statistics rule no key
+out. Those files carry a Bloom filter on ``synthetic_key`` per row group (written by pyarrow,
+read by DuckDB for ``row_history``'s scan); a point lookup checks the filter itself, reading the
+one 32-byte block of it that a key hashes to. The hash and the block layout are the Parquet
+format's (xxHash64 of the value's plain encoding, eight salted bits in one block).
+"""
+
+from __future__ import annotations
+
+_MASK64 = (1 << 64) - 1
+_P1 = 11400714785074694791
+_P2 = 14029467366897019727
+_P3 = 1609587929392839161
+_P4 = 9650029242287828579
+_P5 = 2870177450012600261
+#: the Parquet SBBF salts, one per 32-bit word of a block
+_SALT = (0x47B6137B, 0x44974D91, 0x8824AD5B, 0xA2B7289D, 0x705495C7, 0x2DF1424B, 0x9EFC4947, 0x5C6BFB31)
+BLOCK_BYTES = 32
+
+
+def _rotl(value: int, bits: int) -> int:
+    return ((value << bits) | (value >> (64 - bits))) & _MASK64
+
+
+def xxh64_int64(value: int) -> int:
+    """xxHash64 (seed 0) of ``value``'s 8-byte little-endian two's complement encoding."""
+    lane = value & _MASK64
+    h = (_P5 + 8) & _MASK64
+    k1 = (_rotl((lane * _P2) & _MASK64, 31) * _P1) & _MASK64
+    h ^= k1
+    h = (_rotl(h, 27) * _P1 + _P4) & _MASK64
+    h ^= h >> 33
+    h = (h * _P2) & _MASK64
+    h ^= h >> 29
+    h = (h * _P3) & _MASK64
+    return h ^ (h >> 32)
+
+
+def bitset_bytes(filter_length: int) -> int:
+    """The bitset's size in a filter of ``filter_length`` bytes (its header, a few bytes, comes
+    first; the bitset is a power of two of at least a block, so it is the largest one that fits)."""
+    return 1 << (filter_length.bit_length() - 1)
+
+
+def block_of(key_hash: int, bitset_size: int) -> int:
+    """The index of the block ``key_hash`` falls in, for a bitset of ``bitset_size`` bytes."""
+    return ((key_hash >> 32) * (bitset_size // BLOCK_BYTES)) >> 32
+
+
+def block_may_hold(block: bytes, key_hash: int) -> bool:
+    """Does this 32-byte block have every bit ``key_hash`` sets? (False: the value is absent.)"""
+    low = key_hash & 0xFFFFFFFF
+    for i, salt in enumerate(_SALT):
+        bit = ((low * salt) & 0xFFFFFFFF) >> 27
+        if not int.from_bytes(block[4 * i:4 * i + 4], "little") >> bit & 1:
+            return False
+    return True

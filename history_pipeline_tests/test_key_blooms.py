@@ -1,0 +1,136 @@
+"""Bloom filters on the key column of time-cut files: the hash is Parquet's, a lookup skips the row
+groups whose filter rules its key out, and never one that holds it."""
+
+from __future__ import annotations
+
+import random
+
+import duckdb
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+import pytest
+
+from history_pipeline.io.store import LocalStore
+from history_pipeline.supertable import (
+    DELETED,
+    KEY,
+    LT,
+    ROW_GROUP_ROWS,
+    SUPERSEDED,
+    FileKind,
+    FileMetadata,
+    time_cut,
+    write_file,
+)
+from history_pipeline.supertable.bloom import BLOCK_BYTES, bitset_bytes, block_may_hold, block_of, xxh64_int64
+from history_pipeline.supertable.read import footer, read_key
+
+
+def _check_against_pyarrow(keys: list[int]) -> bool:
+    """Every key of a pyarrow-written filter passes our check of it (no false negative)."""
+    buffer = pa.BufferOutputStream()
+    pq.write_table(pa.table({"k": pa.array(keys, pa.int64())}), buffer,
+                   bloom_filter_options={"k": {"ndv": max(len(keys), 1), "fpp": 0.05}})
+    data = buffer.getvalue().to_pybytes()
+    column = pq.ParquetFile(pa.BufferReader(data)).metadata.row_group(0).column(0)
+    region = data[column.bloom_filter_offset:column.bloom_filter_offset + column.bloom_filter_length]
+    size = bitset_bytes(column.bloom_filter_length)
+    bits = region[-size:]
+
+    def may_hold(key: int) -> bool:
+        key_hash = xxh64_int64(key)
+        at = block_of(key_hash, size) * BLOCK_BYTES
+        return block_may_hold(bits[at:at + BLOCK_BYTES], key_hash)
+
+    return all(may_hold(k) for k in keys)
+
+
+def test_every_key_written_passes_the_filter_pyarrow_wrote():
+    rng = random.Random(7)
+    keys = [0, 1, -1, 2**63 - 1, -(2**63)] + rng.sample(range(-(10**15), 10**15), 5_000)
+    assert _check_against_pyarrow(keys)
+
+
+def _time_cut_file(store: LocalStore, keys_per_group: int, groups: int, seed: int) -> tuple[str, pa.Table]:
+    """A marked version file whose row groups each span the whole key range (updates in random
+    key order, cut by time), as ``closed_layout`` leaves them."""
+    rng = random.Random(seed)
+    span = keys_per_group * groups * 4
+    parts = []
+    t = 1
+    for _ in range(groups):
+        keys = sorted(rng.sample(range(span), keys_per_group))
+        parts.append(pa.table({
+            KEY: pa.array(keys, pa.int64()),
+            DELETED: pa.array([False] * len(keys)),
+            LT: pa.array(range(t, t + len(keys)), pa.int64()),
+            "qty-1": pa.array([rng.randrange(1000) for _ in keys], pa.int64()),
+            SUPERSEDED: pa.array([t + len(keys) + 5] * len(keys), pa.int64()),
+        }))
+        t += len(keys)
+    table = pa.concat_tables(parts)
+    meta = FileMetadata("db", "t", FileKind.VERSIONS, 1, 1, t, closed_until=t + 10, closed_layout=2)
+    assert time_cut(meta)
+    written = write_file(LocalStore(store.root), "db/tables/t/cut.parquet", table, meta,
+                         row_groups=[keys_per_group] * groups)
+    return written.path, table
+
+
+def test_a_lookup_skips_row_groups_whose_filter_rules_the_key_out_and_finds_every_key(tmp_path):
+    store = LocalStore(tmp_path)
+    path, table = _time_cut_file(store, ROW_GROUP_ROWS // 4, 8, seed=3)
+    cached = footer(store, path)
+    assert cached.blooms is not None
+    assert all(bounds is not None and bounds[0] < 100 for bounds in cached.key_ranges)  # stats exclude nothing
+    keys = table.column(KEY).to_pylist()
+    group_of = {}
+    for g in range(8):
+        for k in keys[g * (ROW_GROUP_ROWS // 4):(g + 1) * (ROW_GROUP_ROWS // 4)]:
+            group_of.setdefault(k, set()).add(g)
+    rng = random.Random(11)
+    skipped = 0
+    for key in rng.sample(sorted(group_of), 300):
+        kept = cached.row_groups_holding(key)
+        assert group_of[key] <= set(kept), key  # never a false negative
+        skipped += 8 - len(kept)
+    assert skipped > 300 * 8 * 0.8  # most row groups ruled out (each holds a quarter of the span)
+    # read_key through the filters equals filtering every row, present and absent keys alike
+    schema = table.schema
+    entry = _Entry(path)
+    for key in rng.sample(sorted(group_of), 20) + [1, 2, 3, max(group_of) + 1]:
+        got = read_key(store, [entry], schema, schema.names, key, None, 2**63 - 1)
+        want = table.filter(pc.equal(table.column(KEY), key))
+        assert got.sort_by([(LT, "ascending")]).equals(want.select(got.column_names)), key
+
+
+class _Entry:
+    def __init__(self, path: str) -> None:
+        self.path, self.min_key, self.max_key = path, None, None
+
+
+def test_duckdb_reads_the_same_rows_from_files_with_filters(tmp_path):
+    store = LocalStore(tmp_path)
+    path, table = _time_cut_file(store, 2_000, 4, seed=5)
+    key = table.column(KEY)[100].as_py()
+    rows = duckdb.sql(f"SELECT {KEY}, {LT} FROM read_parquet('{store.full_path(path)}') "
+                      f"WHERE {KEY} = {key} ORDER BY {LT}").fetchall()
+    want = table.filter(pc.equal(table.column(KEY), key))
+    assert rows == list(zip(want.column(KEY).to_pylist(), want.column(LT).to_pylist(), strict=True))
+
+
+@pytest.mark.parametrize("kind, holds, layout, expected", [
+    (FileKind.VERSIONS, False, 2, True),  # a closed interval's version file
+    (FileKind.SNAPSHOT, True, 2, True),  # a snapshot piece holding versions
+    (FileKind.SNAPSHOT, False, 2, False),  # a snapshot's own rows: one key-sorted run
+    (FileKind.VERSIONS, False, None, False),  # compaction's key-sorted batch
+])
+def test_only_time_cut_files_carry_key_filters(tmp_path, kind, holds, layout, expected):
+    meta = FileMetadata("db", "t", kind, 1, 1, 10, closed_layout=layout, holds_versions=holds,
+                        snapshot_as_of=5 if kind is FileKind.SNAPSHOT else None)
+    assert time_cut(meta) is expected
+    table = pa.table({KEY: pa.array([1, 2, 3], pa.int64()), DELETED: pa.array([False] * 3),
+                      LT: pa.array([1, 2, 3], pa.int64())})
+    written = write_file(LocalStore(tmp_path), "db/tables/t/f.parquet", table, meta)
+    column = pq.read_metadata(LocalStore(tmp_path).full_path(written.path)).row_group(0).column(0)
+    assert (column.bloom_filter_offset is not None) is expected
