@@ -47,8 +47,10 @@ CLOSED_BUCKETS = 8
 #: a bucket of superseded rows may be cut again into about this many cells by t, so that a read as of
 #: T early in a long interval skips the rows of later buckets written after T too. 1 (no cells, the
 #: layout named 2): with snapshots spaced the live rows apart (the default) intervals are short and
-#: cells gained no read but cost a key lookup ~25% more row groups; with snapshots 3x apart, 4
-#: cells read 1.3x the answer's rows where buckets alone read 1.7x (docs/DECISIONS.md, session 12)
+#: cells gained little: under updates in random key order, 4 cells took a version file read a third
+#: into its interval from 12 to 8 row groups, a whole closed read from 1.41M to 1.30M rows decoded
+#: and 102 to 99 ms (session 16); with snapshots 3x apart, 4 cells read 1.3x the answer's rows where
+#: buckets alone read 1.7x (docs/DECISIONS.md, session 12)
 CLOSED_TIME_BUCKETS = 1
 #: data page size of a closed-layout file: a key lookup by DuckDB (``row_history``) skips the pages of
 #: a row group holding none of the key's rows, which pays for the page headers (+0.5-0.7% bytes)
