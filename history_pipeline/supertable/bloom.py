@@ -3,9 +3,10 @@
 A closed file's row groups are cut by time (``closed_layout``), so under updates that arrive in
 random key order each row group spans nearly the whole key range and its statistics rule no key
 out. Those files carry a Bloom filter on ``synthetic_key`` per row group (written by pyarrow,
-read by DuckDB for ``row_history``'s scan); a point lookup checks the filter itself, reading the
-one 32-byte block of it that a key hashes to. The hash and the block layout are the Parquet
-format's (xxHash64 of the value's plain encoding, eight salted bits in one block).
+read by DuckDB for ``row_history``'s scan); a point lookup checks them itself: a file's filters
+are read in one request on its first lookup and kept (``supertable.read.KeyBlooms``), and a key
+is tested against the one 32-byte block of each that it hashes to. The hash and the block layout
+are the Parquet format's (xxHash64 of the value's plain encoding, eight salted bits in one block).
 """
 
 from __future__ import annotations
