@@ -41,10 +41,14 @@ from history_pipeline_tests.test_read_path import check_sql_against_model, damag
 SMALL_SNAPSHOTS = StoreSettings(snapshot_min_versions=6, snapshot_ratio=0.2)
 
 
-def _items_history(store):
-    """Inserts, updates (several per key per segment), deletes and re-inserts over many segments."""
+HOT_KEY = 60
+
+
+def _items_history(store, hot: bool = False):
+    """Inserts, updates (several per key per segment), deletes and re-inserts over many segments;
+    with ``hot``, key ``HOT_KEY`` updated after each of them too (a counter row)."""
     rng = random.Random(7)
-    batches = [[CREATE] + [_insert(2, k, k) for k in range(40)]]
+    batches = [[CREATE] + [_insert(2, k, k) for k in [*range(40), *([HOT_KEY] if hot else [])]]]
     t = 3
     for _ in range(12):
         batch = []
@@ -53,6 +57,9 @@ def _items_history(store):
             batch += [_update(t, k, rng.randint(0, 100)) for k in keys[:6]]
             batch += [_delete(t, k) for k in keys[6:9]] + [_insert(t, k, rng.randint(0, 100)) for k in keys[9:]]
             t += 1
+            if hot:
+                batch.append(_update(t, HOT_KEY, rng.randint(0, 100)))
+                t += 1
         batches.append(batch)
     return _load(store, batches)
 
@@ -276,12 +283,14 @@ def _assert_skips_most(read, current, total):
     assert read - current <= 0.5 * (total - current), (read, current, total)
 
 
-def _check_layout(store, table="T"):
+def _check_layout(store, table="T") -> int:
     """Every marked file is in the closed layout: its footer and entry name it, a row group holds
-    one class (never superseded here, or superseded; that class first) and is key-sorted.
+    one class (never superseded here, or superseded; that class first) and is key-sorted, and the
+    hot keys' versions come last, in (key, t) order. Returns the hot rows seen.
     (That buckets follow each other in time is what ``_check_pruning`` measures.)"""
     marked = _marked_files(store, table)
     assert marked
+    hot_seen = 0
     for f in marked:
         # (the newest snapshot, marked as of its own t when its interval closed, is one key-sorted
         # run in any layout; it is laid out again with the open interval's files)
@@ -289,8 +298,25 @@ def _check_layout(store, table="T"):
         meta, _ = read_file_metadata(store.objects, f.path)
         assert meta.closed_layout == supertable.CLOSED_LAYOUT or f.closed_until == f.snapshot_as_of
         parquet = _parquet(store, f.path)
+        everything = parquet.read()
+        # the hot keys' versions (``supertable.hot_keys_mask``) are the last rows, one run in
+        # (key, t) order, starting a row group; the row groups before them are the time-cut classes
+        hot = supertable.hot_keys_mask(everything.column(KEY).to_numpy(), supertable.CLOSED_BUCKETS)
+        hot_rows = 0 if hot is None else int(hot.sum())
+        hot_seen += hot_rows
+        if hot_rows:
+            tail = everything.slice(everything.num_rows - hot_rows)
+            assert hot[everything.num_rows - hot_rows:].all(), f.path
+            pairs = list(zip(tail.column(KEY).to_pylist(), tail.column(LT).to_pylist(), strict=True))
+            assert pairs == sorted(pairs), f.path
+        sizes = [parquet.metadata.row_group(rg).num_rows for rg in range(parquet.num_row_groups)]
+        time_cut = len(sizes)
+        while hot_rows > 0:
+            time_cut -= 1
+            hot_rows -= sizes[time_cut]
+        assert hot_rows == 0, (f.path, sizes)
         classes = []
-        for rg in range(parquet.num_row_groups):
+        for rg in range(time_cut):
             rows = parquet.read_row_group(rg).to_pylist()
             nulls = {r[SUPERSEDED] is None for r in rows}
             assert len(nulls) == 1, (f.path, rg)
@@ -298,6 +324,7 @@ def _check_layout(store, table="T"):
             assert keys == sorted(keys), (f.path, rg)
             classes.append(0 if nulls == {True} else 1)
         assert classes == sorted(classes), f.path
+    return hot_seen
 
 
 def _check_lookups(store, events, as_ofs, keys=range(0, 50, 3)):
@@ -359,17 +386,62 @@ def test_the_closed_layout_cuts_superseded_rows_by_t_too_for_long_intervals():
     assert excess[4] < 0.6 * excess[1], excess
 
 
-def test_the_closed_layout_skips_row_groups_and_equals_the_model_at_every_t(tmp_path, tiny_row_groups):
-    store = HistoryStore.open(tmp_path, database="db", settings=SMALL_SNAPSHOTS)
-    events = _items_history(store)
+def test_the_versions_of_hot_keys_are_one_key_sorted_run_at_the_end():
+    """A key written far more often than the others (a counter row) would sit in every bucket of a
+    time-cut file; its versions are a key-sorted run of their own instead, so a key lookup reads one
+    row group for it. The run holds the most-written keys with at least a bucket's count of
+    versions, within half a bucket of rows; reads as of every T still skip the rest as before."""
+    rng = np.random.default_rng(11)
+    live, n = 4000, 8000
+    keys = np.concatenate([np.arange(live), rng.integers(0, live, n - live - 300), np.full(300, 7),
+                           np.full(40, 12), np.full(5, 30)])
+    rng.shuffle(keys[live:])
+    times = np.arange(1, len(keys) + 1)
+    table = pa.table({KEY: keys, DELETED: np.zeros(len(keys), dtype=bool), LT: times,
+                      SUPERSEDED: snapshots_module.superseded_at(keys, times)})
+    hot = supertable.hot_keys_mask(keys, 8)
+    assert hot is not None
+    assert set(keys[hot].tolist()) == {7, 12}  # key 30 has fewer versions than buckets
+    rows, groups = supertable.closed_layout(table, None, row_group_rows=64, buckets=8)
+    assert sum(groups) == len(keys) and sorted(rows.column(LT).to_pylist()) == times.tolist()
+    run = int(hot.sum())
+    tail = rows.slice(rows.num_rows - run)
+    sevens, twelves = int((keys == 7).sum()), int((keys == 12).sum())
+    assert run == sevens + twelves and tail.column(KEY).to_pylist() == [7] * sevens + [12] * twelves
+    assert tail.column(LT).to_pylist()[:sevens] == sorted(tail.column(LT).to_pylist()[:sevens])
+    # the run starts a row group, and key 7's versions are in the run's row groups only
+    begin, holding_7 = 0, 0
+    for size in groups:
+        if 7 in rows.slice(begin, size).column(KEY).to_pylist():
+            holding_7 += 1
+            assert begin >= rows.num_rows - run
+        begin += size
+    assert holding_7 <= -(-sevens // 64) + 1
+    for as_of in range(1, len(keys) + 2, 97):
+        read, current = _rows_read_and_current(rows, groups, as_of)
+        assert current <= read
+    # within half a bucket: the hottest keys are taken first and the run stops before the budget
+    crowded = np.concatenate([np.arange(1000), np.repeat(np.arange(1000, 1010), 50)])
+    taken = supertable.hot_keys_mask(crowded, 8)
+    assert taken is not None and taken.sum() <= len(crowded) // 16
+    assert set(crowded[taken].tolist()) < set(range(1000, 1010))
+    assert supertable.hot_keys_mask(np.arange(1000), 8) is None
+
+
+@pytest.mark.parametrize("hot", [False, True])
+def test_the_closed_layout_skips_row_groups_and_equals_the_model_at_every_t(tmp_path, tiny_row_groups, hot):
+    # with a counter row, intervals long enough that it is at most half a bucket of their rows
+    settings = StoreSettings(snapshot_min_versions=40, snapshot_ratio=0.2) if hot else SMALL_SNAPSHOTS
+    store = HistoryStore.open(tmp_path, database="db", settings=settings)
+    events = _items_history(store, hot)
     snapshots = _snapshots(store)
-    _check_layout(store)
+    assert (_check_layout(store) > 0) == hot  # a counter row is written often enough to be hot
     every_t = range(2, store.frontier + 2)  # every T: S, S' - 1, each bucket's bounds and around them
     _assert_skips_most(*_check_pruning(store, every_t))
     # the worst T of each closed interval (just before the next snapshot) too
     _assert_skips_most(*_check_pruning(store, [s - 1 for s in snapshots[1:]]))
     _check_items(store, events, every_t)
-    _check_lookups(store, events, every_t)
+    _check_lookups(store, events, every_t, [*range(0, 50, 3), HOT_KEY])
     assert store.verify() == []
 
 
