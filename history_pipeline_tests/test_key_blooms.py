@@ -134,3 +134,29 @@ def test_only_time_cut_files_carry_key_filters(tmp_path, kind, holds, layout, ex
     written = write_file(LocalStore(tmp_path), "db/tables/t/f.parquet", table, meta)
     column = pq.read_metadata(LocalStore(tmp_path).full_path(written.path)).row_group(0).column(0)
     assert (column.bloom_filter_offset is not None) is expected
+
+
+def test_the_filter_cache_keeps_within_its_budget_and_counts_what_it_holds(tmp_path, monkeypatch):
+    from history_pipeline.supertable import read as read_module
+
+    store = LocalStore(tmp_path)
+    paths = []
+    for seed in range(4):
+        path, _ = _time_cut_file(store, 1_000, 2, seed=seed)
+        target = f"db/tables/t/cut-{seed}.parquet"
+        (tmp_path / target).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / path).rename(tmp_path / target)
+        paths.append(target)
+    monkeypatch.setattr(read_module, "_BLOOMS", type(read_module._BLOOMS)())
+    monkeypatch.setattr(read_module, "_bloom_held", [0])
+    one_file = None
+    for i, path in enumerate(paths):
+        blooms = footer(store, path).blooms
+        assert blooms is not None
+        _, data = read_module._bloom_bytes(blooms)
+        one_file = one_file or len(data)
+        if i == 0:  # room for two files' filters, not three
+            monkeypatch.setattr(read_module, "_BLOOM_CACHE_BYTES", 2 * one_file + one_file // 2)
+        held = sum(len(d) for _, d in read_module._BLOOMS.values())
+        assert read_module._bloom_held[0] == held <= max(read_module._BLOOM_CACHE_BYTES, one_file)
+    assert [p for _, p in read_module._BLOOMS] == paths[-2:]  # the oldest went first

@@ -38,15 +38,15 @@ RESERVED = (KEY, DELETED, LT)
 SUPERSEDED = "superseded_at"
 ROW_GROUP_ROWS = 16_384
 #: the row order of a closed interval's files (``closed_layout``), named in their footer and catalog
-#: entry; files marked before it (no layout named: key-sorted whole) are laid out again when their
-#: interval is next closed
-CLOSED_LAYOUT = 2
+#: entry; files marked before it (no layout named: key-sorted whole; 2: no run of hot keys) are laid
+#: out again when their interval is next closed
+CLOSED_LAYOUT = 3
 #: row groups of a closed file's time-ordered rows are cut into about this many buckets per class:
 #: a read as of T wastes about half a bucket per class, a key lookup looks at one row group per bucket
 CLOSED_BUCKETS = 8
 #: a bucket of superseded rows may be cut again into about this many cells by t, so that a read as of
 #: T early in a long interval skips the rows of later buckets written after T too. 1 (no cells, the
-#: layout named 2): with snapshots spaced the live rows apart (the default) intervals are short and
+#: layout named 2 and 3): with snapshots spaced the live rows apart (the default) intervals are short and
 #: cells gained little: under updates in random key order, 4 cells took a version file read a third
 #: into its interval from 12 to 8 row groups, a whole closed read from 1.41M to 1.30M rows decoded
 #: and 102 to 99 ms (session 16); with snapshots 3x apart, 4 cells read 1.3x the answer's rows where
@@ -356,7 +356,9 @@ def closed_layout(table: pa.Table, lower: int | None, row_group_rows: int | None
     by ``t`` (in a long interval most rows superseded after T were also written after it). Each
     bucket or cell is key-sorted, so a row group's statistics bound its rows' t, ``superseded_at``
     and keys: a read as of T skips row groups with ``min(t) >= T`` or ``max(superseded_at) < T``,
-    a key lookup reads one row group per cell at most."""
+    a key lookup reads one row group per cell at most. The versions of hot keys
+    (``hot_keys_mask``), which would be in every bucket, come last as one run in (key, t) order:
+    their history is one row group, and a read as of T decodes at most half a bucket more."""
     row_group_rows = row_group_rows or ROW_GROUP_ROWS
     buckets = buckets or CLOSED_BUCKETS
     time_buckets = time_buckets or CLOSED_TIME_BUCKETS

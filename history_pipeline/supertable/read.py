@@ -154,6 +154,7 @@ class KeyBlooms:
 _BLOOMS: OrderedDict[tuple[str, str], tuple[int, bytes]] = OrderedDict()
 _BLOOM_CACHE_BYTES = 256 * 1024 * 1024
 _bloom_lock = threading.Lock()
+_bloom_held = [0]  # the bytes in ``_BLOOMS``, kept as files come and go
 
 
 def _bloom_bytes(blooms: KeyBlooms) -> tuple[int, bytes]:
@@ -170,10 +171,11 @@ def _bloom_bytes(blooms: KeyBlooms) -> tuple[int, bytes]:
     with fs.open_input_file(blooms.store.full_path(blooms.path)) as handle:
         data = handle.read_at(end - start, start)
     with _bloom_lock:
-        _BLOOMS[cache_key] = (start, data)
-        held = sum(len(d) for _, d in _BLOOMS.values())
-        while held > _BLOOM_CACHE_BYTES and len(_BLOOMS) > 1:
-            held -= len(_BLOOMS.popitem(last=False)[1][1])
+        if cache_key not in _BLOOMS:  # (another thread may have read it meanwhile)
+            _BLOOMS[cache_key] = (start, data)
+            _bloom_held[0] += len(data)
+        while _bloom_held[0] > _BLOOM_CACHE_BYTES and len(_BLOOMS) > 1:
+            _bloom_held[0] -= len(_BLOOMS.popitem(last=False)[1][1])
     return start, data
 
 
