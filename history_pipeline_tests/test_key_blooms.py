@@ -6,6 +6,7 @@ from __future__ import annotations
 import random
 
 import duckdb
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
@@ -23,7 +24,14 @@ from history_pipeline.supertable import (
     time_cut,
     write_file,
 )
-from history_pipeline.supertable.bloom import BLOCK_BYTES, bitset_bytes, block_may_hold, block_of, xxh64_int64
+from history_pipeline.supertable.bloom import (
+    BLOCK_BYTES,
+    bitset_bytes,
+    block_may_hold,
+    block_of,
+    blocks_may_hold,
+    xxh64_int64,
+)
 from history_pipeline.supertable.read import footer, read_key
 
 
@@ -50,6 +58,36 @@ def test_every_key_written_passes_the_filter_pyarrow_wrote():
     rng = random.Random(7)
     keys = [0, 1, -1, 2**63 - 1, -(2**63)] + rng.sample(range(-(10**15), 10**15), 5_000)
     assert _check_against_pyarrow(keys)
+
+
+def test_the_vectorized_check_agrees_with_the_block_by_block_one():
+    """``blocks_may_hold`` (every row group of a file at once) answers as ``block_may_hold`` does,
+    for filters of different sizes side by side, keys present and absent."""
+    rng = random.Random(9)
+    buffer = pa.BufferOutputStream()
+    groups = [rng.sample(range(10**6), n) for n in (3_000, 500, 40)]
+    with pq.ParquetWriter(buffer, pa.schema([("k", pa.int64())]),
+                          bloom_filter_options={"k": {"ndv": 3_000, "fpp": 0.05}}) as writer:
+        for keys in groups:
+            writer.write_table(pa.table({"k": pa.array(keys, pa.int64())}))
+    data = buffer.getvalue().to_pybytes()
+    meta = pq.ParquetFile(pa.BufferReader(data)).metadata
+    firsts, blocks = [], []
+    for rg in range(meta.num_row_groups):
+        column = meta.row_group(rg).column(0)
+        size = bitset_bytes(column.bloom_filter_length)
+        firsts.append(column.bloom_filter_offset + column.bloom_filter_length - size)
+        blocks.append(size // BLOCK_BYTES)
+    everything = np.frombuffer(data, dtype=np.uint8)
+    answers = set()
+    for key in [k for keys in groups for k in keys[:200]] + rng.sample(range(10**6, 2 * 10**6), 2_000):
+        key_hash = xxh64_int64(key)
+        one_by_one = [block_may_hold(data[f + block_of(key_hash, b * BLOCK_BYTES) * BLOCK_BYTES:][:BLOCK_BYTES],
+                                     key_hash) for f, b in zip(firsts, blocks, strict=True)]
+        together = blocks_may_hold(everything, np.array(blocks), np.array(firsts), key_hash).tolist()
+        assert together == one_by_one, key
+        answers.update(together)
+    assert answers == {True, False}  # both answers were checked
 
 
 def _time_cut_file(store: LocalStore, keys_per_group: int, groups: int, seed: int) -> tuple[str, pa.Table]:
@@ -119,18 +157,23 @@ def test_duckdb_reads_the_same_rows_from_files_with_filters(tmp_path):
     assert rows == list(zip(want.column(KEY).to_pylist(), want.column(LT).to_pylist(), strict=True))
 
 
-@pytest.mark.parametrize("kind, holds, layout, expected", [
-    (FileKind.VERSIONS, False, 2, True),  # a closed interval's version file
-    (FileKind.SNAPSHOT, True, 2, True),  # a snapshot piece holding versions
-    (FileKind.SNAPSHOT, False, 2, False),  # a snapshot's own rows: one key-sorted run
-    (FileKind.VERSIONS, False, None, False),  # compaction's key-sorted batch
+@pytest.mark.parametrize("kind, holds, layout, superseded, expected", [
+    (FileKind.VERSIONS, False, 3, [4, 5, 6], True),  # a closed interval's version file
+    (FileKind.SNAPSHOT, True, 3, [None, 7, None], True),  # a snapshot piece holding versions
+    (FileKind.SNAPSHOT, True, 3, [None, None, None], True),  # (cut by t too)
+    # a snapshot's own rows: those superseded in the interval are bucketed by time
+    (FileKind.SNAPSHOT, False, 3, [None, 7, None], True),
+    (FileKind.SNAPSHOT, False, 3, [None, None, None], False),  # none superseded: one key-sorted run
+    (FileKind.VERSIONS, False, None, None, False),  # compaction's key-sorted batch
 ])
-def test_only_time_cut_files_carry_key_filters(tmp_path, kind, holds, layout, expected):
+def test_only_time_cut_files_carry_key_filters(tmp_path, kind, holds, layout, superseded, expected):
     meta = FileMetadata("db", "t", kind, 1, 1, 10, closed_layout=layout, holds_versions=holds,
                         snapshot_as_of=5 if kind is FileKind.SNAPSHOT else None)
-    assert time_cut(meta) is expected
+    assert time_cut(meta, superseded is not None and any(s is not None for s in superseded)) is expected
     table = pa.table({KEY: pa.array([1, 2, 3], pa.int64()), DELETED: pa.array([False] * 3),
                       LT: pa.array([1, 2, 3], pa.int64())})
+    if superseded is not None:
+        table = table.append_column(SUPERSEDED, pa.array(superseded, pa.int64()))
     written = write_file(LocalStore(tmp_path), "db/tables/t/f.parquet", table, meta)
     column = pq.read_metadata(LocalStore(tmp_path).full_path(written.path)).row_group(0).column(0)
     assert (column.bloom_filter_offset is not None) is expected

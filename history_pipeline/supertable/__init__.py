@@ -41,6 +41,8 @@ ROW_GROUP_ROWS = 16_384
 #: entry; files marked before it (no layout named: key-sorted whole; 2: no run of hot keys) are laid
 #: out again when their interval is next closed
 CLOSED_LAYOUT = 3
+#: rows per row group of a closed-layout file (at most ``ROW_GROUP_ROWS``)
+CLOSED_ROW_GROUP_ROWS = 16_384
 #: row groups of a closed file's time-ordered rows are cut into about this many buckets per class:
 #: a read as of T wastes about half a bucket per class, a key lookup looks at one row group per bucket
 CLOSED_BUCKETS = 8
@@ -314,7 +316,9 @@ def parquet_bytes(table: pa.Table, row_groups: Sequence[int] | None = None, page
     if page_bytes:
         options["data_page_size"] = page_bytes
     if key_bloom and KEY in table.column_names:
-        options["bloom_filter_options"] = {KEY: {"ndv": ROW_GROUP_ROWS, "fpp": KEY_BLOOM_FPP}}
+        # sized for the largest row group's keys, so every filter holds its rows at ``KEY_BLOOM_FPP``
+        ndv = max(row_groups) if row_groups else min(ROW_GROUP_ROWS, table.num_rows)
+        options["bloom_filter_options"] = {KEY: {"ndv": max(ndv, 1), "fpp": KEY_BLOOM_FPP}}
     if row_groups is None:
         pq.write_table(table, buffer, **options)
         return buffer.getvalue()
@@ -359,7 +363,7 @@ def closed_layout(table: pa.Table, lower: int | None, row_group_rows: int | None
     a key lookup reads one row group per cell at most. The versions of hot keys
     (``hot_keys_mask``), which would be in every bucket, come last as one run in (key, t) order:
     their history is one row group, and a read as of T decodes at most half a bucket more."""
-    row_group_rows = row_group_rows or ROW_GROUP_ROWS
+    row_group_rows = row_group_rows or min(ROW_GROUP_ROWS, CLOSED_ROW_GROUP_ROWS)
     buckets = buckets or CLOSED_BUCKETS
     time_buckets = time_buckets or CLOSED_TIME_BUCKETS
     hot = hot_keys_mask(table.column(KEY).to_numpy(), buckets)
@@ -444,11 +448,13 @@ def _even_parts(rows: int, most: int) -> list[int]:
     return [rows // parts + (1 if i < rows % parts else 0) for i in range(parts)]
 
 
-def time_cut(meta: FileMetadata) -> bool:
-    """Are the file's row groups cut by time (a closed interval's version file, a snapshot piece
-    holding versions) rather than by key? Their key statistics then rule out few keys, so they
-    carry a Bloom filter on the key (a snapshot's own rows are one key-sorted run)."""
-    return bool(meta.closed_layout) and (meta.kind is FileKind.VERSIONS or meta.holds_versions)
+def time_cut(meta: FileMetadata, superseded_rows: bool = False) -> bool:
+    """Are some of the file's row groups cut by time rather than by key (a closed interval's
+    version file, a snapshot piece holding versions, a snapshot piece with ``superseded_rows``,
+    which ``closed_layout`` buckets by ``superseded_at``)? Their key statistics then rule out few
+    keys, so the file carries a Bloom filter on the key (a snapshot piece none of whose rows is
+    superseded is one key-sorted run: its statistics do the work)."""
+    return bool(meta.closed_layout) and (meta.kind is FileKind.VERSIONS or meta.holds_versions or superseded_rows)
 
 
 def write_file(store: ObjectStore, path: str, table: pa.Table, meta: FileMetadata,
@@ -458,7 +464,7 @@ def write_file(store: ObjectStore, path: str, table: pa.Table, meta: FileMetadat
     schema = table.schema.with_metadata({**(table.schema.metadata or {}), METADATA_KEY: meta.to_bytes()})
     table = table.replace_schema_metadata(schema.metadata)
     data = parquet_bytes(table, row_groups, CLOSED_PAGE_BYTES if meta.closed_layout else None,
-                         key_bloom=time_cut(meta))
+                         key_bloom=time_cut(meta, _any_superseded(table)))
     store.put(path, data)
     return WrittenFile(
         path=path,
@@ -469,6 +475,10 @@ def write_file(store: ObjectStore, path: str, table: pa.Table, meta: FileMetadat
         min_key=_stat(table, KEY, "min"),
         max_key=_stat(table, KEY, "max"),
     )
+
+
+def _any_superseded(table: pa.Table) -> bool:
+    return SUPERSEDED in table.column_names and table.column(SUPERSEDED).null_count < table.num_rows
 
 
 def _stat(table: pa.Table, column: str, which: str) -> int | None:

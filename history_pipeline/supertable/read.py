@@ -8,6 +8,7 @@ and this layer never imports the catalog.
 from __future__ import annotations
 
 import bisect
+import functools
 import os
 import threading
 from collections import OrderedDict
@@ -24,7 +25,7 @@ import pyarrow.parquet as pq
 
 from history_pipeline.io.store import LocalStore, ObjectStore
 from history_pipeline.supertable import DELETED, KEY, LT, SUPERSEDED
-from history_pipeline.supertable.bloom import BLOCK_BYTES, bitset_bytes, block_may_hold, block_of, xxh64_int64
+from history_pipeline.supertable.bloom import BLOCK_BYTES, bitset_bytes, blocks_may_hold, xxh64_int64
 
 Result = TypeVar("Result")
 
@@ -134,20 +135,33 @@ class KeyBlooms:
     filters: tuple[tuple[int, int] | None, ...]
 
     def may_hold(self, groups: Sequence[int], key: int) -> list[int]:
-        """Those of ``groups`` whose filter does not rule ``key`` out."""
+        """Those of ``groups`` whose filter does not rule ``key`` out (all filters tested at once)."""
+        if not groups:
+            return []
         start, data = _bloom_bytes(self)
-        key_hash = xxh64_int64(key)
-        kept = []
-        for rg in groups:
-            spot = self.filters[rg]
+        first_bytes, blocks = self._bitsets
+        chosen = np.asarray(groups, dtype=np.int64)
+        filtered = blocks[chosen] > 0
+        if not filtered.any():
+            return list(groups)
+        tested = chosen[filtered]
+        passes = blocks_may_hold(np.frombuffer(data, dtype=np.uint8), blocks[tested], first_bytes[tested] - start,
+                                 xxh64_int64(key))
+        kept = np.ones(len(chosen), dtype=bool)
+        kept[filtered] = passes
+        return chosen[kept].tolist()
+
+    @functools.cached_property
+    def _bitsets(self) -> tuple[np.ndarray, np.ndarray]:
+        """Per row group: where its bitset starts in the file, and its blocks (0: no filter)."""
+        first_bytes = np.zeros(len(self.filters), dtype=np.int64)
+        blocks = np.zeros(len(self.filters), dtype=np.int64)
+        for rg, spot in enumerate(self.filters):
             if spot is not None:
                 offset, length = spot
                 size = bitset_bytes(length)
-                at = offset + length - size + block_of(key_hash, size) * BLOCK_BYTES - start
-                if not block_may_hold(data[at:at + BLOCK_BYTES], key_hash):
-                    continue
-            kept.append(rg)
-        return kept
+                first_bytes[rg], blocks[rg] = offset + length - size, size // BLOCK_BYTES
+        return first_bytes, blocks
 
 
 #: the Bloom filter bytes of the files lookups touched, newest use last, within a byte budget
