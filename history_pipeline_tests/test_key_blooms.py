@@ -6,7 +6,6 @@ from __future__ import annotations
 import random
 
 import duckdb
-import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
@@ -24,15 +23,8 @@ from history_pipeline.supertable import (
     time_cut,
     write_file,
 )
-from history_pipeline.supertable.bloom import (
-    BLOCK_BYTES,
-    bitset_bytes,
-    block_may_hold,
-    block_of,
-    blocks_may_hold,
-    xxh64_int64,
-)
-from history_pipeline.supertable.read import footer, read_key
+from history_pipeline.supertable.bloom import BLOCK_BYTES, bitset_bytes, block_may_hold, block_of, xxh64_int64
+from history_pipeline.supertable.read import KeyBlooms, footer, read_key
 
 
 def _check_against_pyarrow(keys: list[int]) -> bool:
@@ -60,33 +52,37 @@ def test_every_key_written_passes_the_filter_pyarrow_wrote():
     assert _check_against_pyarrow(keys)
 
 
-def test_the_vectorized_check_agrees_with_the_block_by_block_one():
-    """``blocks_may_hold`` (every row group of a file at once) answers as ``block_may_hold`` does,
-    for filters of different sizes side by side, keys present and absent."""
+def test_the_check_of_every_filter_at_once_agrees_with_the_block_by_block_one(tmp_path):
+    """``KeyBlooms.may_hold`` (a file's row groups at once, with NumPy) answers as ``block_may_hold``
+    does row group by row group, for filters of different sizes in one file, keys present and
+    absent, and keeps a row group without a filter."""
     rng = random.Random(9)
-    buffer = pa.BufferOutputStream()
     groups = [rng.sample(range(10**6), n) for n in (3_000, 500, 40)]
-    with pq.ParquetWriter(buffer, pa.schema([("k", pa.int64())]),
-                          bloom_filter_options={"k": {"ndv": 3_000, "fpp": 0.05}}) as writer:
+    store = LocalStore(tmp_path)
+    path = "f.parquet"
+    with pq.ParquetWriter(store.full_path(path), pa.schema([(KEY, pa.int64())]),
+                          bloom_filter_options={KEY: {"ndv": 3_000, "fpp": 0.05}}) as writer:
         for keys in groups:
-            writer.write_table(pa.table({"k": pa.array(keys, pa.int64())}))
-    data = buffer.getvalue().to_pybytes()
-    meta = pq.ParquetFile(pa.BufferReader(data)).metadata
-    firsts, blocks = [], []
-    for rg in range(meta.num_row_groups):
-        column = meta.row_group(rg).column(0)
-        size = bitset_bytes(column.bloom_filter_length)
-        firsts.append(column.bloom_filter_offset + column.bloom_filter_length - size)
-        blocks.append(size // BLOCK_BYTES)
-    everything = np.frombuffer(data, dtype=np.uint8)
+            writer.write_table(pa.table({KEY: pa.array(keys, pa.int64())}))
+    data = (tmp_path / path).read_bytes()
+    meta = pq.read_metadata(store.full_path(path))
+    spots = [(meta.row_group(rg).column(0).bloom_filter_offset, meta.row_group(rg).column(0).bloom_filter_length)
+             for rg in range(meta.num_row_groups)]
+    blooms = KeyBlooms(store, path, tuple(spots))
+    without_third = KeyBlooms(store, path, (*spots[:2], None))
     answers = set()
     for key in [k for keys in groups for k in keys[:200]] + rng.sample(range(10**6, 2 * 10**6), 2_000):
         key_hash = xxh64_int64(key)
-        one_by_one = [block_may_hold(data[f + block_of(key_hash, b * BLOCK_BYTES) * BLOCK_BYTES:][:BLOCK_BYTES],
-                                     key_hash) for f, b in zip(firsts, blocks, strict=True)]
-        together = blocks_may_hold(everything, np.array(blocks), np.array(firsts), key_hash).tolist()
-        assert together == one_by_one, key
-        answers.update(together)
+        one_by_one = []
+        for offset, length in spots:
+            size = bitset_bytes(length)
+            at = offset + length - size + block_of(key_hash, size) * BLOCK_BYTES
+            one_by_one.append(block_may_hold(data[at:at + BLOCK_BYTES], key_hash))
+        expected = [rg for rg, holds in enumerate(one_by_one) if holds]
+        assert blooms.may_hold([0, 1, 2], key) == expected, key
+        assert without_third.may_hold([0, 1, 2], key) == [rg for rg in expected if rg < 2] + [2]
+        assert blooms.may_hold([1], key) == [rg for rg in expected if rg == 1]
+        answers.update(one_by_one)
     assert answers == {True, False}  # both answers were checked
 
 

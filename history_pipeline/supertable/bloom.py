@@ -11,6 +11,8 @@ are the Parquet format's (xxHash64 of the value's plain encoding, eight salted b
 
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 
 _MASK64 = (1 << 64) - 1
@@ -63,18 +65,13 @@ def block_may_hold(block: bytes, key_hash: int) -> bool:
     return True
 
 
-def salted_bits(key_hash: int) -> np.ndarray:
-    """The eight 32-bit words of the bits ``key_hash`` sets in its block (a word per salt)."""
+@functools.lru_cache(maxsize=4096)
+def hashed_key(key: int) -> tuple[int, np.ndarray]:
+    """What a filter check needs of ``key``: its hash's high half (which picks the block) and the
+    eight 32-bit words of the bits it sets in that block. Cached: a key history or a lookup checks
+    one key against the filters of many files."""
+    key_hash = xxh64_int64(key)
     low = key_hash & 0xFFFFFFFF
-    return np.array([1 << (((low * salt) & 0xFFFFFFFF) >> 27) for salt in _SALT], dtype=np.uint32)
-
-
-def blocks_may_hold(bitsets: np.ndarray, blocks: np.ndarray, first_bytes: np.ndarray, key_hash: int) -> np.ndarray:
-    """``block_may_hold`` of many filters at once: for each filter (its bitset's first byte in
-    ``bitsets``, a byte array, and its number of blocks), does the block ``key_hash`` falls in
-    have every bit it sets?"""
-    chosen = ((np.uint64(key_hash >> 32) * blocks.astype(np.uint64)) >> np.uint64(32)).astype(np.int64)
-    at = first_bytes + chosen * BLOCK_BYTES
-    words = bitsets[at[:, None] + np.arange(BLOCK_BYTES)].view("<u4")
-    bits = salted_bits(key_hash)
-    return ((words & bits) == bits).all(axis=1)
+    bits = np.array([1 << (((low * salt) & 0xFFFFFFFF) >> 27) for salt in _SALT], dtype=np.uint32)
+    bits.flags.writeable = False
+    return key_hash >> 32, bits

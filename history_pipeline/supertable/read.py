@@ -25,7 +25,7 @@ import pyarrow.parquet as pq
 
 from history_pipeline.io.store import LocalStore, ObjectStore
 from history_pipeline.supertable import DELETED, KEY, LT, SUPERSEDED
-from history_pipeline.supertable.bloom import BLOCK_BYTES, bitset_bytes, blocks_may_hold, xxh64_int64
+from history_pipeline.supertable.bloom import BLOCK_BYTES, bitset_bytes, hashed_key
 
 Result = TypeVar("Result")
 
@@ -114,11 +114,18 @@ class Footer:
     def row_groups_overlapping(self, low: int, high: int) -> list[int]:
         """The row groups that may hold a key in [low, high] (all where their statistics are
         missing); for one key, by their Bloom filters too."""
-        groups = [rg for rg, bounds in enumerate(self.key_ranges)
-                  if bounds is None or bounds[0] <= high and low <= bounds[1]]
-        if low == high and groups and self.blooms is not None:
-            return self.blooms.may_hold(groups, low)
-        return groups
+        lows, highs = self._key_bounds
+        overlapping = np.flatnonzero((lows <= high) & (highs >= low))
+        if low == high and len(overlapping) and self.blooms is not None:
+            return self.blooms.may_hold(overlapping, low)
+        return overlapping.tolist()
+
+    @functools.cached_property
+    def _key_bounds(self) -> tuple[np.ndarray, np.ndarray]:
+        """Each row group's key range as two arrays (the int64 extremes where statistics are missing)."""
+        lows = np.array([b[0] if b is not None else np.iinfo(np.int64).min for b in self.key_ranges], dtype=np.int64)
+        highs = np.array([b[1] if b is not None else np.iinfo(np.int64).max for b in self.key_ranges], dtype=np.int64)
+        return lows, highs
 
     def row_groups_current(self, as_of: int) -> list[int]:
         """The row groups that may hold a row current as of ``as_of`` (see ``RowGroupTimes``)."""
@@ -134,21 +141,20 @@ class KeyBlooms:
     path: str
     filters: tuple[tuple[int, int] | None, ...]
 
-    def may_hold(self, groups: Sequence[int], key: int) -> list[int]:
+    def may_hold(self, groups: Sequence[int] | np.ndarray, key: int) -> list[int]:
         """Those of ``groups`` whose filter does not rule ``key`` out (all filters tested at once)."""
-        if not groups:
-            return []
-        start, data = _bloom_bytes(self)
-        first_bytes, blocks = self._bitsets
         chosen = np.asarray(groups, dtype=np.int64)
-        filtered = blocks[chosen] > 0
-        if not filtered.any():
-            return list(groups)
-        tested = chosen[filtered]
-        passes = blocks_may_hold(np.frombuffer(data, dtype=np.uint8), blocks[tested], first_bytes[tested] - start,
-                                 xxh64_int64(key))
-        kept = np.ones(len(chosen), dtype=bool)
-        kept[filtered] = passes
+        if not len(chosen):
+            return []
+        start, bitsets = _bloom_bytes(self)
+        first_bytes, blocks = self._bitsets
+        high, bits = hashed_key(key)
+        count = blocks[chosen]
+        # the block each filter's bitset maps the key to (Parquet's: the hash's high half scaled
+        # to the blocks); a row group without a filter points at the first bytes and is kept
+        at = np.where(count > 0, first_bytes[chosen] - start + ((high * count) >> 32) * BLOCK_BYTES, 0)
+        words = bitsets[at[:, None] + _BLOCK_SPAN].view("<u4")
+        kept = ((words & bits) == bits).all(axis=1) | (count == 0)
         return chosen[kept].tolist()
 
     @functools.cached_property
@@ -164,14 +170,17 @@ class KeyBlooms:
         return first_bytes, blocks
 
 
+_BLOCK_SPAN = np.arange(BLOCK_BYTES)
+
+
 #: the Bloom filter bytes of the files lookups touched, newest use last, within a byte budget
-_BLOOMS: OrderedDict[tuple[str, str], tuple[int, bytes]] = OrderedDict()
+_BLOOMS: OrderedDict[tuple[str, str], tuple[int, np.ndarray]] = OrderedDict()
 _BLOOM_CACHE_BYTES = 256 * 1024 * 1024
 _bloom_lock = threading.Lock()
 _bloom_held = [0]  # the bytes in ``_BLOOMS``, kept as files come and go
 
 
-def _bloom_bytes(blooms: KeyBlooms) -> tuple[int, bytes]:
+def _bloom_bytes(blooms: KeyBlooms) -> tuple[int, np.ndarray]:
     """The span of the file holding all its key filters (they are written together): its start, its bytes."""
     cache_key = (blooms.store.uri, blooms.path)
     with _bloom_lock:
@@ -183,7 +192,7 @@ def _bloom_bytes(blooms: KeyBlooms) -> tuple[int, bytes]:
     start, end = min(o for o, _ in spots), max(o + n for o, n in spots)
     fs, _ = blooms.store.arrow_filesystem()
     with fs.open_input_file(blooms.store.full_path(blooms.path)) as handle:
-        data = handle.read_at(end - start, start)
+        data = np.frombuffer(handle.read_at(end - start, start), dtype=np.uint8)
     with _bloom_lock:
         if cache_key not in _BLOOMS:  # (another thread may have read it meanwhile)
             _BLOOMS[cache_key] = (start, data)
