@@ -2,11 +2,15 @@
 
 A closed file's row groups are cut by time (``closed_layout``), so under updates that arrive in
 random key order each row group spans nearly the whole key range and its statistics rule no key
-out. Those files carry a Bloom filter on ``synthetic_key`` per row group (written by pyarrow,
-read by DuckDB for ``row_history``'s scan); a point lookup checks them itself: a file's filters
-are read in one request on its first lookup and kept (``supertable.read.KeyBlooms``), and a key
-is tested against the one 32-byte block of each that it hashes to. The hash and the block layout
-are the Parquet format's (xxHash64 of the value's plain encoding, eight salted bits in one block).
+out. Those files (``supertable.time_cut``: version files, snapshot pieces holding versions, and
+snapshot pieces whose rows superseded in the interval are bucketed by time) carry a Bloom filter
+on ``synthetic_key`` per row group (written by pyarrow, read by DuckDB for ``row_history``'s scan);
+a point lookup checks them itself: a file's filters are read in one request on its first lookup
+and kept (``supertable.read.KeyBlooms``), and a key is tested against the one 32-byte block of
+each that it hashes to, every row group of a file at once. The hash and the block layout are the
+Parquet format's (xxHash64 of the value's plain encoding, eight salted bits in one block); the
+functions below are the format's algorithm one block at a time, the reference the vectorized
+check is tested against.
 """
 
 from __future__ import annotations
