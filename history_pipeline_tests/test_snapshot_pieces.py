@@ -92,6 +92,30 @@ def test_a_snapshots_pieces_are_selected_by_key_range_whatever_their_paths():
     assert select_files(state, "T", 5).snapshot == (older,)
 
 
+def test_a_states_selections_are_kept_and_each_keys_is_its_own():
+    """``select_files`` keeps a state's selection per T: asked again it is the same, a key's
+    selection keeps only the pieces that may hold it, and a state keeps a bounded number of T."""
+    from history_pipeline.catalog import files as files_module
+
+    pieces = [FileEntry(f"snapshot-{name}", FileKind.SNAPSHOT, "T", 1, 10, 1, 5, low, low + 9, snapshot_as_of=6)
+              for name, low in (("a", 20), ("b", 0), ("c", 30), ("d", 10))]
+    versions = FileEntry("versions-x", FileKind.VERSIONS, "T", 1, 10, 7, 12, 5, 24)
+    state = CatalogState(files=MappingProxyType({f.path: f for f in [*pieces, versions]}))
+    whole = select_files(state, "T", 9)
+    assert select_files(state, "T", 9) is whole and [f.min_key for f in whole.snapshot] == [0, 10, 20, 30]
+    assert whole.versions == (versions,)
+    one = select_files(state, "T", 9, [25])
+    assert [f.min_key for f in one.snapshot] == [20] and one.versions == ()
+    assert select_files(state, "T", 9, [12]).versions == (versions,)
+    assert select_files(state, "T", 7).versions == () and select_files(state, "T", 9) is whole
+    # another state (a later commit) selects afresh
+    later = CatalogState(files=MappingProxyType({f.path: f for f in pieces}))
+    assert select_files(later, "T", 9).versions == ()
+    for as_of in range(100, 100 + 2 * files_module._SELECTIONS_KEPT):
+        select_files(state, "T", as_of)
+    assert len(state.derived[("select_files", "T")]) == files_module._SELECTIONS_KEPT
+
+
 def test_a_snapshot_in_pieces_answers_as_the_model_and_as_one_piece_at_every_t(tmp_path):
     store = HistoryStore.open(tmp_path / "pieces", database="db", settings=PIECES)
     events = _items_history(store)

@@ -13,8 +13,9 @@ interval (every file read is marked ``closed_until`` the next snapshot, see
 from __future__ import annotations
 
 import functools
+import threading
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import cached_property
 
 import numpy as np
@@ -138,7 +139,31 @@ class FileSelection:
 def select_files(
     state: CatalogState, table_uuid: str, as_of: int, keys: Sequence[int] | None = None
 ) -> FileSelection:
-    """The files needed to read ``table_uuid`` as of ``as_of`` (optionally only some keys)."""
+    """The files needed to read ``table_uuid`` as of ``as_of`` (optionally only some keys).
+
+    A state never changes, so the selection of every key is kept per state for the last T it
+    was asked for (a run of lookups as of one T scans the table's files once, not per lookup)."""
+    memo = state.derived.setdefault(("select_files", table_uuid), {})
+    selection = memo.get(as_of)
+    if selection is None:
+        selection = _select_files(state, table_uuid, as_of)
+        with _selections_lock:
+            while len(memo) >= _SELECTIONS_KEPT:
+                memo.pop(next(iter(memo)))
+            memo[as_of] = selection
+    if keys is None:
+        return selection
+    low, high = min(keys, default=0), max(keys, default=-1)
+    return replace(selection, snapshot=tuple(f for f in selection.snapshot if may_hold_keys(f, low, high)),
+                   versions=tuple(f for f in selection.versions if may_hold_keys(f, low, high)))
+
+
+#: selections kept per state and table (the oldest asked for goes first)
+_SELECTIONS_KEPT = 64
+_selections_lock = threading.Lock()
+
+
+def _select_files(state: CatalogState, table_uuid: str, as_of: int) -> FileSelection:
     snapshots = [
         f
         for f in state.files_of(table_uuid, FileKind.SNAPSHOT)
@@ -161,10 +186,6 @@ def select_files(
         and f.min_t < as_of
         and (lower is None or (f.max_t is not None and f.max_t >= lower))
     )
-    if keys is not None:
-        low, high = min(keys, default=0), max(keys, default=-1)
-        chosen = tuple(f for f in chosen if may_hold_keys(f, low, high))
-        versions = tuple(f for f in versions if may_hold_keys(f, low, high))
     return FileSelection(chosen, snapshot_as_of, versions, next_snapshot, as_of)
 
 

@@ -312,6 +312,12 @@ class CatalogState:
         return [f for f in of_table if kind is None or f.kind is kind]
 
     @functools.cached_property
+    def derived(self) -> dict[Any, Any]:
+        """Views readers derive from this state and keep with it (a state never changes, so they
+        hold as long as it does): e.g. ``catalog.files.select_files``'s selections."""
+        return {}
+
+    @functools.cached_property
     def _files_by_table(self) -> Mapping[str | None, tuple[FileEntry, ...]]:
         """Each table's live files by path, computed once per state (a state never changes, and
         every read selects its files from them)."""

@@ -85,6 +85,11 @@ class ObjectStore(abc.ABC):
         return f"{root}/{path}" if root else path
 
 
+#: one local filesystem for every local store (it holds no state; a point lookup asks for it per
+#: file it opens, and making one each time cost about 35 µs)
+_MAPPED_FILES = pafs.LocalFileSystem(use_mmap=True)
+
+
 class LocalStore(ObjectStore):
     """A directory on local disk."""
 
@@ -154,7 +159,7 @@ class LocalStore(ObjectStore):
     def arrow_filesystem(self) -> tuple[pafs.FileSystem, str]:
         # files are read memory-mapped (no copy through read calls: 3-14 % off a 1M-row read):
         # an object is never changed in place (``put`` replaces it by rename), so a mapping stays whole
-        return pafs.LocalFileSystem(use_mmap=True), str(self.root)
+        return _MAPPED_FILES, str(self.root)
 
     def config(self) -> dict[str, Any]:
         return {"uri": self.uri}
