@@ -299,16 +299,18 @@ def _check_layout(store, table="T") -> int:
         assert meta.closed_layout == supertable.CLOSED_LAYOUT or f.closed_until == f.snapshot_as_of
         parquet = _parquet(store, f.path)
         everything = parquet.read()
-        # the hot keys' versions (``supertable.hot_keys_mask``) are the last rows, one run in
-        # (key, t) order, starting a row group; the row groups before them are the time-cut classes
+        # the hot keys' versions (``supertable.hot_keys_mask``) are the last rows, a run per class
+        # (never superseded here, then superseded) in (key, t) order, each starting a row group;
+        # the row groups before them are the time-cut classes
         hot = supertable.hot_keys_mask(everything.column(KEY).to_numpy(), supertable.CLOSED_BUCKETS)
         hot_rows = 0 if hot is None else int(hot.sum())
         hot_seen += hot_rows
         if hot_rows:
             tail = everything.slice(everything.num_rows - hot_rows)
             assert hot[everything.num_rows - hot_rows:].all(), f.path
-            pairs = list(zip(tail.column(KEY).to_pylist(), tail.column(LT).to_pylist(), strict=True))
-            assert pairs == sorted(pairs), f.path
+            triples = list(zip(tail.column(SUPERSEDED).is_valid().to_pylist(), tail.column(KEY).to_pylist(),
+                               tail.column(LT).to_pylist(), strict=True))
+            assert triples == sorted(triples), f.path
         sizes = [parquet.metadata.row_group(rg).num_rows for rg in range(parquet.num_row_groups)]
         time_cut = len(sizes)
         while hot_rows > 0:
@@ -316,14 +318,15 @@ def _check_layout(store, table="T") -> int:
             hot_rows -= sizes[time_cut]
         assert hot_rows == 0, (f.path, sizes)
         classes = []
-        for rg in range(time_cut):
+        for rg in range(parquet.num_row_groups):
             rows = parquet.read_row_group(rg).to_pylist()
             nulls = {r[SUPERSEDED] is None for r in rows}
-            assert len(nulls) == 1, (f.path, rg)
+            assert len(nulls) == 1, (f.path, rg)  # one class a row group, in the hot runs too
             keys = [(r["synthetic_key"], r["logical_timestamp"]) for r in rows]
             assert keys == sorted(keys), (f.path, rg)
             classes.append(0 if nulls == {True} else 1)
-        assert classes == sorted(classes), f.path
+        assert classes[:time_cut] == sorted(classes[:time_cut]), f.path
+        assert classes[time_cut:] == sorted(classes[time_cut:]), f.path
     return hot_seen
 
 
@@ -386,10 +389,10 @@ def test_the_closed_layout_cuts_superseded_rows_by_t_too_for_long_intervals():
     assert excess[4] < 0.6 * excess[1], excess
 
 
-def test_the_versions_of_hot_keys_are_one_key_sorted_run_at_the_end():
+def test_the_versions_of_hot_keys_are_key_sorted_runs_at_the_end():
     """A key written far more often than the others (a counter row) would sit in every bucket of a
-    time-cut file; its versions are a key-sorted run of their own instead, so a key lookup reads one
-    row group for it. The run holds the most-written keys with at least a bucket's count of
+    time-cut file; its versions are key-sorted runs of their own instead (one per class), so a key
+    lookup reads a row group or two for it. The run holds the most-written keys with at least a bucket's count of
     versions, within half a bucket of rows; reads as of every T still skip the rest as before."""
     rng = np.random.default_rng(11)
     live, n = 4000, 8000
@@ -407,8 +410,12 @@ def test_the_versions_of_hot_keys_are_one_key_sorted_run_at_the_end():
     run = int(hot.sum())
     tail = rows.slice(rows.num_rows - run)
     sevens, twelves = int((keys == 7).sum()), int((keys == 12).sum())
-    assert run == sevens + twelves and tail.column(KEY).to_pylist() == [7] * sevens + [12] * twelves
-    assert tail.column(LT).to_pylist()[:sevens] == sorted(tail.column(LT).to_pylist()[:sevens])
+    # a run per class: each key's newest version (never superseded here), then the superseded ones
+    assert run == sevens + twelves
+    assert tail.column(KEY).to_pylist() == [7, 12] + [7] * (sevens - 1) + [12] * (twelves - 1)
+    assert tail.column(SUPERSEDED).null_count == 2 and tail.slice(0, 2).column(SUPERSEDED).null_count == 2
+    superseded_sevens = tail.column(LT).to_pylist()[2:sevens + 1]
+    assert superseded_sevens == sorted(superseded_sevens)
     # the run starts a row group, and key 7's versions are in the run's row groups only
     begin, holding_7 = 0, 0
     for size in groups:
@@ -416,7 +423,7 @@ def test_the_versions_of_hot_keys_are_one_key_sorted_run_at_the_end():
             holding_7 += 1
             assert begin >= rows.num_rows - run
         begin += size
-    assert holding_7 <= -(-sevens // 64) + 1
+    assert holding_7 <= -(-sevens // 64) + 2
     for as_of in range(1, len(keys) + 2, 97):
         read, current = _rows_read_and_current(rows, groups, as_of)
         assert current <= read

@@ -361,20 +361,27 @@ def closed_layout(table: pa.Table, lower: int | None, row_group_rows: int | None
     bucket or cell is key-sorted, so a row group's statistics bound its rows' t, ``superseded_at``
     and keys: a read as of T skips row groups with ``min(t) >= T`` or ``max(superseded_at) < T``,
     a key lookup reads one row group per cell at most. The versions of hot keys
-    (``hot_keys_mask``), which would be in every bucket, come last as one run in (key, t) order:
-    their history is one row group, and a read as of T decodes at most half a bucket more."""
+    (``hot_keys_mask``), which would be in every bucket, come last in a run per class in (key, t)
+    order: their history is a row group or two, and a read as of T decodes at most half a bucket
+    more."""
     row_group_rows = row_group_rows or min(ROW_GROUP_ROWS, CLOSED_ROW_GROUP_ROWS)
     buckets = buckets or CLOSED_BUCKETS
     time_buckets = time_buckets or CLOSED_TIME_BUCKETS
     hot = hot_keys_mask(table.column(KEY).to_numpy(), buckets)
     if hot is None:
         return _time_cut(table, lower, row_group_rows, buckets, time_buckets)
-    # the versions of the keys written most often in the interval: one key-sorted run after the
-    # time-cut classes, so a key's history reads one row group of it, not one per bucket
+    # the versions of the keys written most often in the interval: a key-sorted run per class after
+    # the time-cut classes, so a key's history reads a row group or two of them, not one per bucket;
+    # a row group still holds one class, so a read current at the marks of rows never superseded
+    # need not read ``superseded_at`` (``catalog.files.superseded_settled``)
     rest, groups = _time_cut(table.filter(pa.array(~hot)), lower, row_group_rows, buckets, time_buckets)
     hot_rows = table.filter(pa.array(hot))
-    hot_rows = hot_rows.take(pa.array(np.lexsort((hot_rows.column(LT).to_numpy(), hot_rows.column(KEY).to_numpy()))))
-    return pa.concat_tables([rest, hot_rows]), (*groups, *_even_parts(hot_rows.num_rows, row_group_rows))
+    superseded = hot_rows.column(SUPERSEDED).is_valid().to_numpy(zero_copy_only=False)
+    hot_rows = hot_rows.take(pa.array(np.lexsort((hot_rows.column(LT).to_numpy(), hot_rows.column(KEY).to_numpy(),
+                                                  superseded))))
+    hot_groups = [*_even_parts(int((~superseded).sum()), row_group_rows),
+                  *_even_parts(int(superseded.sum()), row_group_rows)]
+    return pa.concat_tables([rest, hot_rows]), (*groups, *hot_groups)
 
 
 def _time_cut(table: pa.Table, lower: int | None, row_group_rows: int, buckets: int,
