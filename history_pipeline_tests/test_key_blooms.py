@@ -23,8 +23,24 @@ from history_pipeline.supertable import (
     time_cut,
     write_file,
 )
-from history_pipeline.supertable.bloom import BLOCK_BYTES, bitset_bytes, block_may_hold, block_of, xxh64_int64
+from history_pipeline.supertable.bloom import BLOCK_BYTES, SALT, bitset_bytes, xxh64_int64
 from history_pipeline.supertable.read import KeyBlooms, footer, read_key
+
+
+def block_of(key_hash: int, bitset_size: int) -> int:
+    """The format's block index of ``key_hash`` for a bitset of ``bitset_size`` bytes (the reference)."""
+    return ((key_hash >> 32) * (bitset_size // BLOCK_BYTES)) >> 32
+
+
+def block_may_hold(block: bytes, key_hash: int) -> bool:
+    """Does this 32-byte block have every bit ``key_hash`` sets? The format's check, one salted
+    word at a time: the reference ``KeyBlooms.may_hold`` is held to."""
+    low = key_hash & 0xFFFFFFFF
+    for i, salt in enumerate(SALT):
+        bit = ((low * salt) & 0xFFFFFFFF) >> 27
+        if not int.from_bytes(block[4 * i:4 * i + 4], "little") >> bit & 1:
+            return False
+    return True
 
 
 def _check_against_pyarrow(keys: list[int]) -> bool:

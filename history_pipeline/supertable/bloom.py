@@ -9,8 +9,8 @@ a point lookup checks them itself: a file's filters are read in one request on i
 and kept (``supertable.read.KeyBlooms``), and a key is tested against the one 32-byte block of
 each that it hashes to, every row group of a file at once. The hash and the block layout are the
 Parquet format's (xxHash64 of the value's plain encoding, eight salted bits in one block); the
-functions below are the format's algorithm one block at a time, the reference the vectorized
-check is tested against.
+tests check them against filters pyarrow wrote and against the format's algorithm written out
+one block at a time.
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ _P3 = 1609587929392839161
 _P4 = 9650029242287828579
 _P5 = 2870177450012600261
 #: the Parquet SBBF salts, one per 32-bit word of a block
-_SALT = (0x47B6137B, 0x44974D91, 0x8824AD5B, 0xA2B7289D, 0x705495C7, 0x2DF1424B, 0x9EFC4947, 0x5C6BFB31)
+SALT = (0x47B6137B, 0x44974D91, 0x8824AD5B, 0xA2B7289D, 0x705495C7, 0x2DF1424B, 0x9EFC4947, 0x5C6BFB31)
 BLOCK_BYTES = 32
 
 
@@ -54,21 +54,6 @@ def bitset_bytes(filter_length: int) -> int:
     return 1 << (filter_length.bit_length() - 1)
 
 
-def block_of(key_hash: int, bitset_size: int) -> int:
-    """The index of the block ``key_hash`` falls in, for a bitset of ``bitset_size`` bytes."""
-    return ((key_hash >> 32) * (bitset_size // BLOCK_BYTES)) >> 32
-
-
-def block_may_hold(block: bytes, key_hash: int) -> bool:
-    """Does this 32-byte block have every bit ``key_hash`` sets? (False: the value is absent.)"""
-    low = key_hash & 0xFFFFFFFF
-    for i, salt in enumerate(_SALT):
-        bit = ((low * salt) & 0xFFFFFFFF) >> 27
-        if not int.from_bytes(block[4 * i:4 * i + 4], "little") >> bit & 1:
-            return False
-    return True
-
-
 @functools.lru_cache(maxsize=4096)
 def hashed_key(key: int) -> tuple[int, np.ndarray]:
     """What a filter check needs of ``key``: its hash's high half (which picks the block) and the
@@ -76,6 +61,6 @@ def hashed_key(key: int) -> tuple[int, np.ndarray]:
     one key against the filters of many files."""
     key_hash = xxh64_int64(key)
     low = key_hash & 0xFFFFFFFF
-    bits = np.array([1 << (((low * salt) & 0xFFFFFFFF) >> 27) for salt in _SALT], dtype=np.uint32)
+    bits = np.array([1 << (((low * salt) & 0xFFFFFFFF) >> 27) for salt in SALT], dtype=np.uint32)
     bits.flags.writeable = False
     return key_hash >> 32, bits
