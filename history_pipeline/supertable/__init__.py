@@ -41,8 +41,6 @@ ROW_GROUP_ROWS = 16_384
 #: entry; files marked before it (no layout named: key-sorted whole; 2: no run of hot keys) are laid
 #: out again when their interval is next closed
 CLOSED_LAYOUT = 3
-#: rows per row group of a closed-layout file (at most ``ROW_GROUP_ROWS``)
-CLOSED_ROW_GROUP_ROWS = 16_384
 #: row groups of a closed file's time-ordered rows are cut into about this many buckets per class:
 #: a read as of T wastes about half a bucket per class, a key lookup looks at one row group per bucket
 CLOSED_BUCKETS = 8
@@ -364,7 +362,7 @@ def closed_layout(table: pa.Table, lower: int | None, row_group_rows: int | None
     (``hot_keys_mask``), which would be in every bucket, come last in a run per class in (key, t)
     order: their history is a row group or two, and a read as of T decodes at most half a bucket
     more."""
-    row_group_rows = row_group_rows or min(ROW_GROUP_ROWS, CLOSED_ROW_GROUP_ROWS)
+    row_group_rows = row_group_rows or ROW_GROUP_ROWS
     buckets = buckets or CLOSED_BUCKETS
     time_buckets = time_buckets or CLOSED_TIME_BUCKETS
     hot = hot_keys_mask(table.column(KEY).to_numpy(), buckets)
