@@ -6,6 +6,7 @@ import datetime as dt
 import random
 from decimal import Decimal
 
+import duckdb
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
@@ -67,6 +68,8 @@ def test_integer_like_columns_are_delta_encoded_and_read_back_equal(tmp_path):
         "at-4": pa.array([rng.randrange(10**15) for _ in keys], pa.timestamp("us", tz="UTC")),
         "ratio-5": pa.array([rng.random() for _ in keys], pa.float64()),
         "kind-6": pa.array([Decimal(rng.randrange(3)) for _ in keys], pa.decimal128(10, 0)),  # 3 values
+        "weight-7": pa.array([rng.random() * 1e3 if rng.random() < 0.9 else None for _ in keys], pa.float32()),
+        "grade-8": pa.array([rng.choice([0.5, 1.5, 2.5]) for _ in keys], pa.float64()),  # 3 values
     })
     store = LocalStore(tmp_path)
     written = write_file(store, "db/tables/t/v.parquet", table, _meta(1))
@@ -79,6 +82,13 @@ def test_integer_like_columns_are_delta_encoded_and_read_back_equal(tmp_path):
     assert chunks["wide-2"].physical_type == "FIXED_LEN_BYTE_ARRAY"
     assert "DELTA_BINARY_PACKED" not in chunks["wide-2"].encodings + chunks["ratio-5"].encodings
     assert "RLE_DICTIONARY" in chunks["kind-6"].encodings  # few values: still a dictionary
+    # floating-point values are split into byte streams, unless they are few (a dictionary)
+    assert "BYTE_STREAM_SPLIT" in chunks["ratio-5"].encodings and "BYTE_STREAM_SPLIT" in chunks["weight-7"].encodings
+    assert "RLE_DICTIONARY" in chunks["grade-8"].encodings and "BYTE_STREAM_SPLIT" not in chunks["grade-8"].encodings
+    # and DuckDB, which reads the files for SQL and histories, reads them back equal
+    back = duckdb.sql(f"SELECT * FROM read_parquet('{store.full_path(written.path)}')").to_arrow_table()
+    assert back.column("ratio-5").equals(table.column("ratio-5"))
+    assert back.column("weight-7").equals(table.column("weight-7"))
 
 
 @pytest.mark.parametrize("key_span", [3_000, 300_000])  # dense: read whole at once; sparse: key column first

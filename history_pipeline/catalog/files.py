@@ -44,6 +44,7 @@ from history_pipeline.supertable.read import (
     overlay,
     read_key,
     read_row_groups,
+    read_row_groups_each,
     survivors_in_key_order,
 )
 
@@ -391,14 +392,14 @@ def read_closed(
     kept = _kept(schema, columns, reserved)
     # every current row is live: is_deleted is known (False) and is read only where it is tested
     gathered = [c for c in kept if c != DELETED]
-    rows, current = _current_rows(store, selection.snapshot + selection.versions, schema, as_of, keys, gathered)
+    rows, current, current_keys = _current_rows(store, selection.snapshot + selection.versions, schema, as_of, keys,
+                                                gathered)
     if rows is None:
         return schema.empty_table().select(kept)
     # keys are unique across the current rows: a slot per key orders them (row groups are
     # key-sorted runs, so sparse keys take a stable merge sort of the runs instead)
     none = np.empty(0, dtype=np.int64)
-    order, row_keys = survivors_in_key_order(as_numpy(rows.column(KEY))[current], None, none, np.empty(0, dtype=bool),
-                                             none, current)
+    order, row_keys = survivors_in_key_order(current_keys, None, none, np.empty(0, dtype=bool), none, current)
     live = gather_with_keys(rows.select(gathered), order, row_keys, pa.schema([schema.field(c) for c in gathered]))
     if DELETED in kept:
         live = live.add_column(kept.index(DELETED), schema.field(DELETED), pa.array(np.zeros(len(order), dtype=bool)))
@@ -426,12 +427,12 @@ def read_marked_and_since(
     kept = _kept(schema, columns, reserved)
     dictionaries = dictionary_reads(store, [*marked, *since], kept)
     read_schema = as_dictionaries(schema, dictionaries)
-    rows, current = _current_rows(store, marked, schema, mark, keys, kept, dictionaries)
+    rows, current, current_keys = _current_rows(store, marked, schema, mark, keys, kept, dictionaries)
     base = rows.select(kept) if rows is not None else read_schema.empty_table().select(kept)
     changes = read_schema.empty_table().select([*kept, *(c for c in (LT, DELETED) if c not in kept)])
     if since:
         changes = rows_below(store, since, changes.schema, as_of, None, keys)
-    return overlay(base, changes, kept, schema if dictionaries else None, current=current)
+    return overlay(base, changes, kept, schema if dictionaries else None, current=current, current_keys=current_keys)
 
 
 def _kept(schema: pa.Schema, columns: Sequence[str] | None, reserved: bool) -> list[str]:
@@ -452,15 +453,17 @@ def _current_rows(
     keys: Sequence[int] | None,
     kept: Sequence[str],
     dictionaries: Sequence[str] | None = None,
-) -> tuple[pa.Table | None, np.ndarray]:
+) -> tuple[pa.Table | None, np.ndarray, np.ndarray]:
     """The row groups of marked ``files`` that may hold a row current as of ``as_of``, read (the
     ``kept`` columns and what the mask tests; strings every file stores with a
-    dictionary as dictionaries unless ``dictionaries`` names them), and the indices of the rows
-    current then: not deleted, ``t < as_of`` and ``superseded_at`` NULL or at/above it. None when
-    no row group may hold one."""
+    dictionary as dictionaries unless ``dictionaries`` names them), the indices of the rows
+    current then (not deleted, ``t < as_of`` and ``superseded_at`` NULL or at/above it) and their
+    keys. None when no row group may hold one. Each file's rows are tested on the thread that read
+    them, so the mask of one file runs beside the read of the next."""
     chosen = row_groups_current(store, files, as_of, keys)
+    none = np.empty(0, dtype=np.int64)
     if not chosen:
-        return None, np.empty(0, dtype=np.int64)
+        return None, none, none
     if dictionaries is None:
         dictionaries = dictionary_reads(store, [f for f, _ in chosen], kept)
     marked = as_dictionaries(schema.append(pa.field(SUPERSEDED, pa.int64())), dictionaries)
@@ -469,30 +472,39 @@ def _current_rows(
     test_superseded = not superseded_settled(times)
     untested = {c for c, tested in ((DELETED, test_deleted), (LT, test_t)) if not tested and c not in kept}
     read = list(dict.fromkeys(c for c in (KEY, DELETED, LT, *kept) if c not in untested))
-    rows = read_row_groups(store, chosen, pa.schema([marked.field(c) for c in
-                                                     ([*read, SUPERSEDED] if test_superseded else read)]))
     tested = [name for name, test in ((SUPERSEDED, test_superseded), (LT, test_t), (DELETED, test_deleted),
                                       (KEY, keys is not None)) if test]
-    return rows, _current_indices(rows, tested, as_of, keys)
+
+    def current_of(part: pa.Table) -> tuple[int, np.ndarray, np.ndarray]:
+        return part.num_rows, *_current_indices(part, tested, as_of, keys)
+
+    rows, parts = read_row_groups_each(store, chosen, pa.schema([marked.field(c) for c in
+                                                                  ([*read, SUPERSEDED] if test_superseded else read)]),
+                                       current_of)
+    offsets = np.cumsum([0] + [n for n, _, _ in parts[:-1]])
+    current = [found + offset if offset else found for (_, found, _), offset in zip(parts, offsets, strict=True)]
+    return (rows, current[0] if len(current) == 1 else np.concatenate(current),
+            parts[0][2] if len(parts) == 1 else np.concatenate([k for _, _, k in parts]))
 
 
 #: a NULL ``superseded_at`` (never superseded below the marks) compares as this
 _NEVER = np.iinfo(np.int64).max
 
 
-def _current_indices(rows: pa.Table, tested: Sequence[str], as_of: int, keys: Sequence[int] | None) -> np.ndarray:
+def _current_indices(rows: pa.Table, tested: Sequence[str], as_of: int,
+                     keys: Sequence[int] | None) -> tuple[np.ndarray, np.ndarray]:
     """Row numbers of the rows current as of ``as_of`` among ``rows``, by the columns ``tested``
     (those a closed read must test: ``superseded_at``, ``t``, ``is_deleted``, the key when
-    ``keys`` is given), of 32 bits while they fit (the overlay's slots are written from them). The
-    tests run on NumPy views of each record batch as read: no column is copied whole."""
-    kind = np.int32 if rows.num_rows < 2**31 else np.int64
+    ``keys`` is given), as NumPy's index type (indexing by 32-bit row numbers converts them first
+    and costs three times as much), and their keys. The tests run on NumPy views of each record
+    batch as read: no column is copied whole."""
     if not tested:
-        return np.arange(rows.num_rows, dtype=kind)
+        return np.arange(rows.num_rows, dtype=np.intp), as_numpy(rows.column(KEY))
     wanted = np.array(sorted(set(keys)), dtype=np.int64) if keys is not None else None
-    parts, offset = [], 0
-    for batch in rows.select(list(tested)).to_batches():
+    parts, found_keys, offset = [], [], 0
+    for batch in rows.select(list(dict.fromkeys([KEY, *tested]))).to_batches():
         current: np.ndarray | None = None
-        for name in batch.schema.names:
+        for name in tested:
             column = batch.column(name)
             if name == SUPERSEDED:
                 test = pc.fill_null(column, _NEVER).to_numpy() >= as_of
@@ -503,6 +515,12 @@ def _current_indices(rows: pa.Table, tested: Sequence[str], as_of: int, keys: Se
             else:
                 test = np.isin(column.to_numpy(), wanted)
             current = test if current is None else np.logical_and(current, test, out=current)
-        parts.append(np.flatnonzero(current).astype(kind) + kind(offset))
+        found = np.flatnonzero(current)
+        found_keys.append(batch.column(KEY).to_numpy()[found])
+        parts.append(found + offset if offset else found)
         offset += batch.num_rows
-    return np.concatenate(parts) if parts else np.empty(0, dtype=kind)
+    if len(parts) == 1:
+        return parts[0], found_keys[0]
+    if not parts:
+        return np.empty(0, dtype=np.intp), np.empty(0, dtype=np.int64)
+    return np.concatenate(parts), np.concatenate(found_keys)

@@ -236,7 +236,7 @@ def writer_options(table: pa.Table) -> dict[str, Any]:
     """The Parquet writer settings of a supertable file (compaction on Arrow or Spark, snapshots,
     merge, retention, erasure all write through ``write_file``): zstd, small row groups with
     statistics, a dictionary for low-cardinality columns, the other integer columns (the reserved
-    ones always) delta-encoded."""
+    ones always) delta-encoded, the other floating-point columns split into byte streams."""
     schema = table.schema
     delta = [name for name in DELTA_COLUMNS
              if name in schema.names and schema.field(name).type in (pa.int64(), pa.int32())]
@@ -252,6 +252,13 @@ def writer_options(table: pa.Table) -> dict[str, Any]:
     # under zstd, and DuckDB decodes them faster (a decimal column's scan: 4.9 -> 2.9 ms at 240k rows)
     delta += [field.name for field in schema
               if field.name not in delta and field.name not in dictionary and _integer_in_parquet(field.type)]
+    # floating-point columns without a dictionary are split into byte streams: zstd then finds
+    # the sign and exponent bytes alike and stores the mantissa bytes it cannot shrink raw, so
+    # the column is smaller and decodes in half the time (1.4M random doubles: 7.53 -> 7.09 B a
+    # value, 28 -> 13 ms to read, against plain values)
+    split = [field.name for field in schema
+             if field.name not in dictionary and (pa.types.is_float32(field.type) or pa.types.is_float64(field.type))]
+    encodings = {name: "DELTA_BINARY_PACKED" for name in delta} | {name: "BYTE_STREAM_SPLIT" for name in split}
     return {
         "compression": "zstd",
         "row_group_size": ROW_GROUP_ROWS,
@@ -259,7 +266,7 @@ def writer_options(table: pa.Table) -> dict[str, Any]:
         "store_schema": True,
         "store_decimal_as_integer": True,
         "use_dictionary": dictionary,
-        "column_encoding": {name: "DELTA_BINARY_PACKED" for name in delta} or None,
+        "column_encoding": encodings or None,
     }
 
 

@@ -400,22 +400,31 @@ def read_row_groups(store: ObjectStore, chosen: Sequence[tuple[StoredFile, Seque
     footer again and costs about a third more for the same row groups. On an object store the
     column chunks are fetched together (``pre_buffer``), as the scanner does: a request per chunk
     would pay the latency of each."""
+    return read_row_groups_each(store, chosen, target, lambda _: None)[0]
+
+
+def read_row_groups_each(store: ObjectStore, chosen: Sequence[tuple[StoredFile, Sequence[int]]],
+                         target: pa.Schema, each: Callable[[pa.Table], Result]) -> tuple[pa.Table, list[Result]]:
+    """``read_row_groups`` and ``each`` of every file's rows as read, computed on the thread that
+    read them (so that work on the rows, a mask, runs on both cores while the other files are read)."""
     fs, _ = store.arrow_filesystem()
     dictionaries = [f.name for f in target if pa.types.is_dictionary(f.type)]
     remote = not isinstance(store, LocalStore)
 
-    def read(f: StoredFile, groups: Sequence[int]) -> pa.Table:
+    def read(f: StoredFile, groups: Sequence[int]) -> tuple[pa.Table, Result]:
         cached = footer(store, f.path)
         with fs.open_input_file(store.full_path(f.path)) as handle:
             parquet = pq.ParquetFile(handle, metadata=cached.meta, pre_buffer=remote,
                                      read_dictionary=[c for c in dictionaries if c in cached.columns] or None)
             table = parquet.read_row_groups(list(groups), columns=[c for c in target.names if c in cached.columns])
-        return conform(table, target)
+        table = conform(table, target)
+        return table, each(table)
 
     if not chosen:
-        return target.empty_table()
+        return target.empty_table(), []
     parts = _each_here_and_on_readers(read, chosen)
-    return parts[0] if len(parts) == 1 else pa.concat_tables(parts)
+    tables = [table for table, _ in parts]
+    return tables[0] if len(tables) == 1 else pa.concat_tables(tables), [found for _, found in parts]
 
 
 def keep_latest(candidates: pa.Table, *, include_deleted: bool = False, key: str = KEY, t: str = LT,
@@ -451,11 +460,12 @@ def _in_key_and_t_order(keys: np.ndarray, times: np.ndarray) -> bool:
 
 
 def overlay(base: pa.Table, changes: pa.Table, keep: Sequence[str] | None = None,
-            schema: pa.Schema | None = None, current: np.ndarray | None = None) -> pa.Table:
+            schema: pa.Schema | None = None, current: np.ndarray | None = None,
+            current_keys: np.ndarray | None = None) -> pa.Table:
     """Snapshot rows overridden by the newest later version of their key (deletes drop the key);
     with ``keep``, only those columns of them; with ``schema``, columns read as dictionaries are
     decoded to its types (after the gather); with ``current``, only those rows of ``base`` (in any
-    order, none deleted, keys unique) are its live rows.
+    order, none deleted, keys unique) are its live rows, and ``current_keys``, when given, their keys.
 
     Works on key and timestamp arrays, not rows: the changes are ordered by (key, t) (one pass
     when they already are, as one version file is), the changes' newest rows shadow the base's
@@ -464,10 +474,12 @@ def overlay(base: pa.Table, changes: pa.Table, keep: Sequence[str] | None = None
     """
     columns = list(keep) if keep is not None else base.column_names
     decoded = None if schema is None else _fields_of(schema, columns)
+    if current is not None and current_keys is None:
+        current_keys = np.take(as_numpy(base.column(KEY)), current)
     if changes.num_rows == 0 and current is not None:
-        keys = as_numpy(base.column(KEY))[current]
-        order = np.argsort(keys, kind="stable")
-        return gather_with_keys(base.select(columns), current[order], keys[order], decoded)
+        none = np.empty(0, dtype=np.int64)
+        rows, keys = survivors_in_key_order(current_keys, None, none, np.empty(0, dtype=bool), none, current)
+        return gather_with_keys(base.select(columns), rows, keys, decoded)
     if changes.num_rows == 0:
         # a snapshot holds no deleted rows: filtering would only copy them
         deleted = base.column(DELETED)
@@ -489,7 +501,7 @@ def overlay(base: pa.Table, changes: pa.Table, keep: Sequence[str] | None = None
     if current is not None:
         # every row read current (as the rows current at an open interval's marks are): no indirection
         current = None if len(current) == in_base else current
-        base_keys, base_deleted = base_keys[current] if current is not None else base_keys, None
+        base_keys, base_deleted = current_keys if current is not None else base_keys, None
     else:
         # a snapshot holds no deleted row: its flags are converted only when one is there
         base_deleted = as_numpy(base.column(DELETED)) if in_base and pc.any(base.column(DELETED)).as_py() else None
