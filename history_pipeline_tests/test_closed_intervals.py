@@ -17,7 +17,6 @@ import pytest
 
 from history_pipeline import HistoryStore, QueryError, StoreSettings, supertable
 from history_pipeline.catalog.files import (
-    _current_indices,
     closed_row_groups,
     dictionary_reads,
     is_closed_read,
@@ -591,47 +590,6 @@ def test_open_tests_follow_the_row_groups_statistics():
     assert superseded_settled([never]) and superseded_settled([never, never])
     assert not superseded_settled([never, RowGroupTimes(1, 9, 3, rows=4)])  # one row superseded at 9
     assert not superseded_settled([RowGroupTimes(1, None, 4)])  # its rows not known
-
-
-def test_row_groups_current_throughout_are_taken_whole_and_equal_the_tested_mask():
-    """A row group whose statistics say every row is current as of T (no delete, every t below
-    it, superseded_at NULL or at/above it) is taken untested; the rows and keys found equal
-    testing every row, at every T, with the row groups' statistics taken from their rows."""
-    assert RowGroupTimes(1, 9, 0, max_t=5, any_deleted=False, rows=3, min_superseded=7).all_current(7)
-    assert not RowGroupTimes(1, 9, 0, max_t=5, any_deleted=False, rows=3, min_superseded=7).all_current(8)
-    assert not RowGroupTimes(1, 9, 0, max_t=7, any_deleted=False, rows=3, min_superseded=7).all_current(7)
-    assert RowGroupTimes(1, None, 3, max_t=5, any_deleted=False, rows=3).all_current(10**9)  # never superseded
-    assert not RowGroupTimes(1, None, 3, max_t=5, any_deleted=None, rows=3).all_current(6)  # deletes not known
-    assert not RowGroupTimes(1, 9, 1, max_t=5, any_deleted=False, rows=3).all_current(6)  # no min known
-    rng = random.Random(4)
-    sizes = [rng.randrange(1, 12) for _ in range(40)]
-    columns: dict[str, list] = {KEY: [], LT: [], SUPERSEDED: [], DELETED: []}
-    groups = []
-    for size in sizes:
-        kind = rng.randrange(3)  # never superseded, superseded late, mixed
-        t = [rng.randrange(1, 50) for _ in range(size)]
-        superseded = [None if kind == 0 or (kind == 2 and rng.random() < 0.3) else rng.randrange(max(t) + 1, 80)
-                      for _ in range(size)]
-        deleted = [kind == 2 and rng.random() < 0.1 for _ in range(size)]
-        present = [s for s in superseded if s is not None]
-        groups.append(RowGroupTimes(min(t), max(present) if present else None, size - len(present), max(t),
-                                    any(deleted), size, min(present) if present else None))
-        for name, values in ((LT, t), (SUPERSEDED, superseded), (DELETED, deleted)):
-            columns[name] += values
-    columns[KEY] = list(range(len(columns[LT])))
-    rows = pa.table({KEY: pa.array(columns[KEY], pa.int64()), LT: pa.array(columns[LT], pa.int64()),
-                     SUPERSEDED: pa.array(columns[SUPERSEDED], pa.int64()), DELETED: pa.array(columns[DELETED])})
-    tested = [SUPERSEDED, LT, DELETED]
-    taken_whole = 0
-    for as_of in range(1, 90):
-        found, keys = _current_indices(rows, tested, as_of, None, groups)
-        every, every_keys = _current_indices(rows, tested, as_of, None)
-        expected = [i for i in range(rows.num_rows) if columns[LT][i] < as_of and not columns[DELETED][i]
-                    and (columns[SUPERSEDED][i] is None or columns[SUPERSEDED][i] >= as_of)]
-        assert found.tolist() == every.tolist() == expected, as_of
-        assert keys.tolist() == every_keys.tolist() == [columns[KEY][i] for i in expected]
-        taken_whole += sum(g.rows for g in groups if g.all_current(as_of))
-    assert taken_whole > 0  # the statistics settled some row groups
 
 
 def test_closed_reads_that_skip_settled_columns_equal_the_model(tmp_path, tiny_row_groups):

@@ -467,22 +467,20 @@ def _current_rows(
     if dictionaries is None:
         dictionaries = dictionary_reads(store, [f for f, _ in chosen], kept)
     marked = as_dictionaries(schema.append(pa.field(SUPERSEDED, pa.int64())), dictionaries)
-    # what a file's row groups must test is settled by their statistics, file by file: a
-    # snapshot's pieces hold no t at or above a T inside the interval after it, and the rows of a
-    # snapshot never superseded in it have no superseded_at to test
-    tests = {f.path: _tests_of([footer(store, f.path).times[rg] for rg in groups], as_of, keys is not None)
-             for f, groups in chosen}
-    always = [KEY, *(c for c in kept if c != KEY)]
+    times = [footer(store, f.path).times[rg] for f, groups in chosen for rg in groups]
+    test_deleted, test_t = open_tests(times, as_of)
+    test_superseded = not superseded_settled(times)
+    untested = {c for c, tested in ((DELETED, test_deleted), (LT, test_t)) if not tested and c not in kept}
+    read = list(dict.fromkeys(c for c in (KEY, DELETED, LT, *kept) if c not in untested))
+    tested = [name for name, test in ((SUPERSEDED, test_superseded), (LT, test_t), (DELETED, test_deleted),
+                                      (KEY, keys is not None)) if test]
 
-    def tested_columns(f: FileEntry, _: Sequence[int]) -> list[pa.Field]:
-        return [marked.field(c) for c in tests[f.path]]
+    def current_of(part: pa.Table) -> tuple[int, np.ndarray, np.ndarray]:
+        return part.num_rows, *_current_indices(part, tested, as_of, keys)
 
-    def current_of(f: FileEntry, groups: Sequence[int], part: pa.Table) -> tuple[int, np.ndarray, np.ndarray]:
-        times = footer(store, f.path).times
-        return part.num_rows, *_current_indices(part, tests[f.path], as_of, keys, [times[rg] for rg in groups])
-
-    rows, parts = read_row_groups_each(store, chosen, pa.schema([marked.field(c) for c in always]), current_of,
-                                       tested_columns)
+    rows, parts = read_row_groups_each(store, chosen, pa.schema([marked.field(c) for c in
+                                                                  ([*read, SUPERSEDED] if test_superseded else read)]),
+                                       current_of)
     offsets = np.cumsum([0] + [n for n, _, _ in parts[:-1]])
     current = [found + offset if offset else found for (_, found, _), offset in zip(parts, offsets, strict=True)]
     return (rows, current[0] if len(current) == 1 else np.concatenate(current),
@@ -493,69 +491,36 @@ def _current_rows(
 _NEVER = np.iinfo(np.int64).max
 
 
-def _tests_of(times: Sequence[RowGroupTimes], as_of: int, by_key: bool) -> list[str]:
-    """The columns a closed read as of ``as_of`` must test in row groups of these times (the
-    key too when the read is ``by_key``)."""
-    test_deleted, test_t = open_tests(times, as_of)
-    return [name for name, test in ((SUPERSEDED, not superseded_settled(times)), (LT, test_t),
-                                    (DELETED, test_deleted), (KEY, by_key)) if test]
-
-
-def _current_indices(rows: pa.Table, tested: Sequence[str], as_of: int, keys: Sequence[int] | None,
-                     groups: Sequence[RowGroupTimes] | None = None) -> tuple[np.ndarray, np.ndarray]:
+def _current_indices(rows: pa.Table, tested: Sequence[str], as_of: int,
+                     keys: Sequence[int] | None) -> tuple[np.ndarray, np.ndarray]:
     """Row numbers of the rows current as of ``as_of`` among ``rows``, by the columns ``tested``
     (those a closed read must test: ``superseded_at``, ``t``, ``is_deleted``, the key when
     ``keys`` is given), as NumPy's index type (indexing by 32-bit row numbers converts them first
-    and costs three times as much), and their keys. With ``groups`` (the times of the row groups
-    ``rows`` were read from, in order), a row group every row of which is current by its
-    statistics is taken whole, untested: about half the rows a read in the middle of a closed
-    interval reads."""
-    key_values = as_numpy(rows.column(KEY))
+    and costs three times as much), and their keys. The tests run on NumPy views of each record
+    batch as read: no column is copied whole."""
     if not tested:
-        return np.arange(rows.num_rows, dtype=np.intp), key_values
+        return np.arange(rows.num_rows, dtype=np.intp), as_numpy(rows.column(KEY))
     wanted = np.array(sorted(set(keys)), dtype=np.int64) if keys is not None else None
-    spans = _spans(groups, as_of, rows.num_rows) if groups is not None and keys is None else [(0, rows.num_rows, False)]
-    parts, found_keys = [], []
-    for start, stop, whole in spans:
-        if whole:
-            parts.append(np.arange(start, stop, dtype=np.intp))
-            found_keys.append(key_values[start:stop])
-            continue
-        span = rows.select(list(tested)).slice(start, stop - start)
+    parts, found_keys, offset = [], [], 0
+    for batch in rows.select(list(dict.fromkeys([KEY, *tested]))).to_batches():
         current: np.ndarray | None = None
         for name in tested:
-            column = span.column(name)
+            column = batch.column(name)
             if name == SUPERSEDED:
                 test = pc.fill_null(column, _NEVER).to_numpy() >= as_of
             elif name == LT:
                 test = column.to_numpy() < as_of
             elif name == DELETED:
-                test = ~column.to_numpy()
+                test = ~column.to_numpy(zero_copy_only=False)
             else:
                 test = np.isin(column.to_numpy(), wanted)
             current = test if current is None else np.logical_and(current, test, out=current)
         found = np.flatnonzero(current)
-        found_keys.append(key_values[start:stop][found])
-        parts.append(found + start if start else found)
+        found_keys.append(batch.column(KEY).to_numpy()[found])
+        parts.append(found + offset if offset else found)
+        offset += batch.num_rows
     if len(parts) == 1:
         return parts[0], found_keys[0]
     if not parts:
         return np.empty(0, dtype=np.intp), np.empty(0, dtype=np.int64)
     return np.concatenate(parts), np.concatenate(found_keys)
-
-
-def _spans(groups: Sequence[RowGroupTimes], as_of: int, rows: int) -> list[tuple[int, int, bool]]:
-    """The rows of consecutive row groups as (start, stop, every row current as of ``as_of``),
-    neighbours alike merged."""
-    spans: list[tuple[int, int, bool]] = []
-    start = 0
-    for group in groups:
-        if group.rows is None:
-            return [(0, rows, False)]
-        whole = group.all_current(as_of)
-        if spans and spans[-1][2] == whole:
-            spans[-1] = (spans[-1][0], start + group.rows, whole)
-        else:
-            spans.append((start, start + group.rows, whole))
-        start += group.rows
-    return spans if start == rows else [(0, rows, False)]

@@ -76,21 +76,11 @@ class RowGroupTimes:
     any_deleted: bool | None = None
     #: its rows (None: not known)
     rows: int | None = None
-    #: the smallest non-NULL ``superseded_at`` (None: not known, or every one NULL)
-    min_superseded: int | None = None
 
     @property
     def never_superseded(self) -> bool:
         """Is every row's ``superseded_at`` NULL (no row of it superseded below its marks)?"""
         return self.rows is not None and self.superseded_nulls == self.rows
-
-    def all_current(self, as_of: int) -> bool:
-        """Is every row of this group current as of ``as_of`` (no delete, ``t < as_of``, and
-        ``superseded_at`` NULL or ``>= as_of``), by the statistics alone?"""
-        if self.any_deleted is not False or self.max_t is None or self.max_t >= as_of:
-            return False
-        return self.never_superseded or (self.superseded_nulls is not None and self.min_superseded is not None
-                                          and self.min_superseded >= as_of)
 
     def may_be_current(self, as_of: int) -> bool:
         """Can a row of this group be current as of ``as_of`` (``t < as_of`` and ``superseded_at``
@@ -243,8 +233,7 @@ def footer(store: ObjectStore, path: str) -> Footer:
                 s_stats.null_count if s_stats is not None and s_stats.has_null_count else None,
                 t_stats.max if t_stats is not None and t_stats.has_min_max else None,
                 bool(d_stats.max) if d_stats is not None and d_stats.has_min_max else None,
-                group.num_rows,
-                s_stats.min if s_stats is not None and s_stats.has_min_max else None))
+                group.num_rows))
         strings = frozenset(
             field.name for i, field in enumerate(arrow_schema)
             if meta.num_row_groups and _plain_string(field.type) and meta.row_group(0).num_columns > i
@@ -411,33 +400,25 @@ def read_row_groups(store: ObjectStore, chosen: Sequence[tuple[StoredFile, Seque
     footer again and costs about a third more for the same row groups. On an object store the
     column chunks are fetched together (``pre_buffer``), as the scanner does: a request per chunk
     would pay the latency of each."""
-    return read_row_groups_each(store, chosen, target, lambda *_: None)[0]
+    return read_row_groups_each(store, chosen, target, lambda _: None)[0]
 
 
 def read_row_groups_each(store: ObjectStore, chosen: Sequence[tuple[StoredFile, Sequence[int]]],
-                         target: pa.Schema, each: Callable[[StoredFile, Sequence[int], pa.Table], Result],
-                         extra: Callable[[StoredFile, Sequence[int]], Sequence[pa.Field]] | None = None,
-                         ) -> tuple[pa.Table, list[Result]]:
-    """``read_row_groups`` and ``each`` of every file's rows as read (with the ``extra`` columns
-    of that file's row groups, read for ``each`` only), computed on the thread that read them: work
-    on the rows, a mask, runs on both cores while the other files are read, and a column a file's
-    statistics settle is not read from it."""
+                         target: pa.Schema, each: Callable[[pa.Table], Result]) -> tuple[pa.Table, list[Result]]:
+    """``read_row_groups`` and ``each`` of every file's rows as read, computed on the thread that
+    read them (so that work on the rows, a mask, runs on both cores while the other files are read)."""
     fs, _ = store.arrow_filesystem()
     dictionaries = [f.name for f in target if pa.types.is_dictionary(f.type)]
     remote = not isinstance(store, LocalStore)
 
     def read(f: StoredFile, groups: Sequence[int]) -> tuple[pa.Table, Result]:
         cached = footer(store, f.path)
-        wanted = target
-        for field in extra(f, groups) if extra is not None else ():
-            wanted = wanted if field.name in wanted.names else wanted.append(field)
         with fs.open_input_file(store.full_path(f.path)) as handle:
             parquet = pq.ParquetFile(handle, metadata=cached.meta, pre_buffer=remote,
                                      read_dictionary=[c for c in dictionaries if c in cached.columns] or None)
-            table = parquet.read_row_groups(list(groups), columns=[c for c in wanted.names if c in cached.columns])
-        table = conform(table, wanted)
-        found = each(f, groups, table)
-        return table if wanted is target else table.select(target.names), found
+            table = parquet.read_row_groups(list(groups), columns=[c for c in target.names if c in cached.columns])
+        table = conform(table, target)
+        return table, each(table)
 
     if not chosen:
         return target.empty_table(), []
