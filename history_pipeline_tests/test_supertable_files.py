@@ -70,6 +70,8 @@ def test_integer_like_columns_are_delta_encoded_and_read_back_equal(tmp_path):
         "kind-6": pa.array([Decimal(rng.randrange(3)) for _ in keys], pa.decimal128(10, 0)),  # 3 values
         "weight-7": pa.array([rng.random() * 1e3 if rng.random() < 0.9 else None for _ in keys], pa.float32()),
         "grade-8": pa.array([rng.choice([0.5, 1.5, 2.5]) for _ in keys], pa.float64()),  # 3 values
+        # a value kept across a key's versions (updates that leave the column alone): plain values
+        "kept-9": pa.array([float(k // 3) + 0.1 for k in range(n)], pa.float64()),
     })
     store = LocalStore(tmp_path)
     written = write_file(store, "db/tables/t/v.parquet", table, _meta(1))
@@ -85,6 +87,7 @@ def test_integer_like_columns_are_delta_encoded_and_read_back_equal(tmp_path):
     # floating-point values are split into byte streams, unless they are few (a dictionary)
     assert "BYTE_STREAM_SPLIT" in chunks["ratio-5"].encodings and "BYTE_STREAM_SPLIT" in chunks["weight-7"].encodings
     assert "RLE_DICTIONARY" in chunks["grade-8"].encodings and "BYTE_STREAM_SPLIT" not in chunks["grade-8"].encodings
+    assert "RLE_DICTIONARY" not in chunks["kept-9"].encodings and "BYTE_STREAM_SPLIT" not in chunks["kept-9"].encodings
     # and DuckDB, which reads the files for SQL and histories, reads them back equal
     back = duckdb.sql(f"SELECT * FROM read_parquet('{store.full_path(written.path)}')").to_arrow_table()
     assert back.column("ratio-5").equals(table.column("ratio-5"))
