@@ -418,13 +418,16 @@ class HistoryStore:
         """A frozen view of the newest catalog state (all queries through it agree)."""
         return QueryContext(self.objects, self.database, self.catalog.latest())
 
-    def load_table(self, table: str, as_of: int | str) -> pa.Table:
-        """The table as of ``as_of``: synthetic_key then its columns in order, named as then."""
-        return self.query_context().load_table(table, to_timestamp(as_of))
+    def load_table(self, table: str, as_of: int | str, ordered: bool = True) -> pa.Table:
+        """The table as of ``as_of``: synthetic_key then its columns in order, named as then; rows in
+        key order, or in scan order with ``ordered=False`` (faster: no ordering of the rows)."""
+        return self.query_context().load_table(table, to_timestamp(as_of), ordered)
 
-    def load_table_reader(self, table: str, as_of: int | str, batch_size: int = 100_000) -> pa.RecordBatchReader:
-        """``load_table`` streamed as record batches in key order (for tables larger than memory)."""
-        return self.query_context().load_table_reader(table, to_timestamp(as_of), batch_size)
+    def load_table_reader(self, table: str, as_of: int | str, batch_size: int = 100_000,
+                          ordered: bool = True) -> pa.RecordBatchReader:
+        """``load_table`` streamed as record batches (for tables larger than memory), in key order
+        unless ``ordered=False``."""
+        return self.query_context().load_table_reader(table, to_timestamp(as_of), batch_size, ordered)
 
     def fetch_row(self, table: str, key: int, as_of: int | str) -> dict[str, Any] | None:
         """One row as of ``as_of`` as {column name: value}, or None."""

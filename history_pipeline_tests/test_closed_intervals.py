@@ -72,6 +72,10 @@ def _closed(store, as_of, table="T"):
     return is_closed_read(store.objects, select_files(store.catalog_state(), table, as_of))
 
 
+def _in_key_order(table):
+    return table.sort_by("synthetic_key").combine_chunks()
+
+
 def _check_items(store, events, as_ofs):
     """load_table, its stream and sql (whole rows and a filtered aggregate) against the model."""
     model = BaseDatabase()
@@ -83,6 +87,9 @@ def _check_items(store, events, as_ofs):
         assert {r.pop("synthetic_key"): r for r in got.to_pylist()} == expected, as_of
         assert got.column("synthetic_key").to_pylist() == sorted(expected), as_of  # key order
         assert store.load_table_reader("items", as_of, batch_size=7).read_all().equals(got), as_of
+        assert _in_key_order(store.load_table("items", as_of, ordered=False)).equals(got), as_of
+        assert _in_key_order(store.load_table_reader("items", as_of, batch_size=7, ordered=False).read_all()) \
+            .equals(got), as_of
         kept = [r["a"] for r in expected.values() if r["a"] is not None and r["a"] >= 50]
         answer = store.sql("SELECT count(*) AS c, sum(a) AS s FROM items WHERE a >= 50", as_of).to_pylist()
         assert answer == [{"c": len(kept), "s": sum(kept) if kept else None}], as_of

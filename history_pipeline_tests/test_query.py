@@ -1,6 +1,7 @@
 """Time-travel queries: guards, name resolution, typed values end to end, and the SQL sandbox."""
 
 import datetime as dt
+import math
 import uuid
 from decimal import Decimal
 
@@ -149,6 +150,15 @@ def test_load_table_values_read_back_as_written(typed_store):
     assert row["u"] == uuid.UUID("0b4f6f36-5d1e-4c47-9b8a-2f0f3d6e9a01")
     assert row["n"] == Decimal("12.34") and row["a"] == [1, None]
     assert typed_store.sql("SELECT j->'a'->>0 AS first FROM typed", as_of=3).to_pylist() == [{"first": "1"}]
+
+
+def test_load_table_in_scan_order_holds_every_type_as_in_key_order(typed_store):
+    ordered = typed_store.load_table("typed", as_of=3)
+    unordered = typed_store.load_table("typed", as_of=3, ordered=False)
+    assert unordered.schema == ordered.schema
+    # the same values in the same types, NaN included (which no equality holds equal to itself)
+    assert unordered.drop_columns(["d"]).combine_chunks().equals(ordered.drop_columns(["d"]).combine_chunks())
+    assert math.isnan(unordered.column("d")[0].as_py()) and math.isnan(ordered.column("d")[0].as_py())
 
 
 def test_sql_follows_postgresql_where_duckdb_differs(typed_store):
