@@ -420,7 +420,8 @@ class HistoryStore:
 
     def load_table(self, table: str, as_of: int | str, ordered: bool = True) -> pa.Table:
         """The table as of ``as_of``: synthetic_key then its columns in order, named as then; rows in
-        key order, or in scan order with ``ordered=False`` (faster: no ordering of the rows)."""
+        key order, or with ``ordered=False`` in no promised order (faster on large tables: where a
+        filter alone answers, DuckDB's scan order, not put in key order)."""
         return self.query_context().load_table(table, to_timestamp(as_of), ordered)
 
     def load_table_reader(self, table: str, as_of: int | str, batch_size: int = 100_000,

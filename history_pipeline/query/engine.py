@@ -24,7 +24,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from history_pipeline.casts import CastFailure, cast_value
-from history_pipeline.catalog.files import live_rows
+from history_pipeline.catalog.files import is_closed_read, live_rows, select_files
 from history_pipeline.catalog.model import CatalogState
 from history_pipeline.errors import (
     FutureTimestampError,
@@ -149,12 +149,14 @@ class QueryContext:
     def load_table(self, table: str, as_of: int, ordered: bool = True) -> pa.Table:
         """The table as of ``as_of``: synthetic_key then its columns in order, named as then.
 
-        Rows come in key order; with ``ordered=False`` in the order DuckDB's scan of the catalog's
-        files yields them (the same rows, as a Delta or Iceberg scan gives them: putting a million
-        rows in key order costs about as much again as reading them)."""
+        Rows come in key order; with ``ordered=False`` in no promised order (as a Delta or Iceberg
+        scan gives them): where the files as of ``as_of`` answer by a filter alone (a closed read),
+        DuckDB scans them and the rows are not put in key order, which costs about as much again
+        as reading them; elsewhere (an open interval, overlaid or joined) the key-ordered read is
+        the faster one and answers."""
         self.check_as_of(as_of)
         descriptor = self.resolve(table, as_of)
-        if not ordered:
+        if not ordered and is_closed_read(self.store, select_files(self.state, descriptor.table_uuid, as_of)):
             con = reader_cursor()
             try:
                 relation, wanted = self._scan(con, descriptor, as_of, ordered=False)
