@@ -8,12 +8,23 @@ from decimal import Decimal
 
 import duckdb
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import pytest
 
 from history_pipeline.io.store import LocalStore
-from history_pipeline.supertable import DELETED, KEY, LT, ROW_GROUP_ROWS, FileKind, FileMetadata, write_file
-from history_pipeline.supertable.read import read_key, reads_key_first
+from history_pipeline.supertable import (
+    DELETED,
+    KEY,
+    LT,
+    ROW_GROUP_ROWS,
+    SUPERSEDED,
+    FileKind,
+    FileMetadata,
+    write_file,
+)
+from history_pipeline.supertable.read import footer, read_key, reads_key_first
+from history_pipeline.types import INTERVAL_ARROW
 
 
 def _meta(i: int) -> FileMetadata:
@@ -137,3 +148,33 @@ def test_a_lookup_reads_the_key_column_first_where_row_groups_likely_lack_the_ke
     assert reads_key_first([((0, 3 * rows), rows)])  # a snapshot piece holding a third of its range
     assert reads_key_first([((0, 10**6), rows)] * 8)  # an interval's time buckets, each spanning it all
     assert not reads_key_first([((0, 10), 500)])  # many versions a key: every row group holds it
+
+
+def test_a_footer_takes_each_reserved_column_s_statistics_from_its_own_chunks(tmp_path):
+    """Nested supercolumns (an array, an interval) store several leaf column chunks each, so
+    ``superseded_at``, written after them, is not the chunk at its Arrow field index: the footer
+    (and ``verify``'s ranges) find chunks by their Parquet path. Regression: a closed read of a
+    table with an array column compared another column's statistics with T (a TypeError where
+    they were bytes, a silently wrong skip where they were integers)."""
+    store = LocalStore(tmp_path)
+    rng = random.Random(3)
+    n = 2 * ROW_GROUP_ROWS
+    keys = sorted(rng.randrange(10**6) for _ in range(n))
+    table = pa.table({
+        KEY: pa.array(keys, pa.int64()),
+        DELETED: pa.array([False] * n),
+        LT: pa.array([10 + i for i in range(n)], pa.int64()),
+        "tags-1": pa.array([[rng.randrange(10**9), None] for _ in keys], pa.list_(pa.int64())),
+        "span-1": pa.array([{"months": 1, "days": 2, "micros": 3 * i} for i in range(n)], INTERVAL_ARROW),
+        "n-1": pa.array([rng.randrange(10**9) for _ in keys], pa.int64()),  # an integer where the index points
+        SUPERSEDED: pa.array([None if i % 3 else 10**6 + i for i in range(n)], pa.int64()),
+    })
+    written = write_file(store, "db/tables/t/v.parquet", table, _meta(1))
+    cached = footer(store, written.path)
+    assert pq.read_metadata(store.full_path(written.path)).num_columns > table.num_columns  # nested leaves
+    for rg, times in enumerate(cached.times):
+        part = table.slice(rg * ROW_GROUP_ROWS, ROW_GROUP_ROWS)
+        assert times.max_superseded == pc.max(part.column(SUPERSEDED)).as_py()
+        assert times.superseded_nulls == part.column(SUPERSEDED).null_count
+        assert (times.min_t, times.max_t) == (pc.min(part.column(LT)).as_py(), pc.max(part.column(LT)).as_py())
+        assert cached.key_ranges[rg] == (part.column(KEY)[0].as_py(), part.column(KEY)[-1].as_py())

@@ -41,7 +41,15 @@ from history_pipeline.catalog.records import list_record_ids, prune_records, rec
 from history_pipeline.errors import CatalogError, HistoryError, ObjectExistsError
 from history_pipeline.io.store import ObjectStore, now
 from history_pipeline.schema import SchemaHistoryEntry
-from history_pipeline.supertable import DELETED, KEY, LT, SUPERSEDED, FileMetadata, read_file_metadata
+from history_pipeline.supertable import (
+    DELETED,
+    KEY,
+    LT,
+    SUPERSEDED,
+    FileMetadata,
+    column_chunk_index,
+    read_file_metadata,
+)
 from history_pipeline.supertable.read import dataset_of
 from history_pipeline.wal.segments import SegmentState, list_segments
 
@@ -156,7 +164,7 @@ class Problem:
 
 
 def _column_range(footer: pq.FileMetaData, name: str) -> tuple[int | None, int | None]:
-    index = footer.schema.to_arrow_schema().get_field_index(name)
+    index = column_chunk_index(footer, name)
     if index < 0:
         return None, None
     low = high = None

@@ -523,6 +523,14 @@ def new_file_path(database: str, table_uuid: str, kind: FileKind, txn_hint: int)
     return f"{table_dir(database, table_uuid)}/{kind.value}-{txn_hint:010d}-{uuid.uuid4().hex[:12]}.parquet"
 
 
+def column_chunk_index(meta: pq.FileMetaData, name: str) -> int:
+    """The index of a top-level primitive column's chunks in each row group (-1: none), found by
+    its Parquet path: a nested column before it (an array, an interval) has several leaf chunks,
+    so its index among the Arrow fields would name another column's statistics."""
+    schema = meta.schema
+    return next((i for i in range(meta.num_columns) if schema.column(i).path == name), -1)
+
+
 def read_file_metadata(store: ObjectStore, path: str) -> tuple[FileMetadata | None, pq.FileMetaData]:
     """The history_pipeline metadata and Parquet footer of a stored file."""
     fs, _ = store.arrow_filesystem()

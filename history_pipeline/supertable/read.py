@@ -24,7 +24,7 @@ import pyarrow.dataset as ds
 import pyarrow.parquet as pq
 
 from history_pipeline.io.store import LocalStore, ObjectStore
-from history_pipeline.supertable import DELETED, KEY, LT, SUPERSEDED
+from history_pipeline.supertable import DELETED, KEY, LT, SUPERSEDED, column_chunk_index
 from history_pipeline.supertable.bloom import BLOCK_BYTES, bitset_bytes, hashed_key
 
 Result = TypeVar("Result")
@@ -215,9 +215,7 @@ def footer(store: ObjectStore, path: str) -> Footer:
         with fs.open_input_file(store.full_path(path)) as handle:
             meta = pq.read_metadata(handle)
         arrow_schema = meta.schema.to_arrow_schema()
-        index = arrow_schema.get_field_index(KEY)
-        t_index, s_index = arrow_schema.get_field_index(LT), arrow_schema.get_field_index(SUPERSEDED)
-        d_index = arrow_schema.get_field_index(DELETED)
+        index, t_index, s_index, d_index = (column_chunk_index(meta, name) for name in (KEY, LT, SUPERSEDED, DELETED))
         ranges: list[tuple[int, int] | None] = []
         times: list[RowGroupTimes] = []
         for rg in range(meta.num_row_groups):
