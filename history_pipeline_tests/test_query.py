@@ -163,11 +163,17 @@ def test_load_table_in_scan_order_holds_every_type_as_in_key_order(typed_store):
     assert math.isnan(unordered.column("d")[0].as_py()) and math.isnan(ordered.column("d")[0].as_py())
 
 
-def test_load_table_in_scan_order_reads_every_type_back_on_a_closed_read(tmp_path):
-    """Where a filter alone answers (a closed interval), ``ordered=False`` is DuckDB's scan of the
-    files: every type of the contract comes back as the key-ordered read gives it."""
+@pytest.fixture
+def closed_typed_store(tmp_path):
+    """Eight rows of every type, then updates of some columns and a delete, segment by segment,
+    with snapshots so small that most T are closed reads (files of closed intervals, read by
+    filters on their statistics). Returns the store, those T, and the model's rows as of each T
+    ({key: {column: value}} of the columns the updates change)."""
     store = HistoryStore.open(tmp_path, database="db", settings=StoreSettings(snapshot_min_versions=6,
                                                                              snapshot_ratio=0.2))
+    base = {c: v for c, _, v in TYPED_COLUMNS}
+    rows: dict[int, dict] = {}
+    model = {}
     t = 1
     with store.wal_writer() as wal:
         wal.append({"op": "create_table", "t": t, "table_uuid": "T", "table_name": "typed",
@@ -176,30 +182,69 @@ def test_load_table_in_scan_order_reads_every_type_back_on_a_closed_read(tmp_pat
         wal.seal()
     for batch in range(6):
         t += 1
+        model[t] = {k: dict(v) for k, v in rows.items()}  # as of t: every event below it
         with store.wal_writer() as wal:
             for key in range(1, 9):
-                values = {c: v for c, _, v in TYPED_COLUMNS}
                 if batch == 0:
-                    wal.append({"op": "insert", "t": t, "table_uuid": "T", "key": key, "values": values})
-                elif (key + batch) % 3 == 0:
-                    wal.append({"op": "update", "t": t, "table_uuid": "T", "key": key,
-                                "values": {"i": batch * 10 + key, "t": f"v{batch}", "a": [batch, None, key]}})
+                    wal.append({"op": "insert", "t": t, "table_uuid": "T", "key": key, "values": base})
+                    rows[key] = {"i": base["i"], "t": base["t"], "a": base["a"]}
+                elif (key + batch) % 3 == 0 and key in rows:
+                    change = {"i": batch * 10 + key, "t": f"v{batch}", "a": [batch, None, key]}
+                    wal.append({"op": "update", "t": t, "table_uuid": "T", "key": key, "values": change})
+                    rows[key] = change
             if batch == 4:
                 wal.append({"op": "delete", "t": t, "table_uuid": "T", "key": 8})
+                del rows[8]
             wal.append({"op": "close", "t": t})
             wal.seal()
         store.compact(spark=False)
+    model[t + 1] = {k: dict(v) for k, v in rows.items()}
     state = store.catalog_state()
-    closed = [as_of for as_of in range(2, store.frontier + 2)
-              if is_closed_read(store.objects, select_files(state, "T", as_of))]
-    assert closed  # the snapshots made some T a closed read, which ordered=False scans with DuckDB
+    closed = [as_of for as_of in model if is_closed_read(store.objects, select_files(state, "T", as_of))]
+    assert len(closed) >= 3  # the snapshots made most T closed reads
+    return store, closed, model
+
+
+def test_load_table_reads_every_type_back_on_a_closed_read_in_either_order(closed_typed_store):
+    """The key-ordered read (filters on the footers' statistics of every file, a nested column
+    before ``superseded_at`` included) and ``ordered=False`` (DuckDB's scan of the files) give the
+    model's rows, every type as written."""
+    store, closed, model = closed_typed_store
     for as_of in closed:
         ordered = store.load_table("typed", as_of)
+        got = {r["synthetic_key"]: {c: r[c] for c in ("i", "t", "a")} for r in ordered.to_pylist()}
+        assert got == model[as_of], as_of
+        assert ordered.column("synthetic_key").to_pylist() == sorted(model[as_of]), as_of
         unordered = store.load_table("typed", as_of, ordered=False).sort_by("synthetic_key")
         assert unordered.schema == ordered.schema, as_of
+        # the same values in the same types, NaN included (which no equality holds equal to itself)
         assert unordered.drop_columns(["d"]).combine_chunks().equals(
             ordered.drop_columns(["d"]).combine_chunks()), as_of
         assert all(math.isnan(v) for v in unordered.column("d").to_pylist()), as_of
+
+
+def test_lookups_histories_and_diffs_of_every_type_on_closed_reads(closed_typed_store):
+    store, closed, model = closed_typed_store
+    for as_of in closed:
+        for key in range(1, 10):
+            row = store.fetch_row("typed", key, as_of)
+            if key not in model[as_of]:
+                assert row is None, (as_of, key)
+                continue
+            assert {c: row[c] for c in ("i", "t", "a")} == model[as_of][key], (as_of, key)
+            assert row["u"] == uuid.UUID("0b4f6f36-5d1e-4c47-9b8a-2f0f3d6e9a01") and row["j"] == {"a": [1, None]}
+            assert row["n"] == Decimal("12.34") and row["iv"] == Interval(1, 2, 3) and math.isnan(row["d"])
+    for key in range(1, 9):
+        versions = store.row_history("typed", key)
+        live = [t for t in sorted(model) if key in model[t]]
+        changed = [t - 1 for t, before in zip(live[1:], live, strict=False) if model[t][key] != model[before][key]]
+        assert [v["logical_timestamp"] for v in versions if not v["is_deleted"]] == [live[0] - 1, *changed], key
+    assert store.diff("typed", from_=closed[0], to=closed[0]) == {"inserted": [], "deleted": [], "changed": []}
+    first, last = closed[0], closed[-1]
+    diff = store.diff("typed", from_=first, to=last)
+    assert [d["key"] for d in diff["changed"]] == sorted(
+        k for k in model[first] if k in model[last] and model[first][k] != model[last][k])
+    assert [d["key"] for d in diff["deleted"]] == sorted(set(model[first]) - set(model[last]))
 
 
 def test_sql_follows_postgresql_where_duckdb_differs(typed_store):
