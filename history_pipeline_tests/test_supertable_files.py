@@ -167,11 +167,13 @@ def test_a_footer_takes_each_reserved_column_s_statistics_from_its_own_chunks(tm
         "tags-1": pa.array([[rng.randrange(10**9), None] for _ in keys], pa.list_(pa.int64())),
         "span-1": pa.array([{"months": 1, "days": 2, "micros": 3 * i} for i in range(n)], INTERVAL_ARROW),
         "n-1": pa.array([rng.randrange(10**9) for _ in keys], pa.int64()),  # an integer where the index points
+        "mode-1": pa.array([rng.choice(["MAIL", "SHIP"]) for _ in keys]),  # a string stored with a dictionary
         SUPERSEDED: pa.array([None if i % 3 else 10**6 + i for i in range(n)], pa.int64()),
     })
     written = write_file(store, "db/tables/t/v.parquet", table, _meta(1))
     cached = footer(store, written.path)
     assert pq.read_metadata(store.full_path(written.path)).num_columns > table.num_columns  # nested leaves
+    assert cached.dictionary_strings == {"mode-1"}  # read as a dictionary though behind nested columns
     for rg, times in enumerate(cached.times):
         part = table.slice(rg * ROW_GROUP_ROWS, ROW_GROUP_ROWS)
         assert times.max_superseded == pc.max(part.column(SUPERSEDED)).as_py()

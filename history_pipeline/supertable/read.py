@@ -232,11 +232,11 @@ def footer(store: ObjectStore, path: str) -> Footer:
                 t_stats.max if t_stats is not None and t_stats.has_min_max else None,
                 bool(d_stats.max) if d_stats is not None and d_stats.has_min_max else None,
                 group.num_rows))
+        first = meta.row_group(0) if meta.num_row_groups else None
         strings = frozenset(
-            field.name for i, field in enumerate(arrow_schema)
-            if meta.num_row_groups and _plain_string(field.type) and meta.row_group(0).num_columns > i
-            and meta.row_group(0).column(i).path_in_schema == field.name
-            and meta.row_group(0).column(i).has_dictionary_page)
+            field.name for field in arrow_schema
+            if first is not None and _plain_string(field.type)
+            and (chunk := column_chunk_index(meta, field.name)) >= 0 and first.column(chunk).has_dictionary_page)
         filters = [_bloom_spot(meta.row_group(rg).column(index)) if index >= 0 else None
                    for rg in range(meta.num_row_groups)]
         blooms = KeyBlooms(store, path, tuple(filters)) if any(filters) else None
