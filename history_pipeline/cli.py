@@ -22,6 +22,7 @@ from history_pipeline.errors import HistoryError, InputFileError
 from history_pipeline.lsn import as_of_argument
 from history_pipeline.service.cli import register_serve
 from history_pipeline.store import HistoryStore
+from history_pipeline.types import interval_storage
 
 FORMATS = ["table", "csv", "json", "parquet"]
 
@@ -52,7 +53,7 @@ def _print_table(table: pa.Table, fmt: str) -> None:
     elif fmt == "parquet":
         import pyarrow.parquet as pq
 
-        pq.write_table(table, sys.stdout.buffer)
+        pq.write_table(_parquet_ready(table), sys.stdout.buffer)
     else:
         rows = [[_cell(v) for v in row.values()] for row in table.to_pylist()]
         widths = [max([len(n)] + [len(r[i]) for r in rows]) for i, n in enumerate(table.column_names)]
@@ -61,6 +62,15 @@ def _print_table(table: pa.Table, fmt: str) -> None:
         for r in rows:
             print("  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)))
         print(f"({table.num_rows} rows)")
+
+
+def _parquet_ready(table: pa.Table) -> pa.Table:
+    """Interval columns (Arrow's month_day_nano, which Parquet cannot hold) as the store keeps them:
+    a struct of months, days and micros."""
+    for index, field in enumerate(table.schema):
+        if field.type == pa.month_day_nano_interval():
+            table = table.set_column(index, field.name, interval_storage(table.column(index)))
+    return table
 
 
 def _stringify(table: pa.Table) -> pa.Table:

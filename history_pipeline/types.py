@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from decimal import ROUND_HALF_UP, Decimal, InvalidOperation, localcontext
 from typing import Any
 
+import numpy as np
 import pyarrow as pa
 
 from history_pipeline.errors import DataTypeError, ValueTypeError
@@ -600,6 +601,37 @@ def jsonb_result_array(column: Any) -> Any:
 INTERVAL_ARROW = pa.struct(
     [("months", pa.int32()), ("days", pa.int32()), ("micros", pa.int64())]
 )
+
+#: Arrow's month_day_nano value as laid out in its data buffer
+_MONTH_DAY_NANO = np.dtype([("months", "<i4"), ("days", "<i4"), ("nanos", "<i8")])
+
+
+def interval_values(column: Any) -> Any:
+    """Stored intervals (``INTERVAL_ARROW``) as Arrow ``month_day_nano_interval`` values, the
+    result type users see: built from the fields' buffers, not value by value."""
+    if isinstance(column, pa.ChunkedArray):
+        return pa.chunked_array([interval_values(c) for c in column.chunks], pa.month_day_nano_interval())
+    months, days, micros = column.flatten()  # each field with the struct's offset and NULLs applied
+    values = np.zeros(len(column), dtype=_MONTH_DAY_NANO)
+    values["months"] = months.fill_null(0).to_numpy()
+    values["days"] = days.fill_null(0).to_numpy()
+    values["nanos"] = micros.fill_null(0).to_numpy() * 1000
+    validity = column.is_valid().buffers()[1] if column.null_count else None
+    return pa.Array.from_buffers(pa.month_day_nano_interval(), len(column), [validity, pa.py_buffer(values)])
+
+
+def interval_storage(column: Any) -> Any:
+    """``interval_values`` undone: ``month_day_nano_interval`` values as stored (``INTERVAL_ARROW``),
+    which Parquet can hold (an export writes them so)."""
+    if isinstance(column, pa.ChunkedArray):
+        return pa.chunked_array([interval_storage(c) for c in column.chunks], INTERVAL_ARROW)
+    data = column.buffers()[1]
+    values = np.frombuffer(data, dtype=_MONTH_DAY_NANO, count=column.offset + len(column))[column.offset:] \
+        if data is not None else np.zeros(0, dtype=_MONTH_DAY_NANO)
+    mask = column.is_null() if column.null_count else None
+    return pa.StructArray.from_arrays(
+        [pa.array(values["months"]), pa.array(values["days"]), pa.array(values["nanos"] // 1000)],
+        fields=list(INTERVAL_ARROW), mask=mask)
 
 
 def arrow_type(data_type: DataType) -> pa.DataType:

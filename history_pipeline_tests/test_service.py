@@ -191,6 +191,9 @@ def test_schema_changes_renames_and_drops_answer_as_locally(server, stores):
             for descriptor in local.get_catalog(as_of):
                 name = descriptor.table_name
                 assert same(remote.load_table(name, as_of), local.load_table(name, as_of))
+                # in no promised order: the same rows
+                assert same(remote.load_table(name, as_of, ordered=False).sort_by("synthetic_key"),
+                            local.load_table(name, as_of))
         keys = local.load_table("orders", end).column("synthetic_key").to_pylist()[:5] + [10_000, 10_001, 1, -1]
         for key in keys:
             for as_of in stamps:
@@ -562,6 +565,11 @@ def test_the_client_has_the_query_methods_of_the_store():
 def test_request_messages_round_trip_and_refuse_malformed_tickets():
     for request in (FetchRowRequest("orders", -3, 17), SqlRequest("SELECT 1", 0), GetCatalogRequest(5)):
         assert decode_request(encode_request(request)) == request
+    assert decode_request(encode_request(LoadTableRequest("orders", 4, ordered=False))) == \
+        LoadTableRequest("orders", 4, ordered=False)
+    # a ticket from a client before ``ordered`` asks for key order, as it did then
+    assert decode_request(b'{"op": "LoadTable", "table_uuid": "orders", "query_timestamp": 4}') == \
+        LoadTableRequest("orders", 4, ordered=True)
     for ticket in (b"[1]", b'{"op": "FetchRow", "table_uuid": "x", "query_timestamp": 1}',
                    b'{"op": "GetCatalog", "query_timestamp": true}', b"\xff"):
         with pytest.raises(InvalidRequestError):

@@ -12,12 +12,15 @@ import pytest
 
 from history_pipeline.errors import DataTypeError, ValueTypeError
 from history_pipeline.types import (
+    INTERVAL_ARROW,
     Interval,
     TypeKind,
     arrow_type,
     decode_value,
     encode_value,
     from_arrow_value,
+    interval_storage,
+    interval_values,
     parse_data_type,
     to_arrow_value,
 )
@@ -165,3 +168,22 @@ def test_a_lone_surrogate_is_a_typed_error_not_a_crash(type_text):
         decode_value(parse_data_type(type_text), lone if type_text != "JSONB" else {"k": [lone]})
     with pytest.raises(ValueTypeError, match="lone surrogate"):
         decode_value(parse_data_type(type_text + "[]"), [lone])
+
+
+def test_intervals_become_month_day_nano_values_and_back_without_a_python_loop():
+    """The stored struct (months, days, micros) and Arrow's month_day_nano values, both ways, with
+    NULLs, negative parts, a slice (an offset into the buffers) and several chunks; held to the
+    value-by-value conversion as reference."""
+    stored = pa.array([{"months": 1, "days": 2, "micros": 3}, None,
+                       {"months": -14, "days": -3, "micros": -86_400_000_001}, {"months": 0, "days": 0, "micros": 0},
+                       {"months": 2**31 - 1, "days": -(2**31), "micros": 2**53}], INTERVAL_ARROW)
+    reference = pa.array([None if v is None else pa.MonthDayNano([v["months"], v["days"], v["micros"] * 1000])
+                          for v in stored.to_pylist()], pa.month_day_nano_interval())
+    assert interval_values(stored).equals(reference)
+    assert interval_storage(reference).equals(stored)
+    sliced = stored.slice(1, 3)
+    assert interval_values(sliced).equals(reference.slice(1, 3))
+    assert interval_storage(reference.slice(1, 3)).equals(sliced)
+    chunked = pa.chunked_array([stored.slice(0, 2), stored.slice(2)])
+    assert interval_values(chunked).equals(pa.chunked_array([reference.slice(0, 2), reference.slice(2)]))
+    assert interval_storage(interval_values(chunked)).equals(chunked)

@@ -19,7 +19,7 @@ from history_pipeline.errors import HistoryError
 from history_pipeline.io.store import ObjectStore
 from history_pipeline.query.engine import QueryContext, exact_decimal_array
 from history_pipeline.schema import TableDescriptor
-from history_pipeline.types import TypeKind
+from history_pipeline.types import TypeKind, interval_storage, interval_values
 
 MANIFEST = "manifest.json"
 
@@ -46,7 +46,7 @@ def export_database(
     prefix = export_prefix(store.database, as_of)
     written = []
     for index, descriptor in enumerate(tables):
-        data = _exact_numerics(context.load_table(descriptor.table_name, as_of), descriptor)
+        data = _storable(_exact_numerics(context.load_table(descriptor.table_name, as_of), descriptor), descriptor)
         buffer = io.BytesIO()
         pq.write_table(data, buffer, compression="zstd")
         path = f"{prefix}/tables/{index:04d}-{descriptor.table_uuid}.parquet"
@@ -74,6 +74,25 @@ def _exact_numerics(data: pa.Table, descriptor: TableDescriptor) -> pa.Table:
     return data
 
 
+def _storable(data: pa.Table, descriptor: TableDescriptor) -> pa.Table:
+    """INTERVAL columns as stored (months, days, micros): Parquet has no type for Arrow's
+    month_day_nano values, which ``load_export`` gives back."""
+    for column in descriptor.columns:
+        if column.data_type.kind is TypeKind.INTERVAL:
+            index = data.column_names.index(column.column_name)
+            data = data.set_column(index, column.column_name, interval_storage(data.column(index)))
+    return data
+
+
+def _as_loaded(data: pa.Table, descriptor: TableDescriptor) -> pa.Table:
+    """``_storable`` undone: an exported table's INTERVAL columns as ``load_table`` gives them."""
+    for column in descriptor.columns:
+        if column.data_type.kind is TypeKind.INTERVAL and column.column_name in data.column_names:
+            index = data.column_names.index(column.column_name)
+            data = data.set_column(index, column.column_name, interval_values(data.column(index)))
+    return data
+
+
 def list_exports(target: ObjectStore, database: str) -> list[int]:
     """The as_of of every complete export of ``database`` in ``target``."""
     found = []
@@ -90,4 +109,5 @@ def load_export(target: ObjectStore, database: str, as_of: int) -> dict[str, pa.
         manifest = json.loads(target.get(f"{prefix}/{MANIFEST}"))
     except HistoryError:
         raise HistoryError(f"no complete export of {database} as of {as_of} in {target.uri}") from None
-    return {t["table_name"]: pq.read_table(io.BytesIO(target.get(t["path"]))) for t in manifest["tables"]}
+    return {t["table_name"]: _as_loaded(pq.read_table(io.BytesIO(target.get(t["path"]))),
+                                        TableDescriptor.from_json(t["schema"])) for t in manifest["tables"]}

@@ -61,6 +61,7 @@ from history_pipeline.types import (
     array_result_array,
     from_arrow_value,
     from_arrow_values,
+    interval_values,
     jsonb_result_array,
     numeric_result_array,
 )
@@ -640,11 +641,7 @@ def _user_array(column: Any, data_type: DataType) -> Any:
         # as PostgreSQL prints it: through Arrow's shortest float32 formatting
         return pc.cast(pc.cast(column, pa.string()), pa.float64())
     if data_type.kind is TypeKind.INTERVAL and column.type == INTERVAL_ARROW:
-        values = [
-            None if v is None else pa.MonthDayNano([v["months"], v["days"], v["micros"] * 1000])
-            for v in column.to_pylist()
-        ]
-        return pa.array(values, pa.month_day_nano_interval())
+        return interval_values(column)
     return column
 
 

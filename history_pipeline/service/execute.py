@@ -24,7 +24,7 @@ def execute(store: HistoryStore, request: p.Request, limits: Limits) -> pa.Table
             raise TableNotFoundError(f"table {request.table_uuid!r} vanished from the catalog during FetchRow")
         return p.fetch_row_to_arrow(descriptor, row)
     if isinstance(request, p.LoadTableRequest):
-        table = store.load_table(request.table_uuid, request.query_timestamp)
+        table = store.load_table(request.table_uuid, request.query_timestamp, request.ordered)
         check_result_size(table, limits, f"LoadTable of {request.table_uuid!r} as of {request.query_timestamp}")
         descriptor = p.resolve_descriptor(store.get_catalog(request.query_timestamp), request.table_uuid)
         return p.load_table_to_arrow(descriptor, table) if descriptor is not None else table

@@ -26,7 +26,7 @@ import json
 import math
 import uuid
 from collections.abc import Mapping, Sequence
-from dataclasses import asdict, dataclass, fields
+from dataclasses import MISSING, asdict, dataclass, fields
 from decimal import Decimal
 from typing import Any
 
@@ -70,10 +70,14 @@ class LoadTableRequest:
 
     table_uuid: str
     query_timestamp: int
+    #: False: the rows in no promised order (``HistoryStore.load_table(..., ordered=False)``)
+    ordered: bool = True
 
     def __post_init__(self) -> None:
         _check_str("LoadTableRequest", "table_uuid", self.table_uuid)
         _check_int("LoadTableRequest", "query_timestamp", self.query_timestamp)
+        if not isinstance(self.ordered, bool):
+            raise TypeError(f"LoadTableRequest.ordered must be a boolean, got {self.ordered!r}")
 
 
 @dataclass(frozen=True)
@@ -169,7 +173,9 @@ def decode_request(ticket: bytes) -> Request:
         )
     cls = OPERATIONS[body.pop("op")]
     expected = {f.name for f in fields(cls)}
-    if set(body) != expected:
+    # a field with a default may be left out (a ticket of a client from before the field)
+    required = {f.name for f in fields(cls) if f.default is MISSING and f.default_factory is MISSING}
+    if not required <= set(body) <= expected:
         raise InvalidRequestError(
             f"{cls.__name__} takes the fields {sorted(expected)}, got {sorted(body)}"
         )
