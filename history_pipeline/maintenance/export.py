@@ -46,7 +46,8 @@ def export_database(
     prefix = export_prefix(store.database, as_of)
     written = []
     for index, descriptor in enumerate(tables):
-        data = _storable(_exact_numerics(context.load_table(descriptor.table_name, as_of), descriptor), descriptor)
+        data = _exact_numerics(context.load_table(descriptor.table_name, as_of), descriptor)
+        data = _with_intervals(data, descriptor, interval_storage)
         buffer = io.BytesIO()
         pq.write_table(data, buffer, compression="zstd")
         path = f"{prefix}/tables/{index:04d}-{descriptor.table_uuid}.parquet"
@@ -74,22 +75,14 @@ def _exact_numerics(data: pa.Table, descriptor: TableDescriptor) -> pa.Table:
     return data
 
 
-def _storable(data: pa.Table, descriptor: TableDescriptor) -> pa.Table:
-    """INTERVAL columns as stored (months, days, micros): Parquet has no type for Arrow's
-    month_day_nano values, which ``load_export`` gives back."""
-    for column in descriptor.columns:
-        if column.data_type.kind is TypeKind.INTERVAL:
-            index = data.column_names.index(column.column_name)
-            data = data.set_column(index, column.column_name, interval_storage(data.column(index)))
-    return data
-
-
-def _as_loaded(data: pa.Table, descriptor: TableDescriptor) -> pa.Table:
-    """``_storable`` undone: an exported table's INTERVAL columns as ``load_table`` gives them."""
+def _with_intervals(data: pa.Table, descriptor: TableDescriptor, convert: Callable[[Any], Any]) -> pa.Table:
+    """``data`` with its INTERVAL columns converted: an export stores them as the store keeps them
+    (``interval_storage``: Parquet has no type for Arrow's month_day_nano values), ``load_export``
+    gives them back as ``load_table`` does (``interval_values``)."""
     for column in descriptor.columns:
         if column.data_type.kind is TypeKind.INTERVAL and column.column_name in data.column_names:
             index = data.column_names.index(column.column_name)
-            data = data.set_column(index, column.column_name, interval_values(data.column(index)))
+            data = data.set_column(index, column.column_name, convert(data.column(index)))
     return data
 
 
@@ -109,5 +102,6 @@ def load_export(target: ObjectStore, database: str, as_of: int) -> dict[str, pa.
         manifest = json.loads(target.get(f"{prefix}/{MANIFEST}"))
     except HistoryError:
         raise HistoryError(f"no complete export of {database} as of {as_of} in {target.uri}") from None
-    return {t["table_name"]: _as_loaded(pq.read_table(io.BytesIO(target.get(t["path"]))),
-                                        TableDescriptor.from_json(t["schema"])) for t in manifest["tables"]}
+    return {t["table_name"]: _with_intervals(pq.read_table(io.BytesIO(target.get(t["path"]))),
+                                             TableDescriptor.from_json(t["schema"]), interval_values)
+            for t in manifest["tables"]}
