@@ -47,7 +47,7 @@ from history_pipeline.supertable import (
     LT,
     SUPERSEDED,
     FileMetadata,
-    column_chunk_index,
+    column_chunks,
     read_file_metadata,
 )
 from history_pipeline.supertable.read import dataset_of
@@ -164,7 +164,7 @@ class Problem:
 
 
 def _column_range(footer: pq.FileMetaData, name: str) -> tuple[int | None, int | None]:
-    index = column_chunk_index(footer, name)
+    index = column_chunks(footer).get(name, -1)
     if index < 0:
         return None, None
     low = high = None

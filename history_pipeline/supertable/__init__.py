@@ -523,12 +523,12 @@ def new_file_path(database: str, table_uuid: str, kind: FileKind, txn_hint: int)
     return f"{table_dir(database, table_uuid)}/{kind.value}-{txn_hint:010d}-{uuid.uuid4().hex[:12]}.parquet"
 
 
-def column_chunk_index(meta: pq.FileMetaData, name: str) -> int:
-    """The index of a top-level primitive column's chunks in each row group (-1: none), found by
-    its Parquet path: a nested column before it (an array, an interval) has several leaf chunks,
-    so its index among the Arrow fields would name another column's statistics."""
+def column_chunks(meta: pq.FileMetaData) -> dict[str, int]:
+    """Each leaf column's index among a row group's column chunks, by its Parquet path (a top-level
+    primitive column's path is its name): a nested column (an array, an interval) has several
+    leaf chunks, so a column's index among the Arrow fields may name another column's statistics."""
     schema = meta.schema
-    return next((i for i in range(meta.num_columns) if schema.column(i).path == name), -1)
+    return {schema.column(i).path: i for i in range(meta.num_columns)}
 
 
 def read_file_metadata(store: ObjectStore, path: str) -> tuple[FileMetadata | None, pq.FileMetaData]:

@@ -24,7 +24,7 @@ import pyarrow.dataset as ds
 import pyarrow.parquet as pq
 
 from history_pipeline.io.store import LocalStore, ObjectStore
-from history_pipeline.supertable import DELETED, KEY, LT, SUPERSEDED, column_chunk_index
+from history_pipeline.supertable import DELETED, KEY, LT, SUPERSEDED, column_chunks
 from history_pipeline.supertable.bloom import BLOCK_BYTES, bitset_bytes, hashed_key
 
 Result = TypeVar("Result")
@@ -215,7 +215,8 @@ def footer(store: ObjectStore, path: str) -> Footer:
         with fs.open_input_file(store.full_path(path)) as handle:
             meta = pq.read_metadata(handle)
         arrow_schema = meta.schema.to_arrow_schema()
-        index, t_index, s_index, d_index = (column_chunk_index(meta, name) for name in (KEY, LT, SUPERSEDED, DELETED))
+        chunks = column_chunks(meta)  # once per footer: wide tables have hundreds of columns
+        index, t_index, s_index, d_index = (chunks.get(name, -1) for name in (KEY, LT, SUPERSEDED, DELETED))
         ranges: list[tuple[int, int] | None] = []
         times: list[RowGroupTimes] = []
         for rg in range(meta.num_row_groups):
@@ -236,7 +237,7 @@ def footer(store: ObjectStore, path: str) -> Footer:
         strings = frozenset(
             field.name for field in arrow_schema
             if first is not None and _plain_string(field.type)
-            and (chunk := column_chunk_index(meta, field.name)) >= 0 and first.column(chunk).has_dictionary_page)
+            and field.name in chunks and first.column(chunks[field.name]).has_dictionary_page)
         filters = [_bloom_spot(meta.row_group(rg).column(index)) if index >= 0 else None
                    for rg in range(meta.num_row_groups)]
         blooms = KeyBlooms(store, path, tuple(filters)) if any(filters) else None
