@@ -10,6 +10,7 @@ from __future__ import annotations
 import datetime as dt
 import json
 import math
+import struct
 from decimal import ROUND_HALF_UP, Decimal, InvalidOperation, localcontext
 from typing import Any
 
@@ -39,11 +40,21 @@ def cast_value(value: Any, source: DataType, target: DataType) -> Any:
     if value is None:
         return None
     s, t = source.kind, target.kind
+    if s is TypeKind.NUMERIC and value == 0:
+        value = abs(value)  # PostgreSQL's numeric has no negative zero: -0.00 is 0.00
     try:
         if t in _TEXTS:
-            return _check(target, to_text(value, source))
-        if s in _TEXTS:
-            return _from_text(value.strip() if t not in _TEXTS else value, target)
+            text = to_text(value, source)
+            if target.length is not None:  # an explicit cast to VARCHAR(n) truncates, as in PostgreSQL
+                text = text[: target.length]
+            return _check(target, text)
+        if s in _TEXTS:  # input functions ignore surrounding blanks, except bytea's
+            return _from_text(value.strip() if t is not TypeKind.BYTEA else value, target)
+        if s is TypeKind.REAL and t is not TypeKind.REAL:
+            # the Python form of a REAL is its shortest decimal; PostgreSQL casts the float32 itself
+            value = struct.unpack("<f", struct.pack("<f", value))[0]
+        if s is TypeKind.JSONB and t is not TypeKind.JSONB:
+            return _from_jsonb(value, target)
         if s == t and s is not TypeKind.ARRAY:
             return _check(target, encode_value(source, value))
         if t in _INTEGERS:
@@ -73,6 +84,9 @@ def cast_value(value: Any, source: DataType, target: DataType) -> Any:
             return value.astimezone(dt.UTC).replace(tzinfo=None)
         if t is TypeKind.TIME and s in (TypeKind.TIMESTAMP, TypeKind.TIMESTAMPTZ):
             return value.time().replace(tzinfo=None)
+        if t is TypeKind.INTERVAL and s is TypeKind.TIME:
+            micros = ((value.hour * 60 + value.minute) * 60 + value.second) * 1_000_000 + value.microsecond
+            return Interval(0, 0, micros)
         if t is TypeKind.ARRAY and s is TypeKind.ARRAY:
             low, high = array_base(source), array_base(target)  # element-wise, whatever the depth
             return map_leaves(value, lambda v: cast_value(v, low, high))
@@ -100,7 +114,9 @@ def _to_integer(value: Any, s: TypeKind, target: DataType) -> int:
             raise CastFailure(f"{value} is out of range for {target}")
         rounded = round(value)  # PostgreSQL uses rint(): halves go to even
     elif s is TypeKind.NUMERIC:
-        rounded = int(Decimal(value).quantize(Decimal(1), rounding=ROUND_HALF_UP))
+        with localcontext() as ctx:  # wide values round too (and are then out of range)
+            ctx.prec = 2000
+            rounded = int(Decimal(value).quantize(Decimal(1), rounding=ROUND_HALF_UP))
     elif s in _INTEGERS:
         rounded = value
     else:
@@ -108,8 +124,26 @@ def _to_integer(value: Any, s: TypeKind, target: DataType) -> int:
     return _check(target, rounded)
 
 
+def _from_jsonb(value: Any, target: DataType) -> Any:
+    """PostgreSQL's casts of a jsonb scalar: a number to a numeric type, a boolean to BOOLEAN."""
+    kind = target.kind
+    if kind is TypeKind.BOOLEAN and isinstance(value, bool):
+        return value
+    if kind in (*_INTEGERS, *_FLOATS, TypeKind.NUMERIC) and isinstance(value, (int, float)) \
+            and not isinstance(value, bool):
+        number = Decimal(repr(value)) if isinstance(value, float) else Decimal(value)
+        return cast_value(number, _NUMERIC, target)
+    raise CastFailure(f"cannot cast jsonb {canonical_json(value)} to {target}")
+
+
+_NUMERIC = DataType(TypeKind.NUMERIC)
+
+
 def _from_text(text: str, target: DataType) -> Any:
     kind = target.kind
+    if kind in (*_INTEGERS, *_FLOATS, TypeKind.NUMERIC) and (not text.isascii() or "_" in text):
+        # Python's int() and float() read other scripts' digits and "1_000"; PostgreSQL does not
+        raise CastFailure(f'invalid input syntax for {target}: "{text}"')
     if kind in _INTEGERS:
         try:
             return _check(target, int(text.replace("_", "x")))
@@ -127,19 +161,14 @@ def _from_text(text: str, target: DataType) -> Any:
     if kind is TypeKind.NUMERIC:
         return _check(target, text)
     if kind is TypeKind.BOOLEAN:
-        lowered = text.lower()
-        if lowered in ("t", "true", "y", "yes", "on", "1"):
+        lowered = text.lower()  # PostgreSQL's parse_bool: any prefix of true/false/yes/no, on, of(f), 1, 0
+        if lowered and (any(word.startswith(lowered) for word in ("true", "yes")) or lowered in ("on", "1")):
             return True
-        if lowered in ("f", "false", "n", "no", "off", "0"):
+        if lowered and (any(word.startswith(lowered) for word in ("false", "no")) or lowered in ("of", "off", "0")):
             return False
         raise CastFailure(f'invalid input syntax for BOOLEAN: "{text}"')
     if kind is TypeKind.BYTEA:
-        if text.startswith("\\x"):
-            try:
-                return bytes.fromhex(text[2:])
-            except ValueError:
-                raise CastFailure(f'invalid hex in "{text}"') from None
-        return text.encode()
+        return _bytea_from_text(text)
     if kind is TypeKind.JSONB:
         try:
             return json.loads(text)
@@ -154,6 +183,51 @@ def _from_text(text: str, target: DataType) -> Any:
         except ValueTypeError:
             return _check(target, candidate + "+00:00")
     return _check(target, text)
+
+
+def _bytea_from_text(text: str) -> bytes:
+    """PostgreSQL's byteain: ``\\x`` then hex digits (blanks between pairs allowed), or the escape
+    format (``\\\\`` is a backslash, ``\\ooo`` an octal byte, anything else its UTF-8 bytes)."""
+    if text.startswith("\\x"):
+        try:
+            return bytes.fromhex(text[2:])
+        except ValueError:
+            raise CastFailure(f'invalid hex in "{text}"') from None
+    out = bytearray()
+    i = 0
+    while i < len(text):
+        if text[i] != "\\":
+            out += text[i].encode()
+            i += 1
+        elif text[i + 1: i + 2] == "\\":
+            out.append(0x5C)
+            i += 2
+        elif len(text) >= i + 4 and text[i + 1] in "0123" and all(c in "01234567" for c in text[i + 2: i + 4]):
+            out.append(int(text[i + 1: i + 4], 8))
+            i += 4
+        else:
+            raise CastFailure(f'invalid input syntax for type bytea: "{text}"')
+    return bytes(out)
+
+
+def _array_element_text(text: str) -> str:
+    """An element as PostgreSQL's array_out writes it: quoted when empty, NULL, or holding a blank or
+    one of ``{}",\\``, with ``"`` and ``\\`` escaped."""
+    if text == "" or text.upper() == "NULL" or any(c in '{}",\\ \t\n\r\v\f' for c in text):
+        return '"' + text.replace("\\", "\\\\").replace('"', '\\"') + '"'
+    return text
+
+
+def _jsonb_text(value: Any) -> str:
+    """jsonb's output: canonical_json, but numbers as PostgreSQL's numeric prints them (1e+20 is
+    100000000000000000000, 1.5e-07 is 0.00000015)."""
+    if isinstance(value, dict):
+        return "{" + ", ".join(f"{json.dumps(k, ensure_ascii=False)}: {_jsonb_text(v)}" for k, v in value.items()) + "}"
+    if isinstance(value, list):
+        return "[" + ", ".join(_jsonb_text(v) for v in value) + "]"
+    if isinstance(value, float):
+        return format(abs(Decimal(repr(value))) if value == 0 else Decimal(repr(value)), "f")
+    return json.dumps(value, ensure_ascii=False)
 
 
 def to_text(value: Any, source: DataType) -> str:
@@ -176,18 +250,18 @@ def to_text(value: Any, source: DataType) -> str:
     if kind is TypeKind.TIME:
         return _trim_fraction(value.isoformat())
     if kind is TypeKind.JSONB:
-        return canonical_json(value)
+        return _jsonb_text(json.loads(canonical_json(value)))
     if kind is TypeKind.INTERVAL:
         return _interval_text(value)
     if kind is TypeKind.ARRAY:
         base = array_base(source)
-        return "{" + ",".join("NULL" if v is None else to_text(v, source if isinstance(v, list) else base)
-                              for v in value) + "}"
+        return "{" + ",".join("NULL" if v is None else to_text(v, source) if isinstance(v, list)
+                              else _array_element_text(to_text(v, base)) for v in value) + "}"
     if kind is TypeKind.NUMERIC:
         with localcontext() as ctx:
             ctx.prec = 2000
             try:
-                return format(Decimal(value), "f")
+                return format(abs(Decimal(value)) if value == 0 else Decimal(value), "f")
             except InvalidOperation:  # pragma: no cover
                 return str(value)
     if kind is TypeKind.UUID or kind is TypeKind.DATE or kind is TypeKind.TIME:
@@ -222,12 +296,14 @@ def _interval_text(value: Interval) -> str:
     """PostgreSQL's interval output (IntervalStyle postgres), e.g. '1 year 2 mons 3 days 04:05:06.5'."""
     parts = []
     years, months = int(value.months / 12), value.months - 12 * int(value.months / 12)
+    negative = False  # a positive part after a negative one is written with "+" ('-1 days +01:00:00')
     for amount, unit in ((years, "year"), (months, "mon"), (value.days, "day")):
         if amount:
-            parts.append(f"{amount} {unit}{'' if amount == 1 else 's'}")
+            parts.append(f"{'+' if negative and amount > 0 else ''}{amount} {unit}{'' if amount == 1 else 's'}")
+            negative = amount < 0
     micros = value.micros
     if micros or not parts:
-        sign = "-" if micros < 0 else ""
+        sign = "-" if micros < 0 else "+" if negative else ""
         micros = abs(micros)
         seconds, fraction = divmod(micros, 1_000_000)
         hours, rest = divmod(seconds, 3600)

@@ -275,7 +275,7 @@ def real_from_float32(f: float) -> float:
     return f
 
 
-_DECIMAL_RE = re.compile(r"^[+-]?(\d+(\.\d*)?|\.\d+)([eE][+-]?\d+)?$")
+_DECIMAL_RE = re.compile(r"^[+-]?(\d+(\.\d*)?|\.\d+)([eE][+-]?\d+)?$", re.ASCII)  # PostgreSQL reads ASCII digits only
 
 
 def _decode_numeric(t: DataType, v: Any) -> Decimal:

@@ -34,6 +34,13 @@ CASES = [
     ("BYTEA", "TEXT", b"\x00\xff", "\\x00ff"),
     ("INTEGER[]", "TEXT[]", [1, None], ["1", None]),
     ("INTEGER", "BIGINT", 7, 7),
+    ("TEXT", "VARCHAR(2)", "abc", "ab"),  # an explicit cast truncates
+    ("REAL", "DOUBLE PRECISION", 0.1, 0.10000000149011612),  # the float32 itself, not its shortest text
+    ("INTERVAL", "TEXT", Interval(0, -1, 3600000000), "-1 days +01:00:00"),
+    ("TEXT[]", "TEXT", ["a b", "", None, "NULL", 'q"'], '{"a b","",NULL,"NULL","q\\""}'),
+    ("TEXT", "BYTEA", " a\\\\b\\101 ", b" a\\bA "),
+    ("TEXT", "BOOLEAN", "tr", True),
+    ("NUMERIC", "TEXT", Decimal("-0.00"), "0.00"),
 ]
 
 
@@ -47,8 +54,9 @@ def test_casts_follow_postgresql(source, target, value, expected):
     [
         ("TEXT", "INTEGER", "12.5"),
         ("TEXT", "INTEGER", "abc"),
+        ("TEXT", "INTEGER", "\u0661\u0662"),  # Arabic-Indic digits: Python's int() reads them
+        ("NUMERIC", "INTEGER", Decimal("123456789012345678901234567890.5")),
         ("BIGINT", "SMALLINT", 40000),
-        ("TEXT", "VARCHAR(2)", "abc"),
         ("DOUBLE PRECISION", "INTEGER", float("nan")),
         ("TEXT", "BOOLEAN", "maybe"),
         ("DATE", "BOOLEAN", dt.date(2024, 1, 1)),

@@ -1,0 +1,284 @@
+"""Edges against a real PostgreSQL 15 as the oracle: values of every contract type at their limits,
+column type changes (PostgreSQL's ``ALTER COLUMN ... TYPE t USING CAST(c AS t)``), and sql() as of T
+(aggregates, NULLs, joins, renames, drops, sandbox). Each history is replayed into PostgreSQL by the
+oracle's Replayer and into a store; the answers must be PostgreSQL's (or the contract's where
+PostgreSQL has no say)."""
+
+from __future__ import annotations
+
+import math
+
+import psycopg
+import pytest
+from psycopg import sql as pgsql
+
+from history_pipeline import HistoryStore
+from history_pipeline.casts import to_text
+from history_pipeline.errors import SegmentQuarantinedError
+from history_pipeline.types import Interval, TypeKind, decode_value, parse_data_type
+from history_pipeline_tests import test_postgres_oracle as oracle
+from history_pipeline_tests.test_compaction import write
+from history_pipeline_tests.test_postgres_oracle import Replayer, postgres  # noqa: F401 - the fixture
+
+_oracle_literal = oracle._literal
+
+
+def _literal(conn, data_type: str, raw):
+    """A WAL value as a PostgreSQL literal, floats and intervals from their text (psycopg writes -0.0
+    as a numeric expression that loses the sign, and has no adapter for our Interval)."""
+    kind = parse_data_type(data_type).kind
+    if raw is not None and kind in (TypeKind.REAL, TypeKind.DOUBLE):
+        text = raw if isinstance(raw, str) else repr(float(raw))
+        return pgsql.SQL("CAST({} AS {})").format(pgsql.Literal(text), pgsql.SQL(data_type))
+    if raw is not None and kind is TypeKind.INTERVAL:
+        text = f"{raw['months']} months {raw['days']} days {raw['micros']} microseconds"
+        return pgsql.SQL("CAST({} AS INTERVAL)").format(pgsql.Literal(text))
+    return _oracle_literal(conn, data_type, raw)
+
+
+@pytest.fixture
+def pg(postgres, monkeypatch):  # noqa: F811 - the fixture imported above
+    """The oracle's server with an empty public schema, and the Replayer writing exact literals."""
+    postgres.cursor().execute("DROP SCHEMA public CASCADE; CREATE SCHEMA public")
+    monkeypatch.setattr(oracle, "_literal", _literal)
+    return postgres
+
+
+def _store(tmp_path, *batches) -> HistoryStore:
+    store = HistoryStore.open(tmp_path, database="db")
+    write(store, *batches)
+    store.compact(spark=False)
+    return store
+
+
+def _same(ours, theirs) -> bool:
+    """Equal values, NaN equal to NaN and -0.0 distinct from 0.0 (PostgreSQL keeps float signs)."""
+    if isinstance(ours, float) and isinstance(theirs, float):
+        if math.isnan(ours) or math.isnan(theirs):
+            return math.isnan(ours) and math.isnan(theirs)
+        return ours == theirs and math.copysign(1, ours) == math.copysign(1, theirs)
+    if isinstance(ours, list) and isinstance(theirs, list):
+        return len(ours) == len(theirs) and all(_same(a, b) for a, b in zip(ours, theirs, strict=True))
+    return type(ours) is type(theirs) and ours == theirs if isinstance(ours, (bool, str, bytes)) else ours == theirs
+
+
+def _pg_rows(conn, table: str, columns: dict[str, str]) -> dict[int, dict]:
+    """PostgreSQL's rows of ``table``; INTERVAL columns as their text (psycopg's timedelta drops months)."""
+    select = ", ".join(f"{oracle._q(c)}::text" if parse_data_type(t).kind is TypeKind.INTERVAL else oracle._q(c)
+                       for c, t in columns.items())
+    cur = conn.cursor()
+    cur.execute(f"SELECT synthetic_key, {select} FROM {oracle._q(table)}")
+    return {row[0]: dict(zip(columns, row[1:], strict=True)) for row in cur.fetchall()}
+
+
+def _interval_text(value) -> str | None:
+    """PostgreSQL's text of an INTERVAL read back as types.Interval or Arrow's MonthDayNano."""
+    if value is None:
+        return None
+    if not isinstance(value, Interval):
+        value = Interval(value.months, value.days, value.nanoseconds // 1000)
+    return to_text(value, parse_data_type("INTERVAL"))
+
+
+def _ours(row: dict, columns: dict[str, str]) -> dict:
+    """Our row with INTERVAL values as PostgreSQL's text of them."""
+    return {c: (_interval_text(row[c]) if parse_data_type(t).kind is TypeKind.INTERVAL else row[c])
+            for c, t in columns.items()}
+
+
+def _assert_rows(got: dict[int, dict], expected: dict[int, dict], where) -> None:
+    assert set(got) == set(expected), (where, sorted(got), sorted(expected))
+    for key, row in expected.items():
+        for column, value in row.items():
+            assert _same(got[key][column], value), (where, key, column, got[key][column], value)
+
+
+# --- column type changes ----------------------------------------------------------------------------
+
+INTERVALS = [{"months": -12, "days": 3, "micros": 3_600_000_000}, {"months": 0, "days": -1, "micros": 3_600_000_000},
+             {"months": 5, "days": -3, "micros": 7_200_000_000}, {"months": -14, "days": -1, "micros": 0}]
+
+#: (source type, old values, target type): every old value casts in PostgreSQL
+CASTS = [
+    ("INTEGER", [-(2**31), 2**31 - 1, 0, None], "BIGINT"),
+    ("INTEGER", [-(2**31), 7], "TEXT"),
+    ("TEXT", [" 17 ", "-2147483648", "+5"], "INTEGER"),
+    ("NUMERIC(10,4)", ["1.2345", "-1.2350", "-0.0500", "2.0000", "-0.0004"], "NUMERIC(10,2)"),
+    ("TIMESTAMP", ["2024-01-02T03:04:05.123456", "1969-12-31T23:59:59.999999", "0001-01-01T00:00:00"], "TIMESTAMPTZ"),
+    ("TIMESTAMPTZ", ["2024-01-02T03:04:05+05:30", "2024-01-01T00:30:00+01:00"], "TIMESTAMP"),
+    ("TIMESTAMPTZ", ["2024-01-01T00:30:00+01:00"], "DATE"),
+    ("DOUBLE PRECISION", [0.1, 1e20, -2.5, 1.0000000000000002, 123456789.123456789, 1.5e-7], "NUMERIC"),
+    ("DOUBLE PRECISION", [2.5, 3.5, -2.5, -0.0], "INTEGER"),
+    ("DOUBLE PRECISION", [0.1, 1e15, 1.5e-5, 123456.0, -0.0, "NaN", "-Infinity"], "TEXT"),
+    ("REAL", [0.1, 1.5e-5, 3.4e38, 16777217, "NaN"], "DOUBLE PRECISION"),
+    ("REAL", [123456789, 2.5, 3.5], "BIGINT"),
+    ("REAL", [123456789, 0.1], "NUMERIC"),
+    ("BIGINT", [2**53 + 1, -(2**63)], "DOUBLE PRECISION"),
+    ("NUMERIC(6,2)", ["2.50", "-2.50", "-0.49"], "INTEGER"),
+    ("NUMERIC", ["-0.00", "12.3400", "-1E+3", "1e-7"], "TEXT"),
+    ("INTEGER", [0, 5, -1], "BOOLEAN"),
+    ("BOOLEAN", [True, False], "INTEGER"),
+    ("TEXT", ["tr", "of", " YES ", "0", "f"], "BOOLEAN"),
+    ("INTEGER[]", [[1, None], [[1, 2], [3, 4]], []], "BIGINT[]"),
+    ("TEXT[]", [["a", None, "b c", "", "NULL", "x,y", 'q"t', "back\\s", "{}"], [], [["a b"], ["c"]]], "TEXT"),
+    ("TIMESTAMP[]", [["2024-01-02T03:04:05"]], "TEXT"),
+    ("INTERVAL", INTERVALS, "TEXT"),
+    ("TEXT", [" 17 ", "a\\\\b", "\\x00ff", "\\101", "é"], "BYTEA"),
+    ("VARCHAR(10)", ["abcdef", "ab   ", "é✓xyz", "ab"], "VARCHAR(3)"),
+    ("TEXT", ["abcdef"], "VARCHAR(3)"),
+    ("TIME", ["12:30:00.5", "00:00:00"], "INTERVAL"),
+    ("DATE", ["2024-02-29"], "TIMESTAMPTZ"),
+    ("JSONB", [{"b": 1, "aa": [1.5, None, "x"]}, "s\n", 1e20, 1.5e-7, 100.0], "TEXT"),
+]
+
+
+def _cast_history(cases) -> list[dict]:
+    events, n = [], len(cases)  # each schema change has a t of its own: creates at 0..n-1, inserts at n
+    for i, (source, _, _) in enumerate(cases):
+        events.append({"op": "create_table", "t": i, "table_uuid": f"T{i}", "table_name": f"cast{i}",
+                       "columns": [{"column_uuid": "c", "column_name": "c", "data_type": source}]})
+    for i, (_, values, _) in enumerate(cases):
+        events += [{"op": "insert", "t": n, "table_uuid": f"T{i}", "key": k, "values": {"c": v}}
+                   for k, v in enumerate(values)]
+    for i, (_, _, target) in enumerate(cases):
+        events.append({"op": "change_column_type", "t": n + 1 + i, "table_uuid": f"T{i}", "column_uuid": "c",
+                       "data_type": target})
+    return events
+
+
+def test_type_changes_cast_old_values_as_postgresql(tmp_path, pg):
+    """Rows existing at a type change read their old value as PostgreSQL's ``USING CAST`` makes it,
+    through load_table, fetch_row and sql() (row_history keeps each version as written)."""
+    events = _cast_history(CASTS)
+    n = len(CASTS)
+    store = _store(tmp_path, [e for e in events if e["t"] <= n], [e for e in events if e["t"] > n])
+    replayer = Replayer(pg)
+    for e in events:
+        replayer.apply(e)
+    as_of = store.frontier + 1
+    for i, (source, _, target) in enumerate(CASTS):
+        name, columns = f"cast{i}", {"c": target}
+        where = (source, target)
+        expected = _pg_rows(pg, name, columns)
+        loaded = {r["synthetic_key"]: _ours(r, columns) for r in store.load_table(name, as_of).to_pylist()}
+        _assert_rows(loaded, expected, (*where, "load_table"))
+        fetched = {k: _ours(store.fetch_row(name, k, as_of), columns) for k in expected}
+        _assert_rows(fetched, expected, (*where, "fetch_row"))
+        if parse_data_type(target).kind not in (TypeKind.INTERVAL, TypeKind.ARRAY):
+            selected = {r["synthetic_key"]: r for r in store.sql(f"SELECT * FROM {name}", as_of).to_pylist()}
+            _assert_rows(selected, expected, (*where, "sql"))
+
+
+#: (source type, old value, target type): PostgreSQL refuses the cast, so ingest must refuse it too
+IMPOSSIBLE = [
+    ("NUMERIC", "123456789012345678901234567890.123", "INTEGER"),
+    ("TEXT", "١٢", "INTEGER"),
+    ("TEXT", "１２", "NUMERIC"),
+    ("TEXT", "1_000", "DOUBLE PRECISION"),
+]
+
+
+@pytest.mark.parametrize("source, value, target", IMPOSSIBLE)
+def test_type_changes_postgresql_refuses_are_refused_at_ingest(tmp_path, pg, source, value, target):
+    events = _cast_history([(source, [value], target)])
+    replayer = Replayer(pg)
+    with pytest.raises(psycopg.DataError):
+        for e in events:
+            replayer.apply(e)
+    store = HistoryStore.open(tmp_path, database="db")
+    write(store, events[:2], events[2:])
+    with pytest.raises(SegmentQuarantinedError, match="cannot be cast"):
+        store.compact(spark=False)
+    assert store.load_table("cast0", store.frontier + 1).to_pylist() == [{"synthetic_key": 0, "c": decode_value(
+        parse_data_type(source), value)}]
+
+
+
+
+# --- values at their edges, through every read API --------------------------------------------------
+
+LONG = "ü" * 70_000 + "end"
+#: (column, type, values): row k of the first insert takes values[k % len(values)]
+EDGES = [
+    ("i2", "SMALLINT", [-32768, 32767, 0, None]),
+    ("i4", "INTEGER", [-(2**31), 2**31 - 1, -1]),
+    ("i8", "BIGINT", [-(2**63), 2**63 - 1, 0]),
+    ("n38", "NUMERIC(38,10)", ["-9999999999999999999999999999.9999999999", "0.0000000001", "1.5", "-0.0000000000"]),
+    ("n50", "NUMERIC(50,20)", ["-123456789012345678901234567890.12345678901234567890", "1.10", "0"]),
+    ("n", "NUMERIC", ["12.3400", "-0.000001", "1E+5", "98765432109876543210987654321098765432109876543210.5"]),
+    ("d", "DOUBLE PRECISION", ["NaN", "Infinity", "-Infinity", -0.0, 5e-324, 1.7976931348623157e308, 0.1]),
+    ("r", "REAL", ["NaN", 3.4028235e38, 1e-45, -0.0, "-Infinity", 0.1]),
+    ("t", "TEXT", ["", None, "😀 é\u200b\u0301", LONG, "a\tb\nc\r'\"\\", "NULL"]),
+    ("v", "VARCHAR(3)", ["", "ü✓x", "ab "]),
+    ("y", "BYTEA", ["", "AAECA/z9/v8=", "XA=="]),
+    ("b", "BOOLEAN", [True, False, None]),
+    ("dd", "DATE", ["0001-01-01", "9999-12-31", "1970-01-01", "1969-12-31"]),
+    ("tm", "TIME", ["23:59:59.999999", "00:00:00", "12:00:00.000001"]),
+    ("ts", "TIMESTAMP", ["0001-01-01T00:00:00", "9999-12-31T23:59:59.999999", "1969-12-31T23:59:59.999999",
+                         "2000-02-29T12:00:00.5"]),
+    ("tz", "TIMESTAMPTZ", ["2024-03-10T02:30:00-08:00", "1969-12-31T23:59:59.999999+00:00",
+                           "2024-01-01T00:00:00.000001+14:00", "2024-06-30T12:00:00+05:30:15", "0001-01-01T00:00:00Z"]),
+    ("iv", "INTERVAL", [*INTERVALS, {"months": 0, "days": 0, "micros": 0},
+                        {"months": 2**31 - 1, "days": -(2**31), "micros": -(2**63)}]),
+    ("u", "UUID", ["00000000-0000-0000-0000-000000000000", "ffffffff-ffff-ffff-ffff-ffffffffffff",
+                   "0b4f6f36-5d1e-4c47-9b8a-2f0f3d6e9a01"]),
+    ("ia", "INTEGER[]", [[1, None], [], [[1, 2], [3, None]], None, [-(2**31)]]),
+    ("ta", "TEXT[]", [[None, "", "NULL", "a,b", "{}", "ü"], [], [None]]),
+    ("j", "JSONB", [{"a": None, "b": [1, 2.5, "x"], "": {}}, [], "ü\u0001", 12345678901234567890123, 0, True]),
+]
+EDGE_TYPES = {c: ty for c, ty, _ in EDGES}
+
+
+def _edge_history() -> list[dict]:
+    """Inserts of edge values, an update of a subset (some to NULL), a delete and re-insert of one key,
+    several changes of one key at one t, a delete; each event's t as DESIGN.md orders them."""
+    width = max(len(v) for _, _, v in EDGES)
+    row = lambda k: {c: v[k % len(v)] for c, _, v in EDGES}  # noqa: E731
+    events = [{"op": "create_table", "t": 0, "table_uuid": "E", "table_name": "edges",
+               "columns": [{"column_uuid": c, "column_name": c, "data_type": ty} for c, ty, _ in EDGES]}]
+    events += [{"op": "insert", "t": 1, "table_uuid": "E", "key": k, "values": row(k)} for k in range(width)]
+    events += [{"op": "update", "t": 2, "table_uuid": "E", "key": 0, "values": {"t": None, "n": "-7.10", "iv": None}},
+               {"op": "update", "t": 2, "table_uuid": "E", "key": 1, "values": {"d": "NaN", "ia": None}},
+               {"op": "delete", "t": 3, "table_uuid": "E", "key": 2},
+               {"op": "insert", "t": 4, "table_uuid": "E", "key": 2, "values": {"i4": 5, "t": "again"}},
+               {"op": "insert", "t": 5, "table_uuid": "E", "key": 100, "values": row(3)},
+               {"op": "update", "t": 5, "table_uuid": "E", "key": 100, "values": {"i8": 1, "t": None}},
+               {"op": "update", "t": 5, "table_uuid": "E", "key": 100, "values": {"t": "last", "r": 2.5}},
+               {"op": "update", "t": 5, "table_uuid": "E", "key": 3, "values": {}},
+               {"op": "delete", "t": 6, "table_uuid": "E", "key": 4},
+               {"op": "insert", "t": 6, "table_uuid": "E", "key": 4, "values": row(5)}]
+    return events
+
+
+def test_edge_values_read_back_as_postgresql_at_every_timestamp(tmp_path, pg):
+    """Every API gives PostgreSQL's values at every T: load_table, fetch_row, sql() and row_history
+    (each version equals PostgreSQL's row just after its t)."""
+    events = _edge_history()
+    store = _store(tmp_path, [e for e in events if e["t"] <= 2], [e for e in events if e["t"] > 2])
+    replayer = Replayer(pg)
+    pending, after = list(events), {}
+    for as_of in range(store.frontier + 2):
+        while pending and pending[0]["t"] < as_of:
+            replayer.apply(pending.pop(0))
+        expected = _pg_rows(pg, "edges", EDGE_TYPES) if as_of else {}
+        after[as_of - 1] = expected
+        if not as_of:
+            continue
+        loaded = {r["synthetic_key"]: _ours(r, EDGE_TYPES) for r in store.load_table("edges", as_of).to_pylist()}
+        _assert_rows(loaded, expected, (as_of, "load_table"))
+        for key in [*expected, 2, 4, 100]:
+            row = store.fetch_row("edges", key, as_of)
+            assert (row is None) == (key not in expected), (as_of, key)
+            if row is not None:
+                _assert_rows({key: _ours(row, EDGE_TYPES)}, {key: expected[key]}, (as_of, "fetch_row"))
+        scalar = [c for c, ty in EDGE_TYPES.items() if parse_data_type(ty).kind not in (TypeKind.INTERVAL,)]
+        selected = store.sql(f"SELECT synthetic_key, {', '.join(scalar)} FROM edges", as_of).to_pylist()
+        _assert_rows({r.pop("synthetic_key"): r for r in selected}, {k: {c: v[c] for c in scalar}
+                                                                     for k, v in expected.items()}, (as_of, "sql"))
+    for key in (0, 1, 2, 3, 4, 100):
+        for version in store.row_history("edges", key):
+            state = after[version["logical_timestamp"]]
+            assert version["is_deleted"] == (key not in state), (key, version)
+            if not version["is_deleted"]:
+                _assert_rows({key: _ours(version["values"], EDGE_TYPES)}, {key: state[key]},
+                             ("row_history", version["logical_timestamp"]))
