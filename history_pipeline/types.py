@@ -768,11 +768,14 @@ def array_result_array(column: Any, data_type: DataType) -> Any:
     depths = {len(array_shape(v)) for v in values if v}
     if len(depths) <= 1 and (base.kind in _LIST_RESULT_KINDS or base.is_exact_decimal or base.kind is TypeKind.REAL):
         leaf = pa.float64() if base.kind is TypeKind.REAL else arrow_type(base)
-        list_type = leaf
+        # pa.array cannot build a list of an extension type (UUID) from Python values: build the
+        # lists of its storage type, then cast them
+        list_type, storage_type = leaf, leaf.storage_type if isinstance(leaf, pa.BaseExtensionType) else leaf
         for _ in range(max(depths, default=1)):
-            list_type = pa.list_(list_type)
+            list_type, storage_type = pa.list_(list_type), pa.list_(storage_type)
         convert = (lambda item: item) if base.kind is TypeKind.REAL else (lambda item: to_arrow_value(base, item))
-        return pa.array([None if v is None else map_leaves(v, convert) for v in values], list_type)
+        lists = pa.array([None if v is None else map_leaves(v, convert) for v in values], storage_type)
+        return lists if storage_type == list_type else lists.cast(list_type)
     return pa.ExtensionArray.from_storage(ArrayResultType(str(base)), pa.array(texts, pa.string()))
 
 

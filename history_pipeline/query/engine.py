@@ -63,6 +63,7 @@ from history_pipeline.types import (
     from_arrow_values,
     interval_values,
     jsonb_result_array,
+    map_leaves,
     numeric_result_array,
 )
 
@@ -575,6 +576,14 @@ def _restore_types(table: pa.Table, duckdb_types: list[str]) -> pa.Table:
         if type_name == "UUID" and pa.types.is_string(column.type):
             values = [None if v is None else uuidlib.UUID(v).bytes for v in column.to_pylist()]
             column = pa.array(values, pa.uuid())
+        elif type_name.startswith("UUID[") and type_name.endswith("]"):  # lists of UUIDs: the same, inside
+            storage, target = pa.binary(16), pa.uuid()
+            for _ in range(type_name.count("[")):
+                storage, target = pa.list_(storage), pa.list_(target)
+            if column.type != target:
+                values = [None if v is None else map_leaves(v, lambda u: None if u is None else uuidlib.UUID(u).bytes)
+                          for v in column.to_pylist()]
+                column = pa.array(values, storage).cast(target)
         elif type_name == "JSON" and pa.types.is_string(column.type):
             column = jsonb_result_array(column)
         columns.append(column)
