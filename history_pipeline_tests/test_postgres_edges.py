@@ -69,6 +69,15 @@ def _same(ours, theirs) -> bool:
     return type(ours) is type(theirs) and ours == theirs if isinstance(ours, (bool, str, bytes)) else ours == theirs
 
 
+def _distinct_equal(a, b) -> bool:
+    """NOT (a IS DISTINCT FROM b) in PostgreSQL: NULLs equal, NaN equals NaN, -0.0 equals 0.0."""
+    if isinstance(a, float) and isinstance(b, float) and math.isnan(a) and math.isnan(b):
+        return True
+    if isinstance(a, list) and isinstance(b, list):
+        return len(a) == len(b) and all(_distinct_equal(x, y) for x, y in zip(a, b, strict=True))
+    return a == b
+
+
 def _pg_rows(conn, table: str, columns: dict[str, str]) -> dict[int, dict]:
     """PostgreSQL's rows of ``table``; INTERVAL columns as their text (psycopg's timedelta drops months)."""
     select = ", ".join(f"{oracle._q(c)}::text" if parse_data_type(t).kind is TypeKind.INTERVAL else oracle._q(c)
@@ -264,8 +273,8 @@ def _edge_history() -> list[dict]:
 
 
 def test_edge_values_read_back_as_postgresql_at_every_timestamp(tmp_path, pg, engine):
-    """Every API gives PostgreSQL's values at every T: load_table, fetch_row, sql() and row_history
-    (each version equals PostgreSQL's row just after its t)."""
+    """Every API gives PostgreSQL's values at every T: load_table, fetch_row, sql(), row_history
+    (each version equals PostgreSQL's row just after its t) and diff between any two T."""
     events = _edge_history()
     store = _store(tmp_path, [e for e in events if e["t"] <= 2], [e for e in events if e["t"] > 2], spark=engine)
     replayer = Replayer(pg)
@@ -290,6 +299,16 @@ def test_edge_values_read_back_as_postgresql_at_every_timestamp(tmp_path, pg, en
             r.update({c: Decimal(r[c]) for c in ("n", "n50") if isinstance(r[c], str)})
         _assert_rows({r.pop("synthetic_key"): r for r in selected}, {k: {c: v[c] for c in scalar}
                                                                      for k, v in expected.items()}, (as_of, "sql"))
+    states = [after[t] for t in range(-1, store.frontier + 1)]  # as_of 0, 1, ...
+    for t1, before in enumerate(states):
+        for t2 in range(max(t1, 1), len(states)):  # the table exists from as_of 1
+            now = states[t2]
+            changed = [k for k in sorted(before.keys() & now.keys())
+                       if any(not _distinct_equal(before[k][c], now[k][c]) for c in EDGE_TYPES)]
+            got = store.diff("edges", t1, t2)
+            assert [r["key"] for r in got["inserted"]] == sorted(now.keys() - before.keys()), (t1, t2)
+            assert [r["key"] for r in got["deleted"]] == sorted(before.keys() - now.keys()), (t1, t2)
+            assert [r["key"] for r in got["changed"]] == changed, (t1, t2)
     for key in (0, 1, 2, 3, 4, 100):
         for version in store.row_history("edges", key):
             state = after[version["logical_timestamp"]]
