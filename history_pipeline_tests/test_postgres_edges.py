@@ -6,7 +6,11 @@ PostgreSQL has no say)."""
 
 from __future__ import annotations
 
+import json
 import math
+import os
+import subprocess
+import sys
 from decimal import Decimal
 
 import psycopg
@@ -541,3 +545,38 @@ def test_arrays_of_every_element_type_read_back_as_postgresql(tmp_path, pg, engi
     rows = store.sql(f"SELECT synthetic_key, {', '.join(exact)} FROM arr", 2).to_pylist()
     _assert_rows({r.pop("synthetic_key"): r for r in rows}, {k: {c: v[c] for c in exact} for k, v in expected.items()},
                  "sql")
+
+
+TZ_QUERIES = [
+    "SELECT count(*) AS n FROM orders WHERE tz > '2024-01-02 00:00:00'",
+    "SELECT extract(hour FROM tz) AS h, cast(date_trunc('day', tz) AS TEXT) AS d, cast(tz AS DATE) AS day "
+    "FROM orders ORDER BY synthetic_key",
+]
+
+
+def test_sql_time_zone_is_utc_whatever_the_machine_is_set_to(tmp_path, pg):
+    """TIMESTAMPTZ in SQL answers as PostgreSQL with TimeZone UTC (the session zone of every other API),
+    also in a process whose machine zone is another: DuckDB took the machine's, so a literal compared
+    with a TIMESTAMPTZ, extract(hour ...) or date_trunc answered differently by machine."""
+    events = _sql_history()
+    _store(tmp_path, events)
+    replayer = Replayer(pg)
+    for e in events:
+        replayer.apply(e)
+    as_of = events[-1]["t"] + 1
+    theirs = []
+    for query in TZ_QUERIES:
+        cur = pg.execute(query)
+        names = [d.name for d in cur.description]
+        theirs.append([dict(zip(names, [str(v) for v in row], strict=True)) for row in cur.fetchall()])
+    script = (
+        "import json, sys\n"
+        "from history_pipeline import HistoryStore\n"
+        f"store = HistoryStore.open({str(tmp_path)!r}, database='db')\n"
+        f"print(json.dumps([[{{k: str(v) for k, v in r.items()}} for r in store.sql(q, {as_of}).to_pylist()]"
+        f" for q in {TZ_QUERIES!r}]))\n"
+    )
+    env = {**os.environ, "TZ": "America/New_York"}
+    done = subprocess.run([sys.executable, "-c", script], env=env, cwd=os.getcwd(), capture_output=True, text=True,
+                          check=True)
+    assert json.loads(done.stdout) == theirs

@@ -103,6 +103,10 @@ def _new_sandbox(allowed_paths: Sequence[str] | None) -> duckdb.DuckDBPyConnecti
     # and NULLs sort last ascending but first descending
     database.execute("SET GLOBAL integer_division = true")
     database.execute("SET GLOBAL default_null_order = 'nulls_last_on_asc_first_on_desc'")
+    # the session time zone is UTC, as for every other API (casts print TIMESTAMPTZ in UTC): DuckDB
+    # takes the machine's otherwise, and a literal compared with a TIMESTAMPTZ, extract(hour ...) or
+    # date_trunc would answer differently on a machine set to another zone
+    database.execute("SET GLOBAL TimeZone = 'UTC'")
     # every query's own schema-history rows are registered on its cursor under this name
     database.execute("CREATE SCHEMA _history_catalog")
     database.register("__schema_history", _SCHEMA_HISTORY_SCHEMA.empty_table())
@@ -148,6 +152,7 @@ def reader_cursor() -> duckdb.DuckDBPyConnection:
         if not _reader:
             database = duckdb.connect(":memory:")
             database.execute("SET GLOBAL arrow_lossless_conversion = true")
+            database.execute("SET GLOBAL TimeZone = 'UTC'")  # TIMESTAMPTZ results in UTC, as load_table's
             database.execute("SET GLOBAL parquet_metadata_cache = true")
             _reader.append(database)
         return _reader[0].cursor()
