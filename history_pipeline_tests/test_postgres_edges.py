@@ -35,6 +35,10 @@ def _literal(conn, data_type: str, raw):
     if raw is not None and kind in (TypeKind.REAL, TypeKind.DOUBLE):
         text = raw if isinstance(raw, str) else repr(float(raw))
         return pgsql.SQL("CAST({} AS {})").format(pgsql.Literal(text), pgsql.SQL(data_type))
+    if isinstance(raw, str) and kind in (TypeKind.NUMERIC, TypeKind.TIMESTAMPTZ, TypeKind.TIMESTAMP, TypeKind.DATE,
+                                         TypeKind.TIME, TypeKind.UUID):
+        # PostgreSQL reads the WAL text itself: rounding to a scale, offsets, ... are its own
+        return pgsql.SQL("CAST({} AS {})").format(pgsql.Literal(raw), pgsql.SQL(data_type))
     if raw is not None and kind is TypeKind.INTERVAL:
         text = f"{raw['months']} months {raw['days']} days {raw['micros']} microseconds"
         return pgsql.SQL("CAST({} AS INTERVAL)").format(pgsql.Literal(text))
@@ -229,7 +233,9 @@ EDGES = [
     ("i2", "SMALLINT", [-32768, 32767, 0, None]),
     ("i4", "INTEGER", [-(2**31), 2**31 - 1, -1]),
     ("i8", "BIGINT", [-(2**63), 2**63 - 1, 0]),
-    ("n38", "NUMERIC(38,10)", ["-9999999999999999999999999999.9999999999", "0.0000000001", "1.5", "-0.0000000000"]),
+    ("n38", "NUMERIC(38,10)", ["-9999999999999999999999999999.9999999999", "0.0000000001", "1.5", "-0.0000000000",
+                               "1.00000000005", "-1.00000000005", "2.000000000049"]),
+    ("n2", "NUMERIC(10,2)", ["0.005", "-0.005", "2.345", "-2.345", "99999999.994", "1e2", "-1.5E-1", ".5", "7."]),
     ("n50", "NUMERIC(50,20)", ["-123456789012345678901234567890.12345678901234567890", "1.10", "0"]),
     ("n", "NUMERIC", ["12.3400", "-0.000001", "1E+5", "98765432109876543210987654321098765432109876543210.5"]),
     ("d", "DOUBLE PRECISION", ["NaN", "Infinity", "-Infinity", -0.0, 5e-324, 1.7976931348623157e308, 0.1]),
@@ -272,7 +278,13 @@ def _edge_history() -> list[dict]:
                {"op": "update", "t": 5, "table_uuid": "E", "key": 100, "values": {"t": "last", "r": 2.5}},
                {"op": "update", "t": 5, "table_uuid": "E", "key": 3, "values": {}},
                {"op": "delete", "t": 6, "table_uuid": "E", "key": 4},
-               {"op": "insert", "t": 6, "table_uuid": "E", "key": 4, "values": row(5)}]
+               {"op": "insert", "t": 6, "table_uuid": "E", "key": 4, "values": row(5)},
+               {"op": "insert", "t": 6, "table_uuid": "E", "key": 200, "values": row(1)},
+               {"op": "delete", "t": 6, "table_uuid": "E", "key": 200},
+               {"op": "update", "t": 7, "table_uuid": "E", "key": 1, "values": {"i4": 9}},
+               {"op": "delete", "t": 7, "table_uuid": "E", "key": 1},
+               {"op": "insert", "t": 7, "table_uuid": "E", "key": 1, "values": {"i2": 1}},
+               {"op": "update", "t": 7, "table_uuid": "E", "key": 1, "values": {"i4": 2}}]
     return events
 
 
@@ -292,7 +304,7 @@ def test_edge_values_read_back_as_postgresql_at_every_timestamp(tmp_path, pg, en
             continue
         loaded = {r["synthetic_key"]: _ours(r, EDGE_TYPES) for r in store.load_table("edges", as_of).to_pylist()}
         _assert_rows(loaded, expected, (as_of, "load_table"))
-        for key in [*expected, 2, 4, 100]:
+        for key in [*expected, 1, 2, 4, 100, 200]:
             row = store.fetch_row("edges", key, as_of)
             assert (row is None) == (key not in expected), (as_of, key)
             if row is not None:
@@ -313,7 +325,7 @@ def test_edge_values_read_back_as_postgresql_at_every_timestamp(tmp_path, pg, en
             assert [r["key"] for r in got["inserted"]] == sorted(now.keys() - before.keys()), (t1, t2)
             assert [r["key"] for r in got["deleted"]] == sorted(before.keys() - now.keys()), (t1, t2)
             assert [r["key"] for r in got["changed"]] == changed, (t1, t2)
-    for key in (0, 1, 2, 3, 4, 100):
+    for key in (0, 1, 2, 3, 4, 100, 200):
         for version in store.row_history("edges", key):
             state = after[version["logical_timestamp"]]
             assert version["is_deleted"] == (key not in state), (key, version)
