@@ -672,3 +672,31 @@ def test_schema_changes_postgresql_refuses_for_nulls_are_refused_at_ingest(tmp_p
     write(store, events[:2], events[2:])
     with pytest.raises(SegmentQuarantinedError):
         store.compact(spark=False)
+
+
+def test_names_that_differ_only_in_case_never_read_the_wrong_table_or_column(tmp_path, pg):
+    """PostgreSQL tells "X" from x and "Amount" from amount; DuckDB's names are case-insensitive even
+    quoted, so sql() read table x for "X" and column Amount for amount. Now each such query gives
+    PostgreSQL's answer or a QueryError saying why, never another table's or column's values."""
+    col = lambda u, n, t: {"column_uuid": u, "column_name": n, "data_type": t}  # noqa: E731
+    events = [{"op": "create_table", "t": 0, "table_uuid": "U", "table_name": "X", "columns": [col("a", "v", "TEXT")]},
+              {"op": "create_table", "t": 1, "table_uuid": "L", "table_name": "x", "columns": [col("a", "v", "TEXT")]},
+              {"op": "create_table", "t": 2, "table_uuid": "O", "table_name": "Orders",
+               "columns": [col("a", "Amount", "INTEGER"), col("b", "amount", "INTEGER")]},
+              {"op": "insert", "t": 3, "table_uuid": "U", "key": 0, "values": {"a": "upper"}},
+              {"op": "insert", "t": 3, "table_uuid": "L", "key": 0, "values": {"a": "lower"}},
+              {"op": "insert", "t": 3, "table_uuid": "O", "key": 0, "values": {"a": 1, "b": 2}}]
+    store = _store(tmp_path, events)
+    replayer = Replayer(pg)
+    for e in events:
+        replayer.apply(e)
+    for query in ['SELECT v FROM "X"', 'SELECT v FROM x', 'SELECT amount AS n FROM "Orders"',
+                  'SELECT "Amount" AS n FROM "Orders"']:
+        cur = pg.execute(query)
+        theirs = [dict(zip([d.name for d in cur.description], row, strict=True)) for row in cur.fetchall()]
+        try:
+            ours = store.sql(query, 4).to_pylist()
+        except QueryError as exc:
+            assert "differ only in case" in str(exc), (query, exc)
+            continue
+        assert ours == theirs, query

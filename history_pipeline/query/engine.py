@@ -402,6 +402,7 @@ class QueryContext:
         if with_history:  # registering it costs about a millisecond, a tenth of a small query
             register_schema_history(con, _cached(_HISTORIES, key, lambda: schema_history_table(
                 [e for e in self.state.schema_history if e.logical_timestamp < as_of])))
+        _refuse_names_only_case_tells_apart(tables, as_of)
         schema = AS_OF_SCHEMA.format(as_of=as_of)
         kept.ensure(con, schema, None)
         wide: list[str] = []
@@ -565,6 +566,26 @@ def _renamed_reader(source: pa.RecordBatchReader, names: list[str]) -> pa.Record
     schema = pa.schema([field.with_name(name) for field, name in zip(source.schema, names, strict=True)])
     return pa.RecordBatchReader.from_batches(
         schema, (pa.RecordBatch.from_arrays(batch.columns, schema=schema) for batch in source))
+
+
+def _refuse_names_only_case_tells_apart(tables: Sequence[TableDescriptor], as_of: int) -> None:
+    """A QueryError when two of the tables, or two columns of one, differ only in case: DuckDB's names
+    are case-insensitive even when quoted, so one view hid the other and "X" read table x's rows."""
+    groups: dict[str, list[str]] = {}
+    for descriptor in tables:
+        groups.setdefault(descriptor.table_name.lower(), []).append(descriptor.table_name)
+        columns: dict[str, list[str]] = {}
+        for column in descriptor.columns:
+            columns.setdefault(column.column_name.lower(), []).append(column.column_name)
+        clash = next((names for names in columns.values() if len(names) > 1), None)
+        if clash:
+            raise QueryError(f"columns {' and '.join(map(repr, clash))} of table {descriptor.table_name!r} differ "
+                             f"only in case as of {as_of}: SQL here cannot tell them apart (its names are "
+                             "case-insensitive); read the table with load_table")
+    clash = next((names for names in groups.values() if len(names) > 1), None)
+    if clash:
+        raise QueryError(f"tables {' and '.join(map(repr, clash))} differ only in case as of {as_of}: SQL here "
+                         "cannot tell them apart (its names are case-insensitive); read them with load_table")
 
 
 def _restore_types(table: pa.Table, duckdb_types: list[str]) -> pa.Table:
