@@ -10,6 +10,7 @@ from __future__ import annotations
 import datetime as dt
 import json
 import math
+import re
 import struct
 from decimal import ROUND_HALF_UP, Decimal, InvalidOperation, localcontext
 from typing import Any
@@ -174,15 +175,37 @@ def _from_text(text: str, target: DataType) -> Any:
             return json.loads(text)
         except ValueError:
             raise CastFailure(f'invalid input syntax for JSONB: "{text}"') from None
-    if kind is TypeKind.TIMESTAMP:
-        return _check(target, text.replace(" ", "T", 1))
-    if kind is TypeKind.TIMESTAMPTZ:
-        candidate = text.replace(" ", "T", 1)
-        try:
-            return _check(target, candidate)
-        except ValueTypeError:
-            return _check(target, candidate + "+00:00")
+    if kind in (TypeKind.DATE, TypeKind.TIME, TypeKind.TIMESTAMP, TypeKind.TIMESTAMPTZ):
+        return _datetime_from_text(text, target)
     return _check(target, text)
+
+
+#: the ISO forms of PostgreSQL's date/time input: a date, a time (seconds optional), an offset, each
+#: where the type has use for it (a DATE ignores a time, a TIMESTAMP an offset, as PostgreSQL does)
+_DATETIME_TEXT = re.compile(r"^(?P<date>\d{4}-\d{2}-\d{2})?"
+                            r"(?:(?(date)[ T]|)(?P<time>\d{1,2}:\d{2}(?::\d{2}(?:\.\d{1,6})?)?))?"
+                            r"\s*(?P<offset>Z|[+-]\d{2}(?::?\d{2}){0,2})?$", re.ASCII)
+
+
+def _datetime_from_text(text: str, target: DataType) -> Any:
+    match = _DATETIME_TEXT.match(text)
+    if match is None or not (match["date"] or match["time"]):
+        return _check(target, text)  # fails, saying what the type expects
+    date, time, offset = match["date"], match["time"], match["offset"]
+    if time is not None:
+        hours, rest = time.split(":", 1)
+        time = f"{int(hours):02d}:{rest}" + (":00" if rest.count(":") == 0 else "")
+    kind = target.kind
+    if kind is TypeKind.TIME:
+        return _check(target, time if time is not None else text)
+    if date is None:
+        return _check(target, text)
+    if kind is TypeKind.DATE:
+        return _check(target, date)
+    stamp = f"{date}T{time or '00:00:00'}"
+    if kind is TypeKind.TIMESTAMP:
+        return _check(target, stamp)
+    return _check(target, stamp + ("+00:00" if offset is None else offset))  # session time zone: UTC
 
 
 def _bytea_from_text(text: str) -> bytes:
