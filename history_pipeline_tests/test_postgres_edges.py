@@ -157,6 +157,10 @@ CASTS = [
       for target in ("DATE", "TIMESTAMP", "TIMESTAMPTZ")],
     ("TEXT", ["12:30", "2024-01-02 03:04:05", "1:02:03", "12:00:00.25+05"], "TIME"),
     ("JSONB", [{"b": 1, "aa": [1.5, None, "x"]}, "s\n", 1e20, 1.5e-7, 100.0], "TEXT"),
+    ("JSONB", [1.5, 100.0, 12, -2.5, 1e20], "NUMERIC"),
+    ("JSONB", [2.5, -2.5, 12], "INTEGER"),
+    ("JSONB", [0.1, 7], "DOUBLE PRECISION"),
+    ("JSONB", [True, False], "BOOLEAN"),
 ]
 
 
