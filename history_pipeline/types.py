@@ -30,7 +30,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from history_pipeline.errors import DataTypeError, ValueTypeError
+from history_pipeline.errors import DataTypeError, QueryError, ValueTypeError
 
 
 class TypeKind(enum.Enum):
@@ -602,6 +602,9 @@ INTERVAL_ARROW = pa.struct(
     [("months", pa.int32()), ("days", pa.int32()), ("micros", pa.int64())]
 )
 
+#: the largest time part (micros) whose nanoseconds fit month_day_nano's int64
+_MAX_NANO_MICROS = (2**63 - 1) // 1000
+
 #: Arrow's month_day_nano value as laid out in its data buffer
 _MONTH_DAY_NANO = np.dtype([("months", "<i4"), ("days", "<i4"), ("nanos", "<i8")])
 
@@ -615,7 +618,12 @@ def interval_values(column: Any) -> Any:
     values = np.zeros(len(column), dtype=_MONTH_DAY_NANO)
     values["months"] = months.fill_null(0).to_numpy()
     values["days"] = days.fill_null(0).to_numpy()
-    values["nanos"] = micros.fill_null(0).to_numpy() * 1000
+    stored = micros.fill_null(0).to_numpy()
+    if ((stored > _MAX_NANO_MICROS) | (stored < -_MAX_NANO_MICROS)).any():
+        # int64 nanoseconds hold +-292 years of time: beyond, the product wrapped to another value
+        raise QueryError("an INTERVAL's time part exceeds what Arrow's month_day_nano holds (+-292 years of "
+                         "microseconds); read the row with fetch_row, which gives it exactly")
+    values["nanos"] = stored * 1000
     validity = column.is_valid().buffers()[1] if column.null_count else None
     return pa.Array.from_buffers(pa.month_day_nano_interval(), len(column), [validity, pa.py_buffer(values)])
 
