@@ -85,6 +85,9 @@ def cast_value(value: Any, source: DataType, target: DataType) -> Any:
             return value.astimezone(dt.UTC).replace(tzinfo=None)
         if t is TypeKind.TIME and s in (TypeKind.TIMESTAMP, TypeKind.TIMESTAMPTZ):
             return value.time().replace(tzinfo=None)
+        if t is TypeKind.TIME and s is TypeKind.INTERVAL:  # the time part within a day; months and days go
+            micros = value.micros % 86_400_000_000
+            return (dt.datetime.min + dt.timedelta(microseconds=micros)).time()
         if t is TypeKind.INTERVAL and s is TypeKind.TIME:
             micros = ((value.hour * 60 + value.minute) * 60 + value.second) * 1_000_000 + value.microsecond
             return Interval(0, 0, micros)

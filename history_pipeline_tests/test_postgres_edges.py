@@ -151,6 +151,8 @@ CASTS = [
     ("VARCHAR(10)", ["abcdef", "ab   ", "é✓xyz", "ab"], "VARCHAR(3)"),
     ("TEXT", ["abcdef"], "VARCHAR(3)"),
     ("TIME", ["12:30:00.5", "00:00:00"], "INTERVAL"),
+    ("INTERVAL", [*INTERVALS, {"months": 0, "days": 0, "micros": -1},
+                  {"months": 0, "days": 0, "micros": 90_000_000_000}], "TIME"),
     ("DATE", ["2024-02-29"], "TIMESTAMPTZ"),
     *[("TEXT", ["2024-02-29", "2024-01-02 03:04:05", "2024-01-02T03:04:05+05:30", " 2024-01-02 03:04 ",
                 "2024-01-02 03:04:05.5+00", "2024-01-02T03:04:05Z"], target)
