@@ -174,8 +174,8 @@ def _from_text(text: str, target: DataType) -> Any:
     if kind is TypeKind.BYTEA:
         return _bytea_from_text(text)
     if kind is TypeKind.JSONB:
-        try:
-            return json.loads(text)
+        try:  # checked as a WAL value: json.loads reads NaN and Infinity, and 1e500 as inf; jsonb does not
+            return _check(target, json.loads(text))
         except ValueError:
             raise CastFailure(f'invalid input syntax for JSONB: "{text}"') from None
     if kind in (TypeKind.DATE, TypeKind.TIME, TypeKind.TIMESTAMP, TypeKind.TIMESTAMPTZ):
@@ -186,7 +186,7 @@ def _from_text(text: str, target: DataType) -> Any:
 #: the ISO forms of PostgreSQL's date/time input: a date, a time (seconds optional), an offset, each
 #: where the type has use for it (a DATE ignores a time, a TIMESTAMP an offset, as PostgreSQL does)
 _DATETIME_TEXT = re.compile(r"^(?P<date>\d{4}-\d{2}-\d{2})?"
-                            r"(?:(?(date)[ T]|)(?P<time>\d{1,2}:\d{2}(?::\d{2}(?:\.\d{1,6})?)?))?"
+                            r"(?:(?(date)(?P<sep>[ T])|)(?P<time>\d{1,2}:\d{2}(?::\d{2}(?:\.\d{1,6})?)?))?"
                             r"\s*(?P<offset>Z|[+-]\d{2}(?::?\d{2}){0,2})?$", re.ASCII)
 
 
@@ -199,8 +199,8 @@ def _datetime_from_text(text: str, target: DataType) -> Any:
         hours, rest = time.split(":", 1)
         time = f"{int(hours):02d}:{rest}" + (":00" if rest.count(":") == 0 else "")
     kind = target.kind
-    if kind is TypeKind.TIME:
-        return _check(target, time if time is not None else text)
+    if kind is TypeKind.TIME:  # PostgreSQL's time reads a date before a blank, not before a T
+        return _check(target, time if time is not None and match["sep"] != "T" else text)
     if date is None:
         return _check(target, text)
     if kind is TypeKind.DATE:

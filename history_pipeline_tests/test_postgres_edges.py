@@ -163,6 +163,7 @@ CASTS = [
     ("JSONB", [2.5, -2.5, 12], "INTEGER"),
     ("JSONB", [0.1, 7], "DOUBLE PRECISION"),
     ("JSONB", [True, False], "BOOLEAN"),
+    ("TEXT", ['{"b": [1, 2.5], "aa": {}}', ' [1, "x"] ', '"s"', "12.50"], "JSONB"),
 ]
 
 
@@ -215,6 +216,8 @@ IMPOSSIBLE = [
     ("TEXT", "١٢", "INTEGER"),
     ("TEXT", "１２", "NUMERIC"),
     ("TEXT", "1_000", "DOUBLE PRECISION"),
+    ("TEXT", "NaN", "JSONB"),  # json.loads reads it
+    ("TEXT", "2024-01-02T03:04:05", "TIME"),  # PostgreSQL's time takes a date before a blank only
 ]
 
 
