@@ -302,8 +302,8 @@ def _edge_history() -> list[dict]:
 
 
 def test_edge_values_read_back_as_postgresql_at_every_timestamp(tmp_path, pg, engine):
-    """Every API gives PostgreSQL's values at every T: load_table, fetch_row, sql(), row_history
-    (each version equals PostgreSQL's row just after its t) and diff between any two T."""
+    """Every API gives PostgreSQL's values at every T: load_table, load_table_reader, fetch_row, sql(),
+    row_history (each version equals PostgreSQL's row just after its t) and diff between any two T."""
     events = _edge_history()
     store = _store(tmp_path, [e for e in events if e["t"] <= 2], [e for e in events if e["t"] > 2], spark=engine)
     replayer = Replayer(pg)
@@ -315,8 +315,13 @@ def test_edge_values_read_back_as_postgresql_at_every_timestamp(tmp_path, pg, en
         after[as_of - 1] = expected
         if not as_of:
             continue
-        loaded = {r["synthetic_key"]: _ours(r, EDGE_TYPES) for r in store.load_table("edges", as_of).to_pylist()}
+        table = store.load_table("edges", as_of)
+        loaded = {r["synthetic_key"]: _ours(r, EDGE_TYPES) for r in table.to_pylist()}
         _assert_rows(loaded, expected, (as_of, "load_table"))
+        streamed = store.load_table_reader("edges", as_of, batch_size=2).read_all()  # batches of other depths
+        assert streamed.schema == table.schema, as_of
+        _assert_rows({r["synthetic_key"]: _ours(r, EDGE_TYPES) for r in streamed.to_pylist()}, expected,
+                     (as_of, "load_table_reader"))
         for key in [*expected, 1, 2, 4, 100, 200]:
             row = store.fetch_row("edges", key, as_of)
             assert (row is None) == (key not in expected), (as_of, key)

@@ -181,8 +181,9 @@ class QueryContext:
         con = reader_cursor()
         try:
             relation, wanted = self._scan(con, descriptor, as_of, ordered)
+            depths = _array_depths(relation, descriptor)
             source = relation.to_arrow_reader(batch_size)
-            schema = project(wanted.empty_table(), descriptor).schema
+            schema = project(wanted.empty_table(), descriptor, depths).schema
         except BaseException:
             con.close()
             raise
@@ -190,7 +191,7 @@ class QueryContext:
         def batches() -> Any:
             try:
                 for batch in source:
-                    yield from project(pa.Table.from_batches([batch]).cast(wanted), descriptor).to_batches()
+                    yield from project(pa.Table.from_batches([batch]).cast(wanted), descriptor, depths).to_batches()
             finally:
                 con.close()
 
@@ -648,20 +649,37 @@ def _epoch_at(epochs: list[tuple[int, TableDescriptor | None]], as_of: int) -> T
     return epochs[index][1] if index >= 0 else None
 
 
-def project(rows: pa.Table, descriptor: TableDescriptor) -> pa.Table:
-    """Supertable rows to a table as users see it: synthetic_key, then columns under their names."""
+def project(rows: pa.Table, descriptor: TableDescriptor, depths: Mapping[str, set[int]] | None = None) -> pa.Table:
+    """Supertable rows to a table as users see it: synthetic_key, then columns under their names
+    (array columns typed by ``depths``, by supercolumn, when ``rows`` are a part of the table)."""
     arrays = [rows.column(KEY)]
     names = [KEY]
     for c in descriptor.columns:
         column = rows.column(c.supercolumn) if c.supercolumn in rows.column_names else pa.nulls(rows.num_rows)
-        arrays.append(_user_array(column, c.data_type))
+        arrays.append(_user_array(column, c.data_type, None if depths is None else depths.get(c.supercolumn)))
         names.append(c.column_name)
     return pa.table(arrays, names=names)
 
 
-def _user_array(column: Any, data_type: DataType) -> Any:
+def _array_depths(relation: Any, descriptor: TableDescriptor) -> dict[str, set[int]]:
+    """The depths of the non-empty values of each array column of ``relation`` (stored as compact
+    JSON: a value's depth is its count of leading '['), so that a stream's batches, which decide
+    their list type each alone, all take the type of the whole table (as load_table does)."""
+    arrays = [c.supercolumn for c in descriptor.columns if c.data_type.kind is TypeKind.ARRAY]
+    if not arrays:
+        return {}
+    found: dict[str, set[int]] = {}
+    for name in arrays:
+        text = f"CAST({_ident(name)} AS VARCHAR)"
+        rows = relation.query("__rows", f"SELECT DISTINCT length(regexp_extract({text}, '^\\[+')) FROM __rows "
+                                        f"WHERE {_ident(name)} IS NOT NULL AND {text} <> '[]'").fetchall()
+        found[name] = {row[0] for row in rows}
+    return found
+
+
+def _user_array(column: Any, data_type: DataType, depths: set[int] | None = None) -> Any:
     if data_type.kind is TypeKind.ARRAY:
-        return array_result_array(column, data_type)
+        return array_result_array(column, data_type, depths)
     if data_type.kind is TypeKind.JSONB:
         return jsonb_result_array(column)
     if data_type.kind is TypeKind.NUMERIC and not data_type.is_exact_decimal:
