@@ -199,12 +199,9 @@ def wal_value(data_type: str, text: str | None) -> Any:
     if text is None:
         return None
     if data_type.endswith("[]"):
-        element = data_type[:-2]
-        items = parse_array(text)
-        if not element.endswith("[]") and any(isinstance(i, list) for i in items):
-            # PostgreSQL's array types do not fix their dimensions; the contract's T[] does
-            raise ValueError("a multi-dimensional array in a column the contract types as one-dimensional")
-        return _map_nested(items, lambda item: wal_value(element, item))
+        # a T[] column holds arrays of any depth, in PostgreSQL and in the contract (DECISIONS, Arrays)
+        element = data_type.rstrip("[]")
+        return _map_nested(parse_array(text), lambda item: wal_value(element, item))
     return _PARSERS[_base_name(data_type)](text)
 
 
