@@ -849,3 +849,29 @@ def test_captured_edge_values_equal_postgresql(tmp_path, logical_pg):
     finally:
         conn.execute("SELECT pg_drop_replication_slot('edges')")
         conn.close()
+
+
+@pytest.mark.xfail(strict=True, reason="capture sees a type change only as the column's new type, so the store casts "
+                   "the old values; PostgreSQL's rewrite applied the USING expression (length(c): 2, the cast: 12). "
+                   "Logical decoding does not carry the rewritten rows; capturing them needs a snapshot of the column "
+                   "after each rewriting ALTER")
+def test_captured_type_change_with_a_using_expression_equals_postgresql(tmp_path, logical_pg):
+    from history_pipeline.capture.postgres import CaptureConfig, current_lsn, run_capture
+
+    conn = logical_pg.connect()
+    conn.execute("DROP TABLE IF EXISTS retyped")
+    store = HistoryStore.open(tmp_path, database="retyped")
+    config = CaptureConfig(dsn=logical_pg.dsn(), slot="retyped")
+    run_capture(store, config, once=True)
+    try:
+        conn.execute("CREATE TABLE retyped (id bigint PRIMARY KEY, c text)")
+        conn.execute("INSERT INTO retyped VALUES (1, '12')")
+        conn.execute("ALTER TABLE retyped ALTER COLUMN c TYPE integer USING length(c)")
+        lsn = current_lsn(conn)
+        run_capture(store, config, once=True)
+        store.compact(spark=False)
+        theirs = conn.execute("SELECT c FROM retyped WHERE id = 1").fetchone()[0]
+        assert store.load_table("retyped", lsn).column("c").to_pylist() == [theirs]
+    finally:
+        conn.execute("SELECT pg_drop_replication_slot('retyped')")
+        conn.close()
