@@ -1,0 +1,109 @@
+"""Bad input and broken machines, as a hostile user and a flaky host give them.
+
+Every error is typed (a :class:`HistoryError`), names what is wrong and where, and on the command
+line is one ``error:`` line with exit code 1 and no stack trace; nothing already committed is lost,
+and an interrupted run leaves a state the next run recovers from, with answers equal to the model.
+Compactions here run in-process (``spark=False``): the same tasks Spark runs."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from history_pipeline import HistoryStore
+from history_pipeline.errors import SegmentQuarantinedError
+from history_pipeline.wal import SegmentState
+from history_pipeline_tests.cli_support import run_command
+
+T = "7d6c0c1e-0000-4000-8000-00000000000a"
+AMOUNT = "c0000001-0000-4000-8000-00000000000a"
+NOTE = "c0000002-0000-4000-8000-00000000000a"
+CREATE = {"op": "create_table", "t": 1, "table_uuid": T, "table_name": "orders",
+          "columns": [{"column_uuid": AMOUNT, "column_name": "amount", "data_type": "NUMERIC(10,2)"},
+                      {"column_uuid": NOTE, "column_name": "note", "data_type": "TEXT"}]}
+
+
+def insert(t: int, key: int, values: dict) -> dict:
+    return {"op": "insert", "t": t, "table_uuid": T, "key": key, "values": values}
+
+
+def jsonl(events: list) -> str:
+    return "".join((e if isinstance(e, str) else json.dumps(e)) + "\n" for e in events)
+
+
+def run(root: Path, *args: str, stdin: str | None = None):
+    return run_command(["--root", str(root), "--database", "db", *args], stdin)
+
+
+def one_line_error(result, *texts: str) -> None:
+    """Exit code 1, one ``error:`` line naming each of ``texts``, no stack trace, no "unexpected"."""
+    assert result.returncode == 1, result
+    assert result.stderr.startswith("error: "), result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1, result.stderr
+    assert "Traceback" not in result.stderr and "unexpected" not in result.stderr, result.stderr
+    for text in texts:
+        assert text in result.stderr, (text, result.stderr)
+
+
+def committed_store(root: Path) -> HistoryStore:
+    """A database with one committed segment: orders created at 1, key 1 inserted at 2, frontier 2."""
+    store = HistoryStore.open(root, database="db")
+    with store.wal_writer() as wal:
+        for event in [CREATE, insert(2, 1, {AMOUNT: "1.50", NOTE: "kept"}), {"op": "close", "t": 2}]:
+            wal.append(event)
+        wal.seal()
+    store.compact(spark=False)
+    assert store.frontier == 2
+    return store
+
+
+def assert_committed_state_intact(store: HistoryStore) -> None:
+    assert store.frontier == 2
+    assert store.load_table("orders", as_of=3).to_pylist() == [
+        {"synthetic_key": 1, "amount": __import__("decimal").Decimal("1.50"), "note": "kept"}]
+
+
+# --- values that do not fit their type ---------------------------------------------------------
+
+
+def test_a_numeric_with_a_huge_exponent_quarantines_its_segment_naming_segment_line_and_column(tmp_path):
+    """'1e5000' for a NUMERIC(10,2) made the decimal quantize overflow its context: every compaction
+    failed with "unexpected InvalidOperation", naming nothing, and the segment was never quarantined."""
+    store = committed_store(tmp_path)
+    with store.wal_writer() as wal:
+        for event in [insert(3, 2, {AMOUNT: "1e5000"}), {"op": "close", "t": 3}]:
+            wal.append(event)
+        wal.seal()
+    failed = run(tmp_path, "compact", "--in-process")
+    one_line_error(failed, "segment 00000000000000000002, line 2", "column amount", "table orders",
+                   "is not a valid NUMERIC(10,2): needs more than 10 digits")
+    assert [r.state for r in store.segments()] == [SegmentState.APPLIED, SegmentState.QUARANTINED]
+    assert_committed_state_intact(store)
+
+
+@pytest.mark.parametrize(("source", "value", "target"), [
+    ("NUMERIC", "1e30", "BIGINT"),  # past the decimal context's 28 digits: InvalidOperation
+    ("NUMERIC", "1e5000", "INTEGER"),
+    ("NUMERIC", "1e5000", "DOUBLE PRECISION"),  # was stored as Infinity (PostgreSQL: out of range)
+    ("NUMERIC", "1e-5000", "REAL"),  # was stored as 0 (PostgreSQL: out of range)
+])
+def test_a_column_type_change_meeting_a_value_out_of_range_is_a_cast_error_at_ingest(tmp_path, source, value,
+                                                                                     target):
+    store = HistoryStore.open(tmp_path, database="db")
+    column = "c0000003-0000-4000-8000-00000000000a"
+    events = [{**CREATE, "columns": [{"column_uuid": column, "column_name": "v", "data_type": source}]},
+              insert(2, 7, {column: value}),
+              {"op": "change_column_type", "t": 3, "table_uuid": T, "column_uuid": column, "data_type": target},
+              {"op": "close", "t": 3}]
+    with store.wal_writer() as wal:
+        for event in events:
+            wal.append(event)
+        wal.seal()
+    with pytest.raises(SegmentQuarantinedError) as caught:
+        store.compact(spark=False)
+    message = str(caught.value)
+    assert "line 4" in message and f"to {target}" in message and "key 7" in message, message
+    assert "out of range" in message, message
+    assert store.frontier == -1
