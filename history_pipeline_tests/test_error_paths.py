@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from history_pipeline import HistoryStore
-from history_pipeline.errors import SegmentQuarantinedError
+from history_pipeline.errors import HistoryError, MalformedRecordError, SegmentQuarantinedError
 from history_pipeline.wal import SegmentState
 from history_pipeline_tests.cli_support import run_command
 
@@ -107,3 +107,27 @@ def test_a_column_type_change_meeting_a_value_out_of_range_is_a_cast_error_at_in
     assert "line 4" in message and f"to {target}" in message and "key 7" in message, message
     assert "out of range" in message, message
     assert store.frontier == -1
+
+
+# --- the WAL writer ------------------------------------------------------------------------
+
+
+def test_a_lone_surrogate_is_refused_before_anything_is_written(tmp_path):
+    """JSON's "\\ud800" escape parses, but UTF-8 cannot hold it: the append checked every line, then
+    failed while writing, after the lines before it were written ("unexpected UnicodeEncodeError")."""
+    store = committed_store(tmp_path)
+    before = {p.name: p.read_bytes() for p in (store.wal_dir / "segments").iterdir()}
+    lines = jsonl([insert(3, 2, {NOTE: "fine"}), insert(3, 3, {NOTE: "\ud800"}), {"op": "close", "t": 3}])
+    failed = run(tmp_path, "append", "--seal", stdin=lines)
+    one_line_error(failed, "<stdin>, line 2", "\\ud800", "nothing was written")
+    assert {p.name: p.read_bytes() for p in (store.wal_dir / "segments").iterdir()} == before
+    with store.wal_writer() as wal:  # the Python API: typed, and the writer stays usable
+        with pytest.raises(MalformedRecordError, match="lone surrogate"):
+            wal.append({"op": "create_table", "t": 3, "table_uuid": "7d6c0c1e-0000-4000-8000-00000000000b",
+                        "table_name": "bad\udfff", "columns": []})
+        wal.append(insert(3, 2, {NOTE: "fine"}))
+        wal.append({"op": "close", "t": 3})
+        wal.seal()
+    store.compact(spark=False)
+    assert store.fetch_row("orders", 2, as_of=4) == {"amount": None, "note": "fine"}
+    assert isinstance(MalformedRecordError("x"), HistoryError)

@@ -358,6 +358,10 @@ def check_input(
             if require_uuids:
                 check_identifiers(event)
             position = position.admit(event)
+            if isinstance(raw, str) or b"\\u" in raw:
+                # a lone surrogate (only a \u escape or a Python str can hold one) fails at writing,
+                # after the earlier lines are written: refuse it here, with its line
+                event_to_line(event)
         except MalformedRecordError as exc:
             raise InputRecordError(source, number, exc.reason) from None
         count += 1
