@@ -19,6 +19,7 @@ from history_pipeline.errors import (
     DatabaseNotFoundError,
     HistoryError,
     InputFileError,
+    MaintenanceInputError,
     QueryError,
     SegmentNotFoundError,
     SegmentOrderError,
@@ -295,6 +296,8 @@ class HistoryStore:
 
     def history(self, limit: int | None = None) -> list[CommitInfo]:
         """The catalog's retained commits, newest first (like Delta's ``DESCRIBE HISTORY``)."""
+        if limit is not None and limit < 0:
+            raise QueryError(f"history limit {limit}: give a number of commits >= 0, or none for all")
         return list(itertools.islice(self.commits(), limit))
 
     def commits(self) -> Iterator[CommitInfo]:
@@ -488,6 +491,10 @@ class HistoryStore:
 
     def cleanup(self, grace: timedelta = timedelta(hours=1)) -> GcReport:
         """Delete tombstoned and orphan files older than ``grace``; prune the log to match."""
+        seconds = grace.total_seconds()
+        if seconds < 0:
+            # a cutoff in the future would delete the files a running compaction has just written
+            raise MaintenanceInputError(f"a cleanup grace period is a duration >= 0, not {grace}")
         return collect_garbage(self.catalog, self.objects, self.database, grace.total_seconds())
 
     # --- maintenance ---------------------------------------------------------------

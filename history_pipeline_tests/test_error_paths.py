@@ -131,3 +131,40 @@ def test_a_lone_surrogate_is_refused_before_anything_is_written(tmp_path):
     store.compact(spark=False)
     assert store.fetch_row("orders", 2, as_of=4) == {"amount": None, "note": "fine"}
     assert isinstance(MalformedRecordError("x"), HistoryError)
+
+
+# --- arguments out of range --------------------------------------------------------------------
+
+
+def test_negative_or_non_finite_counts_and_durations_are_refused_and_delete_nothing(tmp_path):
+    """``history --limit -1`` and ``cleanup --grace-seconds nan|inf`` were "unexpected ValueError /
+    OverflowError"; a negative grace put the cleanup's cutoff in the future, so it deleted the files
+    a running compaction had just written (orphans until its commit); ``retain -1`` "succeeded"."""
+    from datetime import timedelta
+
+    from history_pipeline.errors import MaintenanceInputError, QueryError
+
+    store = committed_store(tmp_path)
+    for args, option in ((["history", "--limit", "-1"], "--limit"),
+                         (["cleanup", "--grace-seconds", "nan"], "--grace-seconds"),
+                         (["cleanup", "--grace-seconds", "inf"], "--grace-seconds"),
+                         (["cleanup", "--grace-seconds", "-5"], "--grace-seconds")):
+        refused = run(tmp_path, *args)
+        assert refused.returncode == 2 and f"argument {option}: expected a" in refused.stderr, refused
+        assert "Traceback" not in refused.stderr and "unexpected" not in refused.stderr
+    with pytest.raises(QueryError, match="history limit -1"):
+        store.history(limit=-1)
+    written = sorted(tmp_path.rglob("*.parquet"))
+    orphan = written[0].with_name("in-flight-compaction-output.parquet")
+    orphan.write_bytes(written[0].read_bytes())  # written a moment ago, not yet committed
+    with pytest.raises(MaintenanceInputError, match="grace period"):
+        store.cleanup(grace=timedelta(seconds=-5))
+    assert orphan.exists()
+    assert store.cleanup(grace=timedelta(hours=1)).orphans_deleted == []
+    with pytest.raises(HistoryError, match="cannot purge before -1: logical timestamps start at 0"):
+        store.retain(-1, spark=False)
+    assert [c.operation.split()[0] for c in store.history()] == ["compact"]
+    assert_committed_state_intact(store)
+    # it is an orphan indeed: a grace of 0 (the caller's explicit choice) deletes it
+    assert [p.rsplit("/", 1)[-1] for p in store.cleanup(grace=timedelta(0)).orphans_deleted] == [orphan.name]
+    assert_committed_state_intact(store)
