@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import re
 from collections.abc import Iterable, Iterator
@@ -17,6 +18,7 @@ from history_pipeline.catalog.upkeep import GcReport, Problem, collect_garbage, 
 from history_pipeline.compaction.compactor import CompactionSummary
 from history_pipeline.errors import (
     DatabaseNotFoundError,
+    DataFileError,
     HistoryError,
     InputFileError,
     MaintenanceInputError,
@@ -155,6 +157,20 @@ def _probe_s3(store: HistoryStore) -> None:
         raise StorageRootError(f"S3 refused access to {uri} ({code}): check the credentials and bucket") from None
     except BotoCoreError as exc:
         raise StorageRootError(f"cannot reach S3 for {uri}: {exc}") from None
+
+
+@contextlib.contextmanager
+def _reading_files() -> Iterator[None]:
+    """Reads of files whose footer is sound but whose pages are not (truncated, overwritten) fail in
+    pyarrow or DuckDB, far from knowing which file: a :class:`DataFileError` that says what to do."""
+    import duckdb
+
+    try:
+        yield
+    except HistoryError:
+        raise
+    except (OSError, pa.ArrowException, duckdb.Error) as exc:  # internal queries: not the user's SQL
+        raise DataFileError(None, " ".join(str(exc).split())) from exc
 
 
 class HistoryStore:
@@ -425,7 +441,8 @@ class HistoryStore:
         """The table as of ``as_of``: synthetic_key then its columns in order, named as then; rows in
         key order, or with ``ordered=False`` in no promised order (faster on large tables: where a
         filter alone answers, DuckDB's scan order, not put in key order)."""
-        return self.query_context().load_table(table, to_timestamp(as_of), ordered)
+        with _reading_files():
+            return self.query_context().load_table(table, to_timestamp(as_of), ordered)
 
     def load_table_reader(self, table: str, as_of: int | str, batch_size: int = 100_000,
                           ordered: bool = True) -> pa.RecordBatchReader:
@@ -435,7 +452,8 @@ class HistoryStore:
 
     def fetch_row(self, table: str, key: int, as_of: int | str) -> dict[str, Any] | None:
         """One row as of ``as_of`` as {column name: value}, or None."""
-        return self.query_context().fetch_row(table, key, to_timestamp(as_of))
+        with _reading_files():
+            return self.query_context().fetch_row(table, key, to_timestamp(as_of))
 
     def get_catalog(self, as_of: int | str) -> tuple[TableDescriptor, ...]:
         """The table descriptors in force as of ``as_of``."""
@@ -454,14 +472,16 @@ class HistoryStore:
 
     def row_history(self, table: str, key: int) -> list[dict[str, Any]]:
         """Every retained version of a key: logical_timestamp, is_deleted, values."""
-        return self.query_context().row_history(table, key)
+        with _reading_files():
+            return self.query_context().row_history(table, key)
 
     def diff(self, table: str, from_: int | str, to: int | str) -> dict[str, list[dict[str, Any]]]:
         """Keys inserted, deleted and changed between two states (``from_ <= to``)."""
         from_, to = to_timestamp(from_), to_timestamp(to)
         if from_ > to:
             raise QueryError(f"diff from {from_} to {to}: --from must not be after --to (swap them)")
-        return self.query_context().diff(table, from_, to)
+        with _reading_files():
+            return self.query_context().diff(table, from_, to)
 
     # --- upkeep ------------------------------------------------------------------
 

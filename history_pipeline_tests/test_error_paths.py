@@ -168,3 +168,48 @@ def test_negative_or_non_finite_counts_and_durations_are_refused_and_delete_noth
     # it is an orphan indeed: a grace of 0 (the caller's explicit choice) deletes it
     assert [p.rsplit("/", 1)[-1] for p in store.cleanup(grace=timedelta(0)).orphans_deleted] == [orphan.name]
     assert_committed_state_intact(store)
+
+
+# --- damaged files -----------------------------------------------------------------------------
+
+
+def _damage(path: Path, how: str) -> None:
+    import struct
+
+    data = bytearray(path.read_bytes())
+    if how == "missing":
+        path.unlink()
+    elif how == "not parquet":
+        path.write_bytes(b"x" * len(data))
+    else:  # "pages overwritten": the footer still reads, the pages do not
+        footer_length = struct.unpack("<i", data[-8:-4])[0]
+        data[4 : len(data) - 8 - footer_length] = b"\xab" * (len(data) - 12 - footer_length)
+        path.write_bytes(bytes(data))
+
+
+@pytest.mark.parametrize("how", ["missing", "not parquet", "pages overwritten"])
+def test_a_damaged_data_file_is_a_typed_error_for_every_read_and_a_finding_of_verify(tmp_path, how):
+    """A Parquet file of the catalog that is truncated or overwritten failed reads with pyarrow's
+    ArrowInvalid/OSError or a DuckDB error ("unexpected ArrowInvalid" on the command line), naming
+    no file; ``verify`` itself crashed with "unexpected InvalidInputException" when only the pages
+    were damaged, instead of reporting the file."""
+    from history_pipeline.errors import DataFileError
+
+    store = committed_store(tmp_path)
+    catalog_before = store.catalog_state()
+    damaged = sorted(tmp_path.rglob("tables/*/versions-*.parquet"))[0]
+    relative = damaged.relative_to(tmp_path).as_posix()
+    _damage(damaged, how)
+    store = HistoryStore.open(tmp_path, database="db", create=False)
+    for read in (lambda: store.load_table("orders", as_of=3), lambda: store.fetch_row("orders", 1, as_of=3),
+                 lambda: store.row_history("orders", 1), lambda: store.diff("orders", from_=2, to=3)):
+        with pytest.raises(DataFileError, match="cannot be read: .*`history-pipeline verify` lists"):
+            read()
+    with pytest.raises(HistoryError):
+        store.sql("SELECT sum(amount) FROM orders", as_of=3)
+    one_line_error(run(tmp_path, "load", "orders"), "cannot be read")
+    verified = run(tmp_path, "verify")
+    assert verified.returncode == 1 and "Traceback" not in verified.stderr and verified.stderr == "", verified
+    assert f"{relative}:" in verified.stdout and ("missing_file" if how == "missing" else "unreadable_file") \
+        in verified.stdout, verified.stdout
+    assert store.catalog_state() == catalog_before  # nothing committed was touched by the failures
