@@ -213,3 +213,38 @@ def test_a_damaged_data_file_is_a_typed_error_for_every_read_and_a_finding_of_ve
     assert f"{relative}:" in verified.stdout and ("missing_file" if how == "missing" else "unreadable_file") \
         in verified.stdout, verified.stdout
     assert store.catalog_state() == catalog_before  # nothing committed was touched by the failures
+
+
+def test_a_hole_in_the_catalog_log_is_named_and_no_commit_writes_over_it(tmp_path):
+    """With the first transaction file gone (and no checkpoint yet), the replay stopped there: the
+    database read as empty ("no table 'orders' ... tables then: none"), and the next compaction
+    committed a new transaction 0 over the hole, after which every read failed on transaction 1's
+    predecessor. Now the hole is an error naming the file; rebuild-catalog recovers."""
+    store = committed_store(tmp_path)
+    with store.wal_writer() as wal:
+        for event in [insert(3, 2, {AMOUNT: "2.00"}), {"op": "close", "t": 3}]:
+            wal.append(event)
+        wal.seal()
+    store.compact(spark=False)
+    expected = store.load_table("orders", as_of=4)
+    transactions = tmp_path / "db" / "_catalog" / "transactions"
+    assert sorted(p.name for p in transactions.iterdir()) == [f"{i:020d}.json" for i in (0, 1)]
+    second = (transactions / f"{1:020d}.json").read_bytes()
+    (transactions / f"{0:020d}.json").unlink()
+    with store.wal_writer() as wal:  # a later segment waits to be compacted
+        for event in [insert(5, 3, {NOTE: "later"}), {"op": "close", "t": 5}]:
+            wal.append(event)
+        wal.seal()
+    for command in (["status"], ["load", "orders"], ["compact", "--in-process"], ["verify"]):
+        one_line_error(run(tmp_path, *command), f"db/_catalog/transactions/{0:020d}.json: missing, but later",
+                       "rebuild-catalog")
+    with pytest.raises(HistoryError, match="the log has a hole"):
+        HistoryStore.open(tmp_path, database="db", create=False).compact(spark=False)
+    assert sorted(p.name for p in transactions.iterdir()) == [f"{1:020d}.json"]  # nothing written over it
+    assert (transactions / f"{1:020d}.json").read_bytes() == second
+    assert run(tmp_path, "rebuild-catalog").returncode == 0
+    store = HistoryStore.open(tmp_path, database="db", create=False)
+    assert store.frontier == 3 and store.load_table("orders", as_of=4) == expected
+    store.compact(spark=False)  # the waiting segment applies once, on the rebuilt catalog
+    assert store.frontier == 5 and store.fetch_row("orders", 3, as_of=6) == {"amount": None, "note": "later"}
+    assert store.load_table("orders", as_of=4) == expected and store.verify() == []
