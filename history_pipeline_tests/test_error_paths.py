@@ -248,3 +248,54 @@ def test_a_hole_in_the_catalog_log_is_named_and_no_commit_writes_over_it(tmp_pat
     store.compact(spark=False)  # the waiting segment applies once, on the rebuilt catalog
     assert store.frontier == 5 and store.fetch_row("orders", 3, as_of=6) == {"amount": None, "note": "later"}
     assert store.load_table("orders", as_of=4) == expected and store.verify() == []
+
+
+# --- crashes and races ---------------------------------------------------------------------------
+
+
+def test_two_compactions_racing_for_one_segment_apply_it_once_and_neither_fails(tmp_path):
+    """The loser of the catalog race found the segment applied (so committed nothing: right), then
+    moved the segment file the winner had already moved: a bare FileNotFoundError ("No such file or
+    directory" on the command line) for a run in which nothing went wrong, and a summary that said
+    it had applied the segment too."""
+    import threading
+    from datetime import timedelta
+
+    store = committed_store(tmp_path)
+    with store.wal_writer() as wal:
+        for event in [insert(3, 2, {AMOUNT: "2.00"}),
+                      {"op": "update", "t": 4, "table_uuid": T, "key": 1, "values": {NOTE: "changed"}},
+                      {"op": "close", "t": 4}]:
+            wal.append(event)
+        wal.seal()
+    both_written = threading.Barrier(2, timeout=60)
+    outcomes: dict[str, object] = {}
+
+    def compaction(name: str) -> None:
+        def hook(step: str) -> None:
+            if step == "schema_history_written":  # both have written their files: now both commit
+                both_written.wait()
+        try:
+            outcomes[name] = HistoryStore.open(tmp_path, database="db").compact(spark=False, on_step=hook)
+        except BaseException as exc:  # noqa: BLE001 - the test reports it
+            outcomes[name] = exc
+
+    runs = [threading.Thread(target=compaction, args=(name,)) for name in ("a", "b")]
+    for thread in runs:
+        thread.start()
+    for thread in runs:
+        thread.join(timeout=120)
+    assert all(not isinstance(o, BaseException) for o in outcomes.values()), outcomes
+    assert sorted(o.segments_applied for o in outcomes.values()) == [[], [2]]
+    assert {o.frontier for o in outcomes.values()} == {4}
+    store = HistoryStore.open(tmp_path, database="db")
+    assert [c.operation for c in store.history()] == [f"compact segment {2:020d}", f"compact segment {1:020d}"]
+    assert [r.state for r in store.segments()] == [SegmentState.APPLIED, SegmentState.APPLIED]
+    from decimal import Decimal
+    assert store.load_table("orders", as_of=5).to_pylist() == [
+        {"synthetic_key": 1, "amount": Decimal("1.50"), "note": "changed"},
+        {"synthetic_key": 2, "amount": Decimal("2.00"), "note": None}]
+    expected = store.load_table("orders", as_of=5)
+    # the loser's version file (its schema-history file has the winner's path: one per segment and txn)
+    assert len(store.cleanup(grace=timedelta(0)).orphans_deleted) == 1
+    assert store.verify() == [] and store.load_table("orders", as_of=5) == expected
