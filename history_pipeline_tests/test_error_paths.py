@@ -299,3 +299,147 @@ def test_two_compactions_racing_for_one_segment_apply_it_once_and_neither_fails(
     # the loser's version file (its schema-history file has the winner's path: one per segment and txn)
     assert len(store.cleanup(grace=timedelta(0)).orphans_deleted) == 1
     assert store.verify() == [] and store.load_table("orders", as_of=5) == expected
+
+
+KILL_SCRIPT = """
+import os, signal, sys
+from history_pipeline import HistoryStore
+from history_pipeline.io.store import open_store
+from history_pipeline.maintenance import merge as merge_module, retention as retention_module
+
+store = HistoryStore.open(sys.argv[1], database="db")
+operation, step = sys.argv[2], sys.argv[3]
+
+def die(at):
+    if at == step:
+        os.kill(os.getpid(), signal.SIGKILL)  # no finally, no cleanup: a machine that lost power
+
+if operation == "compact":
+    store.compact(spark=False, on_step=die)
+elif operation == "merge":
+    merge_module.merge(store, None, small_file_bytes=10**9, on_step=die)
+else:
+    retention_module.retain(store, 6, open_store(sys.argv[4]), on_step=die)
+raise SystemExit("the step was never reached")
+"""
+
+
+def _killed_at(root: Path, operation: str, step: str, *extra: str) -> None:
+    import subprocess
+    import sys
+
+    worktree = Path(__file__).resolve().parents[1]
+    done = subprocess.run([sys.executable, "-c", KILL_SCRIPT, str(root), operation, step, *extra],
+                          cwd=worktree, capture_output=True, text=True, timeout=120)
+    assert done.returncode == -9, done.stderr  # killed at the step, not failed before it
+
+
+@pytest.mark.parametrize(("operation", "step"), [
+    ("compact", "files_written"), ("compact", "schema_history_written"), ("compact", "committed"),
+    ("merge", "files_written"), ("retain", "files_written"), ("retain", "cold_tier_written"),
+])
+def test_a_run_killed_at_any_step_is_recovered_by_the_next_run(tmp_path, operation, step):
+    """SIGKILL (no exception handler, no finally) between writing files and committing them, or
+    after the commit before the WAL is told: the next ordinary run finishes the work once, answers
+    equal the uninterrupted run's, and cleanup removes what the killed run left."""
+    from datetime import timedelta
+
+    from history_pipeline_tests.test_durable_maintenance import answers, history, more_history, open_store
+
+    store = open_store(tmp_path)
+    history(store)
+    more_history(store)
+    if operation == "compact":
+        from history_pipeline_tests.test_compaction import write
+
+        before = answers(store)
+        write(store, [{"op": "update", "t": 11, "table_uuid": "tbl", "key": 4, "values": {"c": 41}},
+                      {"op": "delete", "t": 12, "table_uuid": "tbl", "key": 2}])
+        _killed_at(tmp_path / "root", "compact", step)
+        store = open_store(tmp_path)
+        assert store.frontier == (12 if step == "committed" else 9)
+        summary = store.compact(spark=False)
+        assert summary.segments_applied == ([] if step == "committed" else [4])
+        assert {k: v for k, v in answers(store).items() if k <= 10} == before
+        assert [v["is_deleted"] for v in store.row_history("t", 2)][-1] is True
+        assert store.fetch_row("t", 4, 13) == {**before[10]["rows"][3], "v": 41}
+        assert [h.operation.split()[0] for h in store.history()].count("compact") == 4  # each segment once
+    elif operation == "merge":
+        before = answers(store)
+        _killed_at(tmp_path / "root", "merge", step)
+        store = open_store(tmp_path)
+        assert answers(store) == before  # nothing committed: the old files still answer
+        store.merge(spark=False, small_file_bytes=10**9)
+        assert answers(store) == before
+    else:
+        cold = str(tmp_path / "cold")
+        before = {k: v for k, v in answers(store).items() if k >= 6}
+        _killed_at(tmp_path / "root", "retain", step, cold)
+        store = open_store(tmp_path)
+        assert store.earliest == 0  # not purged: the killed retention committed nothing
+        store.retain(purge_before=6, cold_tier=cold, spark=False)
+        assert store.earliest == 6 and answers(store) == before
+        assert store.load_cold_tier(cold) == 0  # the purged history comes back once, not twice
+    expected = answers(store, 0)
+    store.cleanup(grace=timedelta(0))
+    assert store.verify() == [] and answers(store, 0) == expected
+    assert [r.state for r in store.segments()] == [SegmentState.APPLIED] * len(store.segments())
+
+
+TORN_WRITER_SCRIPT = """
+import json, os, signal, sys
+from history_pipeline import HistoryStore
+from history_pipeline.wal import writer as writer_module
+
+store = HistoryStore.open(sys.argv[1], database="db")
+events, kill_at = json.loads(sys.argv[2]), int(sys.argv[3])
+real_write, calls = os.write, [0]
+
+def torn_write(fd, data):
+    calls[0] += 1
+    if calls[0] == kill_at:  # half the line reaches the file, then the power goes
+        real_write(fd, bytes(data[: len(data) // 2]))
+        os.kill(os.getpid(), signal.SIGKILL)
+    return real_write(fd, data)
+
+writer_module.os.write = torn_write
+with store.wal_writer() as wal:
+    for event in events:
+        wal.append(event)
+    wal.seal()
+raise SystemExit("never killed")
+"""
+
+
+@pytest.mark.parametrize("kill_at", [1, 2, 4, 7])  # the opening close, an insert, a close, the seal
+def test_a_wal_writer_killed_mid_line_leaves_a_torn_tail_the_next_writer_repairs(tmp_path, kill_at):
+    import subprocess
+    import sys
+
+    store = committed_store(tmp_path)
+    events = [insert(3, 2, {AMOUNT: "2.00"}), {"op": "close", "t": 3},
+              {"op": "update", "t": 4, "table_uuid": T, "key": 1, "values": {NOTE: "changed"}},
+              {"op": "delete", "t": 5, "table_uuid": T, "key": 2}, insert(5, 3, {NOTE: "new"}),
+              {"op": "close", "t": 5}]
+    done = subprocess.run([sys.executable, "-c", TORN_WRITER_SCRIPT, str(tmp_path), json.dumps(events),
+                           str(kill_at)], cwd=Path(__file__).resolve().parents[1], capture_output=True,
+                          text=True, timeout=120)
+    assert done.returncode == -9, done.stderr
+    open_segment = tmp_path / "db" / "wal" / "segments" / f"{2:020d}.open"
+    assert not open_segment.read_bytes().endswith(b"\n")  # torn: a partial last line
+    with store.wal_writer() as wal:  # recovers: the torn line is cut, every complete line kept
+        kept = open_segment.read_bytes().decode().splitlines()[1:]  # (after the opening close)
+        assert [json.loads(line) for line in kept] == [
+            {k: v for k, v in e.items()} for e in events[: len(kept)]]
+        for event in events[len(kept):]:  # the producer sends the rest again
+            wal.append(event)
+        wal.seal()
+    store.compact(spark=False)
+    assert store.frontier == 5 and store.verify() == []
+    from decimal import Decimal
+    assert store.load_table("orders", as_of=6).to_pylist() == [
+        {"synthetic_key": 1, "amount": Decimal("1.50"), "note": "changed"},
+        {"synthetic_key": 3, "amount": None, "note": "new"}]
+    assert [v["logical_timestamp"] for v in store.row_history("orders", 2)] == [3, 5]  # once each
+    assert store.load_table("orders", as_of=3).to_pylist() == [
+        {"synthetic_key": 1, "amount": Decimal("1.50"), "note": "kept"}]

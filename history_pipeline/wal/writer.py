@@ -300,6 +300,8 @@ class WalWriter:
         self._fd = os.open(ref.path, os.O_WRONLY | os.O_APPEND)
         self._open_size = len(keep)
         self._open_since = ref.path.stat().st_mtime if lines else time.time()
+        if not lines:  # a crash tore (or never wrote) its opening close: without it the sealed segment is refused
+            self._write(event_to_line(Close(position.closed_t)))
         return position
 
     def _release(self) -> None:
