@@ -443,3 +443,42 @@ def test_a_wal_writer_killed_mid_line_leaves_a_torn_tail_the_next_writer_repairs
     assert [v["logical_timestamp"] for v in store.row_history("orders", 2)] == [3, 5]  # once each
     assert store.load_table("orders", as_of=3).to_pylist() == [
         {"synthetic_key": 1, "amount": Decimal("1.50"), "note": "kept"}]
+
+
+# --- the service -----------------------------------------------------------------------------------
+
+
+def test_the_service_refuses_malformed_tickets_and_other_flight_calls_without_a_stack_trace(tmp_path):
+    """A ticket whose op is a list made decode_request fail with "unhashable type: 'list'" and the
+    client got the server's Python stack trace; so did every Flight call other than do_get."""
+    import pyarrow.flight as flight
+
+    from history_pipeline.client import connect
+    from history_pipeline.errors import TableNotFoundError
+    from history_pipeline.service.auth import Tenant, token_digest
+    from history_pipeline.service.config import ServerConfig
+    from history_pipeline.service.server import HistoryServer
+
+    committed_store(tmp_path)
+    config = ServerConfig(root=str(tmp_path), tenants=(Tenant("t", "db", token_digest("secret")),), port=0, workers=1)
+    with HistoryServer(config) as server:
+        client = flight.FlightClient(server.url)
+        options = flight.FlightCallOptions(headers=[(b"authorization", b"Bearer secret")])
+        calls = {
+            "a list as op": lambda: client.do_get(flight.Ticket(b'{"op": ["Sql"]}'), options).read_all(),
+            "an object as op": lambda: client.do_get(flight.Ticket(b'{"op": {"a": 1}}'), options).read_all(),
+            "list_flights": lambda: list(client.list_flights(options=options)),
+            "get_flight_info": lambda: client.get_flight_info(flight.FlightDescriptor.for_path("x"), options),
+            "list_actions": lambda: client.list_actions(options),
+            "do_action": lambda: list(client.do_action(flight.Action("drop", b""), options)),
+        }
+        for name, call in calls.items():
+            with pytest.raises(flight.FlightServerError) as refused:
+                call()
+            assert "Traceback" not in str(refused.value), (name, str(refused.value))
+            assert json.loads(refused.value.extra_info)["error"] == "InvalidRequestError", name
+        with connect(server.url, "secret") as remote:  # and the service still answers
+            assert remote.fetch_row("orders", 1, 3) == {"amount": __import__("decimal").Decimal("1.50"),
+                                                         "note": "kept"}
+            with pytest.raises(TableNotFoundError, match="no table 'nosuch'"):
+                remote.load_table("nosuch", 3)
