@@ -22,6 +22,7 @@ from history_pipeline.errors import (
     HistoryError,
     InputFileError,
     MaintenanceInputError,
+    ObjectStoreError,
     QueryError,
     SegmentNotFoundError,
     SegmentOrderError,
@@ -139,24 +140,11 @@ def discover_all_databases(root: str | Path, objects: ObjectStore | None = None)
 def _probe_s3(store: HistoryStore) -> None:
     """One listing up front, so missing credentials or a missing bucket are one clear error."""
     try:
-        from botocore.exceptions import BotoCoreError, ClientError, NoCredentialsError
-    except ImportError:  # pragma: no cover - boto3 is a dependency
-        return
-    uri = store.objects.uri
-    try:
         store.objects.list(f"{store.database}/_catalog/")
-    except NoCredentialsError:
-        raise StorageRootError(
-            f"no S3 credentials for {uri}: set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY "
-            "(and AWS_ENDPOINT_URL for a non-AWS endpoint)"
-        ) from None
-    except ClientError as exc:
-        code = exc.response.get("Error", {}).get("Code", "")
-        if code == "NoSuchBucket":
-            raise StorageRootError(f"the bucket of {uri} does not exist: create it first") from None
-        raise StorageRootError(f"S3 refused access to {uri} ({code}): check the credentials and bucket") from None
-    except BotoCoreError as exc:
-        raise StorageRootError(f"cannot reach S3 for {uri}: {exc}") from None
+    except StorageRootError:
+        raise
+    except ObjectStoreError as exc:  # access refused: the root cannot be used
+        raise StorageRootError(str(exc)) from None
 
 
 @contextlib.contextmanager

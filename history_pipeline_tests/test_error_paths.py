@@ -482,3 +482,43 @@ def test_the_service_refuses_malformed_tickets_and_other_flight_calls_without_a_
                                                          "note": "kept"}
             with pytest.raises(TableNotFoundError, match="no table 'nosuch'"):
                 remote.load_table("nosuch", 3)
+
+
+# --- S3 that does not answer -------------------------------------------------------------------------
+
+
+def test_an_unreachable_s3_target_is_a_typed_error_naming_it_and_commits_nothing(tmp_path, monkeypatch):
+    """A cold tier or export target on an S3 endpoint that does not answer failed with botocore's
+    EndpointConnectionError ("unexpected EndpointConnectionError" on the command line): untyped,
+    and only after a retention's whole work. Now it is a StorageRootError naming the target."""
+    import socket
+
+    from history_pipeline.errors import ObjectStoreError, StorageRootError
+    from history_pipeline.io.store import S3Options
+
+    with socket.socket() as probe:  # a port nothing listens on
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    closed = S3Options(endpoint_url=f"http://127.0.0.1:{port}", region="us-east-1", access_key_id="k",
+                       secret_access_key="s")
+    store = committed_store(tmp_path)
+    for call, target in ((lambda: store.export(as_of=3, to="s3://bucket/exports", s3=closed), "s3://bucket/exports"),
+                         (lambda: store.retain(3, cold_tier="s3://bucket/cold", s3=closed, spark=False),
+                          "s3://bucket/cold"),
+                         (lambda: store.load_cold_tier("s3://bucket/cold", s3=closed), "s3://bucket/cold"),
+                         (lambda: HistoryStore.open("s3://bucket/root", database="db", s3=closed), "s3://bucket/root")):
+        with pytest.raises(ObjectStoreError) as caught:
+            call()
+        assert isinstance(caught.value, StorageRootError)
+        assert f"cannot reach S3 for {target}" in str(caught.value), str(caught.value)
+    assert store.earliest == 0 and [c.operation.split()[0] for c in store.history()] == ["compact"]
+    assert_committed_state_intact(store)
+    for name, value in (("AWS_ENDPOINT_URL", closed.endpoint_url), ("AWS_ACCESS_KEY_ID", "k"),
+                        ("AWS_SECRET_ACCESS_KEY", "s"), ("AWS_REGION", "us-east-1")):
+        monkeypatch.setenv(name, value)
+    one_line_error(run(tmp_path, "export", "--as-of", "3", "--to", "s3://bucket/exports"),
+                   "cannot reach S3 for s3://bucket/exports (to write db/exports/")
+    one_line_error(run(tmp_path, "load-cold-tier", "s3://bucket/cold"), "cannot reach S3 for s3://bucket/cold")
+    one_line_error(run_command(["--root", "s3://bucket/root", "--database", "db", "status"]),
+                   "cannot reach S3 for s3://bucket/root")
+
