@@ -522,3 +522,31 @@ def test_an_unreachable_s3_target_is_a_typed_error_naming_it_and_commits_nothing
     one_line_error(run_command(["--root", "s3://bucket/root", "--database", "db", "status"]),
                    "cannot reach S3 for s3://bucket/root")
 
+
+# --- the Python API: typed errors for arguments of the wrong kind ------------------------------------
+
+
+def test_query_arguments_of_the_wrong_kind_are_typed_errors_naming_them(tmp_path):
+    """A key given as a str or None failed in the key-range pruning with a bare TypeError ("'<='
+    not supported between instances of 'int' and 'str'"), a float key matched nothing; SQL given
+    as None or bytes was a TypeError of DuckDB's parser; sql_reader gave DuckDB's ParserException
+    where sql gives its one-line QueryError."""
+    from history_pipeline.errors import QueryError
+
+    store = committed_store(tmp_path)
+    for key in ("1", None, 1.5, 2**70, True):
+        with pytest.raises(QueryError, match=f"key {key!r} is not a synthetic key: pass a 64-bit integer"):
+            store.fetch_row("orders", key, as_of=3)
+        with pytest.raises(QueryError, match="is not a synthetic key"):
+            store.row_history("orders", key)
+    import numpy as np  # integers from numpy/pandas are keys
+    assert store.fetch_row("orders", np.int64(1), as_of=3) == {"amount": __import__("decimal").Decimal("1.50"),
+                                                                "note": "kept"}
+    for query in (None, b"SELECT 1"):
+        with pytest.raises(QueryError, match="SQL must be a string"):
+            store.sql(query, as_of=3)
+        with pytest.raises(QueryError, match="SQL must be a string"):
+            store.sql_reader(query, as_of=3)
+    with pytest.raises(QueryError, match=r'SQL syntax error: syntax error at or near "SELEC" \(line 1\)'):
+        store.sql_reader("SELEC amount FROM orders", as_of=3)
+    one_line_error(run(tmp_path, "row-history", "orders", str(2**70)), "is not a synthetic key")
