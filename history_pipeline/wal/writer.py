@@ -256,14 +256,22 @@ class WalWriter:
     def _write_head(self) -> None:
         head = {"next_segment": self._next_id, "closed_t": self._position.closed_t}
         tmp = self.wal_dir / "head.json.tmp"
-        tmp.write_text(json.dumps(head))
+        with open(tmp, "w") as f:
+            f.write(json.dumps(head))
+            os.fsync(f.fileno())  # else a power loss can leave the renamed file empty
         os.replace(tmp, self.wal_dir / "head.json")
+        fsync_dir(self.wal_dir)
 
     def _recover(self) -> tuple[WalPosition, int]:
         """Rebuild the ordering state; repair a torn tail of the open segment."""
         refs = list_segments(self.wal_dir)
         head_path = self.wal_dir / "head.json"
-        head = json.loads(head_path.read_text()) if head_path.exists() else {}
+        try:
+            head = json.loads(head_path.read_text()) if head_path.exists() else {}
+        except ValueError:  # torn by a crash: a hint only, the segments (never deleted) say the same
+            head = {}
+        if not isinstance(head, dict):
+            head = {}
         next_id = max([head.get("next_segment", 1)] + [r.segment_id + 1 for r in refs])
         position = WalPosition(closed_t=head.get("closed_t", GENESIS_T))
         finished = [r for r in refs if r.state is not SegmentState.OPEN]
