@@ -567,3 +567,38 @@ def test_a_torn_wal_head_does_not_stop_the_writer(tmp_path, torn):
     store.compact(spark=False)
     assert store.frontier == 3 and store.fetch_row("orders", 2, as_of=4) == {"amount": None, "note": "after"}
     assert json.loads((tmp_path / "db" / "wal" / "head.json").read_text()) == {"next_segment": 3, "closed_t": 3}
+
+
+def test_a_repair_interrupted_before_the_quarantined_original_is_removed_is_finished_by_running_it_again(
+        tmp_path, monkeypatch):
+    """Interrupted between putting the re-sealed segment in line and removing the quarantined
+    original: both copies exist, the database stays blocked (saying so, with what to do), nothing is
+    applied twice, and the same repair run again finishes it."""
+    store = committed_store(tmp_path)
+    with store.wal_writer() as wal:
+        for event in [{"op": "update", "t": 3, "table_uuid": T, "key": 99, "values": {NOTE: "typo"}},
+                      {"op": "close", "t": 3}]:
+            wal.append(event)
+        wal.seal()
+    one_line_error(run(tmp_path, "compact", "--in-process"), "line 2: update of key 99, which does not exist")
+    fixed = tmp_path / "fixed.jsonl"
+    fixed.write_text(jsonl([{"op": "update", "t": 3, "table_uuid": T, "key": 1, "values": {NOTE: "fixed"}}]))
+    unlink = Path.unlink
+
+    def power_cut(path: Path, *args, **kwargs):
+        if path.parent.name == "quarantine" and path.suffix == ".sealed":
+            raise KeyboardInterrupt("power cut")
+        return unlink(path, *args, **kwargs)
+
+    monkeypatch.setattr(Path, "unlink", power_cut)
+    assert run(tmp_path, "repair", "2", "--events", str(fixed)).returncode == 130
+    monkeypatch.setattr(Path, "unlink", unlink)
+    assert sorted(r.state.value for r in store.segments() if r.segment_id == 2) == ["quarantined", "sealed"]
+    one_line_error(run(tmp_path, "compact", "--in-process"), "segment 00000000000000000002 is quarantined",
+                   "history-pipeline repair")
+    assert store.frontier == 2
+    assert run(tmp_path, "repair", "2", "--events", str(fixed)).returncode == 0
+    assert json.loads(run(tmp_path, "compact", "--in-process").stdout)["segments_applied"] == [2]
+    assert store.verify() == [] and store.fetch_row("orders", 1, as_of=4) == {
+        "amount": __import__("decimal").Decimal("1.50"), "note": "fixed"}
+    assert [v["logical_timestamp"] for v in store.row_history("orders", 1)] == [2, 3]
