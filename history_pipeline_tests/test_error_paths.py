@@ -602,3 +602,18 @@ def test_a_repair_interrupted_before_the_quarantined_original_is_removed_is_fini
     assert store.verify() == [] and store.fetch_row("orders", 1, as_of=4) == {
         "amount": __import__("decimal").Decimal("1.50"), "note": "fixed"}
     assert [v["logical_timestamp"] for v in store.row_history("orders", 1)] == [2, 3]
+
+
+def test_a_cold_tier_or_export_target_that_is_a_file_is_named_as_such(tmp_path):
+    """A local target that is a file gave mkdir's bare "File exists (PATH)", which reads as if the
+    export found something to keep; one below a file, "Not a directory"."""
+    store = committed_store(tmp_path)
+    a_file = tmp_path / "a_file"
+    a_file.write_text("x")
+    for args in (["export", "--as-of", "3", "--to", str(a_file)], ["load-cold-tier", str(a_file)],
+                 ["retain", "2", "--cold-tier", str(a_file)]):
+        one_line_error(run(tmp_path, *args), f"{a_file} is a file, not a folder")
+    one_line_error(run(tmp_path, "export", "--as-of", "3", "--to", str(a_file / "below")),
+                   f"cannot use {a_file / 'below'} as a storage folder: Not a directory")
+    assert a_file.read_text() == "x" and store.earliest == 0
+    assert_committed_state_intact(store)

@@ -103,7 +103,13 @@ class LocalStore(ObjectStore):
 
     def __init__(self, root: str | Path):
         self.root = Path(root).absolute()
-        self.root.mkdir(parents=True, exist_ok=True)
+        try:
+            self.root.mkdir(parents=True, exist_ok=True)
+        except FileExistsError:  # (mkdir's "File exists" named no reason for a cold tier or export target)
+            raise StorageRootError(
+                f"{self.root} is a file, not a folder: give a folder or s3://bucket/prefix") from None
+        except OSError as exc:
+            raise StorageRootError(f"cannot use {self.root} as a storage folder: {exc.strerror or exc}") from None
         self.uri = str(self.root)
 
     def _path(self, path: str) -> Path:
