@@ -617,3 +617,23 @@ def test_a_cold_tier_or_export_target_that_is_a_file_is_named_as_such(tmp_path):
                    f"cannot use {a_file / 'below'} as a storage folder: Not a directory")
     assert a_file.read_text() == "x" and store.earliest == 0
     assert_committed_state_intact(store)
+
+
+@pytest.mark.parametrize(("toml", "named"), [
+    ('[[tenants]]\ntoken_sha256 = "00"\n', "tenants are tables [tenants.<name>]"),  # was an AttributeError
+    ("[tenants]\na = 5\n", "tenant 'a' must be a table"),
+    ('port = [1]\n[tenants.a]\ntoken_sha256 = "%s"\n', "port must be an integer, got [1]"),  # was a TypeError
+    ('workers = 0\n[tenants.a]\ntoken_sha256 = "%s"\n', "workers must be at least 1"),  # was accepted
+    ('[tenants.a]\ntoken_sha256 = "%s"\nmax_result_rows = "many"\n', "limit max_result_rows must be a number"),
+    ('[limits]\nquery_timeout_s = "1m"\n[tenants.a]\ntoken_sha256 = "%s"\n', "limit query_timeout_s must be a number"),
+    ("[tenants.a]\ntoken_sha256 = 5\n", "tenant 'a': token_sha256 must be a string"),  # was a TypeError
+])
+def test_a_server_configuration_of_the_wrong_shape_is_refused_naming_the_setting(tmp_path, toml, named):
+    """Settings of the wrong shape in the serve command's TOML were AttributeError/TypeError
+    ("unexpected ..." on the command line), or were accepted and failed each query later (a limit
+    given as a string compared with a number in the worker)."""
+    config = tmp_path / "server.toml"
+    config.write_text((toml % ("ab" * 32)) if "%s" in toml else toml)
+    refused = run(tmp_path, "serve", "--config", str(config))
+    assert refused.returncode == 2 and refused.stderr.startswith(f"error: cannot serve with {config}: ")
+    assert named in refused.stderr and "unexpected" not in refused.stderr, refused.stderr
