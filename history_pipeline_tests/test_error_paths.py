@@ -637,3 +637,10 @@ def test_a_server_configuration_of_the_wrong_shape_is_refused_naming_the_setting
     refused = run(tmp_path, "serve", "--config", str(config))
     assert refused.returncode == 2 and refused.stderr.startswith(f"error: cannot serve with {config}: ")
     assert named in refused.stderr and "unexpected" not in refused.stderr, refused.stderr
+
+
+def test_a_capture_dsn_that_does_not_parse_is_a_connection_error_naming_the_option(tmp_path):
+    """psycopg raises ProgrammingError (not OperationalError) for a connection string it cannot
+    parse: "unexpected ProgrammingError" instead of the capture's own message."""
+    refused = run(tmp_path, "capture", "postgres", "--dsn", "not a dsn ===", "--once")
+    one_line_error(refused, "cannot connect to PostgreSQL (missing \"=\" after \"not\"", "check --dsn")
