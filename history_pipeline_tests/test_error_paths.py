@@ -644,3 +644,58 @@ def test_a_capture_dsn_that_does_not_parse_is_a_connection_error_naming_the_opti
     parse: "unexpected ProgrammingError" instead of the capture's own message."""
     refused = run(tmp_path, "capture", "postgres", "--dsn", "not a dsn ===", "--once")
     one_line_error(refused, "cannot connect to PostgreSQL (missing \"=\" after \"not\"", "check --dsn")
+
+
+def test_a_retention_racing_a_merge_loses_cleanly_and_runs_again(tmp_path):
+    """Both plan from the same files; the merge commits first, so the retention's removal of a
+    file the merge replaced no longer applies: a typed error, nothing committed by it, and the
+    retention run again purges; every answer from the purge point on is the uninterrupted one."""
+    import threading
+    from datetime import timedelta
+
+    from history_pipeline.errors import CommitConflictError
+    from history_pipeline.maintenance import merge as merge_module
+    from history_pipeline.maintenance import retention as retention_module
+    from history_pipeline_tests.test_durable_maintenance import answers, history, more_history, open_store
+
+    store = open_store(tmp_path)
+    history(store)
+    more_history(store)
+    expected = {k: v for k, v in answers(store).items() if k >= 6}
+    both_written = threading.Barrier(2, timeout=60)
+    merged = threading.Event()
+    outcomes: dict[str, object] = {}
+
+    def merge_first(step: str) -> None:
+        both_written.wait()
+
+    def retain_second(step: str) -> None:
+        if step == "files_written":
+            both_written.wait()
+            merged.wait(60)  # the merge commits first
+
+    def run_merge() -> None:
+        try:
+            outcomes["merge"] = merge_module.merge(open_store(tmp_path), None, small_file_bytes=10**9,
+                                                   on_step=merge_first)
+        finally:
+            merged.set()
+
+    def run_retain() -> None:
+        try:
+            outcomes["retain"] = retention_module.retain(open_store(tmp_path), 6, None, on_step=retain_second)
+        except HistoryError as exc:
+            outcomes["retain"] = exc
+
+    threads = [threading.Thread(target=run_merge), threading.Thread(target=run_retain)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=120)
+    assert isinstance(outcomes["retain"], CommitConflictError), outcomes
+    assert "is not live any more" in str(outcomes["retain"])
+    store = open_store(tmp_path)
+    assert store.earliest == 0 and [c.operation for c in store.history()][0] == "merge"
+    store.retain(purge_before=6, spark=False)
+    store.cleanup(grace=timedelta(0))  # the losing retention's files were orphans
+    assert store.earliest == 6 and answers(store) == expected and store.verify() == []
