@@ -699,3 +699,51 @@ def test_a_retention_racing_a_merge_loses_cleanly_and_runs_again(tmp_path):
     store.retain(purge_before=6, spark=False)
     store.cleanup(grace=timedelta(0))  # the losing retention's files were orphans
     assert store.earliest == 6 and answers(store) == expected and store.verify() == []
+
+
+@pytest.mark.parametrize(("step", "occurrence"),
+                         [("files_written", 1), ("committed", 2), ("schema_history_written", 3)])
+def test_a_spark_group_compaction_interrupted_mid_group_applies_each_segment_once(tmp_path, spark, step, occurrence):
+    """Spark compacts pending segments as one group (one job, then one commit per segment in
+    order): interrupted at the ``occurrence``-th ``step``, some segments are committed and some
+    not; the next run applies the rest once, and every answer equals an in-process reference."""
+    segments = [[CREATE, insert(2, 1, {AMOUNT: "1.50", NOTE: "a"}), {"op": "close", "t": 2}],
+                [insert(3, 2, {AMOUNT: "2.00"}), {"op": "update", "t": 4, "table_uuid": T, "key": 1,
+                                                  "values": {NOTE: "b"}}, {"op": "close", "t": 4}],
+                [{"op": "delete", "t": 5, "table_uuid": T, "key": 2}, insert(6, 3, {NOTE: "c"}),
+                 {"op": "close", "t": 6}]]
+
+    def written(root: Path) -> HistoryStore:
+        store = HistoryStore.open(root, database="db")
+        with store.wal_writer() as wal:
+            for events in segments:
+                for event in events:
+                    wal.append(event)
+                wal.seal()
+        return store
+
+    reference = written(tmp_path / "reference")
+    reference.compact(spark=False)
+    store = written(tmp_path / "root")
+    seen: list[str] = []
+
+    def interrupt(at: str) -> None:
+        seen.append(at)
+        if at == step and seen.count(step) == occurrence:
+            raise KeyboardInterrupt(f"{step} #{occurrence}")
+
+    with pytest.raises(KeyboardInterrupt):
+        store.compact(spark=spark, on_step=interrupt)
+    assert seen.count("planned") == 1  # one Spark job for the group
+    committed = occurrence if step == "committed" else occurrence - 1
+    assert store.frontier == [-1, 2, 4, 6][committed]
+    resumed = HistoryStore.open(tmp_path / "root", database="db").compact(spark=spark)
+    assert resumed.segments_applied == [s for s in (1, 2, 3) if s > committed]
+    store = HistoryStore.open(tmp_path / "root", database="db")
+    assert store.frontier == 6 and [c.operation.split()[0] for c in store.history()] == ["compact"] * 3
+
+    def all_answers(s: HistoryStore) -> dict:
+        return {t: (s.load_table("orders", t).to_pylist() if t > 1 else None,
+                    [s.row_history("orders", k) for k in (1, 2, 3)]) for t in range(0, 8)}
+
+    assert all_answers(store) == all_answers(reference) and store.verify() == []
