@@ -370,9 +370,10 @@ class HistoryStore:
         return summary
 
     def _compact_one(self, segment_id: int, spark: Any | None, on_step: Any) -> CompactionSummary:
-        from history_pipeline.compaction.compactor import compact_segment
+        from history_pipeline.compaction.compactor import check_catalog_not_lost, compact_segment
 
         state = self.catalog.latest()
+        check_catalog_not_lost(self, state)
         summary = CompactionSummary(frontier=state.frontier)
         refs = self.segments()
         target = next((r for r in refs if r.segment_id == segment_id and r.state is not SegmentState.OPEN), None)

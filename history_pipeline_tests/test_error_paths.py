@@ -747,3 +747,42 @@ def test_a_spark_group_compaction_interrupted_mid_group_applies_each_segment_onc
                     [s.row_history("orders", k) for k in (1, 2, 3)]) for t in range(0, 8)}
 
     assert all_answers(store) == all_answers(reference) and store.verify() == []
+
+
+def test_an_interrupted_rebuild_or_a_lost_catalog_never_reads_as_an_empty_database(tmp_path, monkeypatch):
+    """rebuild-catalog moved the old log aside and only then wrote the rebuilt checkpoint: stopped in
+    between, the database read as empty (frontier -1, "no table 'orders'") and the next compaction
+    quarantined a valid segment as "insert into unknown table". The checkpoint now goes first; and
+    a compaction onto an empty catalog while segments are applied on disk refuses, saying why."""
+    from history_pipeline.catalog import upkeep
+    from history_pipeline.errors import CatalogError
+
+    store = committed_store(tmp_path)
+    expected = store.load_table("orders", as_of=3)
+    move_aside = upkeep._move_aside
+
+    def power_cut(*args, **kwargs):
+        move_aside(*args, **kwargs)
+        raise KeyboardInterrupt("power cut")
+
+    monkeypatch.setattr(upkeep, "_move_aside", power_cut)
+    assert run(tmp_path, "rebuild-catalog").returncode == 130
+    monkeypatch.setattr(upkeep, "_move_aside", move_aside)
+    store = HistoryStore.open(tmp_path, database="db", create=False)
+    assert store.frontier == 2 and store.load_table("orders", as_of=3) == expected and store.verify() == []
+    with store.wal_writer() as wal:
+        for event in [insert(3, 2, {NOTE: "later"}), {"op": "close", "t": 3}]:
+            wal.append(event)
+        wal.seal()
+    for obj in store.objects.list("db/_catalog/"):  # now the catalog is lost altogether
+        store.objects.delete(obj.path)
+    store = HistoryStore.open(tmp_path, database="db", create=False)
+    with pytest.raises(CatalogError, match="catalog of db is empty, but 1 segment.* run `history-pipeline rebuild"):
+        store.compact(spark=False)
+    one_line_error(run(tmp_path, "compact", "--in-process", "--segment", "2"), "the catalog was lost")
+    assert [r.state for r in store.segments()] == [SegmentState.APPLIED, SegmentState.SEALED]  # not quarantined
+    assert run(tmp_path, "rebuild-catalog").returncode == 0
+    store = HistoryStore.open(tmp_path, database="db", create=False)
+    assert store.compact(spark=False).segments_applied == [2]
+    assert store.load_table("orders", as_of=3) == expected and store.verify() == []
+    assert store.fetch_row("orders", 2, as_of=4) == {"amount": None, "note": "later"}

@@ -441,11 +441,13 @@ def rebuild(log: TransactionLog, store: ObjectStore, database: str) -> CatalogSt
     new_id = max([state.txn_id, *old_ids, *present.records, *present.bases]) + 1
     rebuilt = replace(state, txn_id=new_id, txn_uuid=str(uuid.uuid4()), committed_at=now())
     write_base(store, log.records_prefix, rebuilt)  # first: a crash from here on rebuilds the same
-    _move_aside(store, log)
+    # the new checkpoint before the old log goes aside: it is the newest, so reads take it as their
+    # base at once, and a crash in between leaves the rebuilt state, not an empty catalog
     try:
         store.put_if_absent(log.checkpoint_path(new_id), encode_document(rebuilt.to_json()))
     except ObjectExistsError:
         raise CatalogError("the catalog was written to while it was being rebuilt; run rebuild again") from None
+    _move_aside(store, log, keep=log.checkpoint_path(new_id))
     if log.transaction_ids():
         raise CatalogError("the catalog was written to while it was being rebuilt; run rebuild again")
     log.forget_cached_state()
@@ -546,9 +548,11 @@ def _entry_from_footer(path: str, meta: FileMetadata, footer: pq.FileMetaData, s
     )
 
 
-def _move_aside(store: ObjectStore, log: TransactionLog) -> None:
+def _move_aside(store: ObjectStore, log: TransactionLog, keep: str) -> None:
     stamp = f"{int(now() * 1000)}"
     for obj in store.list(f"{log.prefix}/"):
+        if obj.path == keep:
+            continue
         data = store.get(obj.path)
         store.put(f"{log.prefix}_replaced/{stamp}/{obj.path[len(log.prefix) + 1:]}", data)
         store.delete(obj.path)

@@ -43,6 +43,7 @@ from history_pipeline.catalog.model import (
 from history_pipeline.compaction import frames
 from history_pipeline.compaction.plan import SegmentPlan, TablePlan, fold_table, images_from_rows, plan_segment
 from history_pipeline.errors import (
+    CatalogError,
     HistoryError,
     MalformedRecordError,
     SegmentCorruptedError,
@@ -573,12 +574,26 @@ def _write_schema_history(store: CompactionHandle, state: CatalogState, plan: Se
     )
 
 
+def check_catalog_not_lost(store: CompactionHandle, state: CatalogState) -> None:
+    """Refuse to compact onto an empty catalog while segments are applied on disk: the catalog was
+    lost (or replaced), and compacting on would quarantine valid segments as "unknown table"."""
+    if state.txn_id >= 0:
+        return
+    applied = list_segments(store.wal_dir, SegmentState.APPLIED)
+    if applied:
+        raise CatalogError(
+            f"the catalog of {store.database} is empty, but {len(applied)} segment(s) of its WAL are applied "
+            f"(up to {applied[-1].name}): the catalog was lost; run `history-pipeline rebuild-catalog` first"
+        )
+
+
 def compact_pending(
     store: CompactionHandle, spark: Any | None = None, on_step: StepHook = lambda s: None
 ) -> CompactionSummary:
     """Compact every pending sealed segment of ``store`` in order; quarantine stops the line."""
     summary = CompactionSummary(frontier=store.catalog.latest().frontier)
     state = store.catalog.latest()
+    check_catalog_not_lost(store, state)
     pending, blocker = pending_segments(store.wal_dir, state)
     if spark is not None and pending:
         check_paths_visible(spark, store.objects, store.wal_dir, getattr(store.settings, "shared_paths", False))
