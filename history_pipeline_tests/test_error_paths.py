@@ -786,3 +786,38 @@ def test_an_interrupted_rebuild_or_a_lost_catalog_never_reads_as_an_empty_databa
     assert store.compact(spark=False).segments_applied == [2]
     assert store.load_table("orders", as_of=3) == expected and store.verify() == []
     assert store.fetch_row("orders", 2, as_of=4) == {"amount": None, "note": "later"}
+
+
+def test_a_cleanup_interrupted_after_deleting_files_before_forgetting_them_is_finished_by_the_next(
+        tmp_path, monkeypatch):
+    """The tombstoned files are deleted, then their tombstones forgotten in a commit: interrupted in
+    between, the catalog still lists tombstones of files that are gone; answers are unchanged and
+    the next cleanup forgets them."""
+    from datetime import timedelta
+
+    from history_pipeline.catalog.log import TransactionLog
+    from history_pipeline_tests.test_durable_maintenance import answers, history, more_history, open_store
+
+    store = open_store(tmp_path)
+    history(store)
+    more_history(store)
+    store.merge(spark=False, small_file_bytes=10**9)
+    before, tombstones = answers(store), set(store.catalog_state().tombstones)
+    assert tombstones
+    commit = TransactionLog.commit
+
+    def power_cut(log, operation, build, **kwargs):
+        if operation == "cleanup":
+            raise KeyboardInterrupt("power cut")
+        return commit(log, operation, build, **kwargs)
+
+    monkeypatch.setattr(TransactionLog, "commit", power_cut)
+    with pytest.raises(KeyboardInterrupt):
+        store.cleanup(grace=timedelta(0))
+    monkeypatch.setattr(TransactionLog, "commit", commit)
+    store = open_store(tmp_path)
+    assert set(store.catalog_state().tombstones) == tombstones  # still recorded...
+    assert not any((tmp_path / "root" / path).exists() for path in tombstones)  # ...but gone
+    assert answers(store) == before and store.verify() == []
+    assert sorted(store.cleanup(grace=timedelta(0)).tombstones_deleted) == sorted(tombstones)
+    assert store.catalog_state().tombstones == {} and answers(store) == before and store.verify() == []
