@@ -41,6 +41,8 @@ def _as_of(store: HistoryStore, value: int | None) -> int:
 
 
 def _print_table(table: pa.Table, fmt: str) -> None:
+    if len(set(table.column_names)) < table.num_columns:  # SELECT 1 AS a, 2 AS a: rows by name lose one
+        table = table.rename_columns(_unique_names(table.column_names))
     if fmt == "json":
         for row in table.to_pylist():
             print(json.dumps(row, default=str))
@@ -62,6 +64,21 @@ def _print_table(table: pa.Table, fmt: str) -> None:
         for r in rows:
             print("  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)))
         print(f"({table.num_rows} rows)")
+
+
+def _unique_names(names: Sequence[str]) -> list[str]:
+    """Repeated column names made distinct as DuckDB does in a table: a, a_1, a_2."""
+    seen: dict[str, int] = {}
+    unique = []
+    for name in names:
+        candidate = name
+        while candidate in seen:
+            seen[name] += 1
+            candidate = f"{name}_{seen[name]}"
+        seen.setdefault(candidate, 0)
+        seen.setdefault(name, 0)
+        unique.append(candidate)
+    return unique
 
 
 def _parquet_ready(table: pa.Table) -> pa.Table:

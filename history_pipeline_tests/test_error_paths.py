@@ -821,3 +821,21 @@ def test_a_cleanup_interrupted_after_deleting_files_before_forgetting_them_is_fi
     assert answers(store) == before and store.verify() == []
     assert sorted(store.cleanup(grace=timedelta(0)).tombstones_deleted) == sorted(tombstones)
     assert store.catalog_state().tombstones == {} and answers(store) == before and store.verify() == []
+
+
+def test_results_with_repeated_names_print_and_a_union_result_is_a_typed_error(tmp_path):
+    """``SELECT 1 AS a, 2 AS a`` printed as a table failed with "unexpected IndexError" (its rows by
+    name had one value), as csv with "unexpected KeyError", and as json silently lost a column; a
+    UNION-typed result failed in pyarrow with "unexpected ArrowNotImplementedError: sparse_union"."""
+    from history_pipeline.errors import QueryError
+
+    store = committed_store(tmp_path)
+    for fmt, expected in (("json", ['{"a": 1, "a_1": 2}']), ("csv", ['"a","a_1"', '"1","2"']),
+                          ("table", ["a  a_1", "-  ---", "1  2  ", "(1 rows)"])):
+        printed = run(tmp_path, "sql", "SELECT 1 AS a, 2 AS a", "--format", fmt)
+        assert printed.returncode == 0 and printed.stdout.splitlines() == expected, (fmt, printed)
+    with pytest.raises(QueryError, match="sparse_union.*CAST"):
+        store.sql("SELECT union_value(k := 1) AS u", as_of=3)
+    one_line_error(run(tmp_path, "sql", "SELECT union_value(k := 1) AS u"), "u (sparse_union", "cast it")
+    assert run(tmp_path, "sql", "SELECT CAST(union_value(k := 1) AS VARCHAR) AS u", "--format", "json").stdout == (
+        '{"u": "1"}\n')

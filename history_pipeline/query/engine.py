@@ -348,7 +348,12 @@ class QueryContext:
                 source = relation.to_arrow_reader(batch_size)
             if exact.names is not None:
                 source = _renamed_reader(source, list(exact.names))
-            schema = _restore_types(source.schema.empty_table(), duck_types).schema
+            try:
+                schema = _restore_types(source.schema.empty_table(), duck_types).schema
+            except pa.ArrowNotImplementedError as exc:  # e.g. a UNION value: pyarrow cannot build one
+                names = ", ".join(f"{f.name} ({f.type})" for f in source.schema)
+                raise QueryError(f"the result's columns {names} include a type Arrow cannot hand back ({exc}); "
+                                 "cast it in the query, e.g. CAST(column AS VARCHAR)") from None
         except BaseException:
             con.close()
             raise
