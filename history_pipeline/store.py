@@ -157,7 +157,12 @@ def _reading_files() -> Iterator[None]:
         yield
     except HistoryError:
         raise
-    except (OSError, pa.ArrowException, duckdb.Error) as exc:  # internal queries: not the user's SQL
+    except (OSError, pa.ArrowException, duckdb.IOException, duckdb.InvalidInputException) as exc:
+        raise DataFileError(None, " ".join(str(exc).split())) from exc
+    except duckdb.Error as exc:
+        if type(exc) is not duckdb.Error:  # a binder or internal error is not about a file: as it is
+            raise
+        # DuckDB's plain Error is what a failed read of an Arrow stream over the files surfaces as
         raise DataFileError(None, " ".join(str(exc).split())) from exc
 
 
