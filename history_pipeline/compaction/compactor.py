@@ -48,6 +48,7 @@ from history_pipeline.errors import (
     MalformedRecordError,
     SegmentCorruptedError,
     SegmentQuarantinedError,
+    TimestampOrderError,
 )
 from history_pipeline.execution import (
     check_paths_visible,
@@ -68,6 +69,7 @@ from history_pipeline.supertable import (
 from history_pipeline.types import from_arrow_value
 from history_pipeline.wal.segments import (
     SealedSegment,
+    SegmentContents,
     SegmentRef,
     SegmentState,
     list_segments,
@@ -218,11 +220,29 @@ class SegmentResult:
     tables: frozenset[str]
 
 
+def check_order(contents: SegmentContents, frontier: int) -> None:
+    """The writer's ordering rules, checked again on a sealed segment (one written by another
+    producer may break them): timestamps never go backwards, nothing at or below the compacted
+    frontier or the segment's lower bound, nothing above its upper bound, a schema change has a
+    timestamp of its own. A :class:`TimestampOrderError` names the segment and line."""
+    from history_pipeline.wal.writer import WalPosition
+
+    position = WalPosition(closed_t=max(contents.lower, frontier))
+    for line, event in contents.events[1:]:
+        try:
+            if event.t > contents.upper:
+                raise TimestampOrderError(f"t={event.t} is above the segment's upper bound {contents.upper}")
+            position = position.admit(event)
+        except TimestampOrderError as exc:
+            raise TimestampOrderError(exc.reason, segment=contents.ref.name, line=line) from None
+
+
 def _apply_in_process(
     store: CompactionHandle, ref: SegmentRef, state: CatalogState, on_step: StepHook, spark: Any | None, attempt: str
 ) -> SegmentResult:
     """The per-event path: plan on the driver, fold in table tasks (on Spark executors when a session is given)."""
     contents = read_segment(ref)
+    check_order(contents, state.frontier)
     schema = replay_schema_history(state.schema_history)
     plan = plan_segment(contents, schema)
     on_step("planned")
