@@ -269,8 +269,12 @@ def verify_data(state: CatalogState, store: ObjectStore, snapshot_samples: int =
         for table_uuid in sorted({f.table_uuid for f in state.files.values() if f.table_uuid}):
             try:
                 problems += _verify_table_data(con, state, store, table_uuid, snapshot_samples, rng)
-            except (OSError, pa.ArrowException, duckdb.Error) as exc:
+            except (OSError, pa.ArrowException, duckdb.IOException, duckdb.InvalidInputException) as exc:
                 # a file whose footer reads but whose pages do not: a finding naming it, not a crash
+                problems += _unreadable_files(store, state.files_of(table_uuid), exc)
+            except duckdb.Error as exc:
+                if type(exc) is not duckdb.Error:  # a binder or internal error is not about a file
+                    raise
                 problems += _unreadable_files(store, state.files_of(table_uuid), exc)
     finally:
         con.close()
