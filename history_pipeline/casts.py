@@ -61,6 +61,8 @@ def cast_value(value: Any, source: DataType, target: DataType) -> Any:
         if t in _INTEGERS:
             return _to_integer(value, s, target)
         if t in _FLOATS:
+            if s is TypeKind.NUMERIC:
+                _check_numeric_fits_double(value, target)
             if s in _INTEGERS or s in _FLOATS or s is TypeKind.NUMERIC:
                 return _check(target, encode_value(_DOUBLE, float(value)))
         if t is TypeKind.NUMERIC and (s in _INTEGERS or s in _FLOATS):
@@ -104,6 +106,15 @@ def cast_value(value: Any, source: DataType, target: DataType) -> Any:
 _DOUBLE = DataType(TypeKind.DOUBLE)
 
 
+def _check_numeric_fits_double(value: Any, target: DataType) -> None:
+    """PostgreSQL refuses a NUMERIC whose float is infinite or a nonzero one that underflows to 0
+    (float() gives inf or 0.0 silently)."""
+    exact = Decimal(value)
+    as_float = float(exact)
+    if math.isinf(as_float) or (as_float == 0 and exact != 0):
+        raise CastFailure(f"{value} is out of range for {target}")
+
+
 def _check(target: DataType, wal_value: Any) -> Any:
     return decode_value(target, wal_value)
 
@@ -118,9 +129,12 @@ def _to_integer(value: Any, s: TypeKind, target: DataType) -> int:
             raise CastFailure(f"{value} is out of range for {target}")
         rounded = round(value)  # PostgreSQL uses rint(): halves go to even
     elif s is TypeKind.NUMERIC:
-        with localcontext() as ctx:  # wide values round too (and are then out of range)
-            ctx.prec = 2000
-            rounded = int(Decimal(value).quantize(Decimal(1), rounding=ROUND_HALF_UP))
+        exact = Decimal(value)
+        # 10^19 is past every integer type, and quantizing a larger exponent (1e30) overflows the
+        # decimal context (decimal.InvalidOperation) instead of saying out of range
+        if exact != 0 and exact.adjusted() >= 19:
+            raise CastFailure(f"{value} is out of range for {target}")
+        rounded = int(exact.quantize(Decimal(1), rounding=ROUND_HALF_UP))
     elif s in _INTEGERS:
         rounded = value
     else:

@@ -41,6 +41,8 @@ def _as_of(store: HistoryStore, value: int | None) -> int:
 
 
 def _print_table(table: pa.Table, fmt: str) -> None:
+    if len(set(table.column_names)) < table.num_columns:  # SELECT 1 AS a, 2 AS a: rows by name lose one
+        table = table.rename_columns(_unique_names(table.column_names))
     if fmt == "json":
         for row in table.to_pylist():
             print(json.dumps(row, default=str))
@@ -62,6 +64,21 @@ def _print_table(table: pa.Table, fmt: str) -> None:
         for r in rows:
             print("  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)))
         print(f"({table.num_rows} rows)")
+
+
+def _unique_names(names: Sequence[str]) -> list[str]:
+    """Repeated column names made distinct as DuckDB does in a table: a, a_1, a_2."""
+    seen: dict[str, int] = {}
+    unique = []
+    for name in names:
+        candidate = name
+        while candidate in seen:
+            seen[name] += 1
+            candidate = f"{name}_{seen[name]}"
+        seen.setdefault(candidate, 0)
+        seen.setdefault(name, 0)
+        unique.append(candidate)
+    return unique
 
 
 def _parquet_ready(table: pa.Table) -> pa.Table:
@@ -531,6 +548,21 @@ def _as_of_option(parser: argparse.ArgumentParser) -> None:
                         help="the state produced by every event with t < T; omitted: the newest (frontier + 1)")
 
 
+def _non_negative(kind: Callable[[str], Any]) -> Callable[[str], Any]:
+    """argparse ``type=``: a finite number >= 0 of ``kind`` (a usage error otherwise)."""
+
+    def parse(text: str) -> Any:
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected a number >= 0, got {text!r}") from None
+        if not 0 <= value < float("inf"):  # NaN fails this too
+            raise argparse.ArgumentTypeError(f"expected a finite number >= 0, got {text!r}")
+        return value
+
+    return parse
+
+
 def _format_option(parser: argparse.ArgumentParser, choices: Sequence[str] = FORMATS) -> None:
     parser.add_argument("--format", choices=list(choices), default=choices[0],
                         help="output: a readable table, or csv/json lines/parquet (to stdout) for scripts")
@@ -590,7 +622,8 @@ def build_parser() -> argparse.ArgumentParser:
     _command(sub, "frontier", cmd_frontier, "print the frontier: the largest compacted close timestamp (-1: none)")
 
     p = _command(sub, "history", cmd_history, "catalog commits, newest first (like DESCRIBE HISTORY)")
-    p.add_argument("--limit", type=int, default=None, help="show only the newest N commits; omitted: all retained")
+    p.add_argument("--limit", type=_non_negative(int), default=None,
+                   help="show only the newest N commits; omitted: all retained")
     _format_option(p)
 
     p = _command(sub, "shell", cmd_shell, "interactive read-only SQL prompt as of T",
@@ -634,7 +667,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = _command(sub, "load-cold-tier", cmd_load_cold_tier, "bring purged history back from a cold tier")
     p.add_argument("cold_tier", help="the cold tier given to retain (path or s3://)")
     p = _command(sub, "cleanup", cmd_cleanup, "delete tombstoned and orphan files past the grace period")
-    p.add_argument("--grace-seconds", type=float, default=3600, help="only files removed/written longer ago")
+    p.add_argument("--grace-seconds", type=_non_negative(float), default=3600,
+                   help="only files removed/written longer ago")
     _command(sub, "verify", cmd_verify, "check the catalog against its files and the WAL (exit 1 on problems)")
     _command(sub, "rebuild-catalog", cmd_rebuild, "rebuild the catalog from the Parquet files alone")
     _command(sub, "segments", cmd_segments, "list WAL segments and their states (quarantined: why)")

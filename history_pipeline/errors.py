@@ -115,6 +115,15 @@ class CorruptTransactionError(CatalogError):
         super().__init__(f"catalog file {path}: {message}")
 
 
+class DataFileError(CatalogError):
+    """A file the catalog lists as live is missing or cannot be read (truncated, not Parquet)."""
+
+    def __init__(self, path: str | None, message: str):
+        self.path = path
+        what = f"data file {path}, which the catalog lists as live," if path else "a data file the catalog lists"
+        super().__init__(f"{what} cannot be read: {message}; `history-pipeline verify` lists every damaged file")
+
+
 class TransactionNotFoundError(CatalogError):
     """The requested catalog transaction does not exist (or was pruned)."""
 

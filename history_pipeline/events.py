@@ -522,6 +522,13 @@ def event_to_record(event: Event) -> dict[str, Any]:
 
 
 def event_to_line(event: Event) -> bytes:
-    """One UTF-8 JSON line (with its newline) for ``event``."""
+    """One UTF-8 JSON line (with its newline) for ``event``; a :class:`MalformedRecordError` when
+    a string in it is not valid Unicode (a lone surrogate: JSON's ``\\ud800`` escape allows it)."""
     text = json.dumps(event_to_record(event), ensure_ascii=False, separators=(",", ":"), allow_nan=False)
-    return text.encode("utf-8") + b"\n"
+    try:
+        return text.encode("utf-8") + b"\n"
+    except UnicodeEncodeError as exc:
+        bad = text[exc.start : exc.end].encode("unicode_escape").decode()
+        raise MalformedRecordError(
+            f"a string holds {bad}, a lone surrogate that is not valid Unicode (UTF-8 cannot hold it)"
+        ) from None

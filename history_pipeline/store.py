@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import re
 from collections.abc import Iterable, Iterator
@@ -17,8 +18,11 @@ from history_pipeline.catalog.upkeep import GcReport, Problem, collect_garbage, 
 from history_pipeline.compaction.compactor import CompactionSummary
 from history_pipeline.errors import (
     DatabaseNotFoundError,
+    DataFileError,
     HistoryError,
     InputFileError,
+    MaintenanceInputError,
+    ObjectStoreError,
     QueryError,
     SegmentNotFoundError,
     SegmentOrderError,
@@ -136,24 +140,30 @@ def discover_all_databases(root: str | Path, objects: ObjectStore | None = None)
 def _probe_s3(store: HistoryStore) -> None:
     """One listing up front, so missing credentials or a missing bucket are one clear error."""
     try:
-        from botocore.exceptions import BotoCoreError, ClientError, NoCredentialsError
-    except ImportError:  # pragma: no cover - boto3 is a dependency
-        return
-    uri = store.objects.uri
-    try:
         store.objects.list(f"{store.database}/_catalog/")
-    except NoCredentialsError:
-        raise StorageRootError(
-            f"no S3 credentials for {uri}: set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY "
-            "(and AWS_ENDPOINT_URL for a non-AWS endpoint)"
-        ) from None
-    except ClientError as exc:
-        code = exc.response.get("Error", {}).get("Code", "")
-        if code == "NoSuchBucket":
-            raise StorageRootError(f"the bucket of {uri} does not exist: create it first") from None
-        raise StorageRootError(f"S3 refused access to {uri} ({code}): check the credentials and bucket") from None
-    except BotoCoreError as exc:
-        raise StorageRootError(f"cannot reach S3 for {uri}: {exc}") from None
+    except StorageRootError:
+        raise
+    except ObjectStoreError as exc:  # access refused: the root cannot be used
+        raise StorageRootError(str(exc)) from None
+
+
+@contextlib.contextmanager
+def _reading_files() -> Iterator[None]:
+    """Reads of files whose footer is sound but whose pages are not (truncated, overwritten) fail in
+    pyarrow or DuckDB, far from knowing which file: a :class:`DataFileError` that says what to do."""
+    import duckdb
+
+    try:
+        yield
+    except HistoryError:
+        raise
+    except (OSError, pa.ArrowException, duckdb.IOException, duckdb.InvalidInputException) as exc:
+        raise DataFileError(None, " ".join(str(exc).split())) from exc
+    except duckdb.Error as exc:
+        if type(exc) is not duckdb.Error:  # a binder or internal error is not about a file: as it is
+            raise
+        # DuckDB's plain Error is what a failed read of an Arrow stream over the files surfaces as
+        raise DataFileError(None, " ".join(str(exc).split())) from exc
 
 
 class HistoryStore:
@@ -295,6 +305,8 @@ class HistoryStore:
 
     def history(self, limit: int | None = None) -> list[CommitInfo]:
         """The catalog's retained commits, newest first (like Delta's ``DESCRIBE HISTORY``)."""
+        if limit is not None and limit < 0:
+            raise QueryError(f"history limit {limit}: give a number of commits >= 0, or none for all")
         return list(itertools.islice(self.commits(), limit))
 
     def commits(self) -> Iterator[CommitInfo]:
@@ -363,9 +375,10 @@ class HistoryStore:
         return summary
 
     def _compact_one(self, segment_id: int, spark: Any | None, on_step: Any) -> CompactionSummary:
-        from history_pipeline.compaction.compactor import compact_segment
+        from history_pipeline.compaction.compactor import check_catalog_not_lost, compact_segment
 
         state = self.catalog.latest()
+        check_catalog_not_lost(self, state)
         summary = CompactionSummary(frontier=state.frontier)
         refs = self.segments()
         target = next((r for r in refs if r.segment_id == segment_id and r.state is not SegmentState.OPEN), None)
@@ -422,7 +435,8 @@ class HistoryStore:
         """The table as of ``as_of``: synthetic_key then its columns in order, named as then; rows in
         key order, or with ``ordered=False`` in no promised order (faster on large tables: where a
         filter alone answers, DuckDB's scan order, not put in key order)."""
-        return self.query_context().load_table(table, to_timestamp(as_of), ordered)
+        with _reading_files():
+            return self.query_context().load_table(table, to_timestamp(as_of), ordered)
 
     def load_table_reader(self, table: str, as_of: int | str, batch_size: int = 100_000,
                           ordered: bool = True) -> pa.RecordBatchReader:
@@ -432,7 +446,8 @@ class HistoryStore:
 
     def fetch_row(self, table: str, key: int, as_of: int | str) -> dict[str, Any] | None:
         """One row as of ``as_of`` as {column name: value}, or None."""
-        return self.query_context().fetch_row(table, key, to_timestamp(as_of))
+        with _reading_files():
+            return self.query_context().fetch_row(table, key, to_timestamp(as_of))
 
     def get_catalog(self, as_of: int | str) -> tuple[TableDescriptor, ...]:
         """The table descriptors in force as of ``as_of``."""
@@ -451,14 +466,16 @@ class HistoryStore:
 
     def row_history(self, table: str, key: int) -> list[dict[str, Any]]:
         """Every retained version of a key: logical_timestamp, is_deleted, values."""
-        return self.query_context().row_history(table, key)
+        with _reading_files():
+            return self.query_context().row_history(table, key)
 
     def diff(self, table: str, from_: int | str, to: int | str) -> dict[str, list[dict[str, Any]]]:
         """Keys inserted, deleted and changed between two states (``from_ <= to``)."""
         from_, to = to_timestamp(from_), to_timestamp(to)
         if from_ > to:
             raise QueryError(f"diff from {from_} to {to}: --from must not be after --to (swap them)")
-        return self.query_context().diff(table, from_, to)
+        with _reading_files():
+            return self.query_context().diff(table, from_, to)
 
     # --- upkeep ------------------------------------------------------------------
 
@@ -488,6 +505,10 @@ class HistoryStore:
 
     def cleanup(self, grace: timedelta = timedelta(hours=1)) -> GcReport:
         """Delete tombstoned and orphan files older than ``grace``; prune the log to match."""
+        seconds = grace.total_seconds()
+        if seconds < 0:
+            # a cutoff in the future would delete the files a running compaction has just written
+            raise MaintenanceInputError(f"a cleanup grace period is a duration >= 0, not {grace}")
         return collect_garbage(self.catalog, self.objects, self.database, grace.total_seconds())
 
     # --- maintenance ---------------------------------------------------------------

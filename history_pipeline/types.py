@@ -292,6 +292,10 @@ def _decode_numeric(t: DataType, v: Any) -> Decimal:
         raise _fail(t, v, "not a decimal number") from exc
     if t.precision is not None:
         scale = t.scale or 0
+        # too many integer digits already: quantizing an exponent such as 1e5000 to the scale
+        # would need more digits than any context holds (decimal.InvalidOperation)
+        if d != 0 and d.adjusted() >= t.precision - scale + 1:
+            raise _fail(t, v, f"needs more than {t.precision} digits with scale {scale}")
         with localcontext() as ctx:
             ctx.prec = 2000
             d = d.quantize(Decimal(1).scaleb(-scale), rounding=ROUND_HALF_UP)

@@ -270,7 +270,7 @@ def connect(dsn: str) -> Any:
 
     try:
         conn = psycopg.connect(dsn, autocommit=True)
-    except psycopg.OperationalError as exc:
+    except (psycopg.OperationalError, psycopg.ProgrammingError) as exc:  # (a DSN that does not parse: the latter)
         raise CaptureSetupError(f"cannot connect to PostgreSQL ({exc}); check --dsn") from None
     for name, value in SESSION_SETTINGS.items():
         conn.execute("SELECT set_config(%s, %s, false)", (name, value))

@@ -145,10 +145,26 @@ class TransactionLog:
     def latest(self) -> CatalogState:
         """The newest committed state (newest checkpoint plus the transactions after it)."""
         with self._lock:
+            first = self._cached is None
             base = self._cached if self._cached is not None else self._base_for(None)
             state = self._replay(base, None)
+            if first:  # once per log object: one listing, not one per query
+                self._check_no_hole(state)
             self._cached = state
             return state
+
+    def _check_no_hole(self, state: CatalogState) -> None:
+        """A transaction file deleted from the middle of the log (or the first one, before any
+        checkpoint) would end the replay there, silently: the newest state would be an older one,
+        or an empty database, and the next commit would write over the hole."""
+        missing = state.txn_id + 1
+        later = [i for i in self.transaction_ids() if i > missing]
+        if later and not self.store.exists(self.transaction_path(missing)):  # (not a commit meanwhile)
+            raise CorruptTransactionError(
+                self.transaction_path(missing),
+                f"missing, but later transactions exist (up to {later[-1]}): the log has a hole, so "
+                "its newest state cannot be read; restore the file or run `history-pipeline rebuild-catalog`",
+            )
 
     def state_at(self, txn_id: int) -> CatalogState:
         """The state as of a retained transaction id (time travel)."""

@@ -267,50 +267,79 @@ def verify_data(state: CatalogState, store: ObjectStore, snapshot_samples: int =
     con = duckdb.connect(":memory:")
     try:
         for table_uuid in sorted({f.table_uuid for f in state.files.values() if f.table_uuid}):
-            versions = state.versions_of(table_uuid)
-            if not versions:
-                continue
-            con.register("v", dataset_of(store, versions, _RESERVED_SCHEMA))
-            duplicates = con.execute(
-                f"SELECT {KEY}, {LT}, count(*) FROM v GROUP BY ALL HAVING count(*) > 1 ORDER BY ALL LIMIT 3"
-            ).fetchall()
-            for key, t, count in duplicates:
-                problems.append(Problem("duplicate_version", None,
-                                        f"table {table_uuid}: key {key} at t {t} is in {count} live rows"))
-            earliest = state.earliest_of(table_uuid)
-            if earliest > 0:
-                below = con.execute(
-                    f"SELECT {KEY}, count(*), bool_or({DELETED}) FROM v WHERE {LT} < ? GROUP BY ALL "
-                    f"HAVING count(*) > 1 OR bool_or({DELETED}) ORDER BY ALL LIMIT 3", [earliest]
-                ).fetchall()
-                for key, count, deleted in below:
-                    problems.append(Problem("purge_point_mismatch", None,
-                                            f"table {table_uuid}: key {key} has {count} version(s) below the "
-                                            f"earliest {earliest}{' and a delete' if deleted else ''}"))
-            snapshots = state.files_of(table_uuid, FileKind.SNAPSHOT)
-            for point in _sample_snapshots(snapshots, snapshot_samples, rng):
-                # a snapshot is every file of the table at its point (written in pieces by key range)
-                pieces = [f for f in snapshots if f.snapshot_as_of == point.snapshot_as_of]
-                con.register("s", dataset_of(store, pieces, _RESERVED_SCHEMA))
-                differ = con.execute(
-                    f"""WITH expected AS (
-                          SELECT {KEY}, max({LT}) AS t, arg_max({DELETED}, {LT}) AS gone
-                          FROM v WHERE {LT} < ? GROUP BY {KEY})
-                        SELECT coalesce(e.{KEY}, s.{KEY}) FROM (SELECT * FROM expected WHERE NOT gone) e
-                        FULL OUTER JOIN s ON e.{KEY} = s.{KEY}
-                        WHERE e.t IS DISTINCT FROM s.{LT} OR s.{DELETED} ORDER BY 1 LIMIT 3""",
-                    [point.snapshot_as_of],
-                ).fetchall()
-                for (key,) in differ:
-                    holder = next((f for f in pieces if f.min_key is not None and f.max_key is not None
-                                   and f.min_key <= key <= f.max_key), point)
-                    problems.append(Problem("snapshot_mismatch", holder.path,
-                                            f"key {key} differs from the versions as of {point.snapshot_as_of}"))
-                con.unregister("s")
-            problems += _check_superseded(con, store, state, table_uuid)
-            con.unregister("v")
+            try:
+                problems += _verify_table_data(con, state, store, table_uuid, snapshot_samples, rng)
+            except (OSError, pa.ArrowException, duckdb.IOException, duckdb.InvalidInputException) as exc:
+                # a file whose footer reads but whose pages do not: a finding naming it, not a crash
+                problems += _unreadable_files(store, state.files_of(table_uuid), exc)
+            except duckdb.Error as exc:
+                if type(exc) is not duckdb.Error:  # a binder or internal error is not about a file
+                    raise
+                problems += _unreadable_files(store, state.files_of(table_uuid), exc)
     finally:
         con.close()
+    return problems
+
+
+def _unreadable_files(store: ObjectStore, files: list[FileEntry], cause: BaseException) -> list[Problem]:
+    """The files among ``files`` whose rows cannot be read (``cause``: what the table's check met)."""
+    fs, _ = store.arrow_filesystem()
+    found = []
+    for entry in files:
+        try:
+            with fs.open_input_file(store.full_path(entry.path)) as handle:
+                pq.read_table(handle)
+        except (OSError, pa.ArrowException) as exc:
+            found.append(Problem("unreadable_file", entry.path, " ".join(str(exc).split())))
+    return found or [Problem("unreadable_file", None, " ".join(str(cause).split()))]
+
+
+def _verify_table_data(con: duckdb.DuckDBPyConnection, state: CatalogState, store: ObjectStore, table_uuid: str,
+                       snapshot_samples: int, rng: random.Random) -> list[Problem]:
+    """:func:`verify_data`'s checks of one table's rows."""
+    problems: list[Problem] = []
+    versions = state.versions_of(table_uuid)
+    if not versions:
+        return problems
+    con.register("v", dataset_of(store, versions, _RESERVED_SCHEMA))
+    duplicates = con.execute(
+        f"SELECT {KEY}, {LT}, count(*) FROM v GROUP BY ALL HAVING count(*) > 1 ORDER BY ALL LIMIT 3"
+    ).fetchall()
+    for key, t, count in duplicates:
+        problems.append(Problem("duplicate_version", None,
+                                f"table {table_uuid}: key {key} at t {t} is in {count} live rows"))
+    earliest = state.earliest_of(table_uuid)
+    if earliest > 0:
+        below = con.execute(
+            f"SELECT {KEY}, count(*), bool_or({DELETED}) FROM v WHERE {LT} < ? GROUP BY ALL "
+            f"HAVING count(*) > 1 OR bool_or({DELETED}) ORDER BY ALL LIMIT 3", [earliest]
+        ).fetchall()
+        for key, count, deleted in below:
+            problems.append(Problem("purge_point_mismatch", None,
+                                    f"table {table_uuid}: key {key} has {count} version(s) below the "
+                                    f"earliest {earliest}{' and a delete' if deleted else ''}"))
+    snapshots = state.files_of(table_uuid, FileKind.SNAPSHOT)
+    for point in _sample_snapshots(snapshots, snapshot_samples, rng):
+        # a snapshot is every file of the table at its point (written in pieces by key range)
+        pieces = [f for f in snapshots if f.snapshot_as_of == point.snapshot_as_of]
+        con.register("s", dataset_of(store, pieces, _RESERVED_SCHEMA))
+        differ = con.execute(
+            f"""WITH expected AS (
+                  SELECT {KEY}, max({LT}) AS t, arg_max({DELETED}, {LT}) AS gone
+                  FROM v WHERE {LT} < ? GROUP BY {KEY})
+                SELECT coalesce(e.{KEY}, s.{KEY}) FROM (SELECT * FROM expected WHERE NOT gone) e
+                FULL OUTER JOIN s ON e.{KEY} = s.{KEY}
+                WHERE e.t IS DISTINCT FROM s.{LT} OR s.{DELETED} ORDER BY 1 LIMIT 3""",
+            [point.snapshot_as_of],
+        ).fetchall()
+        for (key,) in differ:
+            holder = next((f for f in pieces if f.min_key is not None and f.max_key is not None
+                           and f.min_key <= key <= f.max_key), point)
+            problems.append(Problem("snapshot_mismatch", holder.path,
+                                    f"key {key} differs from the versions as of {point.snapshot_as_of}"))
+        con.unregister("s")
+    problems += _check_superseded(con, store, state, table_uuid)
+    con.unregister("v")  # (a check that fails leaves it registered: the next table's replaces it)
     return problems
 
 
@@ -416,11 +445,13 @@ def rebuild(log: TransactionLog, store: ObjectStore, database: str) -> CatalogSt
     new_id = max([state.txn_id, *old_ids, *present.records, *present.bases]) + 1
     rebuilt = replace(state, txn_id=new_id, txn_uuid=str(uuid.uuid4()), committed_at=now())
     write_base(store, log.records_prefix, rebuilt)  # first: a crash from here on rebuilds the same
-    _move_aside(store, log)
+    # the new checkpoint before the old log goes aside: it is the newest, so reads take it as their
+    # base at once, and a crash in between leaves the rebuilt state, not an empty catalog
     try:
         store.put_if_absent(log.checkpoint_path(new_id), encode_document(rebuilt.to_json()))
     except ObjectExistsError:
         raise CatalogError("the catalog was written to while it was being rebuilt; run rebuild again") from None
+    _move_aside(store, log, keep=log.checkpoint_path(new_id))
     if log.transaction_ids():
         raise CatalogError("the catalog was written to while it was being rebuilt; run rebuild again")
     log.forget_cached_state()
@@ -521,9 +552,11 @@ def _entry_from_footer(path: str, meta: FileMetadata, footer: pq.FileMetaData, s
     )
 
 
-def _move_aside(store: ObjectStore, log: TransactionLog) -> None:
+def _move_aside(store: ObjectStore, log: TransactionLog, keep: str) -> None:
     stamp = f"{int(now() * 1000)}"
     for obj in store.list(f"{log.prefix}/"):
+        if obj.path == keep:
+            continue
         data = store.get(obj.path)
         store.put(f"{log.prefix}_replaced/{stamp}/{obj.path[len(log.prefix) + 1:]}", data)
         store.delete(obj.path)

@@ -43,10 +43,12 @@ from history_pipeline.catalog.model import (
 from history_pipeline.compaction import frames
 from history_pipeline.compaction.plan import SegmentPlan, TablePlan, fold_table, images_from_rows, plan_segment
 from history_pipeline.errors import (
+    CatalogError,
     HistoryError,
     MalformedRecordError,
     SegmentCorruptedError,
     SegmentQuarantinedError,
+    TimestampOrderError,
 )
 from history_pipeline.execution import (
     check_paths_visible,
@@ -67,6 +69,7 @@ from history_pipeline.supertable import (
 from history_pipeline.types import from_arrow_value
 from history_pipeline.wal.segments import (
     SealedSegment,
+    SegmentContents,
     SegmentRef,
     SegmentState,
     list_segments,
@@ -217,11 +220,29 @@ class SegmentResult:
     tables: frozenset[str]
 
 
+def check_order(contents: SegmentContents, frontier: int) -> None:
+    """The writer's ordering rules, checked again on a sealed segment (one written by another
+    producer may break them): timestamps never go backwards, nothing at or below the compacted
+    frontier or the segment's lower bound, nothing above its upper bound, a schema change has a
+    timestamp of its own. A :class:`TimestampOrderError` names the segment and line."""
+    from history_pipeline.wal.writer import WalPosition
+
+    position = WalPosition(closed_t=max(contents.lower, frontier))
+    for line, event in contents.events[1:]:
+        try:
+            if event.t > contents.upper:
+                raise TimestampOrderError(f"t={event.t} is above the segment's upper bound {contents.upper}")
+            position = position.admit(event)
+        except TimestampOrderError as exc:
+            raise TimestampOrderError(exc.reason, segment=contents.ref.name, line=line) from None
+
+
 def _apply_in_process(
     store: CompactionHandle, ref: SegmentRef, state: CatalogState, on_step: StepHook, spark: Any | None, attempt: str
 ) -> SegmentResult:
     """The per-event path: plan on the driver, fold in table tasks (on Spark executors when a session is given)."""
     contents = read_segment(ref)
+    check_order(contents, state.frontier)
     schema = replay_schema_history(state.schema_history)
     plan = plan_segment(contents, schema)
     on_step("planned")
@@ -328,7 +349,10 @@ def _commit(
     history_entry = _write_schema_history(store, state, plan, attempt)
     on_step("schema_history_written")
 
+    ours = [False]  # did this run's transaction apply the segment (not a concurrent run's)?
+
     def build(current: CatalogState) -> list[Any] | None:
+        ours[0] = False
         if plan.segment_id in current.applied_segments:
             return None
         if _file_identity(ref.path) != read:
@@ -346,11 +370,15 @@ def _commit(
             actions.append(AddSchemaHistory(plan.schema_entries))
         actions.append(AdvanceFrontier(max(plan.upper, current.frontier)))
         actions.append(ApplySegments((plan.segment_id,)))
+        ours[0] = True
         return actions
 
     committed = store.catalog.commit(f"compact segment {plan.segment}", build)
     on_step("committed")
     move_segment(ref, SegmentState.APPLIED, store.wal_dir)
+    if not ours[0]:  # a concurrent compaction applied it first: this run's files are orphans for cleanup
+        summary.frontier = max(summary.frontier, committed.frontier)
+        return committed
     summary.segments_applied.append(plan.segment_id)
     summary.versions_written += plan.versions
     summary.files_written += len(entries) + 1
@@ -566,12 +594,26 @@ def _write_schema_history(store: CompactionHandle, state: CatalogState, plan: Se
     )
 
 
+def check_catalog_not_lost(store: CompactionHandle, state: CatalogState) -> None:
+    """Refuse to compact onto an empty catalog while segments are applied on disk: the catalog was
+    lost (or replaced), and compacting on would quarantine valid segments as "unknown table"."""
+    if state.txn_id >= 0:
+        return
+    applied = list_segments(store.wal_dir, SegmentState.APPLIED)
+    if applied:
+        raise CatalogError(
+            f"the catalog of {store.database} is empty, but {len(applied)} segment(s) of its WAL are applied "
+            f"(up to {applied[-1].name}): the catalog was lost; run `history-pipeline rebuild-catalog` first"
+        )
+
+
 def compact_pending(
     store: CompactionHandle, spark: Any | None = None, on_step: StepHook = lambda s: None
 ) -> CompactionSummary:
     """Compact every pending sealed segment of ``store`` in order; quarantine stops the line."""
     summary = CompactionSummary(frontier=store.catalog.latest().frontier)
     state = store.catalog.latest()
+    check_catalog_not_lost(store, state)
     pending, blocker = pending_segments(store.wal_dir, state)
     if spark is not None and pending:
         check_paths_visible(spark, store.objects, store.wal_dir, getattr(store.settings, "shared_paths", False))

@@ -8,16 +8,24 @@ disk, a conditional write (``If-None-Match: *``) on S3.
 from __future__ import annotations
 
 import abc
+import contextlib
 import os
 import time
 import uuid
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pyarrow.fs as pafs
 
-from history_pipeline.errors import ObjectExistsError, ObjectNotFoundError, ObjectStoreError
+from history_pipeline.errors import (
+    HistoryError,
+    ObjectExistsError,
+    ObjectNotFoundError,
+    ObjectStoreError,
+    StorageRootError,
+)
 
 
 @dataclass(frozen=True)
@@ -95,7 +103,13 @@ class LocalStore(ObjectStore):
 
     def __init__(self, root: str | Path):
         self.root = Path(root).absolute()
-        self.root.mkdir(parents=True, exist_ok=True)
+        try:
+            self.root.mkdir(parents=True, exist_ok=True)
+        except FileExistsError:  # (mkdir's "File exists" named no reason for a cold tier or export target)
+            raise StorageRootError(
+                f"{self.root} is a file, not a folder: give a folder or s3://bucket/prefix") from None
+        except OSError as exc:
+            raise StorageRootError(f"cannot use {self.root} as a storage folder: {exc.strerror or exc}") from None
         self.uri = str(self.root)
 
     def _path(self, path: str) -> Path:
@@ -198,16 +212,47 @@ class S3Store(ObjectStore):
             )
         return self._client_cache
 
-    def get(self, path: str) -> bytes:
+    @contextlib.contextmanager
+    def _failures(self, what: str) -> Iterator[None]:
+        """botocore's errors (an endpoint that does not answer, no credentials, access refused) as
+        typed errors naming the root and what was being done: they otherwise surface far from here,
+        e.g. after a retention's Spark work, at its first write to a cold tier."""
+        from botocore.exceptions import BotoCoreError, ClientError, NoCredentialsError
+
         try:
-            return self._client.get_object(Bucket=self.bucket, Key=self._key(path))["Body"].read()
-        except self._client.exceptions.NoSuchKey:
-            raise ObjectNotFoundError(f"no object {path} in {self.uri}") from None
+            yield
+        except HistoryError:
+            raise
+        except NoCredentialsError:
+            raise StorageRootError(
+                f"no S3 credentials for {self.uri}: set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY "
+                "(and AWS_ENDPOINT_URL for a non-AWS endpoint)"
+            ) from None
+        except ClientError as exc:
+            code = exc.response.get("Error", {}).get("Code", "")
+            if code == "NoSuchBucket":
+                raise StorageRootError(f"the bucket of {self.uri} does not exist: create it first") from None
+            raise ObjectStoreError(
+                f"S3 refused to {what} in {self.uri} ({code}): check the credentials and bucket") from None
+        except BotoCoreError as exc:
+            raise StorageRootError(f"cannot reach S3 for {self.uri} (to {what}): {exc}") from None
+
+    def get(self, path: str) -> bytes:
+        with self._failures(f"read {path}"):
+            try:
+                return self._client.get_object(Bucket=self.bucket, Key=self._key(path))["Body"].read()
+            except self._client.exceptions.NoSuchKey:
+                raise ObjectNotFoundError(f"no object {path} in {self.uri}") from None
 
     def put(self, path: str, data: bytes) -> None:
-        self._client.put_object(Bucket=self.bucket, Key=self._key(path), Body=data)
+        with self._failures(f"write {path}"):
+            self._client.put_object(Bucket=self.bucket, Key=self._key(path), Body=data)
 
     def put_if_absent(self, path: str, data: bytes) -> None:
+        with self._failures(f"write {path}"):
+            self._put_if_absent(path, data)
+
+    def _put_if_absent(self, path: str, data: bytes) -> None:
         from botocore.exceptions import ClientError
 
         try:
@@ -226,27 +271,30 @@ class S3Store(ObjectStore):
     def exists(self, path: str) -> bool:
         from botocore.exceptions import ClientError
 
-        try:
-            self._client.head_object(Bucket=self.bucket, Key=self._key(path))
-            return True
-        except ClientError as exc:
-            if exc.response.get("Error", {}).get("Code") in ("404", "NoSuchKey", "NotFound"):
-                return False
-            raise
+        with self._failures(f"look up {path}"):
+            try:
+                self._client.head_object(Bucket=self.bucket, Key=self._key(path))
+                return True
+            except ClientError as exc:
+                if exc.response.get("Error", {}).get("Code") in ("404", "NoSuchKey", "NotFound"):
+                    return False
+                raise
 
     def list(self, prefix: str) -> list[ObjectInfo]:
         found = []
         paginator = self._client.get_paginator("list_objects_v2")
         strip = len(self.prefix) + 1 if self.prefix else 0
-        for page in paginator.paginate(Bucket=self.bucket, Prefix=self._key(prefix)):
-            for obj in page.get("Contents", []):
-                found.append(
-                    ObjectInfo(obj["Key"][strip:], obj["Size"], obj["LastModified"].timestamp())
-                )
+        with self._failures(f"list {prefix or '/'}"):
+            for page in paginator.paginate(Bucket=self.bucket, Prefix=self._key(prefix)):
+                for obj in page.get("Contents", []):
+                    found.append(
+                        ObjectInfo(obj["Key"][strip:], obj["Size"], obj["LastModified"].timestamp())
+                    )
         return sorted(found, key=lambda o: o.path)
 
     def delete(self, path: str) -> None:
-        self._client.delete_object(Bucket=self.bucket, Key=self._key(path))
+        with self._failures(f"delete {path}"):
+            self._client.delete_object(Bucket=self.bucket, Key=self._key(path))
 
     def arrow_filesystem(self) -> tuple[pafs.FileSystem, str]:
         if self._fs_cache is None:

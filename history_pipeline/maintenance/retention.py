@@ -135,6 +135,8 @@ def retain(
     """Purge history below ``purge_before`` (see the module docstring); table work runs on Spark if given."""
     step = on_step or (lambda s: None)
     state: CatalogState = store.catalog.latest()
+    if purge_before < 0:
+        raise HistoryError(f"cannot purge before {purge_before}: logical timestamps start at 0")
     if purge_before > state.frontier + 1:
         raise HistoryError(
             f"cannot purge before {purge_before}: the frontier is {state.frontier}, so at most {state.frontier + 1}"

@@ -12,6 +12,7 @@ import contextlib
 import functools
 import hashlib
 import itertools
+import operator
 import re
 import threading
 from collections import OrderedDict
@@ -214,6 +215,7 @@ class QueryContext:
 
     def fetch_row(self, table: str, key: int, as_of: int) -> dict[str, Any] | None:
         """One row as of ``as_of`` as {column name: value}, or None."""
+        key = _synthetic_key(key)
         self.check_as_of(as_of)
         descriptor = self.resolve(table, as_of)
         rows = self._live(descriptor, as_of, keys=[key])
@@ -229,6 +231,7 @@ class QueryContext:
 
     def row_history(self, table: str, key: int) -> list[dict[str, Any]]:
         """Every retained version of a key, oldest first, values named as at each version's time."""
+        key = _synthetic_key(key)
         descriptor = self._resolve_any_time(table)
         supercolumns = self.supercolumns(descriptor.table_uuid)
         files = self.state.versions_of(descriptor.table_uuid)
@@ -347,7 +350,12 @@ class QueryContext:
                 source = relation.to_arrow_reader(batch_size)
             if exact.names is not None:
                 source = _renamed_reader(source, list(exact.names))
-            schema = _restore_types(source.schema.empty_table(), duck_types).schema
+            try:
+                schema = _restore_types(source.schema.empty_table(), duck_types).schema
+            except pa.ArrowNotImplementedError as exc:  # e.g. a UNION value: pyarrow cannot build one
+                names = ", ".join(f"{f.name} ({f.type})" for f in source.schema)
+                raise QueryError(f"the result's columns {names} include a type Arrow cannot hand back ({exc}); "
+                                 "cast it in the query, e.g. CAST(column AS VARCHAR)") from None
         except BaseException:
             con.close()
             raise
@@ -747,9 +755,23 @@ def exact_decimal_array(column: Any, fit_precision: bool = False) -> Any | None:
 
 
 @functools.lru_cache(maxsize=1024)
+def _synthetic_key(key: Any) -> int:
+    """``key`` as a synthetic key (numpy integers too), or a :class:`QueryError` saying what it is
+    (a str or None failed deep in the key-range pruning with a bare TypeError, a float matched nothing)."""
+    try:
+        value = operator.index(key)
+    except TypeError:
+        raise QueryError(f"key {key!r} is not a synthetic key: pass a 64-bit integer") from None
+    if isinstance(key, bool) or not -(2**63) <= value < 2**63:
+        raise QueryError(f"key {key!r} is not a synthetic key: pass a 64-bit integer")
+    return value
+
+
 def _check_read_only(query: str) -> None:
     """Refuse anything but SELECT statements (parsed once per query text), and any mention of the
     sandbox's per-T schemas (a query reads its own T only through the names it resolves)."""
+    if not isinstance(query, str):
+        raise QueryError(f"SQL must be a string, got {type(query).__name__}")
     if _INTERNAL_SCHEMA.search(query):
         raise SandboxViolationError(
             "refused by the read-only sandbox: names starting with __hp_asof_ are internal; name the tables as of T"
@@ -757,6 +779,11 @@ def _check_read_only(query: str) -> None:
     probe = parser_cursor()
     try:
         statements = probe.extract_statements(query)
+    except duckdb.ParserException:  # (sql_reader's path: the one-line error sql gives, naming the line)
+        from history_pipeline.query.statements import check_syntax
+
+        check_syntax(query)
+        raise
     finally:
         probe.close()
     if not statements:

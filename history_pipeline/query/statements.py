@@ -34,6 +34,8 @@ _SUGGESTION = re.compile(r'\s*Did you mean "[^"]*"\?', re.IGNORECASE)
 
 def run_sql(context: Any, query: str, as_of: int) -> pa.Table:
     """Answer ``query`` as of ``as_of`` over a :class:`~history_pipeline.query.engine.QueryContext`."""
+    if not isinstance(query, str):
+        raise QueryError(f"SQL must be a string, got {type(query).__name__}")
     check_syntax(query)
     if _SHOW_TABLES.match(query):
         return show_tables(context, as_of)

@@ -87,9 +87,17 @@ def config_from_mapping(data: Mapping[str, Any], base: Path = Path(".")) -> Serv
     if unknown:
         raise ValueError(f"unknown server settings {sorted(unknown)}; known: {sorted(known)}")
     tenants = []
-    for name, section in (data.get("tenants") or {}).items():
+    sections = data.get("tenants") or {}
+    if not isinstance(sections, Mapping):  # ([[tenants]], a list, failed with an AttributeError)
+        raise ValueError("tenants are tables [tenants.<name>] with a token_sha256, not a list")
+    for name, section in sections.items():
+        if not isinstance(section, Mapping):
+            raise ValueError(f"tenant {name!r} must be a table [tenants.{name}] with a token_sha256, not {section!r}")
         if "token_sha256" not in section:
             raise ValueError(f"tenant {name!r} has no token_sha256")
+        for key in ("token_sha256", "database"):
+            if not isinstance(section.get(key, ""), str):
+                raise ValueError(f"tenant {name!r}: {key} must be a string, got {section[key]!r}")
         extra = set(section) - {"database", "token_sha256"} - _LIMIT_KEYS
         if extra:
             raise ValueError(f"tenant {name!r}: unknown settings {sorted(extra)}")
@@ -105,13 +113,24 @@ def config_from_mapping(data: Mapping[str, Any], base: Path = Path(".")) -> Serv
         root=str(data.get("root", "data")),
         tenants=tuple(tenants),
         host=data.get("host", "127.0.0.1"),
-        port=int(data.get("port", 8815)),
+        port=_integer(data, "port", 8815),
         limits=Limits().with_overrides(data.get("limits") or {}),
-        workers=int(data.get("workers", 4)),
-        batch_rows=int(data.get("batch_rows", 65_536)),
+        workers=_integer(data, "workers", 4, least=1),
+        batch_rows=_integer(data, "batch_rows", 65_536, least=1),
         tls_cert=_read_pem(base, data.get("tls_cert"), "tls_cert"),
         tls_key=_read_pem(base, data.get("tls_key"), "tls_key"),
     )
+
+
+def _integer(data: Mapping[str, Any], key: str, default: int, least: int = 0) -> int:
+    value = data.get(key, default)
+    try:
+        number = int(value)
+    except (TypeError, ValueError):
+        raise ValueError(f"{key} must be an integer, got {value!r}") from None
+    if number < least:
+        raise ValueError(f"{key} must be at least {least}, got {value!r}")
+    return number
 
 
 def load_config(path: str | Path) -> ServerConfig:

@@ -30,12 +30,17 @@ class Limits:
 
     def __post_init__(self) -> None:
         for f in fields(self):
-            if getattr(self, f.name) <= 0:
+            value = getattr(self, f.name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)):  # ("x" <= 0: a TypeError)
+                raise ValueError(f"limit {f.name} must be a number, got {value!r}")
+            if value <= 0:
                 raise ValueError(f"limit {f.name} must be positive, got {getattr(self, f.name)!r}")
 
     def with_overrides(self, overrides: Mapping[str, Any]) -> Limits:
         """These limits with some fields replaced (a tenant's own limits)."""
         known = {f.name for f in fields(self)}
+        if not isinstance(overrides, Mapping):
+            raise ValueError(f"limits are a table of {sorted(known)}, not {overrides!r}")
         unknown = set(overrides) - known
         if unknown:
             raise ValueError(f"unknown limits {sorted(unknown)}; known: {sorted(known)}")

@@ -166,7 +166,7 @@ def decode_request(ticket: bytes) -> Request:
         body = json.loads(ticket)
     except ValueError as exc:
         raise InvalidRequestError(f"the ticket is not a JSON request: {exc}") from None
-    if not isinstance(body, dict) or body.get("op") not in OPERATIONS:
+    if not isinstance(body, dict) or not isinstance(body.get("op"), str) or body["op"] not in OPERATIONS:
         raise InvalidRequestError(
             f"unknown operation {body.get('op') if isinstance(body, dict) else body!r}; "
             f"known: {', '.join(OPERATIONS)}"

@@ -22,11 +22,12 @@ from history_pipeline.service.config import ServerConfig
 from history_pipeline.service.errors import (
     AuthenticationError,
     ConcurrencyLimitError,
+    InvalidRequestError,
     QueryTimeoutError,
     error_payload,
 )
 from history_pipeline.service.limits import ConcurrencyGate
-from history_pipeline.service.protocol import decode_request
+from history_pipeline.service.protocol import OPERATIONS, decode_request
 from history_pipeline.service.workers import Job, WorkerPool
 
 
@@ -122,8 +123,37 @@ class HistoryServer(flight.FlightServerBase):
                 answer = self._pool.run(job, cancelled=context.is_cancelled)
         except HistoryError as exc:
             raise flight_error(exc) from None
+        except Exception as exc:  # a bug: a typed ServiceError for the client, not the server's stack trace
+            raise flight.FlightServerError(str(exc), extra_info=error_payload(exc)) from None
         reader = pa.ipc.open_stream(answer)
         return flight.GeneratorStream(reader.schema, self._stream(reader))
+
+    # Flight's other calls: refused as invalid requests (pyarrow's defaults answer with a Python
+    # stack trace of the server)
+    def _only_do_get(self, call: str) -> flight.FlightError:
+        return flight_error(InvalidRequestError(
+            f"{call} is not offered: this service answers do_get tickets only ({', '.join(OPERATIONS)})"))
+
+    def list_flights(self, context: Any, criteria: Any) -> Iterator[flight.FlightInfo]:
+        raise self._only_do_get("list_flights")
+
+    def get_flight_info(self, context: Any, descriptor: Any) -> flight.FlightInfo:
+        raise self._only_do_get("get_flight_info")
+
+    def get_schema(self, context: Any, descriptor: Any) -> flight.SchemaResult:
+        raise self._only_do_get("get_schema")
+
+    def do_put(self, context: Any, descriptor: Any, reader: Any, writer: Any) -> None:
+        raise self._only_do_get("do_put")
+
+    def do_exchange(self, context: Any, descriptor: Any, reader: Any, writer: Any) -> None:
+        raise self._only_do_get("do_exchange")
+
+    def list_actions(self, context: Any) -> list[Any]:
+        raise self._only_do_get("list_actions")
+
+    def do_action(self, context: Any, action: Any) -> Iterator[Any]:
+        raise self._only_do_get("do_action")
 
     def _stream(self, reader: pa.ipc.RecordBatchStreamReader) -> Iterator[pa.RecordBatch]:
         # counted from the first batch pulled; a client that goes away closes the generator

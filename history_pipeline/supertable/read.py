@@ -23,6 +23,7 @@ import pyarrow.compute as pc
 import pyarrow.dataset as ds
 import pyarrow.parquet as pq
 
+from history_pipeline.errors import DataFileError
 from history_pipeline.io.store import LocalStore, ObjectStore
 from history_pipeline.supertable import DELETED, KEY, LT, SUPERSEDED, column_chunks
 from history_pipeline.supertable.bloom import BLOCK_BYTES, bitset_bytes, hashed_key
@@ -212,8 +213,11 @@ def footer(store: ObjectStore, path: str) -> Footer:
     cached = _FOOTERS.get(cache_key)
     if cached is None:
         fs, _ = store.arrow_filesystem()
-        with fs.open_input_file(store.full_path(path)) as handle:
-            meta = pq.read_metadata(handle)
+        try:
+            with fs.open_input_file(store.full_path(path)) as handle:
+                meta = pq.read_metadata(handle)
+        except (OSError, pa.ArrowException) as exc:  # every read of a file starts here: name the file
+            raise DataFileError(path, " ".join(str(exc).split())) from exc
         arrow_schema = meta.schema.to_arrow_schema()
         chunks = column_chunks(meta)  # once per footer: wide tables have hundreds of columns
         index, t_index, s_index, d_index = (chunks.get(name, -1) for name in (KEY, LT, SUPERSEDED, DELETED))

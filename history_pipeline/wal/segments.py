@@ -230,7 +230,12 @@ def move_segment(ref: SegmentRef, state: SegmentState, wal_dir: Path) -> Segment
     target_dir = applied_dir(wal_dir) if state is SegmentState.APPLIED else quarantine_dir(wal_dir)
     target_dir.mkdir(parents=True, exist_ok=True)
     target = target_dir / f"{ref.name}.sealed"
-    os.replace(ref.path, target)
+    try:
+        os.replace(ref.path, target)
+    except FileNotFoundError:
+        if not target.exists():
+            raise
+        return SegmentRef(ref.segment_id, state, target)  # a concurrent run moved it there already
     fsync_dir(target_dir)
     fsync_dir(ref.path.parent)
     return SegmentRef(ref.segment_id, state, target)

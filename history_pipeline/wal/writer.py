@@ -256,14 +256,22 @@ class WalWriter:
     def _write_head(self) -> None:
         head = {"next_segment": self._next_id, "closed_t": self._position.closed_t}
         tmp = self.wal_dir / "head.json.tmp"
-        tmp.write_text(json.dumps(head))
+        with open(tmp, "w") as f:
+            f.write(json.dumps(head))
+            os.fsync(f.fileno())  # else a power loss can leave the renamed file empty
         os.replace(tmp, self.wal_dir / "head.json")
+        fsync_dir(self.wal_dir)
 
     def _recover(self) -> tuple[WalPosition, int]:
         """Rebuild the ordering state; repair a torn tail of the open segment."""
         refs = list_segments(self.wal_dir)
         head_path = self.wal_dir / "head.json"
-        head = json.loads(head_path.read_text()) if head_path.exists() else {}
+        try:
+            head = json.loads(head_path.read_text()) if head_path.exists() else {}
+        except ValueError:  # torn by a crash: a hint only, the segments (never deleted) say the same
+            head = {}
+        if not isinstance(head, dict):
+            head = {}
         next_id = max([head.get("next_segment", 1)] + [r.segment_id + 1 for r in refs])
         position = WalPosition(closed_t=head.get("closed_t", GENESIS_T))
         finished = [r for r in refs if r.state is not SegmentState.OPEN]
@@ -300,6 +308,8 @@ class WalWriter:
         self._fd = os.open(ref.path, os.O_WRONLY | os.O_APPEND)
         self._open_size = len(keep)
         self._open_since = ref.path.stat().st_mtime if lines else time.time()
+        if not lines:  # a crash tore (or never wrote) its opening close: without it the sealed segment is refused
+            self._write(event_to_line(Close(position.closed_t)))
         return position
 
     def _release(self) -> None:
@@ -358,6 +368,10 @@ def check_input(
             if require_uuids:
                 check_identifiers(event)
             position = position.admit(event)
+            if isinstance(raw, str) or b"\\u" in raw:
+                # a lone surrogate (only a \u escape or a Python str can hold one) fails at writing,
+                # after the earlier lines are written: refuse it here, with its line
+                event_to_line(event)
         except MalformedRecordError as exc:
             raise InputRecordError(source, number, exc.reason) from None
         count += 1
