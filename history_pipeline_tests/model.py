@@ -138,3 +138,12 @@ def names_of(model: BaseDatabase, table_uuid: str, as_of: int) -> list[tuple[str
     """(column uuid, name, type) in column order."""
     table = model.state_as_of(as_of)[table_uuid]
     return [(c[0], c[1], c[2]) for c in sorted(table["columns"], key=lambda c: (c[3], c[0]))]
+
+
+def erase_keys(model: BaseDatabase, table_uuid: str, keys: set[int]) -> None:
+    """Forget ``keys`` of one table in every past state (an erasure rewrites all of history)."""
+    for snap in [model.tables, *(s for _, s in model.snapshots)]:
+        table = snap.get(table_uuid)
+        if table is not None:
+            for key in keys:
+                table["rows"].pop(key, None)

@@ -692,8 +692,14 @@ def exact_decimal_array(column: Any, fit_precision: bool = False) -> Any | None:
         if int_digits + scale > 38:
             return None
         precision = max(1, int_digits + scale) if fit_precision else 38
-        fitted = con.sql(f"SELECT CAST(v AS DECIMAL({precision}, {scale})) AS v FROM __numeric")
-        return fitted.to_arrow_table().column("v")
+        # read as DECIMAL(38, s) first: DuckDB refuses exponent text such as "1E-20" or "12E-1" in
+        # a DECIMAL(p, s) without a digit to spare (p = 20, s = 20), then narrows exactly
+        wide = f"CAST(v AS DECIMAL(38, {scale}))"
+        try:
+            fitted = con.sql(f"SELECT CAST({wide} AS DECIMAL({precision}, {scale})) AS v FROM __numeric")
+            return fitted.to_arrow_table().column("v")
+        except duckdb.ConversionException:
+            return None  # "1E-38" fits no DECIMAL DuckDB reads it into: the text stays the exact form
     finally:
         con.close()
 
