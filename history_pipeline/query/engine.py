@@ -438,7 +438,9 @@ class QueryContext:
             for n, c in enumerate(unconstrained):
                 int_digits, scale = row[2 * n] or 0, row[2 * n + 1] or 0
                 # the precision the values need, so that an exact AVG keeps as many decimals as room allows
-                fits[c.supercolumn] = (max(1, int_digits + scale), scale) if int_digits + scale <= 38 else None
+                # (scale 38 too stays text: DuckDB reads "1E-38" into no DECIMAL)
+                fits[c.supercolumn] = ((max(1, int_digits + scale), scale) if int_digits + scale <= 38 and scale < 38
+                                       else None)
                 if fits[c.supercolumn] is None:
                     wide.append(f"{descriptor.table_name}.{c.column_name}")
         columns = _sql_columns(descriptor, fits)
@@ -658,7 +660,10 @@ def _sql_columns(descriptor: TableDescriptor, numeric_types: Mapping[str, tuple[
         kind = c.data_type.kind
         if kind is TypeKind.NUMERIC and not c.data_type.is_exact_decimal:
             fitted = numeric_types.get(c.supercolumn)
-            expr = source if fitted is None else f"CAST({source} AS DECIMAL({fitted[0]}, {fitted[1]}))"
+            # through DECIMAL(38, s): DuckDB reads exponent text ("1E-20", as Python writes small
+            # values) into DECIMAL(p, s) only with a digit to spare, and p = s for values below 1
+            expr = source if fitted is None else (f"CAST(CAST({source} AS DECIMAL(38, {fitted[1]})) "
+                                                  f"AS DECIMAL({fitted[0]}, {fitted[1]}))")
         elif kind is TypeKind.JSONB:
             expr = f"CAST({source} AS JSON)"
         elif kind is TypeKind.REAL:
