@@ -333,6 +333,7 @@ class QueryContext:
             tables = [
                 d for d in self.get_catalog(as_of) if referenced is None or d.table_name.lower() in referenced
             ]
+            _refuse_case_clashes(tables, as_of)
             wide = self._create_views(con, kept, tables, as_of,
                                       with_history=referenced is None or not referenced.isdisjoint(_HISTORY_NAMES))
             with self._sql_errors(as_of, wide):
@@ -581,6 +582,25 @@ def _restore_types(table: pa.Table, duckdb_types: list[str]) -> pa.Table:
             column = jsonb_result_array(column)
         columns.append(column)
     return pa.table(columns, names=table.column_names)
+
+
+def _refuse_case_clashes(tables: Sequence[TableDescriptor], as_of: int) -> None:
+    """DuckDB resolves identifiers without regard to case, even quoted: of two tables (or two
+    columns of one table) named "Orders" and "orders" a query would silently read one for both,
+    where PostgreSQL tells them apart. Such a query is refused instead."""
+    seen: dict[str, str] = {}
+    for descriptor in tables:
+        other = seen.setdefault(descriptor.table_name.lower(), descriptor.table_name)
+        if other != descriptor.table_name:
+            raise QueryError(f"as of {as_of} the tables {other!r} and {descriptor.table_name!r} differ only in "
+                             "case, which SQL here cannot tell apart: read them with load_table instead")
+        columns: dict[str, str] = {}
+        for column in descriptor.columns:
+            clash = columns.setdefault(column.column_name.lower(), column.column_name)
+            if clash != column.column_name:
+                raise QueryError(f"as of {as_of} the columns {clash!r} and {column.column_name!r} of "
+                                 f"{descriptor.table_name!r} differ only in case, which SQL here cannot tell "
+                                 "apart: read the table with load_table instead")
 
 
 @functools.lru_cache(maxsize=1024)
