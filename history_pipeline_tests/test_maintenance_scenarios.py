@@ -713,3 +713,51 @@ def test_sql_refuses_names_that_differ_only_in_case(tmp_path):
     assert store.load_table("Orders", 5).to_pylist() == [{"synthetic_key": 1, "v": 1}]
     assert store.load_table("orders", 5).to_pylist() == [{"synthetic_key": 1, "v": 2}]
     assert store.sql('SELECT v FROM "Orders"', 6).to_pylist() == [{"v": 1}]  # once "orders" is dropped
+
+
+def _check_with_table_purge_points(store, model, as_ofs):
+    """load_table, fetch_row and SQL against the model where each table is answerable; below a
+    table's own purge point (its TTL) the typed error."""
+    for as_of in as_ofs:
+        for uuid, table in model.state_as_of(as_of).items():
+            if as_of < store.earliest_of(uuid):
+                with pytest.raises(PurgedTimestampError):
+                    store.load_table(uuid, as_of)
+                continue
+            expected = expected_rows(model, uuid, as_of)
+            assert rows_of(store.load_table(uuid, as_of)) == expected, (table["name"], as_of)
+            assert rows_of(store.load_table(uuid, as_of, ordered=False)) == expected, (table["name"], as_of)
+            for key in range(1, 9):
+                row = store.fetch_row(uuid, key, as_of)
+                assert (None if row is None else norm(row)) == expected.get(key), (table["name"], key, as_of)
+            types = {n: ty for _, n, ty in names_of(model, uuid, as_of)}
+            by_value = expected_rows(model, uuid, as_of, scale=False)
+            assert rows_of(store.sql(f'SELECT * FROM "{table["name"]}"', as_of), types) == by_value, as_of
+    assert store.verify() == []
+
+
+@pytest.mark.parametrize("order", ["retain_then_ttl", "ttl_then_retain"])
+def test_load_back_after_a_table_ttl_purged_past_the_purge_point(tmp_path, order):
+    """A database purge to P1 (cold tier), a table's TTL purge to P2 > P1, then the load-back:
+    the load-back restored the table's files below P2 too, so keys deleted between P1 and P2
+    came back to life in every answer at or after P2."""
+    store, model, events = compacted(tmp_path / "root")
+    cold_uri = str(tmp_path / "cold")
+    points = _purge_points(store, events)
+    p1, p2 = points["retype"], points["after_rename"]
+    if order == "retain_then_ttl":
+        store.retain(purge_before=p1, cold_tier=cold_uri, spark=False)
+    store.set_ttl("goods", store.frontier + 1 - p2)
+    assert store.apply_ttl(spark=False).purged == {"TA": p2}
+    if order == "ttl_then_retain":  # the database purge above the TTL point, then below it too
+        store.retain(purge_before=p2 + 3, cold_tier=cold_uri, spark=False)
+        store.load_cold_tier(cold_uri)
+        assert store.earliest_of("goods") == p2
+        store.retain(purge_before=p1, cold_tier=cold_uri, spark=False)
+    store.load_cold_tier(cold_uri)
+    assert store.earliest == 0 and store.earliest_of("goods") == p2
+    as_ofs = range(0, store.frontier + 2)
+    _check_with_table_purge_points(store, model, as_ofs)
+    store.merge(spark=False, small_file_bytes=10**9)
+    store.rebuild_catalog()
+    _check_with_table_purge_points(store, model, _boundaries(store, events))

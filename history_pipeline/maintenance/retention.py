@@ -278,10 +278,13 @@ def _restore(store: DatabaseHandle, cold: ObjectStore, manifest_path: str) -> in
             f"history of {store.database} is purged up to {earliest}, after this export's purge point "
             f"{purge_before}: load the newer purged history first (load_cold_tier without purge_before)"
         )
-    restored = [FileEntry.from_json(f) for f in manifest["removed"]]
+    state: CatalogState = store.catalog.latest()
+    # a table its TTL purged past this purge point keeps nothing below its own point: its files
+    # here are history the TTL forgot, and they would bring back keys deleted between the points
+    forgotten = {table for table, point in state.table_earliest.items() if point > purge_before}
+    restored = [e for e in map(FileEntry.from_json, manifest["removed"]) if e.table_uuid not in forgotten]
     for entry in restored:
         store.objects.put(entry.path, cold.get(f"{prefix}/{entry.path}"))
-    state: CatalogState = store.catalog.latest()
     supers = replay_schema_history(state.schema_history).supercolumns
     back = {e.path for e in restored}
     tasks = []
