@@ -723,6 +723,8 @@ def _check_with_table_purge_points(store, model, as_ofs):
             if as_of < store.earliest_of(uuid):
                 with pytest.raises(PurgedTimestampError):
                     store.load_table(uuid, as_of)
+                with pytest.raises(PurgedTimestampError):  # a diff from a state the TTL forgot
+                    store.diff(uuid, from_=as_of, to=store.frontier + 1)
                 continue
             expected = expected_rows(model, uuid, as_of)
             assert rows_of(store.load_table(uuid, as_of)) == expected, (table["name"], as_of)

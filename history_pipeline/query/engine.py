@@ -286,6 +286,7 @@ class QueryContext:
         if anchor is None:
             self.resolve(table, to)  # raises, listing the tables that exist then
         assert anchor is not None
+        self.check_table_as_of(anchor, from_)  # below a TTL purge point the "before" state is gone
         epochs = _descriptor_epochs(self.state.schema_history, anchor.table_uuid)
         before_desc, after_desc = _epoch_at(epochs, from_), _epoch_at(epochs, to)
         before = self._rows_by_key(before_desc, from_)
