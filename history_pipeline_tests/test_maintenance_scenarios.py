@@ -27,7 +27,7 @@ from history_pipeline.catalog.model import FileKind
 from history_pipeline.io.store import open_store
 from history_pipeline.maintenance.export import load_export
 from history_pipeline.types import Interval, TypeKind
-from history_pipeline_tests.model import BaseDatabase, erase_keys, names_of
+from history_pipeline_tests.model import BaseDatabase, erase_keys, names_of, nullability_of
 from history_pipeline_tests.test_compaction import write
 
 COLS = [
@@ -135,6 +135,16 @@ def typed_history(seed=1):
     rows("TA", 1)
     schema("TA", "reorder_column", column_uuid="c_dbl", ordinal_key="0")
     rows("TA", 2)
+    t += 1
+    for key in sorted(tables["TA"]["keys"]):
+        emit({"op": "update", "t": t, "table_uuid": "TA", "key": key, "values": {"c_vc": "v"}})
+    schema("TA", "change_column_nullable", column_uuid="c_vc", is_nullable=False)
+    t += 1  # a key deleted and inserted again in one transaction
+    again = sorted(tables["TA"]["keys"])[0]
+    emit({"op": "delete", "t": t, "table_uuid": "TA", "key": again})
+    emit({"op": "insert", "t": t, "table_uuid": "TA", "key": again, "values": {"c_id": 7, "c_vc": "again"}})
+    schema("TA", "change_column_nullable", column_uuid="c_vc", is_nullable=True)
+    rows("TA", 1)
     schema("TA", "drop_column", column_uuid="c_sm")
     del tables["TA"]["cols"]["c_sm"]
     rows("TA", 2)
@@ -268,6 +278,34 @@ def _check_diff(store, model, events, uuid, name, lo, hi):
     assert all(norm(d["before"]) == before[d["key"]] for d in got["changed"] + got["deleted"]), where
 
 
+def expected_schema_history(model: BaseDatabase, events: list[dict], as_of: int) -> list[tuple]:
+    """(table uuid, table name, t, columns as (uuid, name, type, nullable) or None) of every schema
+    change below ``as_of``: a rename is a null descriptor under the old name and the full one."""
+    rows, names = [], {}
+    for e in events:
+        if e["t"] >= as_of or e["op"] in ROW_OPS + ("close",):
+            continue
+        uuid, t = e["table_uuid"], e["t"]
+        if e["op"] in ("drop_table", "rename_table"):
+            rows.append((uuid, names[uuid], t, None))
+        if e["op"] == "drop_table":
+            continue
+        if e["op"] in ("create_table", "rename_table"):
+            names[uuid] = e["table_name"] if e["op"] == "create_table" else e["new_name"]
+        cols = [(u, n, str(ty), nullable) for (u, n, ty), nullable
+                in zip(names_of(model, uuid, t + 1), nullability_of(model, uuid, t + 1), strict=True)]
+        rows.append((uuid, names[uuid], t, cols))
+    return sorted(rows, key=lambda r: (r[2], r[0], r[1], repr(r[3])))
+
+
+def schema_history_rows(store: HistoryStore, as_of: int) -> list[tuple]:
+    got = store.sql("SELECT * FROM _history_catalog.schema_history", as_of).to_pylist()
+    return sorted(((r["table_uuid"], r["table_name"], r["logical_timestamp"], None if r["schema_descriptor"] is None
+                    else [(c["column_uuid"], c["column_name"], c["data_type"], c["is_nullable"])
+                          for c in r["schema_descriptor"]["column_descriptors"]]) for r in got),
+                  key=lambda r: (r[2], r[0], r[1], repr(r[3])))
+
+
 def check(store: HistoryStore, model: BaseDatabase, events: list[dict], erased: dict[str, set[int]] | None = None,
           as_ofs: list[int] | None = None) -> None:
     """Every query API against the model at every answerable T (or at ``as_ofs``)."""
@@ -286,6 +324,7 @@ def check(store: HistoryStore, model: BaseDatabase, events: list[dict], erased: 
             descriptor = catalog[uuid]
             assert descriptor.table_name == name, as_of
             assert [(c.column_uuid, c.column_name, c.data_type) for c in descriptor.columns] == cols, (name, as_of)
+            assert [c.is_nullable for c in descriptor.columns] == nullability_of(model, uuid, as_of), (name, as_of)
             expected = expected_rows(model, uuid, as_of)
             where = (name, as_of)
             got = store.load_table(name, as_of)
@@ -310,6 +349,8 @@ def check(store: HistoryStore, model: BaseDatabase, events: list[dict], erased: 
                                      and e["op"] not in ROW_OPS and e["t"] < as_of))
                 if lo < as_of - 1:
                     _check_diff(store, model, events, uuid, name, lo, as_of)
+    for as_of in {earliest, frontier + 1}:  # schema history is kept whatever is purged
+        assert schema_history_rows(store, as_of) == expected_schema_history(model, events, as_of), as_of
     latest = model.state_as_of(frontier + 1)
     for (uuid, key), seq in _mutations(events).items():
         if uuid not in latest:
@@ -763,3 +804,36 @@ def test_load_back_after_a_table_ttl_purged_past_the_purge_point(tmp_path, order
     store.merge(spark=False, small_file_bytes=10**9)
     store.rebuild_catalog()
     _check_with_table_purge_points(store, model, _boundaries(store, events))
+
+
+def test_erasure_with_segments_still_pending_then_retention_and_load_back(tmp_path):
+    """Keys erased while later segments (updates, deletes, re-inserts of them) wait in the WAL:
+    those events are masked too, so every answer is the history without the keys, before and
+    after the rest is compacted, a retention to a cold tier and its load-back."""
+    from history_pipeline.compaction.compactor import CompactionSummary, compact_segment
+
+    store, events, segments = build(tmp_path / "root", PIECES, every=3)
+    half = len(segments) // 2
+    for ref in store.segments()[:half]:
+        compact_segment(store, ref, None, CompactionSummary())
+    touched_later = {e["key"] for batch in segments[half:] for e in batch if e.get("table_uuid") == "TA"
+                     and e["op"] in ROW_OPS}
+    erased = sorted(touched_later)[:2]
+    store.erase("goods" if any(e["op"] == "rename_table" for b in segments[:half] for e in b) else "items",
+                erased, requested_by="test", spark=False)
+    kept = [e for e in events if not (e.get("table_uuid") == "TA" and e["op"] in ROW_OPS and e["key"] in erased)]
+    applied_ts = max(e["t"] for e in segments[half - 1])
+    model = BaseDatabase()
+    for e in kept:
+        if e["t"] <= applied_ts:
+            model.apply(e)
+    check(store, model, [e for e in kept if e["t"] <= applied_ts], erased={"TA": set(erased)})
+    store.compact(spark=False)
+    model = BaseDatabase()
+    for e in kept:
+        model.apply(e)
+    check(store, model, kept, erased={"TA": set(erased)})
+    cold_uri = str(tmp_path / "cold")
+    store.retain(purge_before=_purge_points(store, events)["after_retype"], cold_tier=cold_uri, spark=False)
+    store.load_cold_tier(cold_uri)
+    check(store, model, kept, erased={"TA": set(erased)}, as_ofs=_boundaries(store, kept))
