@@ -307,14 +307,22 @@ def schema_history_rows(store: HistoryStore, as_of: int) -> list[tuple]:
 
 
 def check(store: HistoryStore, model: BaseDatabase, events: list[dict], erased: dict[str, set[int]] | None = None,
-          as_ofs: list[int] | None = None) -> None:
-    """Every query API against the model at every answerable T (or at ``as_ofs``)."""
+          as_ofs: list[int] | str = "boundaries") -> None:
+    """get_catalog and load_table against the model at every answerable T; every other query API
+    (load_table unordered and by uuid, fetch_row, SQL, diff) at ``as_ofs``: "every" T, the T
+    around snapshots and schema changes ("boundaries"), or a list (then only those T at all);
+    then row_history, the schema history and verify()."""
     erased = erased or {}
     earliest, frontier = store.earliest, store.frontier
     if earliest > 0:
         with pytest.raises(PurgedTimestampError):
             store.query_context().check_as_of(earliest - 1)
-    for as_of in as_ofs if as_ofs is not None else range(earliest, frontier + 2):
+    every: Any = range(earliest, frontier + 2)
+    if as_ofs == "boundaries":
+        as_ofs = _boundaries(store, events)
+    elif as_ofs != "every":
+        every = as_ofs  # a list: those T only
+    for as_of in every:
         state = model.state_as_of(as_of)
         catalog = {d.table_uuid: d for d in store.get_catalog(as_of)}
         assert sorted(catalog) == sorted(state), as_of
@@ -332,6 +340,8 @@ def check(store: HistoryStore, model: BaseDatabase, events: list[dict], erased: 
             keys = got.column("synthetic_key").to_pylist()
             assert keys == sorted(keys), where
             assert rows_of(got) == expected, where
+            if as_ofs != "every" and as_of not in as_ofs:
+                continue
             assert rows_of(store.load_table(name, as_of, ordered=False)) == expected, where
             assert rows_of(store.load_table(uuid, as_of)) == expected, where
             for key in [*sorted(expected), 99]:
@@ -340,8 +350,6 @@ def check(store: HistoryStore, model: BaseDatabase, events: list[dict], erased: 
             types = {n: ty for _, n, ty in cols}
             by_value = expected_rows(model, uuid, as_of, scale=False)
             assert rows_of(store.sql(f'SELECT * FROM "{name}"', as_of), types) == by_value, where
-            counted = store.sql(f'SELECT count(*) AS n FROM "{name}"', as_of).to_pylist()
-            assert counted == [{"n": len(expected)}], where
             if as_of - 1 >= earliest and uuid in model.state_as_of(as_of - 1) \
                     and not _schema_change_between(events, uuid, as_of - 1, as_of):
                 _check_diff(store, model, events, uuid, name, as_of - 1, as_of)
@@ -394,7 +402,7 @@ def compacted(root, settings=SMALL, every=3, seed=1):
 def test_every_type_and_schema_change_reads_back_exactly(tmp_path):
     store, model, events = compacted(tmp_path)
     assert store.catalog_state().files_of("TA", FileKind.SNAPSHOT), "snapshots must happen on this history"
-    check(store, model, events)
+    check(store, model, events, as_ofs="every")
 
 
 def _schema_ts(events, uuid="TA"):
@@ -405,11 +413,24 @@ def _snapshot_ts(store, uuid="TA"):
     return sorted({f.snapshot_as_of for f in store.catalog_state().files_of(uuid, FileKind.SNAPSHOT)})
 
 
+def _probe(store, events):
+    """A few T for the checks between steps: the ends, the newest snapshot, the first retype."""
+    snaps = _snapshot_ts(store)
+    retype = next(e["t"] for e in events if e["op"] == "change_column_type")
+    points = {store.earliest, store.earliest + 1, store.frontier + 1, retype + 1,
+              *snaps[-1:], *(s - 1 for s in snaps[-1:])}
+    return sorted(p for p in points if store.earliest <= p <= store.frontier + 1)
+
+
 def _boundaries(store, events):
-    """The T worth checking after a step: around every snapshot and schema change, the ends."""
-    points = {store.earliest, store.frontier + 1}
-    for t in [*_snapshot_ts(store), *_snapshot_ts(store, "TC"), *(e["t"] for e in events if e["op"] not in ROW_OPS)]:
-        points |= {t - 1, t, t + 1, t + 2}
+    """The T worth checking after a step: at and just before each snapshot, at and just after a
+    retype, a table's creation, rename or drop, the purge point and the frontier."""
+    points = {store.earliest, store.earliest + 1, store.frontier + 1}
+    for t in _snapshot_ts(store):
+        points |= {t - 1, t}
+    for e in events:
+        if e["op"] in ("change_column_type", "create_table", "rename_table", "drop_table", "add_column"):
+            points |= {e["t"], e["t"] + 1}
     return sorted(p for p in points if store.earliest <= p <= store.frontier + 1)
 
 
@@ -445,12 +466,10 @@ def _purge_points(store, events):
 
 SEQUENCES = {
     "retain_on_snapshot_rebuild_load_back": ["retain@snap", "rebuild", "load_back", "merge", "cleanup", "rebuild"],
-    "retain_on_retype_merge_load_back": ["retain@retype", "merge", "cleanup", "load_back", "snapshot", "rebuild"],
-    "retain_after_retype_twice": ["retain@after_retype", "snapshot", "retain@rename", "rebuild", "load_back"],
-    "retain_on_rename_and_drop": ["merge", "retain@after_rename", "cleanup", "retain@drop", "rebuild", "load_back",
-                                  "merge", "rebuild"],
-    "retain_after_drop_on_snapshot": ["snapshot", "retain@after_drop", "load_back", "retain@snap2", "merge",
-                                      "cleanup", "rebuild", "load_back"],
+    "retain_on_retype_then_rename": ["retain@retype", "merge", "snapshot", "retain@after_rename", "cleanup",
+                                     "rebuild", "load_back"],
+    "retain_on_drop_and_after": ["merge", "retain@drop", "load_back", "retain@after_drop", "cleanup", "rebuild",
+                                 "load_back"],
 }
 
 
@@ -465,7 +484,7 @@ def test_maintenance_sequences_keep_every_answer(tmp_path, sequence):
             if int(step.split("@")[1]) < store.earliest:
                 continue
         run_step(store, step, cold_uri)
-        check(store, model, events, as_ofs=_boundaries(store, events))
+        check(store, model, events, as_ofs=_probe(store, events))
     check(store, model, events)
 
 
@@ -483,11 +502,11 @@ def test_incremental_compaction_with_merge_snapshot_pieces_and_erasure(tmp_path)
             model.apply(e)
         applied += batch
         run_step(store, ["merge", "snapshot", "refresh"][i % 3], "")
-    check(store, model, applied)
+    check(store, model, applied, as_ofs=_probe(store, applied))
     reinserted = sorted({e["key"] for e in events if e["op"] == "delete" and e["table_uuid"] == "TA"})[:2]
     store.erase("goods", reinserted, requested_by="test", spark=False)
     erase_keys(model, "TA", set(reinserted))
-    check(store, model, applied, erased={"TA": set(reinserted)})
+    check(store, model, applied, erased={"TA": set(reinserted)}, as_ofs=_probe(store, applied))
     store.rebuild_catalog()
     run_step(store, "merge", "")
     check(store, model, applied, erased={"TA": set(reinserted)})
@@ -525,7 +544,7 @@ def test_export_load_back_around_schema_changes_and_after_erasure(tmp_path):
     assert store.earliest == 0
     check(store, model, events, erased={"TA": set(keys)})
     store.rebuild_catalog()
-    check(store, model, events, erased={"TA": set(keys)}, as_ofs=_boundaries(store, events))
+    check(store, model, events, erased={"TA": set(keys)}, as_ofs=_probe(store, events))
 
 
 def test_sql_reads_small_unconstrained_numerics(tmp_path):
@@ -551,7 +570,7 @@ def test_spark_compaction_and_maintenance_over_every_type(tmp_path, spark):
     model = BaseDatabase()
     for e in events:
         model.apply(e)
-    check(store, model, events, as_ofs=_boundaries(store, events))
+    check(store, model, events, as_ofs=_probe(store, events))
     store.merge(spark=spark, small_file_bytes=10**9)
     store.refresh_snapshots(force=True, spark=spark)
     points = _purge_points(store, events)
@@ -642,14 +661,15 @@ def test_extreme_keys_and_reused_names_through_maintenance(tmp_path, steps):
     schema_ts = _schema_ts(events, "TE")
     points = {"mid": schema_ts[len(schema_ts) // 2], "late": schema_ts[-2] + 1}
     cold_uri = str(tmp_path / "cold")
-    check(store, model, events)
+    check(store, model, events, as_ofs=_probe(store, events))
     for step in steps:
         if step.startswith("retain@"):
             step = f"retain@{points[step.split('@')[1]]}"
             if int(step.split("@")[1]) < store.earliest:
                 continue
         run_step(store, step, cold_uri)
-        check(store, model, events)
+        check(store, model, events, as_ofs=_probe(store, events))
+    check(store, model, events)
 
 
 def _lose(store, *prefixes):
@@ -673,7 +693,7 @@ def test_rebuild_after_the_log_is_lost_following_every_kind_of_maintenance(tmp_p
     _lose(store, "_catalog")
     store.rebuild_catalog()
     assert store.earliest == points["after_retype"]
-    check(store, model, events, erased={"TA": set(keys)}, as_ofs=_boundaries(store, events))
+    check(store, model, events, erased={"TA": set(keys)}, as_ofs=_probe(store, events))
     store.load_cold_tier(cold_uri)
     store.cleanup(grace=timedelta(0))
     _lose(store, "_catalog")
@@ -708,7 +728,8 @@ def test_every_type_through_maintenance_on_s3(tmp_path, s3_bucket, s3_options):
     model = BaseDatabase()
     for e in events:
         model.apply(e)
-    check(store, model, events)
+    few = sorted({*_purge_points(store, events).values(), store.frontier + 1})  # S3 round trips are slow
+    check(store, model, events, as_ofs=few)
     cold_uri = s3_bucket.replace("/warehouse", "/cold")
     points = _purge_points(store, events)
     store.merge(spark=False, small_file_bytes=10**9)
@@ -716,11 +737,11 @@ def test_every_type_through_maintenance_on_s3(tmp_path, s3_bucket, s3_options):
     keys = sorted(model.state_as_of(store.frontier + 1)["TA"]["rows"])[:1]
     store.erase("goods", keys, requested_by="test", spark=False)
     erase_keys(model, "TA", set(keys))
-    check(store, model, events, erased={"TA": set(keys)}, as_ofs=_boundaries(store, events))
+    check(store, model, events, erased={"TA": set(keys)}, as_ofs=[t for t in few if t >= store.earliest])
     store.load_cold_tier(cold_uri)
     store.cleanup(grace=timedelta(0))
     store.rebuild_catalog()
-    check(store, model, events, erased={"TA": set(keys)})
+    check(store, model, events, erased={"TA": set(keys)}, as_ofs=few)
     target = s3_bucket.replace("/warehouse", "/exports")
     for as_of in (points["retype"], points["after_rename"], store.frontier + 1):
         store.export(as_of, target)
@@ -827,13 +848,14 @@ def test_erasure_with_segments_still_pending_then_retention_and_load_back(tmp_pa
     for e in kept:
         if e["t"] <= applied_ts:
             model.apply(e)
-    check(store, model, [e for e in kept if e["t"] <= applied_ts], erased={"TA": set(erased)})
+    check(store, model, [e for e in kept if e["t"] <= applied_ts], erased={"TA": set(erased)},
+          as_ofs=_probe(store, [e for e in kept if e["t"] <= applied_ts]))
     store.compact(spark=False)
     model = BaseDatabase()
     for e in kept:
         model.apply(e)
-    check(store, model, kept, erased={"TA": set(erased)})
+    check(store, model, kept, erased={"TA": set(erased)}, as_ofs=_probe(store, kept))
     cold_uri = str(tmp_path / "cold")
     store.retain(purge_before=_purge_points(store, events)["after_retype"], cold_tier=cold_uri, spark=False)
     store.load_cold_tier(cold_uri)
-    check(store, model, kept, erased={"TA": set(erased)}, as_ofs=_boundaries(store, kept))
+    check(store, model, kept, erased={"TA": set(erased)})
