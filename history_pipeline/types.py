@@ -750,13 +750,14 @@ def from_arrow_value(data_type: DataType, value: Any) -> Any:
 _LIST_RESULT_KINDS = _ARROW_NATIVE - {TypeKind.REAL} | {TypeKind.UUID}
 
 
-def array_result_array(column: Any, data_type: DataType) -> Any:
+def array_result_array(column: Any, data_type: DataType, depths: set[int] | None = None) -> Any:
     """A stored array column (JSON) as query results give it.
 
     When every value has the same depth, an Arrow (and so DuckDB) nested list of the
     element type, which SQL indexes, unnests and compares naturally; otherwise (or for
     element types whose values a list cannot give back equal) a result type whose values
-    read back as the nested lists.
+    read back as the nested lists. ``depths``: those of the whole result this column is a
+    part of (a batch of a stream), so that every part gets the same type.
     """
     storage = column.storage if isinstance(column, pa.ExtensionArray) else column
     if isinstance(storage, pa.ChunkedArray):
@@ -765,7 +766,8 @@ def array_result_array(column: Any, data_type: DataType) -> Any:
     texts = storage.cast(pa.string()).to_pylist()
     values = [None if text is None else decode_value(data_type, json.loads(text)) for text in texts]
     base = array_base(data_type)
-    depths = {len(array_shape(v)) for v in values if v}
+    if depths is None:
+        depths = {len(array_shape(v)) for v in values if v}
     if len(depths) <= 1 and (base.kind in _LIST_RESULT_KINDS or base.is_exact_decimal or base.kind is TypeKind.REAL):
         leaf = pa.float64() if base.kind is TypeKind.REAL else arrow_type(base)
         list_type = leaf

@@ -344,6 +344,10 @@ def check(store: HistoryStore, model: BaseDatabase, events: list[dict], erased: 
                 continue
             assert rows_of(store.load_table(name, as_of, ordered=False)) == expected, where
             assert rows_of(store.load_table(uuid, as_of)) == expected, where
+            if as_of in (earliest, frontier + 1):  # the streamed forms, in small batches
+                for ordered in (True, False):
+                    streamed = store.load_table_reader(name, as_of, batch_size=2, ordered=ordered).read_all()
+                    assert rows_of(streamed) == expected, (name, as_of, ordered)
             for key in [*sorted(expected), 99]:
                 row = store.fetch_row(name, key, as_of)
                 assert (None if row is None else norm(row)) == expected.get(key), (name, key, as_of)
@@ -859,3 +863,23 @@ def test_erasure_with_segments_still_pending_then_retention_and_load_back(tmp_pa
     store.retain(purge_before=_purge_points(store, events)["after_retype"], cold_tier=cold_uri, spark=False)
     store.load_cold_tier(cold_uri)
     check(store, model, kept, erased={"TA": set(erased)})
+
+
+@pytest.mark.parametrize("values", [
+    [[1, 2], [[1, 2], [3, 4]], None],  # depths differ: the result type holds them
+    [[], None, [[5]], [[6, 7]]],  # one depth, but the first batches hold none of it
+])
+def test_load_table_reader_types_arrays_by_the_whole_result(tmp_path, values):
+    """A stream typed each batch's array column by the depths in that batch alone: a batch of
+    flat arrays, then one of nested arrays, and reading the stream failed (ArrowInvalid)."""
+    store = HistoryStore.open(tmp_path, database="db", settings=SMALL)
+    events = [{"op": "create_table", "t": 1, "table_uuid": "TR", "table_name": "r",
+               "columns": [{"column_uuid": "a", "column_name": "a", "data_type": "INTEGER[]"}]}]
+    events += [{"op": "insert", "t": 2, "table_uuid": "TR", "key": k, "values": {"a": v}} for k, v in enumerate(values)]
+    write(store, events)
+    store.compact(spark=False)
+    whole = store.load_table("r", 3)
+    for ordered in (True, False):
+        streamed = store.load_table_reader("r", 3, batch_size=1, ordered=ordered).read_all()
+        assert streamed.schema == whole.schema
+        assert rows_of(streamed) == rows_of(whole) == {k: {"a": norm(v)} for k, v in enumerate(values)}

@@ -180,8 +180,11 @@ class QueryContext:
         con = reader_cursor()
         try:
             relation, wanted = self._scan(con, descriptor, as_of, ordered)
+            # a batch alone would type an array column by its own values' depths (one batch of
+            # flat arrays, the next of nested ones), so the whole result's are probed first
+            depths = _array_depths(relation, descriptor)
             source = relation.to_arrow_reader(batch_size)
-            schema = project(wanted.empty_table(), descriptor).schema
+            schema = project(wanted.empty_table(), descriptor, depths).schema
         except BaseException:
             con.close()
             raise
@@ -189,7 +192,7 @@ class QueryContext:
         def batches() -> Any:
             try:
                 for batch in source:
-                    yield from project(pa.Table.from_batches([batch]).cast(wanted), descriptor).to_batches()
+                    yield from project(pa.Table.from_batches([batch]).cast(wanted), descriptor, depths).to_batches()
             finally:
                 con.close()
 
@@ -641,20 +644,37 @@ def _epoch_at(epochs: list[tuple[int, TableDescriptor | None]], as_of: int) -> T
     return epochs[index][1] if index >= 0 else None
 
 
-def project(rows: pa.Table, descriptor: TableDescriptor) -> pa.Table:
-    """Supertable rows to a table as users see it: synthetic_key, then columns under their names."""
+def project(rows: pa.Table, descriptor: TableDescriptor,
+            array_depths: Mapping[str, set[int]] | None = None) -> pa.Table:
+    """Supertable rows to a table as users see it: synthetic_key, then columns under their names.
+    ``array_depths``: the depths of each array supercolumn's values in the whole result, when
+    ``rows`` is one batch of it."""
     arrays = [rows.column(KEY)]
     names = [KEY]
     for c in descriptor.columns:
         column = rows.column(c.supercolumn) if c.supercolumn in rows.column_names else pa.nulls(rows.num_rows)
-        arrays.append(_user_array(column, c.data_type))
+        arrays.append(_user_array(column, c.data_type, (array_depths or {}).get(c.supercolumn)))
         names.append(c.column_name)
     return pa.table(arrays, names=names)
 
 
-def _user_array(column: Any, data_type: DataType) -> Any:
+def _array_depths(relation: Any, descriptor: TableDescriptor) -> dict[str, set[int]]:
+    """The depths of the non-empty values of each array column in ``relation`` (the opening
+    brackets of their compact JSON: arrays are rectangular), so that every batch of a stream
+    gets the type the whole result has."""
+    columns = [c.supercolumn for c in descriptor.columns
+               if c.data_type.kind is TypeKind.ARRAY and c.supercolumn in relation.columns]
+    if not columns:
+        return {}
+    probe = ", ".join(f"list(DISTINCT length(regexp_extract(CAST({_ident(c)} AS VARCHAR), '^\\[+'))) "
+                      f"FILTER (WHERE CAST({_ident(c)} AS VARCHAR) <> '[]')" for c in columns)
+    row = relation.aggregate(probe).fetchall()[0]
+    return {c: set(found or ()) for c, found in zip(columns, row, strict=True)}
+
+
+def _user_array(column: Any, data_type: DataType, depths: set[int] | None = None) -> Any:
     if data_type.kind is TypeKind.ARRAY:
-        return array_result_array(column, data_type)
+        return array_result_array(column, data_type, depths)
     if data_type.kind is TypeKind.JSONB:
         return jsonb_result_array(column)
     if data_type.kind is TypeKind.NUMERIC and not data_type.is_exact_decimal:
