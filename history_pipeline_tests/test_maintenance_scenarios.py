@@ -354,6 +354,9 @@ def check(store: HistoryStore, model: BaseDatabase, events: list[dict], erased: 
             types = {n: ty for _, n, ty in cols}
             by_value = expected_rows(model, uuid, as_of, scale=False)
             assert rows_of(store.sql(f'SELECT * FROM "{name}"', as_of), types) == by_value, where
+            if as_of in (earliest, frontier + 1):
+                streamed = store.sql_reader(f'SELECT * FROM "{name}"', as_of, batch_size=2).read_all()
+                assert rows_of(streamed, types) == by_value, where
             if as_of - 1 >= earliest and uuid in model.state_as_of(as_of - 1) \
                     and not _schema_change_between(events, uuid, as_of - 1, as_of):
                 _check_diff(store, model, events, uuid, name, as_of - 1, as_of)
