@@ -886,3 +886,23 @@ def test_load_table_reader_types_arrays_by_the_whole_result(tmp_path, values):
         streamed = store.load_table_reader("r", 3, batch_size=1, ordered=ordered).read_all()
         assert streamed.schema == whole.schema
         assert rows_of(streamed) == rows_of(whole) == {k: {"a": norm(v)} for k, v in enumerate(values)}
+
+
+ON_REQUEST = StoreSettings(snapshot_min_versions=10**9, spark_master=None)
+
+
+def test_load_back_after_an_interval_closed_over_the_purge(tmp_path):
+    """Retention, then a snapshot whose closing moves the versions current at it (the rows
+    retention kept or rewrote) into snapshot pieces holding versions, then the load-back: it
+    removed the duplicates from version files only, so those versions were live twice (row_history
+    listed them twice; verify reported duplicate versions)."""
+    store, model, events = compacted(tmp_path / "root", ON_REQUEST)
+    cold_uri = str(tmp_path / "cold")
+    store.retain(purge_before=_purge_points(store, events)["after_drop"], cold_tier=cold_uri, spark=False)
+    store.refresh_snapshots(force=True, spark=False)
+    assert any(f.holds_versions for f in store.catalog_state().files.values())
+    store.load_cold_tier(cold_uri)
+    check(store, model, events)
+    store.rebuild_catalog()
+    store.cleanup(grace=timedelta(0))
+    check(store, model, events, as_ofs=_probe(store, events))
