@@ -491,7 +491,8 @@ def test_maintenance_sequences_keep_every_answer(tmp_path, sequence):
             if int(step.split("@")[1]) < store.earliest:
                 continue
         run_step(store, step, cold_uri)
-        check(store, model, events, as_ofs=_probe(store, events))
+        if step.startswith("retain@") or step in ("load_back", "rebuild"):
+            check(store, model, events, as_ofs=_probe(store, events))
     check(store, model, events)
 
 
@@ -577,7 +578,6 @@ def test_spark_compaction_and_maintenance_over_every_type(tmp_path, spark):
     model = BaseDatabase()
     for e in events:
         model.apply(e)
-    check(store, model, events, as_ofs=_probe(store, events))
     store.merge(spark=spark, small_file_bytes=10**9)
     store.refresh_snapshots(force=True, spark=spark)
     points = _purge_points(store, events)
@@ -675,7 +675,8 @@ def test_extreme_keys_and_reused_names_through_maintenance(tmp_path, steps):
             if int(step.split("@")[1]) < store.earliest:
                 continue
         run_step(store, step, cold_uri)
-        check(store, model, events, as_ofs=_probe(store, events))
+        if step.startswith("retain@") or step in ("load_back", "rebuild"):
+            check(store, model, events, as_ofs=_probe(store, events))
     check(store, model, events)
 
 
@@ -736,7 +737,6 @@ def test_every_type_through_maintenance_on_s3(tmp_path, s3_bucket, s3_options):
     for e in events:
         model.apply(e)
     few = sorted({*_purge_points(store, events).values(), store.frontier + 1})  # S3 round trips are slow
-    check(store, model, events, as_ofs=few)
     cold_uri = s3_bucket.replace("/warehouse", "/cold")
     points = _purge_points(store, events)
     store.merge(spark=False, small_file_bytes=10**9)
@@ -750,7 +750,7 @@ def test_every_type_through_maintenance_on_s3(tmp_path, s3_bucket, s3_options):
     store.rebuild_catalog()
     check(store, model, events, erased={"TA": set(keys)}, as_ofs=few)
     target = s3_bucket.replace("/warehouse", "/exports")
-    for as_of in (points["retype"], points["after_rename"], store.frontier + 1):
+    for as_of in (points["after_rename"],):
         store.export(as_of, target)
         _check_export(load_export(open_store(target, s3_options), "db", as_of), model, as_of)
 
@@ -827,8 +827,8 @@ def test_load_back_after_a_table_ttl_purged_past_the_purge_point(tmp_path, order
         store.retain(purge_before=p1, cold_tier=cold_uri, spark=False)
     store.load_cold_tier(cold_uri)
     assert store.earliest == 0 and store.earliest_of("goods") == p2
-    as_ofs = range(0, store.frontier + 2)
-    _check_with_table_purge_points(store, model, as_ofs)
+    _check_with_table_purge_points(store, model, sorted({*range(0, store.frontier + 2, 3), p1 - 1, p1, p2 - 1, p2,
+                                                         store.frontier + 1}))
     store.merge(spark=False, small_file_bytes=10**9)
     store.rebuild_catalog()
     _check_with_table_purge_points(store, model, _boundaries(store, events))
