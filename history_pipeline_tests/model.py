@@ -29,6 +29,7 @@ class BaseDatabase:
                     c["column_name"],
                     parse_data_type(c["data_type"]),
                     c.get("ordinal_key") or f"{i:08d}",
+                    c.get("is_nullable", True),
                 ]
                 for i, c in enumerate(event["columns"])
             ]
@@ -42,7 +43,7 @@ class BaseDatabase:
             c = event["column"]
             dt = parse_data_type(c["data_type"])
             key = c.get("ordinal_key") or max(col[3] for col in table["columns"]) + "0"
-            table["columns"].append([c["column_uuid"], c["column_name"], dt, key])
+            table["columns"].append([c["column_uuid"], c["column_name"], dt, key, c.get("is_nullable", True)])
             default = decode_value(dt, event.get("default"))
             # a default keeps its declared type and is cast to the column's type when used
             table.setdefault("defaults", {})[c["column_uuid"]] = None if default is None else (dt, default)
@@ -72,6 +73,10 @@ class BaseDatabase:
                     cast_value(value, declared, new)
                 except ValueError:
                     defaults[event["column_uuid"]] = None  # a default that cannot become the new type is dropped
+        elif op == "change_column_nullable":
+            for c in self.tables[event["table_uuid"]]["columns"]:
+                if c[0] == event["column_uuid"]:
+                    c[4] = event["is_nullable"]
         elif op == "reorder_column":
             for c in self.tables[event["table_uuid"]]["columns"]:
                 if c[0] == event["column_uuid"]:
@@ -134,7 +139,22 @@ def rows_by_uuid(model: BaseDatabase, table_uuid: str, as_of: int) -> dict | Non
     return None if table is None else table["rows"]
 
 
+def nullability_of(model: BaseDatabase, table_uuid: str, as_of: int) -> list[bool]:
+    """is_nullable of each column, in column order."""
+    table = model.state_as_of(as_of)[table_uuid]
+    return [c[4] for c in sorted(table["columns"], key=lambda c: (c[3], c[0]))]
+
+
 def names_of(model: BaseDatabase, table_uuid: str, as_of: int) -> list[tuple[str, str, object]]:
     """(column uuid, name, type) in column order."""
     table = model.state_as_of(as_of)[table_uuid]
     return [(c[0], c[1], c[2]) for c in sorted(table["columns"], key=lambda c: (c[3], c[0]))]
+
+
+def erase_keys(model: BaseDatabase, table_uuid: str, keys: set[int]) -> None:
+    """Forget ``keys`` of one table in every past state (an erasure rewrites all of history)."""
+    for snap in [model.tables, *(s for _, s in model.snapshots)]:
+        table = snap.get(table_uuid)
+        if table is not None:
+            for key in keys:
+                table["rows"].pop(key, None)

@@ -223,14 +223,22 @@ class UnpurgeTask:
     candidates: tuple[FileEntry, ...]  # live version files that may hold synthesized rows
     supercolumns: tuple[Any, ...]
     txn_hint: int
+    #: live snapshot pieces holding versions: closing an interval after the purge may have moved
+    #: kept or rewritten rows into them, and they stay (they are snapshot rows too)
+    held: tuple[FileEntry, ...] = ()
 
 
-def unpurge_table_task(task: UnpurgeTask) -> tuple[tuple[str, ...], tuple[FileEntry, ...]]:
+def unpurge_table_task(
+    task: UnpurgeTask,
+) -> tuple[tuple[str, ...], tuple[FileEntry, ...], tuple[tuple[str, FileEntry | None], ...]]:
     """Rewrite the live files without any version whose (key, t) the restored files hold.
 
     Retention's kept rows and rewritten straddling rows are copies of versions of the
     purged files, wherever a merge has moved them since; identity is (key, t), never
-    the file name. Returns (paths to remove, files added in their place).
+    the file name. A row that a live snapshot piece holding versions has (moved there when an
+    interval was closed after the purge) stays there: the restored version file gives it up
+    instead (rewritten without it), so each version is stored once. Returns (paths to remove,
+    files added in their place, (restored path, its rewrite or None) for restored files rewritten).
     """
     from history_pipeline.io.store import open_store
 
@@ -238,8 +246,27 @@ def unpurge_table_task(task: UnpurgeTask) -> tuple[tuple[str, ...], tuple[FileEn
     schema = supertable_schema(task.supercolumns)
     restored = dataset_of(objects, task.restored, schema).to_table(columns=[KEY, LT])
     if restored.num_rows == 0:
-        return (), ()
+        return (), (), ()
     identities = _identities(restored)
+    swapped: list[tuple[str, FileEntry | None]] = []
+    held = dataset_of(objects, task.held, schema).to_table(columns=[KEY, LT]) if task.held else None
+    if held is not None and held.num_rows:
+        held_identities = _identities(held)
+        for e in task.restored:
+            if e.kind is not FileKind.VERSIONS:
+                continue
+            rows = dataset_of(objects, [e], schema).to_table()
+            duplicate = pc.is_in(_identities(rows), value_set=held_identities)
+            if not pc.any(duplicate).as_py():
+                continue
+            rest = rows.filter(pc.invert(duplicate))
+            rewrite = None
+            if rest.num_rows:
+                meta = FileMetadata(task.database, task.table_uuid, FileKind.VERSIONS, task.txn_hint, e.min_t,
+                                    None if e.max_t is None else e.max_t + 1, segments=e.segments, replaces=(e.path,))
+                path = new_file_path(task.database, task.table_uuid, FileKind.VERSIONS, task.txn_hint)
+                rewrite = write_parquet(objects, path, rest, meta)
+            swapped.append((e.path, rewrite))
     low, high = pc.min_max(restored.column(LT)).values()
     removed: list[str] = []
     added: list[FileEntry] = []
@@ -257,7 +284,7 @@ def unpurge_table_task(task: UnpurgeTask) -> tuple[tuple[str, ...], tuple[FileEn
                                 f.max_t + 1, segments=f.segments)
             path = new_file_path(task.database, task.table_uuid, FileKind.VERSIONS, task.txn_hint)
             added.append(write_parquet(objects, path, rest, meta))
-    return tuple(removed), tuple(added)
+    return tuple(removed), tuple(added), tuple(swapped)
 
 
 def _identities(rows: pa.Table) -> Any:
@@ -280,10 +307,13 @@ def _restore(store: DatabaseHandle, cold: ObjectStore, manifest_path: str) -> in
             f"history of {store.database} is purged up to {earliest}, after this export's purge point "
             f"{purge_before}: load the newer purged history first (load_cold_tier without purge_before)"
         )
-    restored = [FileEntry.from_json(f) for f in manifest["removed"]]
+    state: CatalogState = store.catalog.latest()
+    # a table its TTL purged past this purge point keeps nothing below its own point: its files
+    # here are history the TTL forgot, and they would bring back keys deleted between the points
+    forgotten = {table for table, point in state.table_earliest.items() if point > purge_before}
+    restored = [e for e in map(FileEntry.from_json, manifest["removed"]) if e.table_uuid not in forgotten]
     for entry in restored:
         store.objects.put(entry.path, cold.get(f"{prefix}/{entry.path}"))
-    state: CatalogState = store.catalog.latest()
     supers = replay_schema_history(state.schema_history).supercolumns
     back = {e.path for e in restored}
     tasks = []
@@ -294,10 +324,13 @@ def _restore(store: DatabaseHandle, cold: ObjectStore, manifest_path: str) -> in
             tuple(e for e in restored if e.table_uuid == table_uuid and e.is_versions),
             tuple(f for f in state.files_of(table_uuid, FileKind.VERSIONS) if f.path not in back),
             tuple(supers.get(table_uuid, ())), state.txn_id + 1,
+            tuple(f for f in state.files_of(table_uuid, FileKind.SNAPSHOT) if f.holds_versions and f.path not in back),
         ))
     outcomes = map_tasks(None, unpurge_table_task, tasks)
-    replaced = [p for removed, _ in outcomes for p in removed]
-    rewritten = [e for _, added in outcomes for e in added]
+    replaced = [p for removed, _, _ in outcomes for p in removed]
+    rewritten = [e for _, added, _ in outcomes for e in added]
+    swaps = {path: rewrite for _, _, swapped in outcomes for path, rewrite in swapped}
+    restored = [e for e in restored if e.path not in swaps] + [e for e in swaps.values() if e is not None]
     at = now()
 
     def build(current: CatalogState) -> list[Any]:

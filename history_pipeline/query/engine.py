@@ -182,6 +182,8 @@ class QueryContext:
         con = reader_cursor()
         try:
             relation, wanted = self._scan(con, descriptor, as_of, ordered)
+            # a batch alone would type an array column by its own values' depths (one batch of
+            # flat arrays, the next of nested ones), so the whole result's are probed first
             depths = _array_depths(relation, descriptor)
             source = relation.to_arrow_reader(batch_size)
             schema = project(wanted.empty_table(), descriptor, depths).schema
@@ -291,6 +293,7 @@ class QueryContext:
         if anchor is None:
             self.resolve(table, to)  # raises, listing the tables that exist then
         assert anchor is not None
+        self.check_table_as_of(anchor, from_)  # below a TTL purge point the "before" state is gone
         epochs = _descriptor_epochs(self.state.schema_history, anchor.table_uuid)
         before_desc, after_desc = _epoch_at(epochs, from_), _epoch_at(epochs, to)
         before = self._rows_by_key(before_desc, from_)
@@ -449,7 +452,9 @@ class QueryContext:
             for n, c in enumerate(unconstrained):
                 int_digits, scale = row[2 * n] or 0, row[2 * n + 1] or 0
                 # the precision the values need, so that an exact AVG keeps as many decimals as room allows
-                fits[c.supercolumn] = (max(1, int_digits + scale), scale) if int_digits + scale <= 38 else None
+                # (scale 38 too stays text: DuckDB reads "1E-38" into no DECIMAL)
+                fits[c.supercolumn] = ((max(1, int_digits + scale), scale) if int_digits + scale <= 38 and scale < 38
+                                       else None)
                 if fits[c.supercolumn] is None:
                     wide.append(f"{descriptor.table_name}.{c.column_name}")
         columns = _sql_columns(descriptor, fits)
@@ -670,19 +675,17 @@ def project(rows: pa.Table, descriptor: TableDescriptor, depths: Mapping[str, se
 
 
 def _array_depths(relation: Any, descriptor: TableDescriptor) -> dict[str, set[int]]:
-    """The depths of the non-empty values of each array column of ``relation`` (stored as compact
-    JSON: a value's depth is its count of leading '['), so that a stream's batches, which decide
-    their list type each alone, all take the type of the whole table (as load_table does)."""
-    arrays = [c.supercolumn for c in descriptor.columns if c.data_type.kind is TypeKind.ARRAY]
-    if not arrays:
+    """The depths of the non-empty values of each array column in ``relation`` (the opening
+    brackets of their compact JSON: arrays are rectangular), so that every batch of a stream
+    gets the type the whole result has."""
+    columns = [c.supercolumn for c in descriptor.columns
+               if c.data_type.kind is TypeKind.ARRAY and c.supercolumn in relation.columns]
+    if not columns:
         return {}
-    found: dict[str, set[int]] = {}
-    for name in arrays:
-        text = f"CAST({_ident(name)} AS VARCHAR)"
-        rows = relation.query("__rows", f"SELECT DISTINCT length(regexp_extract({text}, '^\\[+')) FROM __rows "
-                                        f"WHERE {_ident(name)} IS NOT NULL AND {text} <> '[]'").fetchall()
-        found[name] = {row[0] for row in rows}
-    return found
+    probe = ", ".join(f"list(DISTINCT length(regexp_extract(CAST({_ident(c)} AS VARCHAR), '^\\[+'))) "
+                      f"FILTER (WHERE CAST({_ident(c)} AS VARCHAR) <> '[]')" for c in columns)
+    row = relation.aggregate(probe).fetchall()[0]
+    return {c: set(found or ()) for c, found in zip(columns, row, strict=True)}
 
 
 def _user_array(column: Any, data_type: DataType, depths: set[int] | None = None) -> Any:
@@ -714,7 +717,10 @@ def _sql_columns(descriptor: TableDescriptor, numeric_types: Mapping[str, tuple[
         kind = c.data_type.kind
         if kind is TypeKind.NUMERIC and not c.data_type.is_exact_decimal:
             fitted = numeric_types.get(c.supercolumn)
-            expr = source if fitted is None else f"CAST({source} AS DECIMAL({fitted[0]}, {fitted[1]}))"
+            # through DECIMAL(38, s): DuckDB reads exponent text ("1E-20", as Python writes small
+            # values) into DECIMAL(p, s) only with a digit to spare, and p = s for values below 1
+            expr = source if fitted is None else (f"CAST(CAST({source} AS DECIMAL(38, {fitted[1]})) "
+                                                  f"AS DECIMAL({fitted[0]}, {fitted[1]}))")
         elif kind is TypeKind.JSONB:
             expr = f"CAST({source} AS JSON)"
         elif kind is TypeKind.REAL:
@@ -748,8 +754,14 @@ def exact_decimal_array(column: Any, fit_precision: bool = False) -> Any | None:
         if int_digits + scale > 38:
             return None
         precision = max(1, int_digits + scale) if fit_precision else 38
-        fitted = con.sql(f"SELECT CAST(v AS DECIMAL({precision}, {scale})) AS v FROM __numeric")
-        return fitted.to_arrow_table().column("v")
+        # read as DECIMAL(38, s) first: DuckDB refuses exponent text such as "1E-20" or "12E-1" in
+        # a DECIMAL(p, s) without a digit to spare (p = 20, s = 20), then narrows exactly
+        wide = f"CAST(v AS DECIMAL(38, {scale}))"
+        try:
+            fitted = con.sql(f"SELECT CAST({wide} AS DECIMAL({precision}, {scale})) AS v FROM __numeric")
+            return fitted.to_arrow_table().column("v")
+        except duckdb.ConversionException:
+            return None  # "1E-38" fits no DECIMAL DuckDB reads it into: the text stays the exact form
     finally:
         con.close()
 
