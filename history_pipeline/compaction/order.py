@@ -90,6 +90,8 @@ def scan(
 ) -> tuple[Violation | None, bool, OrderState]:
     """The first violation among consecutive lines from ``state``, whether an unreadable line
     ended the scan, and the state after the lines (vectorized: running maxima, no per-line Python)."""
+    if len(kinds) and not kinds.any() and _rows_in_order(ts, state, upper):  # ROW is 0
+        return None, False, OrderState(state.closed, int(ts[-1]), False)
     stop = np.flatnonzero(kinds == UNREADABLE)
     stopped = bool(len(stop))
     n = int(stop[0]) if stopped else len(kinds)
@@ -121,6 +123,16 @@ def scan(
     out = OrderState(int(closed_incl[-1]), int(t[end]) if end >= 0 else state.last,
                      bool(schema[end]) if end >= 0 else state.schema)
     return None, stopped, out
+
+
+def _rows_in_order(ts: np.ndarray, state: OrderState, upper: int) -> bool:
+    """Row events only (the common piece): do they pass? Non-decreasing, the first above the closed
+    timestamp and not below (nor, after a schema change, at) the last event's, the last not above
+    ``upper`` (a fast path of ``scan``: two passes instead of a dozen)."""
+    first, last = int(ts[0]), int(ts[-1])
+    if first <= state.closed or first < state.last or (first == state.last and state.schema) or last > upper:
+        return False
+    return bool((ts[1:] >= ts[:-1]).all())
 
 
 class RunScanner:
