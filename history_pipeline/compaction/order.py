@@ -205,16 +205,16 @@ def order_error(
     return None
 
 
-def kinds_of_ops(ops: pa.Array, ts: pa.Array) -> np.ndarray:
-    """The kind of each line from its parsed ``op`` and ``t`` (``UNREADABLE``: unknown op or no t)."""
-    kinds = np.full(len(ops), UNREADABLE, np.int8)
-    for ops_of_kind, kind in ((ROW_OPS, ROW), (SCHEMA_OPS, SCHEMA), (("close",), CLOSE)):
-        hit = pc.fill_null(pc.is_in(ops, value_set=pa.array(ops_of_kind)), False)
-        kinds[np.asarray(hit.to_numpy(zero_copy_only=False), bool)] = kind
-    # what ``parse_line`` refuses: no integer t, or one below its op's least (-1 for a close, else 0)
-    t = np.asarray(ts.fill_null(NONE - 1).to_numpy(zero_copy_only=False))
-    kinds[t < np.where(kinds == CLOSE, -1, 0)] = UNREADABLE
-    return kinds
+def kind_column() -> object:
+    """A Spark column: the kind of each parsed line from its ``op`` and ``t``, computed in the JVM so
+    that only integers reach Python (``UNREADABLE``: unknown op, or a t ``parse_line`` refuses: none,
+    or below its op's least, -1 for a close and 0 otherwise)."""
+    from pyspark.sql import functions as F
+
+    op, t = F.col("op"), F.col("t")
+    kind = (F.when(op.isin(*ROW_OPS) & (t >= 0), ROW).when(op.isin(*SCHEMA_OPS) & (t >= 0), SCHEMA)
+            .when((op == "close") & (t >= -1), CLOSE).otherwise(UNREADABLE))
+    return kind.cast("tinyint").alias("kind")
 
 
 #: the rows ``order_runs_udf`` yields: one per run of a partition
@@ -228,8 +228,8 @@ RUN_DDL = ", ".join(f"{f.name} {'boolean' if pa.types.is_boolean(f.type) else 'b
 
 
 def order_runs_udf(upper: int) -> Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]:
-    """An Arrow UDF: a partition's parsed (line, op, t) rows in, one report per run of
-    consecutive lines out (line 1, the opening close, is the starting state, not an event)."""
+    """An Arrow UDF: a partition's (line, t, kind) rows in, one report per run of consecutive
+    lines out (line 1, the opening close, is the starting state, not an event)."""
 
     def runs(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         held = list(batches)
@@ -241,7 +241,7 @@ def order_runs_udf(upper: int) -> Callable[[Iterator[pa.RecordBatch]], Iterator[
             return
         lines = np.asarray(table.column("line").to_numpy())
         ts = np.asarray(table.column("t").fill_null(NONE).to_numpy())
-        kinds = kinds_of_ops(table.column("op").combine_chunks(), table.column("t").combine_chunks())
+        kinds = np.asarray(table.column("kind").to_numpy(), np.int8)
         cuts = np.flatnonzero(np.diff(lines) != 1) + 1
         out = []
         for a, b in zip(np.r_[0, cuts], np.r_[cuts, len(lines)], strict=True):
@@ -284,5 +284,6 @@ def run_of_row(row: object) -> OrderRun:
 
 def order_runs(parsed: object, upper: int) -> list[OrderRun]:
     """One action over a segment's parsed lines (``frames.parsed_lines``, cached): every run's report."""
-    rows = parsed.select("line", "op", "t").mapInArrow(order_runs_udf(upper), RUN_DDL).collect()  # type: ignore[attr-defined]
+    lines = parsed.select("line", "t", kind_column())  # type: ignore[attr-defined]
+    rows = lines.mapInArrow(order_runs_udf(upper), RUN_DDL).collect()
     return [run_of_row(r) for r in rows]
