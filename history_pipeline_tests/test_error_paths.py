@@ -8,11 +8,13 @@ Compactions here run in-process (``spark=False``): the same tasks Spark runs."""
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
 
 from history_pipeline import HistoryStore
+from history_pipeline.compaction import frames
 from history_pipeline.errors import HistoryError, MalformedRecordError, SegmentQuarantinedError
 from history_pipeline.wal import SegmentState
 from history_pipeline_tests.cli_support import run_command
@@ -877,11 +879,21 @@ def test_a_sealed_segment_breaking_the_ordering_rules_is_quarantined_naming_its_
     assert_committed_state_intact(store)
 
 
-@pytest.mark.xfail(strict=True, reason="the Spark (DataFrame) compaction does not check the ordering rules of a "
-                                       "sealed segment; its driver routes rows by a per-line regex and the "
-                                       "executors parse lines: a check there is a larger change")
-def test_the_spark_compaction_quarantines_a_segment_whose_timestamps_go_backwards(tmp_path, spark):
+@pytest.mark.parametrize("routing", ["driver", "spark"])
+@pytest.mark.parametrize("case", sorted(FOREIGN_SEGMENTS))
+def test_the_spark_compaction_quarantines_a_segment_breaking_the_ordering_rules_as_in_process(
+    tmp_path, spark, monkeypatch, case, routing
+):
+    """The DataFrame path compacted such a segment as it was (its driver routes rows by a regex,
+    its executors parse the lines; nothing re-checked the order). It now checks the rules where
+    the lines already are (the driver's routing read, or the Spark-parsed lines) and quarantines
+    the segment naming the same line with the same message as the in-process check."""
+    events, line, reason = FOREIGN_SEGMENTS[case]
+    if routing == "spark":  # any line that is not a row event sends the segment to Spark's routing
+        monkeypatch.setattr(frames, "MAX_SCANNED_RECORDS", 0)
     store = committed_store(tmp_path)
-    _foreign_segment(tmp_path, FOREIGN_SEGMENTS["t going backwards"][0])
-    with pytest.raises(SegmentQuarantinedError, match="line 3: t=4 goes backwards"):
+    _foreign_segment(tmp_path, events)
+    with pytest.raises(SegmentQuarantinedError, match=re.escape(f"segment {2:020d}, line {line}: {reason}")):
         store.compact(spark=spark)
+    assert [r.state for r in store.segments()] == [SegmentState.APPLIED, SegmentState.QUARANTINED]
+    assert_committed_state_intact(store)

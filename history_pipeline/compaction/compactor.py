@@ -41,6 +41,7 @@ from history_pipeline.catalog.model import (
     FileKind,
 )
 from history_pipeline.compaction import frames
+from history_pipeline.compaction.order import above_upper_reason, order_runs
 from history_pipeline.compaction.plan import SegmentPlan, TablePlan, fold_table, images_from_rows, plan_segment
 from history_pipeline.errors import (
     CatalogError,
@@ -231,7 +232,7 @@ def check_order(contents: SegmentContents, frontier: int) -> None:
     for line, event in contents.events[1:]:
         try:
             if event.t > contents.upper:
-                raise TimestampOrderError(f"t={event.t} is above the segment's upper bound {contents.upper}")
+                raise TimestampOrderError(above_upper_reason(event.t, contents.upper))
             position = position.admit(event)
         except TimestampOrderError as exc:
             raise TimestampOrderError(exc.reason, segment=contents.ref.name, line=line) from None
@@ -281,6 +282,7 @@ def _apply_frames(
     if routed is not None:  # a group of one
         try:
             plan = frames.plan_frames(sealed, routed.records, routed.touched, schema, state)
+            plan = plan.with_order(routed.order, state.frontier)
             on_step("planned")
             outcome = frames.run_group(spark, [frames.GroupMember(plan, routed, ctx)], files_per_table)[0]
         finally:
@@ -291,6 +293,7 @@ def _apply_frames(
         try:
             records, touched = frames.route(spark, parsed)
             plan = frames.plan_frames(sealed, records, touched, schema, state)
+            plan = plan.with_order(order_runs(parsed, sealed.upper), state.frontier)
             on_step("planned")
             outcome = frames.run_segment(spark, plan, parsed, ctx, files_per_table)
         finally:
@@ -440,6 +443,7 @@ def _plan_group(store: CompactionHandle, refs: Sequence[SegmentRef], state: Cata
             if routed is None:
                 break
             plan = frames.plan_frames(sealed, routed.records, routed.touched, schema, state)
+            plan = plan.with_order(routed.order, frontier)
             rows += sum(w.rows for w in plan.tables)
             if group and rows > frames.MAX_GROUP_ROWS:
                 routed.remove()  # it leads the next group
@@ -454,7 +458,7 @@ def _plan_group(store: CompactionHandle, refs: Sequence[SegmentRef], state: Cata
                 attempt=attempt,
             )
             group.append(_Pending(ref, read, attempt, frames.GroupMember(plan, routed, ctx)))
-            if plan.error is not None:
+            if plan.error is not None or plan.order_error is not None:
                 break
             schema, frontier = plan.schema_after, max(frontier, sealed.upper)
     except BaseException:

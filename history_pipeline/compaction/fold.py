@@ -182,6 +182,20 @@ def _backfill(rows: pa.Table, b: Backfill, target: int, source: int | None,
     return _sorted(pa.concat_tables([rows, added])), failure
 
 
+def _not_null_failure(rows: pa.Table, b: Backfill, target: int) -> Failure | None:
+    """A NOT NULL check's failure: the smallest key live just before ``b`` whose image holds NULL
+    in supercolumn ``target`` (column kernels over the rows the fold already holds)."""
+    f = _Frame(rows)
+    live = _and_not_null(f.last_of_prefix(_before(f, b, inclusive=False)), pc.not_equal(f.kind, "delete"))
+    at = pc.indices_nonzero(live)
+    values = pc.take(_col(rows, f"v{target}"), pc.take(f.image(target), at))
+    empty = pc.filter(pc.take(_col(rows, "key"), at), pc.is_null(values))
+    if not len(empty):
+        return None
+    key = pc.min(empty).as_py()
+    return Failure(b.line, key, "HistoryConflictError", b.refused(key))
+
+
 def _snapshot(rows: pa.Table, b: Backfill, width: int) -> pa.Table:
     """The live image of every key just after backfill ``b`` (its t: the key's last event's)."""
     f = _Frame(rows)
@@ -260,6 +274,11 @@ def fold(
     rows = _last_prior(_sorted(rows.drop_columns(["error_class", "reason"])))
     snapshots = []
     for b, target, source in backfills:
+        if b.refusal is not None:  # a check, not a fill: no rows, no snapshot
+            failure = _not_null_failure(rows, b, target)
+            if failure is not None:
+                failures.append(failure)
+            continue
         rows, failure = _backfill(rows, b, target, source, width)
         if failure is not None:
             failures.append(failure)

@@ -46,6 +46,16 @@ from history_pipeline.catalog.files import may_hold_keys, select_files, write_pa
 from history_pipeline.catalog.model import CatalogState, FileEntry, FileKind
 from history_pipeline.compaction.carriers import carrier_type, from_carrier, to_carrier
 from history_pipeline.compaction.fold import GONE, PRIOR, fold
+from history_pipeline.compaction.order import (
+    CLOSE,
+    NONE,
+    ROW,
+    SCHEMA,
+    UNREADABLE,
+    OrderRun,
+    RunScanner,
+    order_error,
+)
 from history_pipeline.compaction.plan import Backfill, TablePlan, _apply_schema
 from history_pipeline.compaction.vector_decode import Epoch, decode_canonical, row_names
 from history_pipeline.errors import (
@@ -115,6 +125,15 @@ class SegmentFramePlan:
     schema_after: SchemaState
     tables: tuple[TableWork, ...]
     error: MalformedRecordError | None  # the first error found on the driver (schema records)
+    #: the first line breaking the ordering rules (``with_order``): it wins over the plan's and the
+    #: tasks' errors as in the in-process path, which checks the order before it plans and folds
+    order_error: TimestampOrderError | None = None
+
+    def with_order(self, runs: Sequence[OrderRun], frontier: int) -> SegmentFramePlan:
+        """This plan with the ordering rules checked from the runs' reports and the frontier the
+        segment is compacted onto."""
+        found = order_error(runs, self.segment.lower, frontier, self.segment.upper, self.segment.ref.name)
+        return self if found is None else replace(self, order_error=found)
 
 
 @dataclass(frozen=True)
@@ -256,6 +275,8 @@ class Routed:
     #: per table, every ``stride``-th of its row events' keys (at most ``SAMPLE_KEYS``), for the driver
     #: only: where to cut the table into parts of equal rows (``balanced_cuts``); not sent to tasks
     samples: Mapping[str, np.ndarray] = field(default_factory=dict)
+    #: the ordering check's report on the segment's lines (``order.order_error`` resolves it)
+    order: tuple[OrderRun, ...] = ()
 
     @property
     def rows(self) -> dict[str, RowLines]:
@@ -316,6 +337,32 @@ class _Router:
         self.records: list[tuple[int, bytes]] = []
         self.found: dict[str, list[Any]] = {}  # uuid -> [path, rows, max t, min key, max key]
         self.samples: dict[str, tuple[np.ndarray, int]] = {}  # uuid -> (key sample, its stride)
+        self.order: RunScanner | None = None  # the ordering rules, from the seal's upper bound on
+
+    def sealed(self, upper: int) -> None:
+        """The segment's upper bound (``verify_segment`` reads the seal before the body)."""
+        self.order = RunScanner(upper)
+
+    def _check_order(self, data: bytes, first_line: int, starts: np.ndarray, ends: np.ndarray,
+                     row: np.ndarray, row_ts: np.ndarray, other: np.ndarray) -> None:
+        """Feed this piece's lines to the ordering check in line order: the row events' t as
+        routed, the few other lines parsed (the same read carries the check: no second pass)."""
+        if self.order is None or self.order.done:
+            return
+        ts = np.empty(len(row), np.int64)
+        kinds = np.full(len(row), ROW, np.int8)
+        ts[row] = row_ts
+        for i in other:
+            try:
+                event = parse_line(data[starts[i]:ends[i]])
+            except MalformedRecordError:  # reported as malformed (by the plan): the check ends there
+                ts[i], kinds[i] = NONE, UNREADABLE
+                continue
+            ts[i] = event.t
+            kinds[i] = CLOSE if isinstance(event, Close) else SCHEMA if is_schema_change(event) else ROW
+        lines = first_line + np.arange(len(row), dtype=np.int64)
+        events = lines > 1  # line 1, the opening close, is the starting state
+        self.order.feed(lines[events], ts[events], kinds[events])
 
     def __call__(self, data: bytes, offset: int, first_line: int) -> None:
         if self.gave_up or not data:
@@ -334,13 +381,14 @@ class _Router:
             self.gave_up = True
             return
         self.records += [(first_line + int(i), data[starts[i]:ends[i]]) for i in other]
+        mask = pa.array(row)
+        ts = np.asarray(head.field("t").filter(mask).cast(pa.int64()).to_numpy())
+        self._check_order(data, first_line, starts, ends, row, ts, other)
         if not row.any():
             return
-        mask = pa.array(row)
         tables = head.field("table").filter(mask).dictionary_encode()
         codes = np.asarray(tables.indices.to_numpy(zero_copy_only=False))
         keys = np.asarray(head.field("key").filter(mask).cast(pa.int64()).to_numpy())
-        ts = np.asarray(head.field("t").filter(mask).cast(pa.int64()).to_numpy())
         at = np.flatnonzero(row)
         for code, uuid in enumerate(tables.dictionary.to_pylist()):
             if uuid not in self.found:
@@ -381,7 +429,9 @@ class _Router:
                 return None
         tables = {u: RouteTable(*found) for u, found in self.found.items()}
         touched = tuple(sorted((u, r.rows, r.max_t) for u, r in tables.items()))
-        return Routed(tuple(self.records), touched, tables, {u: sample for u, (sample, _) in self.samples.items()})
+        run = self.order.run() if self.order is not None else None
+        return Routed(tuple(self.records), touched, tables, {u: sample for u, (sample, _) in self.samples.items()},
+                      () if run is None else (run,))
 
 
 def verify_and_route(ref: SegmentRef, routes: Path | None = None) -> tuple[SealedSegment, Routed | None]:
@@ -393,7 +443,7 @@ def verify_and_route(ref: SegmentRef, routes: Path | None = None) -> tuple[Seale
     folder.mkdir(parents=True, exist_ok=True)
     router = _Router(folder / f"{ref.name}.{uuid4().hex}")
     try:
-        sealed = verify_segment(ref, router, ROUTE_BYTES)
+        sealed = verify_segment(ref, router, ROUTE_BYTES, on_seal=router.sealed)
     except BaseException:
         router.discard()
         raise
@@ -1255,5 +1305,17 @@ def _outcome(plan: SegmentFramePlan, rows: Sequence[Any], segment_id: int) -> Fr
         )
     if plan.error is not None and (error is None or (plan.error.line or 0) <= (error.line or 0)):
         error = plan.error
+    if plan.order_error is not None:
+        # as in-process: a line that does not parse (anywhere) is reported before the order, which
+        # is checked before everything else; the order check stops at the first unreadable record,
+        # the tasks' parse errors are the rows' (exact MalformedRecordError class)
+        unreadable = [r for r in failures if r["error_class"] == MalformedRecordError.__name__]
+        if plan.error is not None and type(plan.error) is MalformedRecordError:
+            error = plan.error
+        elif unreadable:
+            row = unreadable[0]
+            error = MalformedRecordError(row["reason"], segment=plan.segment.ref.name, line=int(row["line"]))
+        else:
+            error = plan.order_error
     versions = sum(e.row_count for e in entries if e.kind is FileKind.VERSIONS)
     return FrameOutcome(tuple(sorted(entries, key=lambda e: e.path)), versions, error)

@@ -26,6 +26,7 @@ from history_pipeline.casts import CastFailure, cast_value
 from history_pipeline.errors import CastError, HistoryConflictError, ValueTypeError
 from history_pipeline.events import (
     AddColumn,
+    ChangeColumnNullable,
     ChangeColumnType,
     Close,
     Delete,
@@ -61,6 +62,14 @@ class Backfill:
     target: Supercolumn
     default: Any = None
     source: Supercolumn | None = None
+    #: not a fill but a check (no snapshot): every row live at ``t`` must hold a value in ``target``,
+    #: else the segment is refused with this reason (a NOT NULL column added without a default, or
+    #: a column made NOT NULL, over live NULLs: PostgreSQL refuses both)
+    refusal: str | None = None
+
+    def refused(self, key: int) -> str:
+        """Why the check refuses the change, naming the smallest live key holding NULL."""
+        return f"{self.refusal}: live key {key} holds NULL in it"
 
 
 @dataclass
@@ -194,12 +203,24 @@ def _apply_schema(
         column = event.column
         target = new_state.supercolumns[event.table_uuid][-1]
         backfill = Backfill(event.t, line, target, default=decode_value(column.data_type, event.default))
+    elif isinstance(event, AddColumn) and not event.column.is_nullable:
+        name = new_state.tables[event.table_uuid].table_name
+        backfill = Backfill(event.t, line, new_state.supercolumns[event.table_uuid][-1], refusal=(
+            f"add_column of NOT NULL column {event.column.column_name} without a default to table {name}"))
     elif isinstance(event, ChangeColumnType):
         old = state.tables[event.table_uuid].column(event.column_uuid)
         assert old is not None
         source = next(s for s in state.supercolumns[event.table_uuid] if s.name == old.supercolumn)
         target = new_state.supercolumns[event.table_uuid][-1]
         backfill = Backfill(event.t, line, target, source=source)
+    elif isinstance(event, ChangeColumnNullable) and not event.is_nullable:
+        old = state.tables[event.table_uuid].column(event.column_uuid)
+        assert old is not None
+        if old.is_nullable:  # already NOT NULL: its live rows hold values (checked when they were written)
+            target = next(s for s in state.supercolumns[event.table_uuid] if s.name == old.supercolumn)
+            name = state.tables[event.table_uuid].table_name
+            backfill = Backfill(event.t, line, target, refusal=(
+                f"change of column {old.column_name} of table {name} to NOT NULL"))
     if backfill is not None:
         tables.setdefault(event.table_uuid, TablePlan(event.table_uuid, segment)).backfills.append(backfill)
     return new_state
@@ -234,6 +255,9 @@ def fold_table(plan: TablePlan, prior: Mapping[int, Image]) -> FoldResult:
     timeline += [(b.t, b.line, b) for b in plan.backfills]
     timeline.sort(key=lambda item: (item[0], item[1]))
     for t, line, item in timeline:
+        if isinstance(item, Backfill) and item.refusal is not None:
+            _check_not_null(images, item, plan.segment)
+            continue
         if isinstance(item, Backfill):
             images = _backfill(images, item, plan.segment)
             snapshots.append(
@@ -301,6 +325,13 @@ def _backfill(images: dict[int, Image], backfill: Backfill, segment: str) -> dic
             line=backfill.line,
         )
     return updated
+
+
+def _check_not_null(images: Mapping[int, Image], check: Backfill, segment: str) -> None:
+    """Refuse the schema change of ``check`` if a live row holds NULL in its column (smallest key)."""
+    empty = [key for key, image in images.items() if image.values.get(check.target.name) is None]
+    if empty:
+        raise HistoryConflictError(check.refused(min(empty)), segment=segment, line=check.line)
 
 
 def images_from_rows(rows: Iterable[Mapping[str, Any]], supercolumns: Iterable[str]) -> dict[int, Image]:

@@ -166,12 +166,18 @@ _CHUNK = 1 << 20
 BodyReader = Callable[[bytes, int, int], None]
 
 
-def verify_segment(ref: SegmentRef, on_body: BodyReader | None = None, chunk_bytes: int = _CHUNK) -> SealedSegment:
+def verify_segment(
+    ref: SegmentRef,
+    on_body: BodyReader | None = None,
+    chunk_bytes: int = _CHUNK,
+    on_seal: Callable[[int], None] | None = None,
+) -> SealedSegment:
     """Check count and checksum of a sealed segment streaming (constant memory); read its bounds.
 
     ``on_body`` sees the body (the lines before the seal) once, in pieces of whole lines of about
     ``chunk_bytes``, during the same read that checks it (so a caller that routes the lines reads
     the segment once); it must not keep the result it derives from a segment that then fails.
+    ``on_seal`` is told the sealing record's t (the upper bound) before ``on_body`` sees the body.
     Raises the same errors as :func:`read_segment` for a bad seal or a bad first record.
     """
     name = ref.name
@@ -190,6 +196,16 @@ def verify_segment(ref: SegmentRef, on_body: BodyReader | None = None, chunk_byt
             raise SegmentCorruptedError(name, "does not end with a complete sealing record (torn write?)")
         body_bytes = start + cut + 1
         last = tail[cut + 1 :]
+        # the seal is read first (the body's line count, its line number, is not known yet: no
+        # message names it): the body's reader may need the upper bound
+        try:
+            seal_event = parse_line(last, segment=name)
+        except MalformedRecordError as exc:
+            raise SegmentCorruptedError(name, f"sealing record unreadable ({exc.reason})") from None
+        if not isinstance(seal_event, Close) or seal_event.seal is None:
+            raise SegmentCorruptedError(name, "last record is not a sealing close record")
+        if on_seal is not None:
+            on_seal(seal_event.t)
         digest, records = hashlib.sha256(), 0
         f.seek(0)
         remaining, carry, offset = body_bytes, b"", 0
@@ -207,12 +223,6 @@ def verify_segment(ref: SegmentRef, on_body: BodyReader | None = None, chunk_byt
             records += chunk.count(b"\n")
         f.seek(0)
         first = f.readline() if body_bytes else b""
-    try:
-        seal_event = parse_line(last, segment=name, line=records + 1)
-    except MalformedRecordError as exc:
-        raise SegmentCorruptedError(name, f"sealing record unreadable ({exc.reason})") from None
-    if not isinstance(seal_event, Close) or seal_event.seal is None:
-        raise SegmentCorruptedError(name, "last record is not a sealing close record")
     if records != seal_event.seal.records:
         raise SegmentCorruptedError(
             name, f"holds {records} records before its seal, the seal says {seal_event.seal.records}"
