@@ -299,7 +299,8 @@ def _decode_numeric(t: DataType, v: Any) -> Decimal:
         integer_digits = digits + d.as_tuple().exponent  # type: ignore[operator]
         if integer_digits > t.precision - scale:
             raise _fail(t, v, f"needs more than {t.precision} digits with scale {scale}")
-    return d
+    # PostgreSQL's numeric has no negative zero: '-0.000' reads 0.000 (and so does a value rounded to 0)
+    return d.copy_abs() if d.is_zero() else d
 
 
 def _decode_text(t: DataType, v: Any) -> str:
