@@ -33,12 +33,14 @@ VALUES: dict[str, list[Any]] = {
     "SMALLINT": [-32768, 32767, 0, 7],
     "INTEGER": [-(2**31), 2**31 - 1, 0, -1, 12],
     "BIGINT": [-(2**63), 2**63 - 1, 0, 42],
-    "REAL": [0.1, 3.4e38, "NaN", "Infinity", "-Infinity", -0.0, 1.5],
-    "DOUBLE PRECISION": [0.1, -1e308, 5e-324, "NaN", "Infinity", "-Infinity", -0.0, 12345678901234567],
+    "REAL": [0.1, 3.4e38, "NaN", "Infinity", "-Infinity", -0.0, 1.5, 1e-45, 16777217],
+    "DOUBLE PRECISION": [0.1, -1e308, 5e-324, "NaN", "Infinity", "-Infinity", -0.0, 12345678901234567, 1e-320,
+                         2.2250738585072014e-308],
     "NUMERIC(10,2)": ["12.34", "-0.50", "99999999.99", "0.00", "7"],
     "NUMERIC(12,4)": ["1.2345", "-99999999.9999", "0.0001"],
-    "NUMERIC": ["123456789012345678901234567890.123456789", "12.3400", "-0.000001", "0"],
-    "TEXT": ["", "héllo ✓ 😀", "tab\there", 'quo"te', "12", "NULL", "true", "2024-02-29"],
+    "NUMERIC": ["123456789012345678901234567890.123456789", "12.3400", "-0.000001", "0", "-0", "1e-7", 5],
+    "TEXT": ["", "héllo ✓ 😀", "tab\there", 'quo"te', "12", "NULL", "true", "2024-02-29", "back\\slash\nline",
+             "\u00e9\u0301", " 7 ", "{1,2}"],
     "VARCHAR(5)": ["abcde", "", "äöü"],
     "BYTEA": ["AAEC/w==", "", "3q2+7w=="],
     "UUID": ["0b4f6f36-5d1e-4c47-9b8a-2f0f3d6e9a01", "00000000-0000-0000-0000-000000000000",
@@ -51,7 +53,8 @@ VALUES: dict[str, list[Any]] = {
                     "9998-12-31T23:59:59-12:00"],
     "INTERVAL": [{"months": 0, "days": 0, "micros": 0}, {"months": -14, "days": 40, "micros": -1},
                  {"months": 1, "days": -1, "micros": 86_400_000_000}],
-    "JSONB": [{"b": [1, None], "a": "x"}, [1, 2.5], "text", 5, True, {"ü": {"k": []}}, {}],
+    "JSONB": [{"b": [1, None], "a": "x"}, [1, 2.5], "text", 5, True, {"ü": {"k": []}}, {}, 2**70, 1.0,
+              {"a": 1, "a ": "\n"}, [[], {}], 1e-7],
     "INTEGER[]": [[1, None, 3], [], [[1, 2], [3, 4]], [None]],
     "BIGINT[]": [[2**63 - 1, None], [-(2**63)]],
     "TEXT[]": [["a", None, ""], [], ["b c", "NULL"]],
@@ -473,3 +476,21 @@ def test_numeric_negative_zero_reads_as_postgresql_zero(tmp_path, spark):
                 for r in store.load_table("t", 5).to_pylist()}
         assert rows == expected, name
         assert [str(v) for v in store.fetch_row("t", 1, 5).values()] == expected[1], name
+
+
+def test_numeric_written_with_an_exponent_reads_back_in_sql(tmp_path, spark):
+    """'1e-7' and '1e3' are NUMERIC values as PostgreSQL reads them (0.0000001, 1000); kept as
+    str()'s '1E-7', SQL's cast of the stored text to DECIMAL failed (a raw DuckDB error)."""
+    events = [
+        {"op": "create_table", "t": 1, "table_uuid": "T", "table_name": "t",
+         "columns": [{"column_uuid": "a", "column_name": "a", "data_type": "NUMERIC"}]},
+        {"op": "insert", "t": 2, "table_uuid": "T", "key": 1, "values": {"a": "1e-7"}},
+        {"op": "insert", "t": 3, "table_uuid": "T", "key": 2, "values": {"a": "1e3"}},
+    ]
+    model = _model(events)
+    for name, session in (("in-process", False), ("spark", spark)):
+        store = compacted(tmp_path / name, [events], session, one_at_a_time=False)
+        answers(store, events, model)
+        assert store.sql("SELECT sum(a) AS s FROM t", 3).to_pylist() == [{"s": Decimal("0.0000001")}], name
+        assert store.sql("SELECT sum(a) AS s FROM t", 4).to_pylist() == [{"s": Decimal("1000.0000001")}], name
+        assert [str(r["a"]) for r in store.load_table("t", 4).to_pylist()] == ["1E-7", "1000"], name
