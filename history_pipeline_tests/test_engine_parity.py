@@ -215,6 +215,8 @@ def random_stream(seed: int, n_events: int) -> list[dict[str, Any]]:
             gen.schema_change(gen.rng.choice(tables))
         else:
             gen.mutate(gen.rng.choice(tables))
+            if gen.rng.random() < 0.1:  # a close inside a segment: later events are above it
+                gen.emit({"op": "close", "t": gen.t})
     return gen.events
 
 
@@ -370,6 +372,7 @@ def test_the_generator_covers_the_contract():
     assert any(e["op"] == "update" and None in e["values"].values() for e in events)
     names = [e["table_name"] for e in events if e["op"] == "create_table"]
     assert len(names) > len(set(names))  # a table re-created under an old name
+    assert any(e["op"] == "close" for e in events)
 
 
 # --- invalid streams -----------------------------------------------------------------------------
