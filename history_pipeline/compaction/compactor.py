@@ -259,7 +259,7 @@ def _apply_frames(
     )
     if routed is not None:  # a group of one
         try:
-            plan = frames.plan_frames(sealed, routed.records, routed.touched, schema, state, routed.order_error)
+            plan = frames.plan_frames(sealed, routed.records, routed.touched, schema, state)
             on_step("planned")
             outcome = frames.run_group(spark, [frames.GroupMember(plan, routed, ctx)], files_per_table)[0]
         finally:
@@ -269,7 +269,7 @@ def _apply_frames(
         parsed = frames.parsed_lines(spark, sealed).persist()
         try:
             records, touched = frames.route(spark, parsed)
-            plan = frames.plan_frames(sealed, records, touched, schema, state, frames.order_error_of(parsed))
+            plan = frames.plan_frames(sealed, records, touched, schema, state)
             on_step("planned")
             outcome = frames.run_segment(spark, plan, parsed, ctx, files_per_table)
         finally:
@@ -411,7 +411,7 @@ def _plan_group(store: CompactionHandle, refs: Sequence[SegmentRef], state: Cata
                 break  # compact_segment quarantines it
             if routed is None:
                 break
-            plan = frames.plan_frames(sealed, routed.records, routed.touched, schema, state, routed.order_error)
+            plan = frames.plan_frames(sealed, routed.records, routed.touched, schema, state)
             rows += sum(w.rows for w in plan.tables)
             if group and rows > frames.MAX_GROUP_ROWS:
                 routed.remove()  # it leads the next group

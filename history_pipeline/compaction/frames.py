@@ -46,7 +46,7 @@ from history_pipeline.catalog.files import may_hold_keys, select_files, write_pa
 from history_pipeline.catalog.model import CatalogState, FileEntry, FileKind
 from history_pipeline.compaction.carriers import carrier_type, from_carrier, to_carrier
 from history_pipeline.compaction.fold import GONE, PRIOR, fold
-from history_pipeline.compaction.plan import Backfill, LineOrder, TablePlan, _apply_schema
+from history_pipeline.compaction.plan import Backfill, TablePlan, _apply_schema
 from history_pipeline.compaction.vector_decode import Epoch, decode_canonical, row_names
 from history_pipeline.errors import (
     CastError,
@@ -256,8 +256,6 @@ class Routed:
     #: per table, every ``stride``-th of its row events' keys (at most ``SAMPLE_KEYS``), for the driver
     #: only: where to cut the table into parts of equal rows (``balanced_cuts``); not sent to tasks
     samples: Mapping[str, np.ndarray] = field(default_factory=dict)
-    #: the first line out of timestamp order (``LineOrder``) and why, if any
-    order_error: tuple[int, str] | None = None
 
     @property
     def rows(self) -> dict[str, RowLines]:
@@ -314,7 +312,6 @@ class _Router:
 
     def __init__(self, prefix: Path) -> None:
         self.prefix = prefix
-        self.order = LineOrder(-1)  # the body's first line, the opening close, sets the bound
         self.gave_up = False
         self.records: list[tuple[int, bytes]] = []
         self.found: dict[str, list[Any]] = {}  # uuid -> [path, rows, max t, min key, max key]
@@ -336,16 +333,14 @@ class _Router:
         if len(self.records) + len(other) > MAX_SCANNED_RECORDS:
             self.gave_up = True
             return
-        records = [(first_line + int(i), data[starts[i]:ends[i]]) for i in other]
-        self.records += records
-        ts = np.asarray(head.field("t").filter(pa.array(row)).cast(pa.int64()).to_numpy()) if row.any() else None
-        self._check_order(first_line, row, ts, records)
+        self.records += [(first_line + int(i), data[starts[i]:ends[i]]) for i in other]
         if not row.any():
             return
         mask = pa.array(row)
         tables = head.field("table").filter(mask).dictionary_encode()
         codes = np.asarray(tables.indices.to_numpy(zero_copy_only=False))
         keys = np.asarray(head.field("key").filter(mask).cast(pa.int64()).to_numpy())
+        ts = np.asarray(head.field("t").filter(mask).cast(pa.int64()).to_numpy())
         at = np.flatnonzero(row)
         for code, uuid in enumerate(tables.dictionary.to_pylist()):
             if uuid not in self.found:
@@ -365,39 +360,6 @@ class _Router:
             entry[2] = max(entry[2], int(ts[codes == code].max()))
             entry[3] = low if entry[3] is None else min(entry[3], low)
             entry[4] = high if entry[4] is None else max(entry[4], high)
-
-    def _check_order(self, first_line: int, row: np.ndarray, ts: np.ndarray | None,
-                     records: list[tuple[int, bytes]]) -> None:
-        """Feed the piece's lines to the order check in line order: the row events' t as routed,
-        the few other records' t parsed (one that does not parse is named by the planner)."""
-        order = self.order
-        t_of = np.zeros(len(row), np.int64)
-        known = row.copy()
-        close = np.zeros(len(row), bool)
-        if ts is not None:
-            t_of[row] = ts
-        for line, text in records:
-            try:
-                event = parse_line(text, line=line)
-            except MalformedRecordError:
-                continue
-            i = line - first_line
-            t_of[i], known[i], close[i] = event.t, True, isinstance(event, Close)
-        if order.error is None:
-            # vectorized: only a piece with a line below the running maximum is walked line by line
-            latest = np.maximum.accumulate(np.where(known, t_of, np.iinfo(np.int64).min))
-            before = np.concatenate(([order.latest], np.maximum(latest[:-1], order.latest)))
-            closed = np.maximum.accumulate(np.where(known & close, t_of, np.iinfo(np.int64).min))
-            closed_before = np.concatenate(([order.closed], np.maximum(closed[:-1], order.closed)))
-            if (known & ((t_of < before) | (~close & (t_of <= closed_before)))).any():
-                at = np.flatnonzero(known)
-                order.see((first_line + at).tolist(), t_of[at].tolist(), close[at].tolist())
-                return
-        at = np.flatnonzero(known)
-        if len(at):
-            order.latest = max(order.latest, int(t_of[at].max()))
-            if (known & close).any():
-                order.closed = max(order.closed, int(t_of[known & close].max()))
 
     def discard(self) -> None:
         """Delete the route files written so far."""
@@ -419,8 +381,7 @@ class _Router:
                 return None
         tables = {u: RouteTable(*found) for u, found in self.found.items()}
         touched = tuple(sorted((u, r.rows, r.max_t) for u, r in tables.items()))
-        return Routed(tuple(self.records), touched, tables, {u: sample for u, (sample, _) in self.samples.items()},
-                      self.order.error)
+        return Routed(tuple(self.records), touched, tables, {u: sample for u, (sample, _) in self.samples.items()})
 
 
 def verify_and_route(ref: SegmentRef, routes: Path | None = None) -> tuple[SealedSegment, Routed | None]:
@@ -595,40 +556,14 @@ def route(spark: Any, parsed: Any) -> tuple[list[tuple[int, bytes]], list[tuple[
     return records, sorted(touched)
 
 
-def order_error_of(parsed: Any) -> tuple[int, str] | None:
-    """``LineOrder`` over Spark-parsed lines (the segments Spark routes): the few lines at or below
-    a running maximum of the lines before them are found by a window in line order (one
-    partition: such segments are not in the writer's form, hence rare), then walked on the driver."""
-    from pyspark.sql import Window
-    from pyspark.sql import functions as F
-
-    before = Window.orderBy("line").rowsBetween(Window.unboundedPreceding, -1)
-    close = F.col("op") == "close"
-    lines = parsed.where(F.col("t").isNotNull()).select(
-        "line", "t", close.alias("close"),
-        F.max("t").over(before).alias("latest"),
-        F.max(F.when(close, F.col("t"))).over(before).alias("closed"),
-    )
-    suspect = lines.where((F.col("t") < F.col("latest")) | (~F.col("close") & (F.col("t") <= F.col("closed"))))
-    first = suspect.orderBy("line").limit(1).collect()
-    if not first:
-        return None
-    order = LineOrder(-1)
-    upto = lines.where(F.col("line") <= first[0]["line"]).orderBy("line").select("line", "t", "close").collect()
-    order.see([r["line"] for r in upto], [r["t"] for r in upto], [bool(r["close"]) for r in upto])
-    return order.error
-
-
 def plan_frames(
     segment: SealedSegment,
     records: Sequence[tuple[int, bytes]],
     touched: Sequence[tuple[str, int, int | None]],
     schema: SchemaState,
     state: CatalogState,
-    order_error: tuple[int, str] | None = None,
 ) -> SegmentFramePlan:
-    """Replay the schema records into per-table epochs (the driver's only per-record work);
-    ``order_error`` is the segment's first line out of timestamp order, if routing found one."""
+    """Replay the schema records into per-table epochs (the driver's only per-record work)."""
     name = segment.ref.name
     entries: list[SchemaHistoryEntry] = []
     backfills: dict[str, TablePlan] = {}
@@ -648,8 +583,6 @@ def plan_frames(
             break
         epoch_lines.append(line)
         states.append(current)
-    if order_error is not None and (error is None or order_error[0] < (error.line or 0)):
-        error = TimestampOrderError(order_error[1], segment=name, line=order_error[0])
     uuids = sorted({u for u, _, _ in touched} | set(backfills))
     counts = {u: (n, max_t) for u, n, max_t in touched}
     tables = []
@@ -1320,10 +1253,7 @@ def _outcome(plan: SegmentFramePlan, rows: Sequence[Any], segment_id: int) -> Fr
         error = ERROR_CLASSES.get(row["error_class"], MalformedRecordError)(
             row["reason"], segment=plan.segment.ref.name, line=int(row["line"])
         )
-    # a line out of timestamp order wins: the tasks fold by t, so their errors after it (a key
-    # "already live" at an earlier line) are its consequences, not the cause
-    if plan.error is not None and (error is None or (plan.error.line or 0) <= (error.line or 0)
-                                   or isinstance(plan.error, TimestampOrderError)):
+    if plan.error is not None and (error is None or (plan.error.line or 0) <= (error.line or 0)):
         error = plan.error
     versions = sum(e.row_count for e in entries if e.kind is FileKind.VERSIONS)
     return FrameOutcome(tuple(sorted(entries, key=lambda e: e.path)), versions, error)

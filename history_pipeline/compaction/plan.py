@@ -17,13 +17,13 @@ table as of ``t + 1`` (the RFC's in-place update, done copy-on-write).
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any
 
 from history_pipeline.casts import CastFailure, cast_value
-from history_pipeline.errors import CastError, HistoryConflictError, TimestampOrderError, ValueTypeError
+from history_pipeline.errors import CastError, HistoryConflictError, ValueTypeError
 from history_pipeline.events import (
     AddColumn,
     ChangeColumnType,
@@ -95,35 +95,6 @@ def _conflict(message: str, segment: str, line: int) -> HistoryConflictError:
     return HistoryConflictError(message, segment=segment, line=line)
 
 
-class LineOrder:
-    """The WAL's order rule, checked line by line over a segment (by both engines, so they name
-    the same line): an event's t is never below an earlier line's t, nor at or below an earlier
-    close's t. The writer refuses such lines, but a segment written or edited by other means is
-    only caught here; folded as is, a later line would land before the versions it follows."""
-
-    def __init__(self, lower: int) -> None:
-        self.latest = lower  # the largest t of an earlier line (the opening close's at first)
-        self.closed = lower  # the largest t of an earlier close
-        self.error: tuple[int, str] | None = None  # the first bad line and why
-
-    def see(self, lines: Sequence[int], ts: Sequence[int], closes: Sequence[bool]) -> None:
-        """The next lines of the segment, in line order (the first bad line is kept)."""
-        for line, t, close in zip(lines, ts, closes, strict=True):
-            if self.error is None:
-                if t < self.latest:
-                    self.error = (line, f"t={t} goes backwards (an earlier line of the segment has t={self.latest})")
-                elif not close and t <= self.closed:
-                    self.error = (line, f"t={t} is at or below the closed timestamp {self.closed}: "
-                                        "no event may follow there")
-            self.latest = max(self.latest, t)
-            if close:
-                self.closed = max(self.closed, t)
-
-    def raise_if_bad(self, segment: str) -> None:
-        if self.error is not None:
-            raise TimestampOrderError(self.error[1], segment=segment, line=self.error[0])
-
-
 def plan_segment(contents: SegmentContents, schema: SchemaState) -> SegmentPlan:
     """Validate a segment against the schema history and group its mutations by table."""
     segment = contents.ref.name
@@ -132,10 +103,7 @@ def plan_segment(contents: SegmentContents, schema: SchemaState) -> SegmentPlan:
     state = schema
     columns_cache: dict[str, tuple[str, ...]] = {}
     by_uuid_cache: dict[str, dict[str, Any]] = {}
-    order = LineOrder(contents.lower)
     for line, event in contents.events:
-        order.see((line,), (event.t,), (isinstance(event, Close),))
-        order.raise_if_bad(segment)
         if isinstance(event, Close):
             continue
         if is_schema_change(event):
