@@ -303,7 +303,12 @@ def _decode_numeric(t: DataType, v: Any) -> Decimal:
         integer_digits = digits + d.as_tuple().exponent  # type: ignore[operator]
         if integer_digits > t.precision - scale:
             raise _fail(t, v, f"needs more than {t.precision} digits with scale {scale}")
-    return d
+    if d.as_tuple().exponent > 0:  # type: ignore[operator]
+        with localcontext() as ctx:  # '1e3' is 1000 (scale 0), as PostgreSQL reads it
+            ctx.prec = 2000
+            d = d.quantize(Decimal(1))
+    # PostgreSQL's numeric has no negative zero: '-0.000' reads 0.000 (and so does a value rounded to 0)
+    return d.copy_abs() if d.is_zero() else d
 
 
 def _decode_text(t: DataType, v: Any) -> str:
@@ -702,7 +707,9 @@ def to_arrow_value(data_type: DataType, value: Any) -> Any:
     if kind is TypeKind.JSONB:
         return canonical_json(value)
     if kind is TypeKind.NUMERIC and not data_type.is_exact_decimal:
-        return str(value)
+        # positional notation ('0.0000001', not str()'s '1E-7'): SQL casts the stored text to DECIMAL,
+        # and DuckDB does not read exponents there
+        return format(value, "f")
     if kind is TypeKind.ARRAY:
         return array_json(data_type, value)
     return value
