@@ -278,6 +278,10 @@ def real_from_float32(f: float) -> float:
 _DECIMAL_RE = re.compile(r"^[+-]?(\d+(\.\d*)?|\.\d+)([eE][+-]?\d+)?$", re.ASCII)  # PostgreSQL reads ASCII digits only
 
 
+#: PostgreSQL's numeric holds up to 131072 digits before the decimal point
+_NUMERIC_MAX_INTEGER_DIGITS = 131072
+
+
 def _decode_numeric(t: DataType, v: Any) -> Decimal:
     if isinstance(v, bool) or not isinstance(v, (str, int)):
         raise _fail(t, v, 'expected a decimal string such as "12.3400"')
@@ -304,8 +308,11 @@ def _decode_numeric(t: DataType, v: Any) -> Decimal:
         if integer_digits > t.precision - scale:
             raise _fail(t, v, f"needs more than {t.precision} digits with scale {scale}")
     if d.as_tuple().exponent > 0:  # type: ignore[operator]
+        if d.adjusted() >= _NUMERIC_MAX_INTEGER_DIGITS:
+            raise _fail(t, v, f"more than {_NUMERIC_MAX_INTEGER_DIGITS} digits before the decimal point "
+                              "(PostgreSQL's numeric overflows)")
         with localcontext() as ctx:  # '1e3' is 1000 (scale 0), as PostgreSQL reads it
-            ctx.prec = 2000
+            ctx.prec = d.adjusted() + 1  # every digit of the integer, however large the exponent
             d = d.quantize(Decimal(1))
     # PostgreSQL's numeric has no negative zero: '-0.000' reads 0.000 (and so does a value rounded to 0)
     return d.copy_abs() if d.is_zero() else d
