@@ -41,7 +41,7 @@ def _crash(step):
         raise Crash(step)
 
 
-def _mutations(events):
+def mutations_by_key(events):
     """(table uuid, key) -> [(t, is_delete)], one entry per timestamp (versions consolidate)."""
     groups: dict[tuple[str, int], list[tuple[int, bool]]] = {}  # (t, live after the mutations at t)
     for e in events:
@@ -102,7 +102,7 @@ def check(store, model, applied_events):
             counted = store.sql(f'SELECT count(*) AS n FROM "{name}"', as_of).to_pylist()
             assert counted == [{"n": len(expected)}], (name, as_of)
             _check_diff(store, model, applied_events, name, as_of)
-    for (table_uuid, key), seq in _mutations(applied_events).items():
+    for (table_uuid, key), seq in mutations_by_key(applied_events).items():
         if not any(e.table_uuid == table_uuid for e in store.get_catalog(frontier + 1)):
             continue  # a dropped table's history is not asked for here
         below = [m for m in seq if m[0] < earliest]

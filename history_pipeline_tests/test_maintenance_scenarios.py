@@ -29,6 +29,7 @@ from history_pipeline.maintenance.export import load_export
 from history_pipeline.types import Interval, TypeKind
 from history_pipeline_tests.model import BaseDatabase, erase_keys, names_of, nullability_of
 from history_pipeline_tests.test_compaction import write
+from history_pipeline_tests.test_maintenance_properties import mutations_by_key
 
 COLS = [
     ("c_id", "id", "INTEGER"), ("c_sm", "sm", "SMALLINT"), ("c_big", "big", "BIGINT"),
@@ -240,26 +241,6 @@ def rows_of(table: pa.Table, types: dict[str, Any] | None = None) -> dict[int, d
     return out
 
 
-def _mutations(events):
-    """(table uuid, key) -> [(t, is_delete)], one entry per timestamp (versions consolidate)."""
-    groups: dict[tuple[str, int], list[tuple[int, bool]]] = {}
-    for e in events:
-        if e["op"] in ROW_OPS:
-            seq = groups.setdefault((e["table_uuid"], e["key"]), [])
-            if seq and seq[-1][0] == e["t"]:
-                seq.pop()
-            seq.append((e["t"], e["op"] != "delete"))
-    out = {}
-    for ident, seq in groups.items():
-        live, versions = False, []
-        for t, live_after in seq:
-            if live or live_after:  # an insert and a delete at one t leave no version
-                versions.append((t, not live_after))
-            live = live_after
-        out[ident] = versions
-    return out
-
-
 def _schema_change_between(events, uuid, lo, hi):
     """True when a schema event of ``uuid`` has lo <= t < hi."""
     return any(lo <= e["t"] < hi and e.get("table_uuid") == uuid and e["op"] not in ROW_OPS + ("close",)
@@ -367,7 +348,7 @@ def check(store: HistoryStore, model: BaseDatabase, events: list[dict], erased: 
     for as_of in {earliest, frontier + 1}:  # schema history is kept whatever is purged
         assert schema_history_rows(store, as_of) == expected_schema_history(model, events, as_of), as_of
     latest = model.state_as_of(frontier + 1)
-    for (uuid, key), seq in _mutations(events).items():
+    for (uuid, key), seq in mutations_by_key(events).items():
         if uuid not in latest:
             continue  # a dropped table's history is not asked for here
         if key in erased.get(uuid, ()):
@@ -471,6 +452,20 @@ def _purge_points(store, events):
             "rename": rename, "after_rename": rename + 1, "drop": drop, "after_drop": drop + 1}
 
 
+def run_checked(store, model, events, steps, points, cold_uri):
+    """Run ``steps`` (``retain@name`` purges to ``points[name]``, skipped below ``earliest``),
+    checking against the model after each retention, load-back and rebuild, and at the end."""
+    for step in steps:
+        if step.startswith("retain@"):
+            step = f"retain@{points[step.split('@')[1]]}"
+            if int(step.split("@")[1]) < store.earliest:
+                continue
+        run_step(store, step, cold_uri)
+        if step.startswith("retain@") or step in ("load_back", "rebuild"):
+            check(store, model, events, as_ofs=_probe(store, events))
+    check(store, model, events)
+
+
 SEQUENCES = {
     "retain_on_snapshot_rebuild_load_back": ["retain@snap", "rebuild", "load_back", "merge", "cleanup", "rebuild"],
     "retain_on_retype_then_rename": ["retain@retype", "merge", "snapshot", "retain@after_rename", "cleanup",
@@ -485,15 +480,7 @@ def test_maintenance_sequences_keep_every_answer(tmp_path, sequence):
     store, model, events = compacted(tmp_path / "root")
     cold_uri = str(tmp_path / "cold")
     points = _purge_points(store, events)
-    for step in SEQUENCES[sequence]:
-        if step.startswith("retain@"):
-            step = f"retain@{points[step.split('@')[1]]}"
-            if int(step.split("@")[1]) < store.earliest:
-                continue
-        run_step(store, step, cold_uri)
-        if step.startswith("retain@") or step in ("load_back", "rebuild"):
-            check(store, model, events, as_ofs=_probe(store, events))
-    check(store, model, events)
+    run_checked(store, model, events, SEQUENCES[sequence], points, cold_uri)
 
 
 def test_incremental_compaction_with_merge_snapshot_pieces_and_erasure(tmp_path):
@@ -669,15 +656,7 @@ def test_extreme_keys_and_reused_names_through_maintenance(tmp_path, steps):
     points = {"mid": schema_ts[len(schema_ts) // 2], "late": schema_ts[-2] + 1}
     cold_uri = str(tmp_path / "cold")
     check(store, model, events, as_ofs=_probe(store, events))
-    for step in steps:
-        if step.startswith("retain@"):
-            step = f"retain@{points[step.split('@')[1]]}"
-            if int(step.split("@")[1]) < store.earliest:
-                continue
-        run_step(store, step, cold_uri)
-        if step.startswith("retain@") or step in ("load_back", "rebuild"):
-            check(store, model, events, as_ofs=_probe(store, events))
-    check(store, model, events)
+    run_checked(store, model, events, steps, points, cold_uri)
 
 
 def _lose(store, *prefixes):
