@@ -492,7 +492,8 @@ def test_the_service_refuses_malformed_tickets_and_other_flight_calls_without_a_
 def test_an_unreachable_s3_target_is_a_typed_error_naming_it_and_commits_nothing(tmp_path, monkeypatch):
     """A cold tier or export target on an S3 endpoint that does not answer failed with botocore's
     EndpointConnectionError ("unexpected EndpointConnectionError" on the command line): untyped,
-    and only after a retention's whole work. Now it is a StorageRootError naming the target."""
+    and only after a retention's whole work (an erasure's: committed locally, not in the cold tier).
+    Now it is a StorageRootError naming the target, before anything changes."""
     import socket
 
     from history_pipeline.errors import ObjectStoreError, StorageRootError
@@ -508,6 +509,10 @@ def test_an_unreachable_s3_target_is_a_typed_error_naming_it_and_commits_nothing
                          (lambda: store.retain(3, cold_tier="s3://bucket/cold", s3=closed, spark=False),
                           "s3://bucket/cold"),
                          (lambda: store.load_cold_tier("s3://bucket/cold", s3=closed), "s3://bucket/cold"),
+                         # the erasure reaches its targets first: it changed the WAL and committed
+                         # locally, then failed on the cold tier
+                         (lambda: store.erase("orders", [1], requested_by="dpo", cold_tiers=["s3://bucket/cold"],
+                                              s3=closed, spark=False), "s3://bucket/cold"),
                          (lambda: HistoryStore.open("s3://bucket/root", database="db", s3=closed), "s3://bucket/root")):
         with pytest.raises(ObjectStoreError) as caught:
             call()

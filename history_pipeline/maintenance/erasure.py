@@ -442,6 +442,10 @@ def erase(store: DatabaseHandle, request: ErasureRequest, *, spark: Any | None =
 
     step = on_step or (lambda s: None)
     check_requester(request.requested_by)
+    for target in request.targets:
+        # reach every cold tier and export target before anything changes: one found unreachable
+        # after the local commit would leave the erasure done here and not there (a typed error)
+        target.list(f"{store.database}/")
     keys = request.keys
     digest = keys_digest(request.table_uuid, keys)
     summary = ErasureSummary(request.table_uuid, len(keys), digest)
