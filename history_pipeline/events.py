@@ -190,6 +190,10 @@ OP_NAMES: dict[type, str] = {
     Close: "close",
 }
 
+#: the ops as the WAL spells them, for code that matches lines without parsing them (Spark, Arrow)
+SCHEMA_OPS = tuple(OP_NAMES[kind] for kind in SCHEMA_CHANGES)
+ROW_OPS = tuple(OP_NAMES[kind] for kind in ROW_MUTATIONS)
+
 
 def is_schema_change(event: Event) -> bool:
     """True for the nine schema-change records."""

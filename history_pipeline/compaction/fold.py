@@ -23,9 +23,9 @@ import pyarrow.compute as pc
 from history_pipeline.casts import CastFailure, cast_value
 from history_pipeline.compaction.carriers import from_carrier, to_carrier
 from history_pipeline.compaction.plan import Backfill
+from history_pipeline.events import ROW_OPS
 from history_pipeline.types import TypeKind, arrow_type, from_arrow_value, to_arrow_value
 
-ROW_OPS = ("insert", "update", "delete")
 PRIOR, GONE, BACKFILL = "prior", "gone", "backfill"
 SORT = [("key", "ascending"), ("t", "ascending"), ("line", "ascending")]
 _INTEGERS = (TypeKind.SMALLINT, TypeKind.INTEGER, TypeKind.BIGINT)

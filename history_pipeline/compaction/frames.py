@@ -65,7 +65,7 @@ from history_pipeline.errors import (
     TimestampOrderError,
     ValueTypeError,
 )
-from history_pipeline.events import Close, Delete, Insert, Update, is_schema_change, parse_line
+from history_pipeline.events import ROW_OPS, Close, Delete, Insert, Update, is_schema_change, parse_line
 from history_pipeline.execution import open_executor_store, spark_master
 from history_pipeline.schema import SchemaHistoryEntry, SchemaState, Supercolumn, TableDescriptor
 from history_pipeline.supertable import (
@@ -80,7 +80,6 @@ from history_pipeline.supertable.read import keep_latest
 from history_pipeline.types import arrow_native, arrow_type, decode_value, to_arrow_value
 from history_pipeline.wal.segments import SealedSegment, SegmentRef, verify_segment
 
-ROW_OPS = ("insert", "update", "delete")
 _KINDS = {Insert: "insert", Update: "update", Delete: "delete"}
 ERROR_CLASSES: dict[str, type[MalformedRecordError]] = {
     c.__name__: c for c in (MalformedRecordError, HistoryConflictError, CastError, TimestampOrderError)

@@ -30,17 +30,12 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from history_pipeline.errors import TimestampOrderError
+from history_pipeline.events import ROW_OPS, SCHEMA_OPS
 
 #: below every timestamp (a close record may have t = -1, the genesis): "nothing yet"
 NONE = -2
 #: line kinds
 ROW, SCHEMA, CLOSE, UNREADABLE = 0, 1, 2, 3
-#: the nine schema-change ops (``events.SCHEMA_CHANGES``)
-SCHEMA_OPS = (
-    "create_table", "drop_table", "rename_table", "add_column", "drop_column", "rename_column",
-    "change_column_type", "change_column_nullable", "reorder_column",
-)
-ROW_OPS = ("insert", "update", "delete")
 
 
 def above_upper_reason(t: int, upper: int) -> str:
