@@ -173,7 +173,8 @@ def cmd_sql(args: argparse.Namespace) -> int:
 
 def cmd_load(args: argparse.Namespace) -> int:
     store = _store(args)
-    _print_table(store.load_table(args.table, as_of=_as_of(store, args.as_of)), args.format)
+    # a person reads the rows: in key order (the API's default is the scan order)
+    _print_table(store.load_table(args.table, as_of=_as_of(store, args.as_of), ordered=True), args.format)
     return 0
 
 

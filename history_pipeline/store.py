@@ -431,17 +431,17 @@ class HistoryStore:
         """A frozen view of the newest catalog state (all queries through it agree)."""
         return QueryContext(self.objects, self.database, self.catalog.latest())
 
-    def load_table(self, table: str, as_of: int | str, ordered: bool = True) -> pa.Table:
+    def load_table(self, table: str, as_of: int | str, ordered: bool = False) -> pa.Table:
         """The table as of ``as_of``: synthetic_key then its columns in order, named as then; rows in
-        key order, or with ``ordered=False`` in no promised order (faster on large tables: where a
-        filter alone answers, DuckDB's scan order, not put in key order)."""
+        no promised order (as a Delta, Iceberg or DuckLake scan gives them: on a large table where a
+        filter alone answers, DuckDB's scan order), or in key order with ``ordered=True``."""
         with _reading_files():
             return self.query_context().load_table(table, to_timestamp(as_of), ordered)
 
     def load_table_reader(self, table: str, as_of: int | str, batch_size: int = 100_000,
-                          ordered: bool = True) -> pa.RecordBatchReader:
-        """``load_table`` streamed as record batches (for tables larger than memory), in key order
-        unless ``ordered=False``."""
+                          ordered: bool = False) -> pa.RecordBatchReader:
+        """``load_table`` streamed as record batches (for tables larger than memory), in no promised
+        order, or in key order with ``ordered=True``."""
         return self.query_context().load_table_reader(table, to_timestamp(as_of), batch_size, ordered)
 
     def fetch_row(self, table: str, key: int, as_of: int | str) -> dict[str, Any] | None:

@@ -83,13 +83,13 @@ def _check_items(store, events, as_ofs):
         model.apply(e)
     for as_of in as_ofs:
         expected = model.table_as_of("items", as_of) or {}
-        got = store.load_table("items", as_of)
+        got = store.load_table("items", as_of, ordered=True)
         assert {r.pop("synthetic_key"): r for r in got.to_pylist()} == expected, as_of
         assert got.column("synthetic_key").to_pylist() == sorted(expected), as_of  # key order
-        assert store.load_table_reader("items", as_of, batch_size=7).read_all().equals(got), as_of
-        assert _in_key_order(store.load_table("items", as_of, ordered=False)).equals(got), as_of
-        assert _in_key_order(store.load_table_reader("items", as_of, batch_size=7, ordered=False).read_all()) \
-            .equals(got), as_of
+        assert store.load_table_reader("items", as_of, batch_size=7, ordered=True).read_all().equals(got), as_of
+        # the default: the same rows in no promised order
+        assert _in_key_order(store.load_table("items", as_of)).equals(got), as_of
+        assert _in_key_order(store.load_table_reader("items", as_of, batch_size=7).read_all()).equals(got), as_of
         kept = [r["a"] for r in expected.values() if r["a"] is not None and r["a"] >= 50]
         answer = store.sql("SELECT count(*) AS c, sum(a) AS s FROM items WHERE a >= 50", as_of).to_pylist()
         assert answer == [{"c": len(kept), "s": sum(kept) if kept else None}], as_of
@@ -660,8 +660,9 @@ def test_reads_of_dictionary_strings_equal_the_model(tmp_path, mark_open_fractio
                                               [stored]) == [stored]
             marked_reads += is_marked_read(store.objects, selection)
         expected = model.table_as_of("modes", as_of) or {}
-        got = store.load_table("modes", as_of)
+        got = store.load_table("modes", as_of, ordered=True)
         assert got.schema.field("mode").type == pa.string(), as_of
+        assert _in_key_order(store.load_table("modes", as_of)).equals(got.combine_chunks()), as_of
         assert {r.pop("synthetic_key"): r for r in got.to_pylist()} == expected, as_of
         assert got.column("synthetic_key").to_pylist() == sorted(expected), as_of
     assert closed_reads >= 3 and layered_reads >= 1, (closed_reads, layered_reads)

@@ -303,15 +303,15 @@ def answers(store: HistoryStore, events: list[dict[str, Any]], model: BaseDataba
             name, uuid = d.table_name, d.table_uuid
             expected = {k: {c: norm(v) for c, v in row.items()} for k, row in model.table_as_of(name, as_of).items()}
             where = (name, as_of)
-            ordered = store.load_table(name, as_of)
+            ordered = store.load_table(name, as_of, ordered=True)
             assert ordered.column_names == ["synthetic_key", *model.column_order(name, as_of)], where
             rows = ordered.to_pylist()
             assert [r["synthetic_key"] for r in rows] == sorted(expected), where
             got = {r.pop("synthetic_key"): {c: norm(v) for c, v in r.items()} for r in rows}
             assert got == expected, (*where, "load_table")
-            unordered = store.load_table(name, as_of, ordered=False).to_pylist()
-            assert sorted(norm(r) for r in unordered) == sorted(norm(r) for r in store.load_table(name, as_of)
-                                                                   .to_pylist()), (*where, "unordered")
+            unordered = store.load_table(name, as_of).to_pylist()  # the default: no promised order
+            assert sorted(norm(r) for r in unordered) == sorted(norm(r) for r in ordered.to_pylist()), \
+                (*where, "unordered")
             for key in sorted(keys_of.get(uuid, ())):
                 row = store.fetch_row(uuid, key, as_of)
                 assert (None if row is None else {c: norm(v) for c, v in row.items()}) == expected.get(key), \

@@ -356,7 +356,7 @@ def _all_answers(store, table_uuid, low):
     for as_of in range(low, store.frontier + 2):
         names = [d.table_name for d in store.get_catalog(as_of) if d.table_uuid == table_uuid]
         if names:
-            out[as_of] = (store.load_table(names[0], as_of).to_pylist(),
+            out[as_of] = (store.load_table(names[0], as_of, ordered=True).to_pylist(),
                           store.sql(f'SELECT * FROM "{names[0]}" ORDER BY 1', as_of).to_pylist())
     return out
 

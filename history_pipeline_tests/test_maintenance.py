@@ -21,7 +21,8 @@ def all_answers(store, lowest=0):
     out = {}
     for as_of in range(max(lowest, store.earliest), store.frontier + 2):
         for descriptor in store.get_catalog(as_of):
-            out[(as_of, descriptor.table_name)] = store.load_table(descriptor.table_name, as_of).to_pylist()
+            table = store.load_table(descriptor.table_name, as_of, ordered=True)
+            out[(as_of, descriptor.table_name)] = table.to_pylist()
     return out
 
 

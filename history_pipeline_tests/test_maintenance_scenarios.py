@@ -316,14 +316,14 @@ def check(store: HistoryStore, model: BaseDatabase, events: list[dict], erased: 
             assert [c.is_nullable for c in descriptor.columns] == nullability_of(model, uuid, as_of), (name, as_of)
             expected = expected_rows(model, uuid, as_of)
             where = (name, as_of)
-            got = store.load_table(name, as_of)
+            got = store.load_table(name, as_of, ordered=True)
             assert got.column_names == ["synthetic_key", *(n for _, n, _ in cols)], where
             keys = got.column("synthetic_key").to_pylist()
             assert keys == sorted(keys), where
             assert rows_of(got) == expected, where
             if as_ofs != "every" and as_of not in as_ofs:
                 continue
-            assert rows_of(store.load_table(name, as_of, ordered=False)) == expected, where
+            assert rows_of(store.load_table(name, as_of)) == expected, where  # the default: no promised order
             assert rows_of(store.load_table(uuid, as_of)) == expected, where
             if as_of in (earliest, frontier + 1):  # the streamed forms, in small batches
                 for ordered in (True, False):
@@ -776,7 +776,7 @@ def _check_with_table_purge_points(store, model, as_ofs):
                 continue
             expected = expected_rows(model, uuid, as_of)
             assert rows_of(store.load_table(uuid, as_of)) == expected, (table["name"], as_of)
-            assert rows_of(store.load_table(uuid, as_of, ordered=False)) == expected, (table["name"], as_of)
+            assert rows_of(store.load_table(uuid, as_of, ordered=True)) == expected, (table["name"], as_of)
             for key in range(1, 9):
                 row = store.fetch_row(uuid, key, as_of)
                 assert (None if row is None else norm(row)) == expected.get(key), (table["name"], key, as_of)

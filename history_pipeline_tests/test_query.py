@@ -157,8 +157,8 @@ def test_load_table_values_read_back_as_written(typed_store):
 
 
 def test_load_table_in_scan_order_holds_every_type_as_in_key_order(typed_store):
-    ordered = typed_store.load_table("typed", as_of=3)
-    unordered = typed_store.load_table("typed", as_of=3, ordered=False)
+    ordered = typed_store.load_table("typed", as_of=3, ordered=True)
+    unordered = typed_store.load_table("typed", as_of=3)
     assert unordered.schema == ordered.schema
     # the same values in the same types, NaN included (which no equality holds equal to itself)
     assert unordered.drop_columns(["d"]).combine_chunks().equals(ordered.drop_columns(["d"]).combine_chunks())
@@ -224,11 +224,11 @@ def test_load_table_reads_every_type_back_on_a_closed_read_in_either_order(close
     model's rows, every type as written."""
     store, closed, model = closed_typed_store
     for as_of in closed:
-        ordered = store.load_table("typed", as_of)
+        ordered = store.load_table("typed", as_of, ordered=True)
         got = {r["synthetic_key"]: {c: r[c] for c in ("i", "t", "a")} for r in ordered.to_pylist()}
         assert got == model[as_of], as_of
         assert ordered.column("synthetic_key").to_pylist() == sorted(model[as_of]), as_of
-        unordered = store.load_table("typed", as_of, ordered=False).sort_by("synthetic_key")
+        unordered = store.load_table("typed", as_of).sort_by("synthetic_key")
         assert unordered.schema == ordered.schema, as_of
         # the same values in the same types, NaN included (which no equality holds equal to itself)
         assert unordered.drop_columns(["d"]).combine_chunks().equals(

@@ -125,11 +125,11 @@ def test_streams_equal_the_whole_results(tmp_path):
     assert pa.Table.from_batches(batches).to_pylist() == store.sql(
         "SELECT synthetic_key, amount FROM orders ORDER BY synthetic_key", as_of).to_pylist()
     for t in (2, 3, 4, as_of):
-        streamed = store.load_table_reader("orders", t, batch_size=300).read_all()
-        whole = store.load_table("orders", t)
+        streamed = store.load_table_reader("orders", t, batch_size=300, ordered=True).read_all()
+        whole = store.load_table("orders", t, ordered=True)
         assert streamed.equals(whole), t
-        # in scan order: the same rows (and, sorted, the same table)
-        unordered = store.load_table("orders", t, ordered=False)
+        # in no promised order (the default): the same rows (and, sorted, the same table)
+        unordered = store.load_table("orders", t)
         assert unordered.schema == whole.schema and unordered.num_rows == whole.num_rows, t
         assert unordered.sort_by("synthetic_key").combine_chunks().equals(whole.combine_chunks()), t
 

@@ -149,14 +149,14 @@ class QueryContext:
 
     # --- operations ----------------------------------------------------------------
 
-    def load_table(self, table: str, as_of: int, ordered: bool = True) -> pa.Table:
+    def load_table(self, table: str, as_of: int, ordered: bool = False) -> pa.Table:
         """The table as of ``as_of``: synthetic_key then its columns in order, named as then.
 
-        Rows come in key order; with ``ordered=False`` in no promised order (as a Delta or Iceberg
-        scan gives them): where the files as of ``as_of`` answer by a filter alone (a closed read),
-        DuckDB scans them and the rows are not put in key order, which costs about as much again
-        as reading them; elsewhere (an open interval, overlaid or joined) the key-ordered read is
-        the faster one and answers."""
+        Rows come in no promised order (as a Delta, Iceberg or DuckLake scan gives them), or in key
+        order with ``ordered=True``: where the files as of ``as_of`` answer by a filter alone (a
+        closed read), DuckDB scans them and the rows are not put in key order, which would cost
+        about as much again as reading them; elsewhere (an open interval, overlaid or joined) the
+        key-ordered read is the faster one and answers either way."""
         self.check_as_of(as_of)
         descriptor = self.resolve(table, as_of)
         if not ordered and is_closed_read(self.store, select_files(self.state, descriptor.table_uuid, as_of)):
@@ -169,8 +169,8 @@ class QueryContext:
         return project(self._live(descriptor, as_of), descriptor)
 
     def load_table_reader(self, table: str, as_of: int, batch_size: int = 100_000,
-                          ordered: bool = True) -> pa.RecordBatchReader:
-        """``load_table`` as a stream of record batches (in key order unless ``ordered=False``),
+                          ordered: bool = False) -> pa.RecordBatchReader:
+        """``load_table`` as a stream of record batches (in key order only with ``ordered=True``),
         for tables larger than memory.
 
         DuckDB reads the catalog's files for ``as_of`` (no user SQL runs here, so no sandbox) on a

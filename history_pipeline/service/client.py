@@ -110,9 +110,9 @@ class HistoryClient:
 
     # --- HistoryStore's query side ----------------------------------------------------------
 
-    def load_table(self, table: str, as_of: int | str, ordered: bool = True) -> pa.Table:
+    def load_table(self, table: str, as_of: int | str, ordered: bool = False) -> pa.Table:
         """The table as of ``as_of``: synthetic_key then its columns in order, named as then; rows in
-        key order, or with ``ordered=False`` in no promised order (as the store answers it)."""
+        no promised order (as the store answers it), or in key order with ``ordered=True``."""
         return self.load_table_response(p.LoadTableRequest(table, to_timestamp(as_of), ordered)).table
 
     def fetch_row(self, table: str, key: int, as_of: int | str) -> dict[str, Any] | None:

@@ -70,7 +70,9 @@ class LoadTableRequest:
 
     table_uuid: str
     query_timestamp: int
-    #: False: the rows in no promised order (``HistoryStore.load_table(..., ordered=False)``)
+    #: False: the rows in no promised order (``HistoryStore.load_table``'s default). A ticket without
+    #: the field (a client from before it) asks for key order, as it got then; ``HistoryClient``
+    #: always sends it
     ordered: bool = True
 
     def __post_init__(self) -> None:
