@@ -184,7 +184,7 @@ def bench_as_of(work: Path, live_rows: int, histories: list[int], batch: int) ->
     rows = []
     for versions in histories:
         store = HistoryStore.open(work / f"history_{versions}", database="bench",
-                                  settings=StoreSettings(snapshot_min_versions=live_rows, snapshot_ratio=1.0))
+                                  settings=StoreSettings(snapshot_min_versions=live_rows))
         build_s, history = timed(lambda s=store, v=versions: build_history(s, live_rows, v, batch))
         for label, as_of in (("latest", history.frontier + 1), ("middle", history.frontier // 2 + batch // 3)):
             seconds = median_time(lambda s=store, t=as_of: s.load_table("bench", t))

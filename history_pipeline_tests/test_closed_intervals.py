@@ -497,9 +497,10 @@ def test_the_closed_layout_survives_maintenance(tmp_path, tiny_row_groups):
         pass
     _check_layout(store)
     # the retention took rows the reads skipped; those they read beyond the answer are no more
-    # than before the maintenance
+    # than before the maintenance, give or take a row group (the buckets and cells by t are cut
+    # again over the rows retention keeps, so their bounds move)
     read, current, _ = _check_pruning(store, left)
-    assert read - current <= excess_before, (read - current, excess_before)
+    assert read - current <= excess_before + TINY_ROW_GROUPS, (read - current, excess_before)
     _check_items(store, events, left)
     _check_lookups(store, events, left)
     assert store.verify() == []

@@ -69,7 +69,7 @@ from history_pipeline.supertable import (
 from history_pipeline.supertable.read import as_numpy, dataset_of
 
 #: rows a task closing an interval reads at most (see ``StoreSettings.interval_piece_rows``)
-INTERVAL_PIECE_ROWS = 1_000_000
+INTERVAL_PIECE_ROWS = 4_000_000
 
 
 @dataclass

@@ -38,20 +38,21 @@ RESERVED = (KEY, DELETED, LT)
 SUPERSEDED = "superseded_at"
 ROW_GROUP_ROWS = 16_384
 #: the row order of a closed interval's files (``closed_layout``), named in their footer and catalog
-#: entry; files marked before it (no layout named: key-sorted whole; 2: no run of hot keys) are laid
-#: out again when their interval is next closed
-CLOSED_LAYOUT = 3
+#: entry; files marked before it (no layout named: key-sorted whole; 2: no run of hot keys; 3: no
+#: cells by t, an interval cut into key-range pieces of 1M rows) are laid out again when their
+#: interval is next closed
+CLOSED_LAYOUT = 4
 #: row groups of a closed file's time-ordered rows are cut into about this many buckets per class:
 #: a read as of T wastes about half a bucket per class, a key lookup looks at one row group per bucket
 CLOSED_BUCKETS = 8
-#: a bucket of superseded rows may be cut again into about this many cells by t, so that a read as of
-#: T early in a long interval skips the rows of later buckets written after T too. 1 (no cells, the
-#: layout named 2 and 3): with snapshots spaced the live rows apart (the default) intervals are short and
-#: cells gained little: under updates in random key order, 4 cells took a version file read a third
-#: into its interval from 12 to 8 row groups, a whole closed read from 1.41M to 1.30M rows decoded
-#: and 102 to 99 ms (session 16); with snapshots 3x apart, 4 cells read 1.3x the answer's rows where
-#: buckets alone read 1.7x (docs/DECISIONS.md, session 12)
-CLOSED_TIME_BUCKETS = 1
+#: a bucket of superseded rows is cut again into about this many cells by t, so that a read as of T
+#: early in an interval skips the rows of later buckets written after T too. With snapshots twice the
+#: live rows apart (the default since session 21) an interval's versions are twice its answer, and
+#: in one file per interval the (bucket, cell) grid is fine enough: simulated on a real interval at
+#: 10M versions, rows decoded per row current 2.58 / 2.38 / 1.74x at 5 % / 20 % / 50 % into it
+#: without cells in 1M-row pieces, 1.45 / 1.38 / 1.25x with 8 cells in one file (docs/DECISIONS.md,
+#: "Session 21"); layouts 2 and 3 had none
+CLOSED_TIME_BUCKETS = 8
 #: data page size of a closed-layout file: a key lookup by DuckDB (``row_history``) skips the pages of
 #: a row group holding none of the key's rows, which pays for the page headers (+0.5-0.7% bytes)
 CLOSED_PAGE_BYTES = 16 * 1024
@@ -357,8 +358,9 @@ def parquet_bytes(table: pa.Table, row_groups: Sequence[int] | None = None, page
 
 
 #: cells by t of a snapshot piece holding versions: inside their own interval its rows are read by
-#: t (most are superseded only in the next interval), in the next one by ``superseded_at``
-HOLDING_TIME_BUCKETS = 4
+#: t (most are superseded only in the next interval), in the next one by ``superseded_at``; as many
+#: as the version files' (4 before layout 4)
+HOLDING_TIME_BUCKETS = CLOSED_TIME_BUCKETS
 
 
 def layout_of(table: pa.Table, snapshot_as_of: int | None, holds_versions: bool) -> tuple[pa.Table, tuple[int, ...]]:
