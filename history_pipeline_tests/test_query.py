@@ -267,3 +267,35 @@ def test_sql_follows_postgresql_where_duckdb_differs(typed_store):
     assert ordered.column("x").to_pylist() == [None, 3, 1]
     ordered = typed_store.sql("SELECT x FROM (VALUES (1), (NULL), (3)) t(x) ORDER BY x", as_of=3)
     assert ordered.column("x").to_pylist() == [1, 3, None]
+
+
+@pytest.mark.parametrize("with_array", [False, True])
+def test_user_columns_named_like_the_reserved_ones_are_the_users_in_sql(tmp_path, with_array):
+    """A PostgreSQL table may have columns named ``synthetic_key``, ``is_deleted`` or
+    ``logical_timestamp``: the store's own columns of those names never hide them. In SQL the user's
+    ``synthetic_key`` is the one a query names (it was renamed ``synthetic_key_1`` and the key took its
+    name); ``load_table`` keeps the contract's key first, then the columns under their names."""
+    columns = [{"column_uuid": "c1", "column_name": "is_deleted", "data_type": "BOOLEAN"},
+               {"column_uuid": "c2", "column_name": "logical_timestamp", "data_type": "BIGINT"},
+               {"column_uuid": "c3", "column_name": "synthetic_key", "data_type": "TEXT"}]
+    if with_array:  # such a table is exposed to SQL from its reconstruction
+        columns.append({"column_uuid": "c4", "column_name": "tags", "data_type": "INTEGER[]"})
+    store = HistoryStore.open(tmp_path, database="db")
+    with store.wal_writer() as wal:
+        wal.append({"op": "create_table", "t": 1, "table_uuid": "u1", "table_name": "items", "columns": columns})
+        for key, deleted, stamp, label in ((5, True, 77, "x"), (9, False, -3, "y")):
+            values = {"c1": deleted, "c2": stamp, "c3": label, **({"c4": [key]} if with_array else {})}
+            wal.append({"op": "insert", "t": 2, "table_uuid": "u1", "key": key, "values": values})
+        wal.append({"op": "delete", "t": 3, "table_uuid": "u1", "key": 9})
+        wal.append({"op": "close", "t": 3})
+        wal.seal()
+    store.compact(spark=False)
+    got = store.sql('SELECT synthetic_key, is_deleted, logical_timestamp FROM items ORDER BY 1', 3).to_pylist()
+    assert got == [{"synthetic_key": "x", "is_deleted": True, "logical_timestamp": 77},
+                   {"synthetic_key": "y", "is_deleted": False, "logical_timestamp": -3}]
+    assert store.sql("SELECT * FROM items", 4).column_names == [c["column_name"] for c in columns]
+    assert store.sql("SELECT count(*) AS n FROM items WHERE is_deleted", 4).to_pylist() == [{"n": 1}]
+    table = store.load_table("items", 4, ordered=True)
+    assert table.schema.names == ["synthetic_key", *(c["column_name"] for c in columns)]
+    assert table.column(0).to_pylist() == [5] and table.column(3).to_pylist() == ["x"]
+    assert store.fetch_row("items", 5, 4)["synthetic_key"] == "x"

@@ -470,6 +470,9 @@ class QueryContext:
         as JSON whose depth may vary by row, so only the reconstruction knows their SQL type (a list
         when uniform, JSON otherwise). Returns the NUMERIC columns too wide for DECIMAL(38, s)."""
         data = self.load_table(descriptor.table_name, as_of)
+        shows_key = _shows_key(descriptor)
+        if not shows_key:  # the key is column 0, the user's column of its name comes later
+            data = data.remove_column(0)
         wide: list[str] = []
         for c in descriptor.columns:
             if c.data_type.kind is TypeKind.NUMERIC and not c.data_type.is_exact_decimal:
@@ -484,7 +487,7 @@ class QueryContext:
                 data = data.set_column(position, c.column_name, exact)
         raw = f"__table_{index}"
         con.register(raw, data)
-        parts = [KEY]
+        parts = [KEY] if shows_key else []
         for c in descriptor.columns:
             ident = _ident(c.column_name)
             field = data.schema.field(c.column_name)
@@ -709,9 +712,16 @@ def _ident(name: str) -> str:
     return '"' + name.replace('"', '""') + '"'
 
 
+def _shows_key(descriptor: TableDescriptor) -> bool:
+    """Does SQL see ``synthetic_key`` beside the table's columns? Not when a column of the table has
+    that name (DuckDB's names are case-insensitive): the user's query means the user's column, as in
+    PostgreSQL, where the table has no other."""
+    return all(c.column_name.lower() != KEY for c in descriptor.columns)
+
+
 def _sql_columns(descriptor: TableDescriptor, numeric_types: Mapping[str, tuple[int, int] | None]) -> str:
     """The view's select list: supercolumns under their names as of T, in the types SQL sees."""
-    parts = [KEY]
+    parts = [KEY] if _shows_key(descriptor) else []
     for c in descriptor.columns:
         source, ident = _ident(c.supercolumn), _ident(c.column_name)
         kind = c.data_type.kind
