@@ -398,7 +398,7 @@ def build_tpch(store: HistoryStore, orders: int, cycles: int, seed: int = 7) -> 
             live[order["o_orderkey"]] = [_row_key("lineitem", line) for line in lines]
         wal.append({"op": "close", "t": t})
         wal.seal()
-    store.compact(spark=False)
+    _compact_and_maintain(store)
     as_ofs = [t + 1]
     per_cycle = max(1, orders // 100)  # each refresh touches about 1% of the orders, as RF1/RF2 do
     for _ in range(cycles):
@@ -423,9 +423,16 @@ def build_tpch(store: HistoryStore, orders: int, cycles: int, seed: int = 7) -> 
                                            "lineitem.l_shipmode": rng.choice(SHIPMODES)}})
             wal.append({"op": "close", "t": t})
             wal.seal()
-        store.compact(spark=False)
+        _compact_and_maintain(store)
         as_ofs.append(t + 1)
     return as_ofs
+
+
+def _compact_and_maintain(store: HistoryStore) -> None:
+    """A compaction and the snapshot maintenance a deployment runs after it (the ``supertables``
+    asset's ``refresh_snapshots``: snapshots, intervals closed, the open interval marked when due)."""
+    store.compact(spark=False)
+    store.refresh_snapshots(spark=False)
 
 
 def _same_answer(ours: list[dict[str, Any]], theirs: list[dict[str, Any]]) -> bool:
