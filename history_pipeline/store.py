@@ -64,8 +64,8 @@ class StoreSettings:
     #: a table gets a new snapshot once this many versions (and ``snapshot_ratio`` x its live rows)
     #: were written since its last one. Twice the live rows (1.0 before session 21): a snapshot
     #: repeats the rows no version of its interval changed, about e^-ratio of them, so storage falls
-    #: from 0.58x to 0.47x Delta's at 10M versions, while the closed layout's cells by t keep a
-    #: read as of any T in the longer interval within 1.7x of reading its answer
+    #: from 0.58x to 0.48x Delta's at 10M and 40M versions, while the closed layout's cells by t
+    #: keep a read as of any T in the longer interval within 2x of reading its answer (1.1-1.9x)
     snapshot_min_versions: int = 200_000
     snapshot_ratio: float = 2.0
     #: where compaction, merge and retention run when no session is passed: a Spark master
