@@ -218,3 +218,6 @@ def test_streamed_load_table_keeps_uuid_and_json_types_on_the_shared_reader_data
         for _ in range(2):  # the second read reuses the database the first one opened
             streamed = store.load_table_reader("typed", as_of, batch_size=7, ordered=True).read_all()
             assert streamed.equals(store.load_table("typed", as_of, ordered=True)), as_of
+            # by default too, a stream read whole is the table (no closed read here: key order both)
+            assert store.load_table_reader("typed", as_of, batch_size=7).read_all().equals(
+                store.load_table("typed", as_of)), as_of

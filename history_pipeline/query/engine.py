@@ -159,7 +159,7 @@ class QueryContext:
         key-ordered read is the faster one and answers either way."""
         self.check_as_of(as_of)
         descriptor = self.resolve(table, as_of)
-        if not ordered and is_closed_read(self.store, select_files(self.state, descriptor.table_uuid, as_of)):
+        if not ordered and self._scan_order_answers(descriptor, as_of):
             con = reader_cursor()
             try:
                 relation, wanted = self._scan(con, descriptor, as_of, ordered=False)
@@ -170,8 +170,9 @@ class QueryContext:
 
     def load_table_reader(self, table: str, as_of: int, batch_size: int = 100_000,
                           ordered: bool = False) -> pa.RecordBatchReader:
-        """``load_table`` as a stream of record batches (in key order only with ``ordered=True``),
-        for tables larger than memory.
+        """``load_table`` as a stream of record batches, for tables larger than memory: in key order
+        with ``ordered=True``, otherwise in the order ``load_table`` gives (DuckDB's scan order where a
+        filter alone answers, key order elsewhere), so that a stream read whole is its table.
 
         DuckDB reads the catalog's files for ``as_of`` (no user SQL runs here, so no sandbox) on a
         cursor of one process-wide database (opening one costs more than a small read); the cursor
@@ -179,6 +180,7 @@ class QueryContext:
         """
         self.check_as_of(as_of)
         descriptor = self.resolve(table, as_of)
+        ordered = ordered or not self._scan_order_answers(descriptor, as_of)
         con = reader_cursor()
         try:
             relation, wanted = self._scan(con, descriptor, as_of, ordered)
@@ -199,6 +201,11 @@ class QueryContext:
                 con.close()
 
         return pa.RecordBatchReader.from_batches(schema, batches())
+
+    def _scan_order_answers(self, descriptor: TableDescriptor, as_of: int) -> bool:
+        """Do the rows come in DuckDB's scan order when no order is asked for? Where a filter alone
+        answers (a closed read); elsewhere the reconstruction gives key order anyway."""
+        return is_closed_read(self.store, select_files(self.state, descriptor.table_uuid, as_of))
 
     def _scan(self, con: Any, descriptor: TableDescriptor, as_of: int, ordered: bool) -> tuple[Any, pa.Schema]:
         """A DuckDB relation on ``con`` over the live rows of a table as of ``as_of`` (a TEMP view
