@@ -388,3 +388,25 @@ def test_a_piece_walks_its_range_in_steps_and_rolls_over_to_new_files(tmp_path, 
     _assert_disjoint_ranges(files)
     assert _snapshot_rows(stepped, files).equals(_snapshot_rows(whole, _points(whole)[point]))
     _check_items(stepped, events, range(2, stepped.frontier + 2))
+
+
+def test_closing_a_wide_interval_cuts_it_by_its_bytes_as_well_as_its_rows():
+    """An interval's rows bound a close task (``interval_piece_rows``), and so do its stored bytes
+    (``INTERVAL_PIECE_BYTES``): a wide table's interval of few rows is cut into key ranges too."""
+    from history_pipeline.maintenance.snapshots import INTERVAL_PIECE_BYTES, Interval, plan_close
+
+    def entry(path, kind, size, **more):
+        return FileEntry(path=path, kind=kind, table_uuid="T", size_bytes=size, row_count=100_000, min_t=1,
+                         max_t=9, min_key=0, max_key=999_999, **more)
+
+    def tasks(size):
+        files = (entry("s", FileKind.SNAPSHOT, size, snapshot_as_of=1), entry("v", FileKind.VERSIONS, size))
+        interval = Interval("T", 1, 10, files)
+        planned = plan_close(CatalogState(), {}, "db", interval, (), piece_rows=4_000_000)
+        # key ranges that tile the keys
+        assert all(a.high == b.low for a, b in zip(planned, planned[1:], strict=False)), planned
+        return len(planned)
+
+    assert tasks(10 * 1024 * 1024) == 1  # 200,000 narrow rows: one task
+    assert tasks(INTERVAL_PIECE_BYTES) == 2  # the same rows, twice the bytes a task reads
+    assert tasks(3 * INTERVAL_PIECE_BYTES) == 6

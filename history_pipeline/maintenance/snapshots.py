@@ -70,6 +70,10 @@ from history_pipeline.supertable.read import as_numpy, dataset_of
 
 #: rows a task closing an interval reads at most (see ``StoreSettings.interval_piece_rows``)
 INTERVAL_PIECE_ROWS = 4_000_000
+#: stored bytes a task closing an interval reads at most, whatever its rows: a wide table's interval
+#: is cut into more key ranges, so that a task's memory stays bounded as the rows' width grows (the
+#: bench's 1M-live-row interval, about 3M rows, is some 50 MB and stays one piece)
+INTERVAL_PIECE_BYTES = 256 * 1024 * 1024
 
 
 @dataclass
@@ -308,10 +312,13 @@ class CloseTask:
 
 def plan_close(state: CatalogState, store_config: dict[str, Any], database: str, interval: Interval,
                supercolumns: Sequence[Supercolumn], piece_rows: int) -> list[CloseTask]:
-    """The key ranges closing ``interval``: as many as its rows divided by ``piece_rows`` (at least
-    one), each with only the files that may hold its keys."""
+    """The key ranges closing ``interval``: as many as its rows divided by ``piece_rows``, or its
+    stored bytes by ``INTERVAL_PIECE_BYTES`` when that is more (at least one), each with only the
+    files that may hold its keys."""
     rows = sum(f.row_count for f in interval.files)
-    ranges = key_ranges(interval.files, max(1, -(-rows // max(1, piece_rows))))
+    stored = sum(f.size_bytes for f in interval.files)
+    parts = max(1, -(-rows // max(1, piece_rows)), -(-stored // INTERVAL_PIECE_BYTES))
+    ranges = key_ranges(interval.files, parts)
     return [CloseTask(store_config, database, interval.table_uuid, tuple(supercolumns), interval.lower,
                       interval.upper, tuple(f for f in interval.files if key_range_overlaps(f, low, high)),
                       low, high, state.txn_id + 1, always=(i == 0),
