@@ -352,10 +352,11 @@ def _commit(
     history_entry = _write_schema_history(store, state, plan, attempt)
     on_step("schema_history_written")
 
-    ours = [False]  # did this run's transaction apply the segment (not a concurrent run's)?
+    applied_here = False  # did this run's transaction apply the segment (not a concurrent run's)?
 
     def build(current: CatalogState) -> list[Any] | None:
-        ours[0] = False
+        nonlocal applied_here
+        applied_here = False
         if plan.segment_id in current.applied_segments:
             return None
         if _file_identity(ref.path) != read:
@@ -373,13 +374,13 @@ def _commit(
             actions.append(AddSchemaHistory(plan.schema_entries))
         actions.append(AdvanceFrontier(max(plan.upper, current.frontier)))
         actions.append(ApplySegments((plan.segment_id,)))
-        ours[0] = True
+        applied_here = True
         return actions
 
     committed = store.catalog.commit(f"compact segment {plan.segment}", build)
     on_step("committed")
     move_segment(ref, SegmentState.APPLIED, store.wal_dir)
-    if not ours[0]:  # a concurrent compaction applied it first: this run's files are orphans for cleanup
+    if not applied_here:  # a concurrent compaction applied it first: this run's files are orphans for cleanup
         summary.frontier = max(summary.frontier, committed.frontier)
         return committed
     summary.segments_applied.append(plan.segment_id)
