@@ -43,7 +43,14 @@ from history_pipeline.maintenance.erasure import (
 from history_pipeline.maintenance.export import export_database
 from history_pipeline.maintenance.merge import MergeSummary, merge
 from history_pipeline.maintenance.retention import RetentionSummary, load_cold_tier, retain
-from history_pipeline.maintenance.snapshots import SnapshotSummary, due_tables, marking_due, refresh_snapshots
+from history_pipeline.maintenance.snapshot_pieces import PIECE_ROWS
+from history_pipeline.maintenance.snapshots import (
+    INTERVAL_PIECE_ROWS,
+    SnapshotSummary,
+    due_tables,
+    marking_due,
+    refresh_snapshots,
+)
 from history_pipeline.maintenance.ttl import TtlSummary, apply_ttl, set_ttl, ttl_purge_points
 from history_pipeline.query.engine import QueryContext
 from history_pipeline.schema import TableDescriptor
@@ -80,13 +87,13 @@ class StoreSettings:
     compaction_engine: str = "dataframes"
     #: rows a snapshot piece reads at most (its key range's snapshot rows and versions since):
     #: a table's snapshot is written as that many pieces, one Spark task each
-    snapshot_piece_rows: int = 250_000
+    snapshot_piece_rows: int = PIECE_ROWS
     #: rows a task closing an interval reads at most (``close_intervals``): larger than a snapshot
     #: piece, since a closed file's time buckets and cells are cut within the file (a smaller file
     #: has a coarser grid of whole row groups, and a read as of T skips less of it) and closing
     #: overlays nothing. A whole interval at the default spacing (its snapshot, about twice the live
     #: rows of versions) is one piece up to 1.3M live rows (1M before session 21)
-    interval_piece_rows: int = 4_000_000
+    interval_piece_rows: int = INTERVAL_PIECE_ROWS
     #: the open interval is marked (``superseded_at`` as of the frontier) once its unmarked versions
     #: reach this fraction of the versions that make a snapshot due, or of the snapshot's rows when
     #: snapshots are spaced further apart (``snapshots.marking_share``): a read as of the latest T
