@@ -2,7 +2,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 export DAGSTER_HOME ?= $(CURDIR)/.dagster_home
 
-.PHONY: setup demo test lint bench bench-quick bench-setup
+.PHONY: setup demo check test lint bench bench-quick bench-setup
 
 $(PY):
 	python3.11 -m venv $(VENV) || python3 -m venv $(VENV)
@@ -19,8 +19,13 @@ demo: setup
 	$(PY) -c "import os, signal, sys; signal.signal(signal.SIGINT, signal.SIG_DFL); os.execv(sys.argv[1], sys.argv[1:])" \
 		$(VENV)/bin/dagster dev -w workspace.yaml -h 127.0.0.1 -p 3000
 
+# The fast tier for every edit: unit and property tests, no JVM, daemon, PostgreSQL or S3.
+check: setup
+	HISTORY_TEST_TIER=check $(VENV)/bin/pytest -q -n 2 -m "not slow and not spark and not s3 and not postgres and not daemon and not jvm"
+
+# Everything, what CI runs.
 test: setup
-	$(VENV)/bin/pytest -q
+	$(VENV)/bin/pytest -q -n 2 --dist worksteal
 
 lint: setup
 	$(VENV)/bin/ruff check .

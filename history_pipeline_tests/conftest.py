@@ -1,8 +1,89 @@
-"""Shared fixtures: event builders used across the suite."""
+"""Shared fixtures (event builders, S3, Spark) and the suite's tiers.
+
+Every test that needs a SparkSession, an S3 endpoint, a PostgreSQL server, a daemon or a JVM of its
+own carries the marker of that component (``spark``, ``s3``, ``postgres``, ``daemon``, ``jvm``);
+the markers are added here from the fixtures a test uses and from its parameters, or written on
+the test. ``make check`` runs the tests with none of them (``-m "not spark and ..."``) and sets
+``HISTORY_TEST_TIER=check``: in that tier a SparkSession, an S3 endpoint or a PostgreSQL server
+that a test starts anyway fails it, so a missing marker is found rather than paid for.
+"""
 
 from __future__ import annotations
 
+import os
+
 import pytest
+
+#: the components a test may need, each a marker; make check runs the tests that carry none
+HEAVY_MARKERS = ("spark", "s3", "postgres", "daemon", "jvm")
+
+#: fixture name -> the marker a test that uses it (directly or through another fixture) carries
+FIXTURE_MARKERS = {
+    "spark": "spark",
+    "s3_endpoint": "s3",
+    "postgres": "postgres",
+    "pg": "postgres",
+    "server": "daemon",  # a HistoryService with its worker processes
+    "strict_server": "daemon",
+    "dagster_dev": "daemon",
+}
+
+#: modules every test of which needs a component (the PostgreSQL suites start their own servers)
+MODULE_MARKERS = {
+    "test_capture_postgres": "postgres",
+    "test_postgres_oracle": "postgres",
+    "test_postgres_edges": "postgres",
+}
+
+IN_CHECK_TIER = os.environ.get("HISTORY_TEST_TIER") == "check"
+
+
+def pytest_collection_modifyitems(config, items):
+    """Mark each test with the components its fixtures and parameters need."""
+    for item in items:
+        needed = {marker for fixture, marker in FIXTURE_MARKERS.items() if fixture in item.fixturenames}
+        module = item.module.__name__.rsplit(".", 1)[-1] if item.module is not None else ""
+        if module in MODULE_MARKERS:
+            needed.add(MODULE_MARKERS[module])
+        callspec = getattr(item, "callspec", None)
+        if callspec is not None:
+            # a backend or engine chosen by parameter ("s3", "spark") is fetched with getfixturevalue
+            needed |= {value for value in callspec.params.values() if isinstance(value, str) and value in HEAVY_MARKERS}
+        for marker in sorted(needed):
+            item.add_marker(marker)
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _check_tier_guard():
+    """In the fast tier, starting a heavy component is an error naming the marker to add."""
+    if not IN_CHECK_TIER:
+        yield
+        return
+    from pyspark.sql import SparkSession
+
+    from history_pipeline.service.server import HistoryServer
+    from history_pipeline_tests import pg_support
+
+    def refuse(component: str, marker: str):
+        def refused(*args, **kwargs):
+            raise AssertionError(f"this test starts {component}: mark it @pytest.mark.{marker}")
+
+        return refused
+
+    patch = pytest.MonkeyPatch()
+    # a subprocess (the CLI run as a command) that would start a JVM fails to find Spark instead
+    patch.setenv("SPARK_HOME", "/nonexistent: the check tier starts no JVM")
+    patch.setattr(SparkSession.Builder, "getOrCreate", refuse("a SparkSession", "spark"))
+    patch.setattr(pg_support, "pg_bin", refuse("a PostgreSQL server", "postgres"))
+    patch.setattr(HistoryServer, "__init__", refuse("the HistoryService", "daemon"))
+    try:
+        from moto.server import ThreadedMotoServer
+
+        patch.setattr(ThreadedMotoServer, "start", refuse("an S3 endpoint", "s3"))
+    except ImportError:
+        pass
+    yield
+    patch.undo()
 
 
 def create_table(t, table_uuid="tbl-1", name="orders", columns=None):

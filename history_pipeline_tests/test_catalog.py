@@ -131,6 +131,7 @@ def _commit_many(config, n, per_process):
         log.commit("add", add(f"p{n}-{i}"))
 
 
+@pytest.mark.slow
 def test_many_processes_racing_lose_nothing(object_store):
     ctx = multiprocessing.get_context("spawn")
     procs = [ctx.Process(target=_commit_many, args=(object_store.config(), n, 4)) for n in range(3)]

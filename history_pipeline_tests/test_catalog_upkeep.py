@@ -38,6 +38,7 @@ def answers(store):
     return [store.load_table("my_table", t).to_pylist() for t in range(2, store.frontier + 2)]
 
 
+@pytest.mark.spark
 def test_orphan_of_a_crash_is_removed_only_after_the_grace_period(store):
     write(store, rfc_events()[:3])
     store.compact()
@@ -69,6 +70,7 @@ def _rewrite_one_file(store):
     return old.path
 
 
+@pytest.mark.spark
 def test_tombstones_wait_for_grace_and_for_retained_transactions(store):
     write(store, rfc_events())
     store.compact()
@@ -85,6 +87,7 @@ def test_tombstones_wait_for_grace_and_for_retained_transactions(store):
     assert store.verify() == []
 
 
+@pytest.mark.spark
 def test_verify_reports_problems_as_data(store):
     write(store, rfc_events())
     store.compact()
@@ -95,6 +98,7 @@ def test_verify_reports_problems_as_data(store):
     assert [p.kind for p in problems] == ["missing_file"] and problems[0].path == victim
 
 
+@pytest.mark.spark
 def test_verify_finds_statistics_that_do_not_match(store):
     write(store, rfc_events())
     store.compact()
@@ -105,6 +109,7 @@ def test_verify_finds_statistics_that_do_not_match(store):
     assert {p.kind for p in store.verify()} == {"row_count_mismatch"}
 
 
+@pytest.mark.spark
 def test_rebuild_reproduces_the_catalog_from_parquet_alone(store):
     write(store, rfc_events()[:3], rfc_events()[3:] + [
         {"op": "rename_table", "t": 6, "table_uuid": "tbl-rfc", "new_name": "renamed"}])

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.parquet as pq
+import pytest
 
 from history_pipeline_tests.cli_support import SCRIPT, run_command
 
@@ -39,6 +40,7 @@ EVENTS = [
 ]
 
 
+@pytest.mark.spark
 def test_append_compact_query_history_diff(tmp_path):
     lines = "\n".join(json.dumps(e) for e in EVENTS) + "\n"
     appended = run_script(tmp_path, "append", "--seal", stdin=lines)
@@ -60,6 +62,7 @@ def test_append_compact_query_history_diff(tmp_path):
     assert text[0] == '+ key 1: {"amount": "13.00"}'
 
 
+@pytest.mark.slow
 def test_errors_are_one_line_with_exit_code_1(tmp_path):
     run(tmp_path, "append", "--seal", stdin="\n".join(json.dumps(e) for e in EVENTS) + "\n")
     run(tmp_path, "compact", "--in-process")
@@ -186,6 +189,7 @@ def test_append_is_all_or_nothing_and_names_file_and_line(tmp_path):
     assert segment.read_text().count("\n") == 3
 
 
+@pytest.mark.slow
 def test_user_errors_are_one_line_with_exit_code_1(tmp_path):
     def one_line_error(result, text):
         assert result.returncode == 1, result
@@ -289,6 +293,7 @@ def test_every_command_documents_its_arguments():
     assert "default: table" in sql_help and "frontier + 1" in sql_help
 
 
+@pytest.mark.slow
 def test_parquet_output_holds_interval_columns(tmp_path):
     """Parquet has no type for Arrow's month_day_nano values: an interval column is written as the
     store keeps it (months, days, micros) instead of failing."""

@@ -133,6 +133,8 @@ def _previous(points, point):
     return points[points.index(point) - 1]
 
 
+@pytest.mark.slow
+@pytest.mark.spark
 def test_marks_survive_merge_erasure_and_rebuild_and_retention_falls_back_where_it_must(tmp_path):
     # small pieces: snapshots and closed intervals are written over several key ranges, so an
     # interval has small files for the merge to regroup
@@ -188,6 +190,7 @@ def test_a_query_in_a_closed_interval_reads_only_the_columns_it_uses(tmp_path):
         store.sql("SELECT max(note) AS m FROM items", as_of)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("seed", [5, 21])
 def test_random_histories_with_schema_changes_equal_the_model_and_use_the_filter_path(tmp_path, seed):
     events = random_history(seed, n_events=120)
@@ -214,6 +217,7 @@ def test_closed_intervals_on_an_s3_root(tmp_path, s3_bucket, s3_options):
     _check_items(store, events, [closed[0], closed[len(closed) // 2], closed[-1], store.frontier + 1])
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kind", [FileKind.VERSIONS, FileKind.SNAPSHOT])
 def test_verify_names_a_file_whose_superseded_at_is_wrong(tmp_path, kind):
     store = HistoryStore.open(tmp_path, database="db", settings=SMALL_SNAPSHOTS)
@@ -442,6 +446,7 @@ def test_the_versions_of_hot_keys_are_key_sorted_runs_at_the_end():
     assert supertable.hot_keys_mask(np.arange(1000), 8) is None
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("hot", [False, True])
 def test_the_closed_layout_skips_row_groups_and_equals_the_model_at_every_t(tmp_path, tiny_row_groups, hot):
     # with a counter row, intervals long enough that it is at most half a bucket of their rows
@@ -459,6 +464,7 @@ def test_the_closed_layout_skips_row_groups_and_equals_the_model_at_every_t(tmp_
     assert store.verify() == []
 
 
+@pytest.mark.spark
 def test_the_closed_layout_survives_maintenance(tmp_path, tiny_row_groups):
     # smaller pieces, so that an interval has several small files for the merge (see above)
     store = HistoryStore.open(tmp_path, database="db", settings=SMALL_SNAPSHOTS)
@@ -506,6 +512,7 @@ def test_the_closed_layout_survives_maintenance(tmp_path, tiny_row_groups):
     assert store.verify() == []
 
 
+@pytest.mark.slow
 def test_files_closed_in_the_key_sorted_layout_read_right_and_are_laid_out_again(tmp_path, tiny_row_groups,
                                                                                  monkeypatch):
     """A store closed before the layout (key-sorted files, no layout named) reads the same, by the
@@ -600,6 +607,7 @@ def test_open_tests_follow_the_row_groups_statistics():
     assert not superseded_settled([RowGroupTimes(1, None, 4)])  # its rows not known
 
 
+@pytest.mark.slow
 def test_closed_reads_that_skip_settled_columns_equal_the_model(tmp_path, tiny_row_groups):
     """Without deletes, a closed read never reads ``is_deleted`` for load_table, and at some T not
     ``t`` either; the answers still equal the model at every T (with deletes: every other test)."""
@@ -618,6 +626,8 @@ def test_closed_reads_that_skip_settled_columns_equal_the_model(tmp_path, tiny_r
     _check_items(store, events, range(2, store.frontier + 2))
 
 
+@pytest.mark.slow
+@pytest.mark.spark
 @pytest.mark.parametrize("mark_open_fraction", [0, 0.25])
 def test_reads_of_dictionary_strings_equal_the_model(tmp_path, mark_open_fraction):
     """A text column of few values is stored with a dictionary: a closed read, and a layered one

@@ -49,6 +49,7 @@ def rfc_events():
     ]
 
 
+@pytest.mark.spark
 def test_rfc_supertable_states(tmp_path):
     store = HistoryStore.open(tmp_path, database="rfc")
     write(store, rfc_events())
@@ -68,6 +69,7 @@ def test_rfc_supertable_states(tmp_path):
     assert store.fetch_row("my_table", 2, 5) == {"column1": "value2_prime"}  # post-image
 
 
+@pytest.mark.spark
 def test_rfc_schema_history_states(tmp_path):
     store = HistoryStore.open(tmp_path, database="rfc")
     col1 = {"column_uuid": "u1", "column_name": "column1", "data_type": "BIGINT"}
@@ -114,6 +116,7 @@ def test_rfc_schema_history_states(tmp_path):
     assert store.row_history(T1, 1) == [{"logical_timestamp": 2, "is_deleted": False, "values": {"column1": 1}}]
 
 
+@pytest.mark.spark
 def test_rename_table_writes_two_entries_and_names_resolve_by_time(tmp_path):
     store = HistoryStore.open(tmp_path, database="db")
     write(store, rfc_events() + [{"op": "rename_table", "t": 6, "table_uuid": T1, "new_name": "renamed"}])
@@ -126,6 +129,7 @@ def test_rename_table_writes_two_entries_and_names_resolve_by_time(tmp_path):
         store.load_table("my_table", 7)
 
 
+@pytest.mark.spark
 def test_same_key_same_t_consolidates(tmp_path):
     store = HistoryStore.open(tmp_path, database="db")
     events = rfc_events()[:1] + [
@@ -150,6 +154,7 @@ def test_compaction_on_spark_matches_and_applies_once(tmp_path, spark):
     assert store.load_table("my_table", 6).to_pylist() == [{"synthetic_key": 2, "column1": "value2_prime"}]
 
 
+@pytest.mark.spark
 @pytest.mark.parametrize(
     "bad, fragment",
     [
@@ -187,6 +192,7 @@ class Crash(Exception):
     pass
 
 
+@pytest.mark.spark
 @pytest.mark.parametrize("step", CRASH_STEPS)
 def test_crash_at_any_step_applies_exactly_once(tmp_path, step):
     store = HistoryStore.open(tmp_path, database="db")
@@ -343,6 +349,8 @@ def _split(events, rng):
     return batches
 
 
+@pytest.mark.slow
+@pytest.mark.spark
 @settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(seed=st.integers(0, 10_000))
 def test_reconstruction_invariant_on_random_histories(tmp_path_factory, seed):
@@ -361,6 +369,7 @@ def test_reconstruction_invariant_with_spark(tmp_path, spark):
     check_against_model(store, events)
 
 
+@pytest.mark.spark
 @pytest.mark.parametrize("seed", [5, 6, 7])
 def test_periodic_snapshots_keep_the_invariant_and_bound_reads(tmp_path, seed):
     from history_pipeline import StoreSettings

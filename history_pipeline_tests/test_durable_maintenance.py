@@ -97,6 +97,7 @@ def test_rebuild_after_retention_does_not_resurrect_a_deleted_key(tmp_path):
     assert store.verify() == []
 
 
+@pytest.mark.slow
 def test_rebuild_after_retain_compact_merge_load_back_keeps_the_restored_history(tmp_path):
     store = open_store(tmp_path)
     history(store)

@@ -86,6 +86,7 @@ QUERY = """
 """
 
 
+@pytest.mark.daemon
 def test_sealed_segment_becomes_queryable_through_the_daemon(dagster_dev):
     workdir, port = dagster_dev
     store = HistoryStore.open(workdir / "data", database="tenant_e2e")

@@ -50,6 +50,7 @@ def _keys_of(events, table_uuid):
     return sorted({e["key"] for e in events if e["op"] in ROW_OPS and e["table_uuid"] == table_uuid})
 
 
+@pytest.mark.slow
 @settings(max_examples=EXAMPLES, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(seed=st.integers(0, 10_000), maintenance=st.sampled_from(["none", "merge", "retain", "retain_merge", "snapshot",
                                            "snapshot_merge_retain"]),
@@ -169,6 +170,7 @@ class Crash(Exception):
     pass
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("step", ["wal_masked", "files_written", "committed", "cold_tier_written"])
 def test_a_crashed_erasure_leaves_a_recoverable_state_and_running_it_again_finishes(tmp_path, step):
     store = HistoryStore.open(tmp_path / "root", database="db")
@@ -274,6 +276,7 @@ def test_the_record_says_who_when_why_and_how_many_but_not_which_or_what(tmp_pat
         store.erase("nope", [1], requested_by="dpo")
 
 
+@pytest.mark.slow
 def test_rebuild_and_load_back_never_bring_erased_keys_back_and_purge_now_ends_time_travel(tmp_path):
     store = HistoryStore.open(tmp_path / "root", database="db")
     _history(store)
@@ -425,6 +428,7 @@ def test_erasure_on_an_s3_root_rewrites_the_files_on_s3(tmp_path, s3_bucket, s3_
     assert stored and not [p for p in stored if _bytes_contain(store.objects.get(p), SECRET)]
 
 
+@pytest.mark.spark
 def test_a_compaction_racing_an_erasure_commits_nothing_and_its_rerun_has_no_erased_key(tmp_path):
     """The compaction read its segment before the erasure masked it: committing would bring the
     erased key back, so the commit is refused and the rerun reads the masked segment."""
@@ -454,6 +458,7 @@ def test_a_compaction_racing_an_erasure_commits_nothing_and_its_rerun_has_no_era
     assert store.load_table("t", 4).to_pylist() == [{"synthetic_key": 2, "v": "keep"}]
 
 
+@pytest.mark.spark
 def test_a_quarantine_reason_quoting_an_erased_value_is_redacted(tmp_path):
     store = HistoryStore.open(tmp_path, database="db")
     columns = [{"column_uuid": "v", "column_name": "v", "data_type": "INTEGER"}]

@@ -336,6 +336,7 @@ def _killed_at(root: Path, operation: str, step: str, *extra: str) -> None:
     assert done.returncode == -9, done.stderr  # killed at the step, not failed before it
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("operation", "step"), [
     ("compact", "files_written"), ("compact", "schema_history_written"), ("compact", "committed"),
     ("merge", "files_written"), ("retain", "files_written"), ("retain", "cold_tier_written"),
@@ -413,6 +414,7 @@ raise SystemExit("never killed")
 """
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kill_at", [1, 2, 4, 7])  # the opening close, an insert, a close, the seal
 def test_a_wal_writer_killed_mid_line_leaves_a_torn_tail_the_next_writer_repairs(tmp_path, kill_at):
     import subprocess
@@ -450,6 +452,7 @@ def test_a_wal_writer_killed_mid_line_leaves_a_torn_tail_the_next_writer_repairs
 # --- the service -----------------------------------------------------------------------------------
 
 
+@pytest.mark.daemon
 def test_the_service_refuses_malformed_tickets_and_other_flight_calls_without_a_stack_trace(tmp_path):
     """A ticket whose op is a list made decode_request fail with "unhashable type: 'list'" and the
     client got the server's Python stack trace; so did every Flight call other than do_get."""

@@ -38,6 +38,7 @@ decimals = st.decimals(min_value=Decimal("-99999999.999"), max_value=Decimal("99
                        allow_nan=False, allow_infinity=False)
 
 
+@pytest.mark.slow
 @settings(max_examples=60, deadline=None)
 @given(st.lists(st.one_of(st.none(), decimals), min_size=0, max_size=12))
 def test_average_of_decimals_is_the_exact_mean_rounded(values):

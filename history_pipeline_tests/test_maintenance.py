@@ -34,6 +34,7 @@ def compacted_random_store(path, seed):
     return store
 
 
+@pytest.mark.spark
 @pytest.mark.parametrize("seed", [3, 17, 29, 101])
 def test_merge_and_retention_keep_every_answer_at_or_after_the_purge_point(tmp_path, seed):
     store = compacted_random_store(tmp_path / "db", seed)
@@ -53,6 +54,7 @@ def test_merge_and_retention_keep_every_answer_at_or_after_the_purge_point(tmp_p
     assert store.verify() == []
 
 
+@pytest.mark.spark
 def test_row_inserted_at_the_beginning_of_time_survives_retention(tmp_path):
     store = HistoryStore.open(tmp_path, database="db")
     col = {"column_uuid": "c", "column_name": "v", "data_type": "INTEGER"}
@@ -89,6 +91,7 @@ def _crash_at(step_name):
     return hook
 
 
+@pytest.mark.spark
 def test_crash_during_merge_or_retention_changes_nothing(tmp_path):
     store = compacted_random_store(tmp_path / "db", 5)
     before = all_answers(store)
@@ -108,6 +111,7 @@ def test_crash_during_merge_or_retention_changes_nothing(tmp_path):
     assert all_answers(store) == before
 
 
+@pytest.mark.spark
 def test_cleanup_respects_grace_and_never_deletes_live_files(tmp_path):
     store = compacted_random_store(tmp_path / "db", 8)
     before = all_answers(store)

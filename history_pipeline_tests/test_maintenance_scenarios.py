@@ -387,6 +387,7 @@ def compacted(root, settings=SMALL, every=3, seed=1):
     return store, model, events
 
 
+@pytest.mark.slow
 def test_every_type_and_schema_change_reads_back_exactly(tmp_path):
     store, model, events = compacted(tmp_path)
     assert store.catalog_state().files_of("TA", FileKind.SNAPSHOT), "snapshots must happen on this history"
@@ -475,6 +476,7 @@ SEQUENCES = {
 }
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("sequence", sorted(SEQUENCES))
 def test_maintenance_sequences_keep_every_answer(tmp_path, sequence):
     store, model, events = compacted(tmp_path / "root")
@@ -483,6 +485,7 @@ def test_maintenance_sequences_keep_every_answer(tmp_path, sequence):
     run_checked(store, model, events, SEQUENCES[sequence], points, cold_uri)
 
 
+@pytest.mark.slow
 def test_incremental_compaction_with_merge_snapshot_pieces_and_erasure(tmp_path):
     """Segments applied one by one with merges (files across schema changes) and forced snapshot
     pieces in between; then an erasure of keys that were deleted and re-inserted, a rebuild."""
@@ -519,6 +522,7 @@ def _check_export(loaded: dict[str, pa.Table], model: BaseDatabase, as_of: int) 
             (table["name"], as_of)
 
 
+@pytest.mark.slow
 def test_export_load_back_around_schema_changes_and_after_erasure(tmp_path):
     store, model, events = compacted(tmp_path / "root")
     target = str(tmp_path / "exports")
@@ -640,6 +644,7 @@ def edge_history(seed=3):
     return events
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("steps", [
     ["snapshot", "merge", "retain@mid", "rebuild", "load_back", "cleanup"],
     ["merge", "retain@late", "snapshot", "merge", "rebuild", "load_back", "retain@mid", "rebuild"],
@@ -665,6 +670,7 @@ def _lose(store, *prefixes):
             store.objects.delete(obj.path)
 
 
+@pytest.mark.slow
 def test_rebuild_after_the_log_is_lost_following_every_kind_of_maintenance(tmp_path):
     """The transaction log deleted after merge, retention, erasure, load-back and cleanup: the
     rebuilt catalog answers as before (the commit records survive the log)."""
@@ -688,6 +694,7 @@ def test_rebuild_after_the_log_is_lost_following_every_kind_of_maintenance(tmp_p
     check(store, model, events, erased={"TA": set(keys)})
 
 
+@pytest.mark.slow
 @pytest.mark.xfail(strict=True, reason=(
     "rebuild_catalog from the Parquet files alone (log and commit records both lost) adopts only "
     "compaction files: after merge + cleanup the merged files are treated as orphans, every table "
@@ -786,6 +793,7 @@ def _check_with_table_purge_points(store, model, as_ofs):
     assert store.verify() == []
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("order", ["retain_then_ttl", "ttl_then_retain"])
 def test_load_back_after_a_table_ttl_purged_past_the_purge_point(tmp_path, order):
     """A database purge to P1 (cold tier), a table's TTL purge to P2 > P1, then the load-back:
@@ -813,6 +821,7 @@ def test_load_back_after_a_table_ttl_purged_past_the_purge_point(tmp_path, order
     _check_with_table_purge_points(store, model, _boundaries(store, events))
 
 
+@pytest.mark.slow
 def test_erasure_with_segments_still_pending_then_retention_and_load_back(tmp_path):
     """Keys erased while later segments (updates, deletes, re-inserts of them) wait in the WAL:
     those events are masked too, so every answer is the history without the keys, before and
@@ -870,6 +879,7 @@ def test_load_table_reader_types_arrays_by_the_whole_result(tmp_path, values):
 ON_REQUEST = StoreSettings(snapshot_min_versions=10**9, spark_master=None)
 
 
+@pytest.mark.slow
 def test_load_back_after_an_interval_closed_over_the_purge(tmp_path):
     """Retention, then a snapshot whose closing moves the versions current at it (the rows
     retention kept or rewrote) into snapshot pieces holding versions, then the load-back: it

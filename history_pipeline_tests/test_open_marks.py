@@ -86,6 +86,7 @@ def _open_marks(store, table="T"):
     return max(marks - {None}, default=None)
 
 
+@pytest.mark.spark
 def test_every_t_up_to_the_open_marks_is_a_filter_and_above_them_an_overlay_equal_to_the_model(tmp_path):
     store = HistoryStore.open(tmp_path, database="db", settings=MARKED)
     events = _history(store)
@@ -110,6 +111,7 @@ def test_every_t_up_to_the_open_marks_is_a_filter_and_above_them_an_overlay_equa
     assert store.verify() == []  # every mark agrees with the versions
 
 
+@pytest.mark.spark
 def test_the_open_interval_is_marked_again_as_it_grows_and_closed_by_the_next_snapshot(tmp_path):
     store = HistoryStore.open(tmp_path, database="db", settings=MARKED)
     alive: set[int] = set()
@@ -139,6 +141,7 @@ def test_the_marking_share_is_of_the_snapshot_threshold_or_of_the_live_rows_when
     assert marking_share(10, 3.0, 0, 0.0) == 1.0
 
 
+@pytest.mark.spark
 @pytest.mark.usefixtures("tiny_row_groups")  # many row groups: buckets and cells in small files
 def test_sparse_snapshots_long_intervals_in_cells_by_t_and_marks_equal_the_model(tmp_path, monkeypatch):
     """Snapshots three times the live rows apart: the closed intervals are long (their superseded
@@ -176,6 +179,7 @@ def test_sparse_snapshots_long_intervals_in_cells_by_t_and_marks_equal_the_model
     assert store.verify() == []
 
 
+@pytest.mark.spark
 @pytest.mark.parametrize("seed", [5, 21])
 def test_random_histories_with_schema_changes_and_marks_equal_the_model(tmp_path, seed):
     events = random_history(seed, n_events=160)
@@ -210,6 +214,7 @@ def test_marks_on_an_s3_root(tmp_path, s3_bucket, s3_options):
     _check_items(store, events, [marked[0] - 1, marked[0], store.frontier + 1])
 
 
+@pytest.mark.spark
 def test_merge_and_rebuild_keep_the_open_marks_right(tmp_path):
     store = HistoryStore.open(tmp_path, database="db", settings=replace(MARKED, interval_piece_rows=20))
     events = _history(store)
@@ -256,6 +261,7 @@ def test_an_overlay_of_rows_current_in_any_order_equals_a_dict_model(seed):
     assert dict(zip(got.column("synthetic_key").to_pylist(), got.column("v").to_pylist(), strict=True)) == model
 
 
+@pytest.mark.spark
 def test_the_refresh_reports_the_files_it_marked(tmp_path):
     """Versions compacted by a store that does not mark are marked by the next refresh, which says
     how many files it replaced; a refresh with nothing due marks nothing."""

@@ -138,6 +138,7 @@ class Daemon:
         return result
 
 
+@pytest.mark.spark
 def test_sensor_registers_partitions_and_requests_runs_in_order(root):
     _sealed_rfc(root, "db_a")
     _sealed_rfc(root, "db_b")
@@ -164,6 +165,7 @@ def test_sensor_registers_partitions_and_requests_runs_in_order(root):
         r.run_key for r in first.run_requests[2:] + fourth.run_requests]
 
 
+@pytest.mark.spark
 def test_quarantined_segment_is_retried_only_after_an_operator_releases_it(root):
     store = HistoryStore.open(root, database="db")
     write(store, rfc_events(), [{"op": "delete", "t": 9, "table_uuid": "tbl-rfc", "key": 99}])
@@ -181,6 +183,7 @@ def test_quarantined_segment_is_retried_only_after_an_operator_releases_it(root)
     assert again[0].run_key != f"db.00000000000000000002@{before}"
 
 
+@pytest.mark.spark
 def test_schedules_evaluate_and_retention_job_runs(root):
     store = _sealed_rfc(root)
     store.compact()

@@ -56,6 +56,7 @@ def typed_store(tmp_path):
     return store
 
 
+@pytest.mark.spark
 def test_every_type_comes_back_equal_and_natural(typed_store):
     row = typed_store.fetch_row("typed", 1, as_of=3)
     assert row["b"] is True and row["s"] == -32768 and row["g"] == -(2**63)
@@ -69,6 +70,7 @@ def test_every_type_comes_back_equal_and_natural(typed_store):
     assert row["iv"] == Interval(1, 2, 3) and row["j"] == {"a": [1, None]} and row["a"] == [1, None]
 
 
+@pytest.mark.spark
 def test_sql_sees_natural_types(typed_store):
     result = typed_store.sql(
         "SELECT n + 1 AS n1, tz > TIMESTAMPTZ '2024-01-01 00:00:00+00' AS later, u::VARCHAR AS u, "
@@ -79,6 +81,7 @@ def test_sql_sees_natural_types(typed_store):
                        "same_interval": True, "ja": "[1,null]"}]
 
 
+@pytest.mark.spark
 def test_frontier_guard_and_unknown_tables(typed_store):
     assert typed_store.frontier == 2
     assert typed_store.load_table("typed", 3).num_rows == 1
@@ -92,6 +95,7 @@ def test_frontier_guard_and_unknown_tables(typed_store):
     assert typed_store.load_table("T", 3).num_rows == 1  # by uuid
 
 
+@pytest.mark.spark
 @pytest.mark.parametrize(
     "query",
     [
@@ -112,6 +116,7 @@ def test_sandbox_refuses_escapes(typed_store, query):
         typed_store.sql(query, as_of=3)
 
 
+@pytest.mark.spark
 def test_sql_joins_tables_consistently_and_ignores_identifier_case(tmp_path):
     store = HistoryStore.open(tmp_path, database="db")
     with store.wal_writer() as wal:
@@ -130,6 +135,7 @@ def test_sql_joins_tables_consistently_and_ignores_identifier_case(tmp_path):
     assert store.sql("SELECT count(*) AS n FROM _history_catalog.schema_history", as_of=2).to_pylist() == [{"n": 1}]
 
 
+@pytest.mark.spark
 def test_sql_cannot_read_another_databases_history(tmp_path, typed_store):
     other = HistoryStore.open(typed_store.objects.uri, database="other_tenant")
     with other.wal_writer() as wal:
@@ -148,6 +154,7 @@ def test_sql_cannot_read_another_databases_history(tmp_path, typed_store):
         typed_store.sql(f"SELECT * FROM glob('{typed_store.objects.uri}/*')", as_of=3)
 
 
+@pytest.mark.spark
 def test_load_table_values_read_back_as_written(typed_store):
     row = typed_store.load_table("typed", as_of=3).to_pylist()[0]
     assert row["j"] == {"a": [1, None]}  # JSONB reads back as the JSON value
@@ -156,6 +163,7 @@ def test_load_table_values_read_back_as_written(typed_store):
     assert typed_store.sql("SELECT j->'a'->>0 AS first FROM typed", as_of=3).to_pylist() == [{"first": "1"}]
 
 
+@pytest.mark.spark
 def test_load_table_in_scan_order_holds_every_type_as_in_key_order(typed_store):
     ordered = typed_store.load_table("typed", as_of=3, ordered=True)
     unordered = typed_store.load_table("typed", as_of=3)
@@ -165,6 +173,7 @@ def test_load_table_in_scan_order_holds_every_type_as_in_key_order(typed_store):
     assert math.isnan(unordered.column("d")[0].as_py()) and math.isnan(ordered.column("d")[0].as_py())
 
 
+@pytest.mark.spark
 def test_an_export_of_every_type_loads_back_as_load_table_gives_it(typed_store, tmp_path):
     """An export is Parquet: INTERVAL values (Arrow's month_day_nano, which Parquet cannot hold)
     are written as stored and given back as they were."""
@@ -260,6 +269,7 @@ def test_lookups_histories_and_diffs_of_every_type_on_closed_reads(closed_typed_
     assert [d["key"] for d in diff["deleted"]] == sorted(set(model[first]) - set(model[last]))
 
 
+@pytest.mark.spark
 def test_sql_follows_postgresql_where_duckdb_differs(typed_store):
     result = typed_store.sql("SELECT 7 / 2 AS q, 7.0 / 2 AS r", as_of=3).to_pylist()
     assert result == [{"q": 3, "r": Decimal("3.5")}] or result == [{"q": 3, "r": 3.5}]

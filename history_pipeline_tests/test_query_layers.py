@@ -149,6 +149,7 @@ def _kept_tail(store, as_of):
     return _live(store, as_of).kept_tail
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("root", ["local", "s3"])
 def test_a_small_tail_is_kept_as_a_table_over_a_head_or_a_snapshot(tmp_path, request, root):
     """A tail of small version files above a large head (or snapshot) is read from a table of its

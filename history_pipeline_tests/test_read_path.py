@@ -43,6 +43,7 @@ def check_sql_against_model(store, events, as_ofs):
     assert checked > 0
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("seed", [11, 13])
 def test_sql_over_file_views_equals_the_model_with_snapshots(tmp_path, seed):
     events = random_history(seed, n_events=90)

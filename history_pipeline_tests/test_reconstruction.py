@@ -98,6 +98,7 @@ def check_every_api(store, events, rng):
         assert context.row_history(uuid, key) == expected_history(model, events, uuid, key, frontier), (uuid, key)
 
 
+@pytest.mark.spark
 @pytest.mark.parametrize("seed", [1, 2, 3, 4, 5, 6, 7, 8])
 def test_every_api_matches_the_model(tmp_path, seed):
     events = random_history(seed, n_events=60)
@@ -107,6 +108,7 @@ def test_every_api_matches_the_model(tmp_path, seed):
     check_every_api(store, events, random.Random(seed))
 
 
+@pytest.mark.spark
 def test_sql_sums_numeric_exactly(tmp_path):
     store = HistoryStore.open(tmp_path, database="db")
     with store.wal_writer() as wal:

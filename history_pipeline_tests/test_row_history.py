@@ -72,6 +72,7 @@ def _items_history(store):
     return events
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("root", ["local", "s3"])
 def test_row_history_by_duckdb_equals_the_arrow_read_and_the_model_for_every_key(tmp_path, request, root):
     if root == "local":
@@ -98,6 +99,7 @@ def test_row_history_by_duckdb_equals_the_arrow_read_and_the_model_for_every_key
             assert duck is None  # no DuckDB reader for object stores: pyarrow reads them
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("seed", [3, 8])
 def test_row_history_of_every_type_and_schema_change_equals_the_model(tmp_path, seed):
     """Types DuckDB hands back as other Arrow types fall back to pyarrow; either way the answer is

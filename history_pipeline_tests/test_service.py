@@ -157,6 +157,7 @@ def server(stores):
 # --- every answer equals the local API's ---------------------------------------------------------
 
 
+@pytest.mark.daemon
 def test_every_type_comes_back_equal_to_the_local_api(server, stores):
     local = stores["b"]
     with connect(server.url, TOKEN_B) as remote:
@@ -258,6 +259,7 @@ def test_errors_come_back_as_the_local_ones(server, stores):
 # --- under load --------------------------------------------------------------------------------
 
 
+@pytest.mark.daemon
 def test_concurrent_clients_mixing_lookups_and_sql_get_the_local_answers(server, stores):
     local = stores["a"]
     end = local.frontier + 1
@@ -294,6 +296,7 @@ def test_concurrent_clients_mixing_lookups_and_sql_get_the_local_answers(server,
     assert stats.open_streams == 0 and dict(stats.running_queries) == {} and stats.busy_workers == 0
 
 
+@pytest.mark.daemon
 def test_answers_follow_new_compactions(tmp_path):
     local = HistoryStore.open(tmp_path, database="tenant_b")
     with local.wal_writer() as wal:
@@ -319,6 +322,7 @@ def test_answers_follow_new_compactions(tmp_path):
         assert remote.fetch_row("typed", 1, 3) == {"i": 1}
 
 
+@pytest.mark.daemon
 def test_a_worker_killed_from_outside_is_replaced(stores):
     end = stores["b"].frontier + 1
     expected = stores["b"].fetch_row("typed", 2, end)
@@ -394,6 +398,7 @@ def strict_server(stores):
         yield running
 
 
+@pytest.mark.daemon
 def test_a_result_over_the_size_limit_is_refused(strict_server, stores):
     end = stores["a"].frontier + 1
     with connect(strict_server.url, TOKEN_A) as remote:
@@ -405,6 +410,7 @@ def test_a_result_over_the_size_limit_is_refused(strict_server, stores):
         assert same(remote.fetch_row("orders", 10_000, end), stores["a"].fetch_row("orders", 10_000, end))
 
 
+@pytest.mark.daemon
 def test_a_query_over_the_time_limit_is_cancelled_and_the_tenant_limited_to_its_slots(strict_server, stores):
     end = stores["a"].frontier + 1
     before = strict_server.stats().replaced_workers
@@ -493,6 +499,7 @@ def self_signed_certificate() -> tuple[bytes, bytes]:
     return cert.public_bytes(serialization.Encoding.PEM), key_pem
 
 
+@pytest.mark.daemon
 def test_tls_serves_trusting_clients_only(stores):
     cert, key = self_signed_certificate()
     with HistoryServer(config_for(stores, workers=1, tls_cert=cert, tls_key=key)) as running:
@@ -506,6 +513,7 @@ def test_tls_serves_trusting_clients_only(stores):
             connect(running.url.replace("grpc+tls", "grpc"), TOKEN_B, timeout=10).get_catalog(end)
 
 
+@pytest.mark.daemon
 def test_serve_command_runs_the_service_with_tls_until_terminated(tmp_path, stores):
     cli = [sys.executable, "-m", "history_pipeline.cli"]
     made = subprocess.run([*cli, "serve", "--new-token"], capture_output=True, text=True, check=True, timeout=60)

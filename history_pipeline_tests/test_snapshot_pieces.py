@@ -116,6 +116,7 @@ def test_a_states_selections_are_kept_and_each_keys_is_its_own():
     assert len(state.derived[("select_files", "T")]) == files_module._SELECTIONS_KEPT
 
 
+@pytest.mark.slow
 def test_a_snapshot_in_pieces_answers_as_the_model_and_as_one_piece_at_every_t(tmp_path):
     store = HistoryStore.open(tmp_path / "pieces", database="db", settings=PIECES)
     events = _items_history(store)
@@ -137,6 +138,7 @@ def test_a_snapshot_in_pieces_answers_as_the_model_and_as_one_piece_at_every_t(t
     assert store.verify() == []
 
 
+@pytest.mark.slow
 def test_every_piece_reads_only_its_key_range(tmp_path):
     store = HistoryStore.open(tmp_path, database="db", settings=PIECES)
     _items_history(store)
@@ -156,6 +158,7 @@ def test_every_piece_reads_only_its_key_range(tmp_path):
     assert min(to_read) < sum(f.row_count for f in {f for t in tasks for f in t.snapshot + t.versions})
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("seed", [11, 23])
 def test_random_histories_with_schema_changes_in_pieces_equal_the_model(tmp_path, seed):
     events = random_history(seed, n_events=90)
@@ -171,6 +174,7 @@ def test_random_histories_with_schema_changes_in_pieces_equal_the_model(tmp_path
     assert store.verify() == []
 
 
+@pytest.mark.slow
 def test_maintenance_over_snapshots_in_pieces(tmp_path):
     store = HistoryStore.open(tmp_path, database="db", settings=PIECES)
     events = _items_history(store)
@@ -352,6 +356,7 @@ def test_the_dataframe_engine_folds_onto_a_snapshot_in_pieces(tmp_path, spark):
     assert store.verify() == []
 
 
+@pytest.mark.slow
 def test_a_piece_walks_its_range_in_steps_and_rolls_over_to_new_files(tmp_path, monkeypatch):
     """A long history snapshotted by few tasks: each task reads its range in steps of about
     ``snapshot_piece_rows`` rows and starts a new file once one holds that many live rows, so the
