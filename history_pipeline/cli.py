@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import sys
 from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
@@ -25,6 +26,8 @@ from history_pipeline.store import HistoryStore
 from history_pipeline.types import interval_storage
 
 FORMATS = ["table", "csv", "json", "parquet"]
+#: what a maintenance command prints: aligned lines for a person, or one JSON object for a script
+SUMMARY_FORMATS = ["text", "json"]
 
 
 # --- helpers ---------------------------------------------------------------------------
@@ -40,7 +43,17 @@ def _as_of(store: HistoryStore, value: int | None) -> int:
     return store.frontier + 1 if value is None else value
 
 
+def _is_plan(table: pa.Table) -> bool:
+    return table.column_names == ["explain_key", "explain_value"]
+
+
 def _print_table(table: pa.Table, fmt: str) -> None:
+    if fmt == "table" and _is_plan(table):  # EXPLAIN: the plan as the lines DuckDB draws
+        for key, plan in zip(table.column("explain_key").to_pylist(), table.column("explain_value").to_pylist(),
+                             strict=True):
+            print(f"{key}:")
+            print(plan)
+        return
     if len(set(table.column_names)) < table.num_columns:  # SELECT 1 AS a, 2 AS a: rows by name lose one
         table = table.rename_columns(_unique_names(table.column_names))
     if fmt == "json":
@@ -91,13 +104,69 @@ def _parquet_ready(table: pa.Table) -> pa.Table:
 
 
 def _stringify(table: pa.Table) -> pa.Table:
-    return pa.table({n: pa.array([_cell(v) for v in table.column(n).to_pylist()]) for n in table.column_names})
+    """Every column as text for CSV: nested values (arrays, structs, maps) as JSON, NULL as empty."""
+    columns = {}
+    for name in table.column_names:
+        values = table.column(name).to_pylist()
+        if _nested(table.schema.field(name).type):
+            columns[name] = pa.array([None if v is None else _json(v) for v in values], pa.string())
+        else:
+            columns[name] = pa.array([None if v is None else str(v) for v in values], pa.string())
+    return pa.table(columns)
+
+
+def _nested(kind: pa.DataType) -> bool:
+    return pa.types.is_list(kind) or pa.types.is_large_list(kind) or pa.types.is_struct(kind) or pa.types.is_map(kind)
+
+
+def _json(value: Any) -> str:
+    """A nested value as JSON text (a map's ``[(k, v)]`` pairs as an object)."""
+    def plain(v: Any) -> Any:
+        if isinstance(v, list):
+            if v and all(isinstance(item, tuple) and len(item) == 2 for item in v):
+                return {str(k): plain(x) for k, x in v}
+            return [plain(item) for item in v]
+        if isinstance(v, dict):
+            return {k: plain(x) for k, x in v.items()}
+        if isinstance(v, int | float | str | bool) or v is None:
+            return v
+        return str(v)
+
+    return json.dumps(plain(value), ensure_ascii=False)
 
 
 def _cell(value: Any) -> str:
     if value is None:
         return "NULL"
-    return "\\n".join(str(value).splitlines()) if "\n" in str(value) else str(value)
+    text = _json(value) if isinstance(value, list | dict) else str(value)
+    return "\\n".join(text.splitlines()) if "\n" in text else text
+
+
+def _readable(value: Any) -> str:
+    """One summary value as a person reads it: numbers with separators, lists joined, none for empty."""
+    if isinstance(value, bool):
+        return "yes" if value else "no"
+    if isinstance(value, int):
+        return f"{value:,}"
+    if isinstance(value, float):
+        return f"{value:,.3f}".rstrip("0").rstrip(".")
+    if isinstance(value, list | tuple):
+        return ", ".join(_readable(v) for v in value) or "none"
+    if isinstance(value, dict):
+        return ", ".join(f"{k} {_readable(v)}" for k, v in value.items()) or "none"
+    return "none" if value is None else str(value)
+
+
+def _print_summary(summary: dict[str, Any], fmt: str, title: str | None = None) -> None:
+    """A command's outcome: aligned ``name  value`` lines (a title first), or one JSON object."""
+    if fmt == "json":
+        print(json.dumps(summary, indent=2, default=str))
+        return
+    if title:
+        print(title)
+    width = max((len(k) for k in summary), default=0) + 2
+    for key, value in summary.items():
+        print(f"  {key.replace('_', ' '):{width}s}{_readable(value)}")
 
 
 def _when(seconds: float) -> str:
@@ -155,13 +224,30 @@ def cmd_compact(args: argparse.Namespace) -> int:
 
     store = _store(args)
     pending = 1 if args.segment is not None else len(store.segments(SegmentState.SEALED))
+    if pending == 0:
+        quarantined = store.segments(SegmentState.QUARANTINED)
+        waiting = f" ({len(quarantined)} quarantined: see `segments`)" if quarantined else ""
+        if args.format == "json":
+            print(json.dumps(store.compact(spark=False).as_dict(), indent=2))
+        else:
+            print(f"nothing to compact: no sealed segment is waiting{waiting}; frontier {store.frontier}")
+        return 0
     with tqdm(total=pending, desc="compacting", unit=" segments", disable=not sys.stderr.isatty()) as bar:
         summary = store.compact(
             spark=spark,
             on_step=lambda step: bar.update(1) if step == "committed" else None,
             only_segment=args.segment,
         )
-    print(json.dumps(summary.as_dict(), indent=2))
+    result = summary.as_dict()
+    if args.format == "text":
+        names = {d.table_uuid: d.table_name for d in store.get_catalog(store.frontier + 1)}
+        result["tables_touched"] = [names.get(u, u) for u in result["tables_touched"]]
+        applied = result["segments_applied"]
+        title = (f"compacted {len(applied)} segment{'s' if len(applied) != 1 else ''}" if applied
+                 else "nothing compacted")
+    else:
+        title = None
+    _print_summary(result, args.format, title)
     return 0
 
 
@@ -305,6 +391,7 @@ def cmd_shell(args: argparse.Namespace) -> int:
             pass
         print(f"{store.database} as of {as_of} (frontier {store.frontier}); .help for help, .quit to leave")
     buffer: list[str] = []
+    failures = 0  # a script piped in fails as a whole when one of its statements fails
     while True:
         try:
             line = input("… " if buffer else f"{store.database}@{as_of}> ") if interactive else sys.stdin.readline()
@@ -331,10 +418,13 @@ def cmd_shell(args: argparse.Namespace) -> int:
                 elif command == ".help":
                     print(SHELL_HELP)
                 else:
+                    failures += 1
                     print(f"error: unknown command {command}; .help lists them", file=sys.stderr)
             except ValueError:
+                failures += 1
                 print(f"error: .as_of takes an integer logical timestamp, got {argument.strip()!r}", file=sys.stderr)
             except HistoryError as exc:
+                failures += 1
                 print(f"error: {_one_line(exc)}", file=sys.stderr)
             continue
         if text:
@@ -345,14 +435,16 @@ def cmd_shell(args: argparse.Namespace) -> int:
             try:
                 _print_table(store.sql(query, as_of), args.format)
             except HistoryError as exc:
+                failures += 1
                 print(f"error: {_one_line(exc)}", file=sys.stderr)
             sys.stdout.flush()
     if buffer:
         try:
             _print_table(store.sql("\n".join(buffer), as_of), args.format)
         except HistoryError as exc:
+            failures += 1
             print(f"error: {_one_line(exc)}", file=sys.stderr)
-    return 0
+    return 1 if failures and not interactive else 0
 
 
 def cmd_segments(args: argparse.Namespace) -> int:
@@ -393,25 +485,25 @@ def cmd_skip(args: argparse.Namespace) -> int:
 
 
 def cmd_merge(args: argparse.Namespace) -> int:
-    print(json.dumps(_store(args).merge().as_dict(), indent=2))
+    _print_summary(_store(args).merge().as_dict(), args.format, "merge")
     return 0
 
 
 def cmd_snapshots(args: argparse.Namespace) -> int:
     spark = False if args.in_process else None  # None: a Spark session only when a table is due one
-    print(json.dumps(_store(args).refresh_snapshots(force=args.force, spark=spark).as_dict(), indent=2))
+    _print_summary(_store(args).refresh_snapshots(force=args.force, spark=spark).as_dict(), args.format, "snapshots")
     return 0
 
 
 def cmd_retain(args: argparse.Namespace) -> int:
-    print(json.dumps(_store(args).retain(args.purge_before, cold_tier=args.cold_tier).as_dict(), indent=2))
+    _print_summary(_store(args).retain(args.purge_before, cold_tier=args.cold_tier).as_dict(), args.format, "retention")
     return 0
 
 
 def cmd_erase(args: argparse.Namespace) -> int:
     summary = _store(args).erase(args.table, args.keys, requested_by=args.by, reason=args.reason,
                                  cold_tiers=args.cold_tier, purge_now=args.purge_now)
-    print(json.dumps(summary.as_dict(), indent=2))
+    _print_summary(summary.as_dict(), args.format, "erasure")
     return 0
 
 
@@ -440,7 +532,7 @@ def cmd_load_cold_tier(args: argparse.Namespace) -> int:
 def cmd_cleanup(args: argparse.Namespace) -> int:
     from datetime import timedelta
 
-    print(json.dumps(_store(args).cleanup(grace=timedelta(seconds=args.grace_seconds)).as_dict()))
+    _print_summary(_store(args).cleanup(grace=timedelta(seconds=args.grace_seconds)).as_dict(), args.format, "cleanup")
     return 0
 
 
@@ -527,7 +619,51 @@ class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
         return super()._get_help_string(action)
 
 
-class CommandParser(argparse.ArgumentParser):
+_INVALID_CHOICE = re.compile(r"argument (\S+): invalid choice: '([^']*)' \(choose from (.*)\)$")
+_UNRECOGNIZED = re.compile(r"unrecognized arguments: (.*)$")
+
+
+def usage_error(parser: argparse.ArgumentParser, message: str) -> str:
+    """argparse's complaint as one line naming what was wrong, with the nearest valid word."""
+    import difflib
+
+    invalid = _INVALID_CHOICE.match(message)
+    if invalid:
+        what, given, choices = invalid.groups()
+        options = re.findall(r"'([^']*)'", choices)
+        near = difflib.get_close_matches(given, options, n=1, cutoff=0.6)
+        hint = f"; did you mean '{near[0]}'?" if near else f" (one of: {', '.join(options)})"
+        noun = "command" if what == "COMMAND" else f"value for {what}"
+        return f"unknown {noun} '{given}'{hint}"
+    unrecognized = _UNRECOGNIZED.match(message)
+    if unrecognized:
+        words = unrecognized.group(1).split()
+        known = sorted({o for p in _parsers_of(parser) for a in p._actions for o in a.option_strings})
+        flag = next((w for w in words if w.startswith("-")), None)
+        near = difflib.get_close_matches(flag.split("=")[0], known, n=1, cutoff=0.6) if flag else []
+        hint = f"; did you mean '{near[0]}'?" if near else ""
+        return f"unknown argument{'s' if len(words) > 1 else ''}: {' '.join(words)}{hint}"
+    return message
+
+
+def _parsers_of(parser: argparse.ArgumentParser) -> list[argparse.ArgumentParser]:
+    """The parser and every subcommand parser under it."""
+    found = [parser]
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for child in action.choices.values():
+                found.extend(_parsers_of(child))
+    return found
+
+
+class OneLineErrors(argparse.ArgumentParser):
+    """Usage errors as one line on stderr (exit code 2), not the usage block."""
+
+    def error(self, message: str) -> Any:  # argparse's hook: it never returns
+        self.exit(2, f"{self.prog}: {usage_error(self, message)} (see {self.prog} --help)\n")
+
+
+class CommandParser(OneLineErrors):
     """The parser of every subcommand (also those other modules register): global options
     anywhere, defaults shown in ``--help``."""
 
@@ -572,8 +708,8 @@ def _format_option(parser: argparse.ArgumentParser, choices: Sequence[str] = FOR
 def build_parser() -> argparse.ArgumentParser:
     """The ``history-pipeline`` parser. Other modules add commands with one line each:
     ``register_<name>(sub)`` taking the subparsers object below."""
-    parser = argparse.ArgumentParser(prog="history-pipeline", description=__doc__.splitlines()[0],
-                                     formatter_class=HelpFormatter)
+    parser = OneLineErrors(prog="history-pipeline", description=__doc__.splitlines()[0],
+                           formatter_class=HelpFormatter)
     _global_options(parser, top=True)
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND", parser_class=CommandParser)
 
@@ -590,6 +726,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--segment", type=int, default=None, metavar="ID",
                    help="compact only this segment (refused while an earlier one is pending); omitted: every "
                         "pending segment in order")
+    _format_option(p, SUMMARY_FORMATS)
 
     p = _command(sub, "sql", cmd_sql, "run read-only SQL as of T",
                  "Read-only SQL (DuckDB dialect) over the tables as they were as of T: SELECT, SHOW TABLES, "
@@ -633,16 +770,19 @@ def build_parser() -> argparse.ArgumentParser:
     _as_of_option(p)
     _format_option(p)
 
-    _command(sub, "merge", cmd_merge, "merge small files into fewer large ones (answers unchanged)")
+    p = _command(sub, "merge", cmd_merge, "merge small files into fewer large ones (answers unchanged)")
+    _format_option(p, SUMMARY_FORMATS)
     p = _command(sub, "snapshots", cmd_snapshots, "snapshot, close and mark what is due (answers unchanged)",
                  "What the maintenance runs: snapshot the tables whose history since their last snapshot "
                  "has grown long, record where each finished interval's rows stop being current, and "
                  "mark long open intervals the same way, so that reads as of any T stay filters.")
     p.add_argument("--force", action="store_true", help="snapshot every table now, due or not")
     p.add_argument("--in-process", action="store_true", help="run the snapshot tasks without Spark")
+    _format_option(p, SUMMARY_FORMATS)
     p = _command(sub, "retain", cmd_retain, "purge history before a timestamp")
     p.add_argument("purge_before", type=as_of_argument, help="as_of below this is no longer answerable")
     p.add_argument("--cold-tier", default=None, help="keep the purged files there first (path or s3://)")
+    _format_option(p, SUMMARY_FORMATS)
     p = _command(sub, "export", cmd_export, "export every table as of T (Parquet + manifest)")
     p.add_argument("--as-of", type=as_of_argument, required=True, metavar="T", help="the state to export")
     p.add_argument("--to", required=True, help="destination folder or s3://bucket/prefix")
@@ -658,6 +798,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="a further cold tier or export target to clean (those this store wrote to are known)")
     p.add_argument("--purge-now", action="store_true",
                    help="delete the replaced files now (prunes time travel to before the erasure)")
+    _format_option(p, SUMMARY_FORMATS)
     p = _command(sub, "ttl", cmd_ttl, "set, clear or apply a table's time-to-live",
                  "A table's time-to-live in logical-timestamp units: versions older than frontier + 1 - UNITS "
                  "are dropped by TTL retention (--apply runs it for every table), as retention does.")
@@ -670,6 +811,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = _command(sub, "cleanup", cmd_cleanup, "delete tombstoned and orphan files past the grace period")
     p.add_argument("--grace-seconds", type=_non_negative(float), default=3600,
                    help="only files removed/written longer ago")
+    _format_option(p, SUMMARY_FORMATS)
     _command(sub, "verify", cmd_verify, "check the catalog against its files and the WAL (exit 1 on problems)")
     _command(sub, "rebuild-catalog", cmd_rebuild, "rebuild the catalog from the Parquet files alone")
     _command(sub, "segments", cmd_segments, "list WAL segments and their states (quarantined: why)")

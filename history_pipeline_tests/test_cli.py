@@ -46,7 +46,7 @@ def test_append_compact_query_history_diff(tmp_path):
     appended = run_script(tmp_path, "append", "--seal", stdin=lines)
     assert appended.returncode == 0, appended.stderr
     assert "appended 4 events" in appended.stdout
-    compacted = run_script(tmp_path, "compact")  # the default: a Spark session of its own, local[*]
+    compacted = run_script(tmp_path, "compact", "--format", "json")  # a Spark session of its own, local[*]
     assert compacted.returncode == 0 and json.loads(compacted.stdout)["frontier"] == 3
     out = run(tmp_path, "sql", "SELECT amount FROM orders", "--as-of", "3", "--format", "json")
     assert [json.loads(line) for line in out.stdout.splitlines()] == [{"amount": "12.50"}]
@@ -80,16 +80,16 @@ def test_maintenance_commands(tmp_path, spark):  # retain runs on the test run's
     run(tmp_path, "append", "--seal", stdin="\n".join(json.dumps(e) for e in EVENTS) + "\n")
     run(tmp_path, "compact", "--in-process")
     assert run(tmp_path, "verify").returncode == 0
-    nothing_due = json.loads(run(tmp_path, "snapshots", "--in-process").stdout)
+    nothing_due = json.loads(run(tmp_path, "snapshots", "--in-process", "--format", "json").stdout)
     assert nothing_due["tables"] == [] and nothing_due["marked_files"] == 0
-    forced = json.loads(run(tmp_path, "snapshots", "--force", "--in-process").stdout)
+    forced = json.loads(run(tmp_path, "snapshots", "--force", "--in-process", "--format", "json").stdout)
     assert forced["tables"] == [T] and forced["rows"] == 1 and forced["as_of"] == 4
     assert run(tmp_path, "load", "orders", "--as-of", "4", "--format", "json").stdout.strip() == (
         '{"synthetic_key": 1, "amount": "13.00"}'
     )
     exported = run(tmp_path, "export", "--as-of", "4", "--to", str(tmp_path / "backup"))
     assert exported.returncode == 0 and json.loads(exported.stdout)["tables"] == ["orders"]
-    retained = run(tmp_path, "retain", "3", "--cold-tier", str(tmp_path / "cold"))
+    retained = run(tmp_path, "retain", "3", "--cold-tier", str(tmp_path / "cold"), "--format", "json")
     assert retained.returncode == 0 and json.loads(retained.stdout)["files_removed"] == 1
     assert run(tmp_path, "load", "orders", "--as-of", "2").returncode == 1
     assert "earliest answerable as_of is now 0" in run(tmp_path, "load-cold-tier", str(tmp_path / "cold")).stdout
@@ -97,7 +97,7 @@ def test_maintenance_commands(tmp_path, spark):  # retain runs on the test run's
         '{"synthetic_key": 1, "amount": "12.50"}'
     )
     assert "rebuilt" in run(tmp_path, "rebuild-catalog").stdout
-    assert json.loads(run(tmp_path, "cleanup").stdout)["tombstones_deleted"] == 0
+    assert json.loads(run(tmp_path, "cleanup", "--format", "json").stdout)["tombstones_deleted"] == 0
 
 
 def test_quarantine_then_release_after_a_fix(tmp_path):
@@ -124,7 +124,7 @@ def test_quarantine_then_release_after_a_fix(tmp_path):
     assert (audit.parent / "original.sealed").read_bytes() == original
     assert "update of key 99" in record["quarantine_error"]
     assert run(tmp_path, "verify").returncode == 0  # the re-sealed segment verifies
-    assert json.loads(run(tmp_path, "compact", "--in-process").stdout)["frontier"] == 3
+    assert json.loads(run(tmp_path, "compact", "--in-process", "--format", "json").stdout)["frontier"] == 3
     assert json.loads(run(tmp_path, "sql", "SELECT amount FROM orders", "--format", "json").stdout) == {
         "amount": "1.00"}
 
@@ -155,7 +155,7 @@ def test_repair_refuses_bad_corrections_and_skip_keeps_an_audit_record(tmp_path)
     assert skipped.returncode == 0, skipped.stderr
     record = json.loads(next(Path(tmp_path).rglob("audit/*/repair.json")).read_text())
     assert record["action"] == "skipped" and record["lower"] == 1 and record["upper"] == 3
-    assert json.loads(run(tmp_path, "compact", "--in-process").stdout)["frontier"] == 4
+    assert json.loads(run(tmp_path, "compact", "--in-process", "--format", "json").stdout)["frontier"] == 4
     rows = run(tmp_path, "sql", "SELECT synthetic_key, amount FROM orders ORDER BY 1", "--format", "json").stdout
     assert [json.loads(line) for line in rows.splitlines()] == [{"synthetic_key": 2, "amount": "2.00"}]
 
@@ -314,3 +314,43 @@ def test_parquet_output_holds_interval_columns(tmp_path):
         assert out.returncode == 0, out.stderr
         table = pq.read_table(pa.BufferReader(out.stdout)).sort_by("synthetic_key")
         assert table.column("span").to_pylist() == [{"months": 1, "days": 2, "micros": 3}, None], command
+
+
+def test_usage_errors_are_one_line_naming_the_nearest_word(tmp_path):
+    typo = run(tmp_path, "comapct")
+    assert typo.returncode == 2 and typo.stderr.count("\n") == 1
+    assert "unknown command 'comapct'; did you mean 'compact'?" in typo.stderr
+    option = run(tmp_path, "sql", "SELECT 1", "--as-off", "3")
+    assert option.returncode == 2 and option.stderr.count("\n") == 1 and "did you mean '--as-of'?" in option.stderr
+    value = run(tmp_path, "sql", "SELECT 1", "--format", "jsn")
+    assert value.returncode == 2 and value.stderr.count("\n") == 1 and "did you mean 'json'?" in value.stderr
+    missing = run(tmp_path, "erase", "orders", "1")
+    assert missing.returncode == 2 and missing.stderr.count("\n") == 1 and "--by" in missing.stderr
+
+
+def test_commands_print_for_a_person_and_json_on_request(tmp_path):
+    run(tmp_path, "append", "--seal", stdin="\n".join(json.dumps(e) for e in EVENTS) + "\n")
+    compacted = run(tmp_path, "compact", "--in-process")
+    assert compacted.returncode == 0, compacted.stderr
+    lines = compacted.stdout.splitlines()
+    assert lines[0] == "compacted 1 segment" and "tables touched" in compacted.stdout and "orders" in compacted.stdout
+    assert not compacted.stdout.lstrip().startswith("{")
+    nothing = run(tmp_path, "compact", "--in-process")
+    assert nothing.returncode == 0 and nothing.stdout.startswith("nothing to compact") and "frontier 3" in nothing.stdout
+    assert json.loads(run(tmp_path, "compact", "--in-process", "--format", "json").stdout)["segments_applied"] == []
+
+    plan = run(tmp_path, "sql", "EXPLAIN SELECT sum(amount) FROM orders")
+    assert plan.returncode == 0 and "\\n" not in plan.stdout and len(plan.stdout.splitlines()) > 5
+
+    described = run(tmp_path, "sql", "DESCRIBE orders", "--format", "json")
+    assert json.loads(described.stdout) == {"column_name": "amount", "column_type": "NUMERIC(10,2)", "null": "YES",
+                                            "default": None}
+    extended = json.loads(run(tmp_path, "sql", "DESCRIBE EXTENDED orders", "--format", "json").stdout)
+    assert extended["column_uuid"] == A and extended["supercolumn"].startswith(A)
+
+    csv = run(tmp_path, "sql", "SELECT [1, 2] AS a, {'x': 'y'} AS s, NULL::INT[] AS n", "--format", "csv")
+    assert csv.stdout.splitlines() == ['"a","s","n"', '"[1, 2]","{""x"": ""y""}",']
+
+    piped = run(tmp_path, "shell", stdin="SELECT 1 AS one;\nSELECT nope;\nSELECT 2 AS two;\n")
+    assert piped.returncode == 1 and "two" in piped.stdout and piped.stderr.count("error:") == 1
+    assert run(tmp_path, "shell", stdin="SELECT 1 AS one;\n").returncode == 0

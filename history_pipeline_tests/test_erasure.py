@@ -314,7 +314,7 @@ def test_cli_erase(tmp_path, spark):  # the erasure runs on the test run's sessi
     def run(*args):
         return run_command(["--root", str(tmp_path / "root"), "--database", "db", *args])
 
-    done = run("erase", "people", "2", "--by", "dpo", "--reason", "ticket 7")
+    done = run("erase", "people", "2", "--by", "dpo", "--reason", "ticket 7", "--format", "json")
     assert done.returncode == 0, done.stderr
     assert json.loads(done.stdout)["key_count"] == 1
     reopened = HistoryStore.open(tmp_path / "root", database="db")

@@ -1,7 +1,9 @@
 """The SQL statements users of DuckDB and Delta expect besides SELECT, answered as of ``T``.
 
 * ``SHOW TABLES``: the tables in force at ``T`` (name, uuid, column count);
-* ``DESCRIBE <table>`` (or ``DESC``, ``SHOW <table>``): its columns at ``T``;
+* ``DESCRIBE <table>`` (or ``DESC``, ``SHOW <table>``): its columns at ``T`` as a user knows them;
+  ``DESCRIBE EXTENDED <table>`` (as in Spark and Delta) adds each column's ordinal key, uuid and
+  supercolumn;
 * ``EXPLAIN [ANALYZE] <select>``: DuckDB's plan of the query over the tables as of ``T``, in a
   sandbox as read-only as the one queries run in.
 
@@ -25,7 +27,8 @@ from history_pipeline.query.sandbox import parser_cursor
 
 _SHOW_TABLES = re.compile(r"^\s*SHOW\s+(?:ALL\s+)?TABLES\s*;?\s*$", re.IGNORECASE)
 _DESCRIBE = re.compile(
-    r'^\s*(?:DESCRIBE|DESC|SHOW)\s+(?:TABLE\s+)?("(?:[^"]|"")+"|[A-Za-z_][\w$]*)\s*;?\s*$', re.IGNORECASE
+    r'^\s*(?:DESCRIBE|DESC|SHOW)\s+(?:TABLE\s+)?(EXTENDED\s+)?("(?:[^"]|"")+"|[A-Za-z_][\w$]*)\s*;?\s*$',
+    re.IGNORECASE,
 )
 _EXPLAIN = re.compile(r"^\s*EXPLAIN\s+(ANALYZE\s+)?(.+?)\s*;?\s*$", re.IGNORECASE | re.DOTALL)
 _MISSING = re.compile(r"Table with name (\S+) does not exist", re.IGNORECASE)
@@ -36,14 +39,15 @@ def run_sql(context: Any, query: str, as_of: int) -> pa.Table:
     """Answer ``query`` as of ``as_of`` over a :class:`~history_pipeline.query.engine.QueryContext`."""
     if not isinstance(query, str):
         raise QueryError(f"SQL must be a string, got {type(query).__name__}")
-    check_syntax(query)
+    described = _DESCRIBE.match(query)  # before DuckDB's parser, which has no DESCRIBE EXTENDED
+    if not described:
+        check_syntax(query)
     if _SHOW_TABLES.match(query):
         return show_tables(context, as_of)
-    described = _DESCRIBE.match(query)
     if described:
-        name = _unquote(described.group(1))
+        name = _unquote(described.group(2))
         if name.lower() != "tables":
-            return describe(context, name, as_of)
+            return describe(context, name, as_of, extended=bool(described.group(1)))
     explained = _EXPLAIN.match(query)
     if explained:
         return explain(context, explained.group(2), as_of, analyze=bool(explained.group(1)))
@@ -81,22 +85,25 @@ def show_tables(context: Any, as_of: int) -> pa.Table:
     )
 
 
-def describe(context: Any, table: str, as_of: int) -> pa.Table:
-    """The columns of ``table`` at ``as_of`` in order: name, type, nullability, default, identity."""
+def describe(context: Any, table: str, as_of: int, extended: bool = False) -> pa.Table:
+    """The columns of ``table`` at ``as_of`` in order: name, type, nullability, default; ``extended``
+    adds their identity (ordinal key, column uuid, supercolumn)."""
     context.check_as_of(as_of)
     descriptor = context.resolve(table, as_of)
     columns = descriptor.columns
-    return pa.table(
-        {
-            "column_name": pa.array([c.column_name for c in columns], pa.string()),
-            "column_type": pa.array([str(c.data_type) for c in columns], pa.string()),
-            "null": pa.array(["YES" if c.is_nullable else "NO" for c in columns], pa.string()),
-            "default": pa.array([None if c.default is None else str(c.default) for c in columns], pa.string()),
+    described = {
+        "column_name": pa.array([c.column_name for c in columns], pa.string()),
+        "column_type": pa.array([str(c.data_type) for c in columns], pa.string()),
+        "null": pa.array(["YES" if c.is_nullable else "NO" for c in columns], pa.string()),
+        "default": pa.array([None if c.default is None else str(c.default) for c in columns], pa.string()),
+    }
+    if extended:
+        described |= {
             "ordinal_key": pa.array([c.ordinal_key for c in columns], pa.string()),
             "column_uuid": pa.array([c.column_uuid for c in columns], pa.string()),
             "supercolumn": pa.array([c.supercolumn for c in columns], pa.string()),
         }
-    )
+    return pa.table(described)
 
 
 def explain(context: Any, select: str, as_of: int, analyze: bool = False) -> pa.Table:
