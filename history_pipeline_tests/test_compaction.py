@@ -1,4 +1,4 @@
-"""Compaction: the RFC's worked examples, every handler, quarantine, crash recovery, and a
+"""Compaction: worked examples of every operation, every handler, quarantine, crash recovery, and a
 property test of the Reconstruction Invariant against an independent in-memory model."""
 
 from __future__ import annotations
