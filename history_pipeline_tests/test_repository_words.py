@@ -71,3 +71,13 @@ def test_decision_records_are_short_and_indexed():
             assert f"({record.name})" in index, f"{record.name} is not in docs/decisions/README.md"
     numbers = [r.name[:4] for r in records if r.name[0].isdigit()]
     assert len(numbers) == len(set(numbers)), "two records share a number"
+
+
+def test_the_architecture_page_lists_the_enforced_layers():
+    from history_pipeline_tests.test_layering import LAYERS
+
+    page = (REPO / "docs" / "architecture.md").read_text()
+    rows = re.findall(r"^\| (\d+) \| (.+?) \| .+ \|$", page, re.M)
+    documented = {name: int(rank) for rank, names in rows for name in re.findall(r"`(\w+)`", names)}
+    enforced = {prefix.rpartition(".")[2]: rank for prefix, (_, rank) in LAYERS.items() if "." in prefix}
+    assert documented == enforced
