@@ -6,7 +6,8 @@ itself writes: shell lines through the CLI's ``main`` in this process (the same 
 console script, without a process start per line) or, when they use pipes, redirections or
 here-documents, through ``bash`` with the environment's ``bin`` first on PATH; ``pycon`` blocks
 as doctests, so the outputs shown are the outputs produced. A README that drifts from the code
-fails here.
+fails here. The server configuration the README writes is loaded as ``serve`` loads it; a test of
+the ``daemon`` tier starts the server as shown and runs the README's client code against it.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import doctest
 import hashlib
 import os
 import re
+import select
 import shlex
 import subprocess
 import sys
@@ -23,7 +25,7 @@ from pathlib import Path
 
 import pytest
 
-from history_pipeline import cli
+from history_pipeline import HistoryStore, cli
 from history_pipeline.service.config import load_config
 
 REPO = Path(__file__).resolve().parent.parent
@@ -160,8 +162,10 @@ def test_the_first_screen_has_the_two_commands():
     assert re.search(r"^demo:", makefile, re.M) and re.search(r"^test:", makefile, re.M)
 
 
-def test_the_readme_runs_as_shown(tmp_path, capsys):
-    tour = Tour(tmp_path, capsys)
+def run_readme(root: Path, capsys: pytest.CaptureFixture[str]) -> tuple[Tour, int]:
+    """Run every ``run`` block of the README in order under ``root``; the tour and how many
+    commands and examples ran."""
+    tour = Tour(root, capsys)
     ran = 0
     for block in readme_blocks(README.read_text()):
         if block.marker != "run":
@@ -183,9 +187,55 @@ def test_the_readme_runs_as_shown(tmp_path, capsys):
             report = capsys.readouterr().out
             assert runner.failures == 0 and test.examples, f"README.md:{block.line}:\n{report}"
             ran += len(test.examples)
+    return tour, ran
+
+
+def test_the_readme_runs_as_shown(tmp_path, capsys):
+    tour, ran = run_readme(tmp_path, capsys)
     assert ran >= 20
     # The server configuration written by the tour is valid and admits the token it printed.
     config = load_config(tour.cwd / "server.toml")
     token = (tour.cwd / "token.txt").read_text().split()[1]
     assert [t.token_sha256 for t in config.tenants] == [hashlib.sha256(token.encode()).hexdigest()]
     assert "history-pipeline serve --config server.toml" in README.read_text()
+
+
+@pytest.mark.daemon
+def test_the_readme_server_answers_the_readme_client(tmp_path, capsys):
+    """The server started as the README shows (on a free port instead of 8815) answers the
+    README's client code as the store does in-process."""
+    tour, _ = run_readme(tmp_path, capsys)
+    blocks = readme_blocks(README.read_text())
+    serve = next(b for b in blocks if b.language == "bash" and "serve --config" in b.text)
+    client = next(b for b in blocks if b.language == "python" and "connect(" in b.text)
+    argv = shlex.split(shell_commands(serve.text)[0], comments=True)
+    assert argv[:2] == ["history-pipeline", "serve"]
+    script = Path(sys.executable).parent / "history-pipeline"
+    server = subprocess.Popen([str(script), *argv[1:], "--port", "0", "--workers", "1"], cwd=tour.cwd,
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        ready, _, _ = select.select([server.stdout], [], [], 120)
+        line = server.stdout.readline() if ready else ""
+        assert line.startswith("serving "), f"the server did not start: {line!r} {server.poll()}"
+        url = line.split()[-1]
+        code = client.text.replace('"grpc://127.0.0.1:8815"', repr(url))
+        assert code != client.text, "the client block no longer connects to the configured port"
+        namespace: dict = {}
+        before = Path.cwd()
+        os.chdir(tour.cwd)
+        try:
+            exec(compile(code, f"README.md:{client.line}", "exec"), namespace)
+        finally:
+            os.chdir(before)
+        namespace["history"].close()
+        local = HistoryStore.open(tour.cwd / "data", database="tenant_a", create=False)
+        assert namespace["before"] == local.fetch_row("orders", 10000, as_of=505)
+        expected = local.sql("SELECT state, sum(amount) FROM orders GROUP BY state", as_of=4000)
+        assert namespace["totals"].sort_by("state").equals(expected.sort_by("state"))
+    finally:
+        server.terminate()
+        try:
+            server.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            server.kill()
+            server.wait()
