@@ -10,7 +10,7 @@
 - peak RSS of the driver (this Python process), the JVM (driver and executors in local mode) and
   the executors' Python workers, sampled from /proc while compaction runs.
 
-Target (TARGETS.md): ours >= 0.5x Spark's warm JSON -> Parquet.
+Target: ours >= 0.5x Spark's warm JSON -> Parquet.
 """
 
 from __future__ import annotations

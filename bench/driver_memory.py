@@ -3,8 +3,8 @@
     python -m bench.driver_memory --size quick     # segments of 25k/100k/400k events, tables of 25k/250k rows
     python -m bench.driver_memory --size full      # segments of 100k/400k/1.6M events, tables of 100k/1M rows
 
-Issue 12's target: "driver RSS independent of segment size (no step holds a segment or a table in
-driver memory)". Every case runs in a fresh Python process (its own Spark session, ``local[2]``)
+The target: driver RSS independent of segment size (no step holds a segment or a table in
+driver memory). Every case runs in a fresh Python process (its own Spark session, ``local[2]``)
 after its store was prepared by another process, and after a warm-up of the same step on a tiny
 store; then the peak-RSS counters (``VmHWM``) of the driver, its JVM and the JVM's Python workers
 are reset (``/proc/<pid>/clear_refs``) and the step runs once. Reported per case:
@@ -48,6 +48,8 @@ from typing import Any
 
 import numpy as np
 import pyarrow as pa
+
+from bench import provenance
 
 RESULTS = Path(__file__).parent / "results"
 SIZES = {
@@ -347,14 +349,11 @@ def report(size: str, results: list[dict[str, Any]]) -> str:
         lines.append(f"| {step} | {f['sizes'][0]:,} → {f['sizes'][1]:,} | {f['driver_peak_mb'][0]} → "
                      f"{f['driver_peak_mb'][1]} MiB | {f['driver_growth_mb'][0]} → {f['driver_growth_mb'][1]} MiB "
                      f"| {'yes' if f['flat'] else 'NO'} |")
-    lines += ["", "Where a growing step's driver memory goes (see docs/DECISIONS.md, driver memory):",
+    lines += ["", "Where a growing step's driver memory goes (docs/decisions/0011-bounded-driver-memory.md):",
               "- compact: the verifying read routes the segment in whole-line pieces and appends, per touched "
               "table, (line, byte range, key) rows to a route file beside the segment that the tasks read "
-              "(`compaction/frames.verify_and_route`); the driver keeps counts and key ranges only (session 6 "
-              "kept the rows, 32 bytes per row event, and shipped them in the task payloads; before that the "
-              "routing read split whole chunks into Python bytes: 88 -> 467 MiB from 100k to 1.6M events);",
-              "- close_intervals: Spark tasks over key ranges since session 7 (before: (key, t) of every row of "
-              "an interval in one DuckDB table on the driver, and each file it marked read whole);",
+              "(`compaction/frames.verify_and_route`); the driver keeps counts and key ranges only, never a row;",
+              "- snapshot and close_intervals: Spark tasks over key ranges; the driver plans and commits;",
               "- driver_live_rows: the snapshot's previous implementation, for comparison."]
     return "\n".join(lines)
 
@@ -387,7 +386,7 @@ def main(argv: list[str] | None = None) -> int:
     summary = {"size": args.size, "results": results,
                "flatness": [flatness(results, s) for s in dict.fromkeys(r["step"] for r in results)]}
     (RESULTS / "driver_memory.json").write_text(json.dumps(summary, indent=2))
-    (RESULTS / "driver_memory.md").write_text(text + "\n")
+    (RESULTS / "driver_memory.md").write_text(provenance() + "\n\n" + text + "\n")
     return 0
 
 

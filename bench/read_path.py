@@ -34,6 +34,7 @@ from typing import Any
 import duckdb
 import pyarrow.parquet as pq
 
+from bench import provenance
 from bench.history import TABLE_UUID, append_open_versions, build_history, default_segment_events
 from history_pipeline import HistoryStore, StoreSettings
 from history_pipeline.catalog import FileKind
@@ -599,7 +600,7 @@ def main(argv: list[str] | None = None) -> int:
     table = report(results)
     print(table)
     (RESULTS / f"{args.out}.json").write_text(json.dumps(results, indent=2, default=str))
-    (RESULTS / f"{args.out}.md").write_text(table)
+    (RESULTS / f"{args.out}.md").write_text(provenance() + "\n\n" + table)
     return 0
 
 

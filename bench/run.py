@@ -1,7 +1,7 @@
 """Benchmarks of history_pipeline, each beside a baseline measured in the same run.
 
     python -m bench.run --quick     # about 5 minutes on 2 cores
-    python -m bench.run             # the full sizes of TARGETS.md (long)
+    python -m bench.run             # the full sizes of the targets (long)
 
 Prints a table and writes bench/results/results.json, results.md and PNG plots.
 """
@@ -29,6 +29,7 @@ import pyarrow.compute as pc
 import pyarrow.json as pajson
 import pyarrow.parquet as pq
 
+from bench import provenance
 from bench.history import HOT_KEY, build_history
 from bench.read_path import answer_file
 from bench.workload import Workload, write_workload
@@ -490,7 +491,7 @@ def main(argv: list[str] | None = None) -> int:
         table += "\n" + service_report(results["service"])
     print(table)
     (RESULTS / "results.json").write_text(json.dumps(results, indent=2, default=str))
-    (RESULTS / "results.md").write_text(table)
+    (RESULTS / "results.md").write_text(provenance() + "\n\n" + table)
     plot(results)
     if args.tenants:
         from bench import tenants

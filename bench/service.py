@@ -23,6 +23,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from bench import provenance
 from bench.workload import Workload, write_workload
 from history_pipeline import HistoryStore, StoreSettings
 from history_pipeline.client import connect
@@ -156,7 +157,7 @@ def main(argv: list[str] | None = None) -> int:
     print(text)
     RESULTS.mkdir(parents=True, exist_ok=True)
     (RESULTS / "service.json").write_text(json.dumps(results, indent=2))
-    (RESULTS / "service.md").write_text(text)
+    (RESULTS / "service.md").write_text(provenance() + "\n\n" + text)
     return 0
 
 

@@ -44,6 +44,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from bench import provenance
+
 RESULTS = Path(__file__).parent / "results"
 
 SIZES = {
@@ -327,7 +329,7 @@ def main(argv: list[str] | None = None) -> int:
     print(table)
     RESULTS.mkdir(parents=True, exist_ok=True)
     (RESULTS / "tenants.json").write_text(json.dumps(results, indent=2))
-    (RESULTS / "tenants.md").write_text(table)
+    (RESULTS / "tenants.md").write_text(provenance() + "\n\n" + table)
     return 0
 
 

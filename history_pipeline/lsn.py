@@ -1,6 +1,6 @@
 """PostgreSQL log sequence numbers (LSNs) as logical timestamps.
 
-A captured database's timestamps are LSNs as 64-bit integers (DESIGN.md section 5, "Captured
+A captured database's timestamps are LSNs as 64-bit integers (docs/format.md, "Captured
 databases"); users read them from PostgreSQL in its ``X/Y`` form (``pg_current_wal_lsn()``), so
 every ``as_of`` also accepts that form.
 """

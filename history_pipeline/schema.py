@@ -1,4 +1,4 @@
-"""Schema history: table descriptors, and the RFC's handler for every schema change.
+"""Schema history: table descriptors, and the handler of every schema change.
 
 The state is a :class:`SchemaState` (the live tables and every supercolumn ever
 made); each handler is a pure function from a state and one schema-change
@@ -245,7 +245,7 @@ def _check_column_name_free(table: TableDescriptor, name: str, except_uuid: str 
 def apply_schema_change(
     state: SchemaState, event: SchemaChange
 ) -> tuple[SchemaState, tuple[SchemaHistoryEntry, ...]]:
-    """The RFC's handler for ``event``: the next state and the schema_history rows written."""
+    """The handler of ``event``: the next state and the schema_history rows written."""
     t = event.t
     if isinstance(event, CreateTable):
         if event.table_uuid in state.tables or event.table_uuid in state.supercolumns:

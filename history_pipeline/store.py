@@ -1,4 +1,4 @@
-"""HistoryStore: the one object users hold (DESIGN.md section 5)."""
+"""HistoryStore: the one object users hold."""
 
 from __future__ import annotations
 
@@ -69,7 +69,7 @@ class StoreSettings:
     max_segment_age_s: float = 300.0
     checkpoint_interval: int = 20
     #: a table gets a new snapshot once this many versions (and ``snapshot_ratio`` x its live rows)
-    #: were written since its last one. Twice the live rows (1.0 before session 21): a snapshot
+    #: were written since its last one. Twice the live rows: a snapshot
     #: repeats the rows no version of its interval changed, about e^-ratio of them, so storage falls
     #: from 0.58x to 0.48x Delta's at 10M and 40M versions, while the closed layout's cells by t
     #: keep a read as of any T in the longer interval within 2x of reading its answer (1.1-1.9x)
@@ -83,7 +83,7 @@ class StoreSettings:
     shared_paths: bool = False
     #: how compaction uses a Spark session: "dataframes" (the default: route, decode, validate, fold
     #: and write as Spark/Arrow operations on executors; runs under Spark Connect too) or "tasks"
-    #: (round 1's per-table tasks, the per-event reference fold run on executors)
+    #: (per-table tasks running the per-event reference fold on executors)
     compaction_engine: str = "dataframes"
     #: rows a snapshot piece reads at most (its key range's snapshot rows and versions since):
     #: a table's snapshot is written as that many pieces, one Spark task each
@@ -92,7 +92,7 @@ class StoreSettings:
     #: piece, since a closed file's time buckets and cells are cut within the file (a smaller file
     #: has a coarser grid of whole row groups, and a read as of T skips less of it) and closing
     #: overlays nothing. A whole interval at the default spacing (its snapshot, about twice the live
-    #: rows of versions) is one piece up to 1.3M live rows (1M before session 21)
+    #: rows of versions) is one piece up to 1.3M live rows
     interval_piece_rows: int = INTERVAL_PIECE_ROWS
     #: the open interval is marked (``superseded_at`` as of the frontier) once its unmarked versions
     #: reach this fraction of the versions that make a snapshot due, or of the snapshot's rows when

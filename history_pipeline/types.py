@@ -2,7 +2,7 @@
 
 A value has three forms:
 
-* its **WAL form**: the JSON value of DESIGN.md's type table (``"12.3400"``,
+* its **WAL form**: the JSON value of docs/wal-format.md's type table (``"12.3400"``,
   ``{"months": 1, ...}``, base64 text ...);
 * its **Python form**: what users get back (``Decimal``, ``datetime`` with UTC,
   ``uuid.UUID``, :class:`Interval`, lists, parsed JSON ...);

@@ -105,7 +105,7 @@ def run(spark: Any, spec: dict[str, Any]) -> dict[str, Any]:
     result["segments_applied"] = summary.segments_applied
     result["answers"] = answers(store)
     if spec.get("snapshot_piece_rows"):
-        # every table snapshotted now, in pieces of a few rows, by tasks on this session
+        # every table snapshotted now, in pieces of a few rows, by tasks on this Spark session
         pieced = HistoryStore.open(spec["root"], database=spec["database"], wal_dir=spec["wal_dir"],
                                    s3=store.s3, settings=replace(store.settings,
                                                                  snapshot_piece_rows=spec["snapshot_piece_rows"]))

@@ -8,7 +8,7 @@ from history_pipeline import HistoryStore
 from history_pipeline.catalog import AddFile, RemoveFile
 from history_pipeline.catalog.model import FileKind
 from history_pipeline.catalog.upkeep import collect_garbage, data_paths
-from history_pipeline_tests.test_compaction import rfc_events, write
+from history_pipeline_tests.test_compaction import example_events, write
 
 GRACE = 3600.0
 
@@ -40,9 +40,9 @@ def answers(store):
 
 @pytest.mark.spark
 def test_orphan_of_a_crash_is_removed_only_after_the_grace_period(store):
-    write(store, rfc_events()[:3])
+    write(store, example_events()[:3])
     store.compact()
-    write(store, rfc_events()[3:])
+    write(store, example_events()[3:])
     with pytest.raises(Crash):
         store.compact(on_step=_crash_after_files)
     live = set(store.catalog_state().files)
@@ -62,7 +62,7 @@ def test_orphan_of_a_crash_is_removed_only_after_the_grace_period(store):
 def _rewrite_one_file(store):
     """A merge in miniature: the same rows under a new path, the old file tombstoned."""
     state = store.catalog_state()
-    old = state.files_of("tbl-rfc", FileKind.VERSIONS)[0]
+    old = state.files_of("tbl-example", FileKind.VERSIONS)[0]
     new_path = old.path.replace(".parquet", "-merged.parquet")
     store.objects.put(new_path, store.objects.get(old.path))
     new = type(old)(**{**old.__dict__, "path": new_path})
@@ -72,7 +72,7 @@ def _rewrite_one_file(store):
 
 @pytest.mark.spark
 def test_tombstones_wait_for_grace_and_for_retained_transactions(store):
-    write(store, rfc_events())
+    write(store, example_events())
     store.compact()
     before = answers(store)
     removed = _rewrite_one_file(store)
@@ -89,10 +89,10 @@ def test_tombstones_wait_for_grace_and_for_retained_transactions(store):
 
 @pytest.mark.spark
 def test_verify_reports_problems_as_data(store):
-    write(store, rfc_events())
+    write(store, example_events())
     store.compact()
     assert store.verify() == []
-    victim = store.catalog_state().files_of("tbl-rfc", FileKind.VERSIONS)[0].path
+    victim = store.catalog_state().files_of("tbl-example", FileKind.VERSIONS)[0].path
     store.objects.delete(victim)
     problems = store.verify()
     assert [p.kind for p in problems] == ["missing_file"] and problems[0].path == victim
@@ -100,9 +100,9 @@ def test_verify_reports_problems_as_data(store):
 
 @pytest.mark.spark
 def test_verify_finds_statistics_that_do_not_match(store):
-    write(store, rfc_events())
+    write(store, example_events())
     store.compact()
-    entry = store.catalog_state().files_of("tbl-rfc", FileKind.VERSIONS)[0]
+    entry = store.catalog_state().files_of("tbl-example", FileKind.VERSIONS)[0]
     forged = type(entry)(**{**entry.__dict__, "path": entry.path + ".forged.parquet", "row_count": 99})
     store.objects.put(forged.path, store.objects.get(entry.path))
     store.catalog.commit("forge", lambda s: [RemoveFile(entry.path, time.time()), AddFile(forged)])
@@ -111,10 +111,10 @@ def test_verify_finds_statistics_that_do_not_match(store):
 
 @pytest.mark.spark
 def test_rebuild_reproduces_the_catalog_from_parquet_alone(store):
-    write(store, rfc_events()[:3], rfc_events()[3:] + [
-        {"op": "rename_table", "t": 6, "table_uuid": "tbl-rfc", "new_name": "renamed"}])
+    write(store, example_events()[:3], example_events()[3:] + [
+        {"op": "rename_table", "t": 6, "table_uuid": "tbl-example", "new_name": "renamed"}])
     store.compact()
-    write(store, [{"op": "insert", "t": 7, "table_uuid": "tbl-rfc", "key": 9, "values": {"col1": "x"}}])
+    write(store, [{"op": "insert", "t": 7, "table_uuid": "tbl-example", "key": 9, "values": {"col1": "x"}}])
     with pytest.raises(Crash):
         store.compact(on_step=lambda step: (_ for _ in ()).throw(Crash()) if step == "files_written" else None)
     original = store.catalog_state()

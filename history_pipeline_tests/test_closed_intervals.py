@@ -1,4 +1,4 @@
-"""Closed intervals (issue 13): once snapshot S' exists, the files of [S, S') carry ``superseded_at``
+"""Closed intervals: once snapshot S' exists, the files of [S, S') carry ``superseded_at``
 and a read as of T in [S, S') is filtered scans, no join. Each test asserts the filter path is the
 one taken (on the selection and the SQL, not on timing) and that every answer equals the model at
 every T, also after merge, erasure, retention and a catalog rebuild; where a file loses its mark the

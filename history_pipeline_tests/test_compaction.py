@@ -1,4 +1,4 @@
-"""Compaction: the RFC's worked examples, every handler, quarantine, crash recovery, and a
+"""Compaction: worked examples of every operation, every handler, quarantine, crash recovery, and a
 property test of the Reconstruction Invariant against an independent in-memory model."""
 
 from __future__ import annotations
@@ -35,10 +35,10 @@ def supertable_rows(store, table_uuid):
     return sorted(rows, key=lambda r: (r["logical_timestamp"], r["synthetic_key"]))
 
 
-T1 = "tbl-rfc"
+T1 = "tbl-example"
 
 
-def rfc_events():
+def example_events():
     col = {"column_uuid": "col1", "column_name": "column1", "data_type": "TEXT"}
     return [
         {"op": "create_table", "t": 1, "table_uuid": T1, "table_name": "my_table", "columns": [col]},
@@ -50,9 +50,9 @@ def rfc_events():
 
 
 @pytest.mark.spark
-def test_rfc_supertable_states(tmp_path):
-    store = HistoryStore.open(tmp_path, database="rfc")
-    write(store, rfc_events())
+def test_worked_example_supertable_states(tmp_path):
+    store = HistoryStore.open(tmp_path, database="example")
+    write(store, example_events())
     store.compact()
     rows = [
         (r["synthetic_key"], r["col1-1"], r["is_deleted"], r["logical_timestamp"])
@@ -70,8 +70,8 @@ def test_rfc_supertable_states(tmp_path):
 
 
 @pytest.mark.spark
-def test_rfc_schema_history_states(tmp_path):
-    store = HistoryStore.open(tmp_path, database="rfc")
+def test_worked_example_schema_history_states(tmp_path):
+    store = HistoryStore.open(tmp_path, database="example")
     col1 = {"column_uuid": "u1", "column_name": "column1", "data_type": "BIGINT"}
     col2 = {"column_uuid": "u2", "column_name": "column2", "data_type": "TEXT"}
     write(
@@ -119,7 +119,7 @@ def test_rfc_schema_history_states(tmp_path):
 @pytest.mark.spark
 def test_rename_table_writes_two_entries_and_names_resolve_by_time(tmp_path):
     store = HistoryStore.open(tmp_path, database="db")
-    write(store, rfc_events() + [{"op": "rename_table", "t": 6, "table_uuid": T1, "new_name": "renamed"}])
+    write(store, example_events() + [{"op": "rename_table", "t": 6, "table_uuid": T1, "new_name": "renamed"}])
     store.compact()
     entries = [e for e in store.catalog_state().schema_history if e.logical_timestamp == 6]
     assert [(e.table_name, e.descriptor is None) for e in entries] == [("my_table", True), ("renamed", False)]
@@ -132,7 +132,7 @@ def test_rename_table_writes_two_entries_and_names_resolve_by_time(tmp_path):
 @pytest.mark.spark
 def test_same_key_same_t_consolidates(tmp_path):
     store = HistoryStore.open(tmp_path, database="db")
-    events = rfc_events()[:1] + [
+    events = example_events()[:1] + [
         {"op": "insert", "t": 2, "table_uuid": T1, "key": 7, "values": {"col1": "a"}},
         {"op": "update", "t": 2, "table_uuid": T1, "key": 7, "values": {"col1": "b"}},
         {"op": "insert", "t": 2, "table_uuid": T1, "key": 8, "values": {"col1": "x"}},
@@ -146,7 +146,7 @@ def test_same_key_same_t_consolidates(tmp_path):
 
 def test_compaction_on_spark_matches_and_applies_once(tmp_path, spark):
     store = HistoryStore.open(tmp_path, database="db")
-    write(store, rfc_events()[:3], rfc_events()[3:])
+    write(store, example_events()[:3], example_events()[3:])
     summary = store.compact(spark=spark)
     assert summary.segments_applied == [1, 2] and summary.versions_written == 4 and summary.frontier == 5
     assert store.compact(spark=spark).segments_applied == []
@@ -171,8 +171,8 @@ def test_compaction_on_spark_matches_and_applies_once(tmp_path, spark):
 def test_bad_segment_is_quarantined_and_nothing_is_lost(tmp_path, bad, fragment):
     store = HistoryStore.open(tmp_path, database="db")
     good_later = [{"op": "insert", "t": 20, "table_uuid": T1, "key": 50, "values": {"col1": "later"}}]
-    write(store, rfc_events(), [{"op": "insert", "t": 8, "table_uuid": T1, "key": 3, "values": {"col1": "ok"}}, bad],
-          good_later)
+    write(store, example_events(),
+          [{"op": "insert", "t": 8, "table_uuid": T1, "key": 3, "values": {"col1": "ok"}}, bad], good_later)
     with pytest.raises(SegmentQuarantinedError, match=fragment) as info:
         store.compact()
     assert "segment 00000000000000000002, line 3" in str(info.value)
@@ -182,7 +182,7 @@ def test_bad_segment_is_quarantined_and_nothing_is_lost(tmp_path, bad, fragment)
         store.compact()  # the later segment waits behind the quarantined one
     assert [s.segment_id for s in store.segments(SegmentState.SEALED)] == [3]
     files_before = set(store.catalog_state().files)
-    assert all(f.startswith("rfc") is False for f in files_before)
+    assert all(f.startswith("example") is False for f in files_before)
 
 
 CRASH_STEPS = ["planned", "files_written", "schema_history_written", "committed"]
@@ -196,7 +196,7 @@ class Crash(Exception):
 @pytest.mark.parametrize("step", CRASH_STEPS)
 def test_crash_at_any_step_applies_exactly_once(tmp_path, step):
     store = HistoryStore.open(tmp_path, database="db")
-    write(store, rfc_events())
+    write(store, example_events())
 
     def crash(at):
         if at == step:
@@ -408,7 +408,7 @@ def test_tables_split_by_key_across_tasks_keep_the_invariant(tmp_path, spark, mo
 
 def test_corrupted_segment_is_quarantined_before_anything_is_applied(tmp_path):
     store = HistoryStore.open(tmp_path, database="db")
-    write(store, rfc_events()[:3], rfc_events()[3:])
+    write(store, example_events()[:3], example_events()[3:])
     second = store.segments(SegmentState.SEALED)[1]
     data = bytearray(second.path.read_bytes())
     data[data.index(b"value2_prime")] ^= 0x01  # one flipped bit

@@ -94,10 +94,10 @@ def test_type_changes_and_defaults_backfill_on_executors(tmp_path, spark):
 def test_seal_is_verified_streaming_before_spark_reads_the_segment(tmp_path, spark):
     from history_pipeline import SegmentQuarantinedError
     from history_pipeline.wal import SegmentState
-    from history_pipeline_tests.test_compaction import rfc_events
+    from history_pipeline_tests.test_compaction import example_events
 
     store = HistoryStore.open(tmp_path, database="db", settings=FRAMES)
-    write(store, rfc_events()[:3], rfc_events()[3:])
+    write(store, example_events()[:3], example_events()[3:])
     second = store.segments(SegmentState.SEALED)[1]
     data = bytearray(second.path.read_bytes())
     data[data.index(b"value2_prime")] ^= 0x01

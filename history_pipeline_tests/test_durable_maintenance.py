@@ -1,4 +1,4 @@
-"""Rebuild, load-back and verify after merge and retention: no silently wrong answer (issue 11).
+"""Rebuild, load-back and verify after merge and retention: no silently wrong answer.
 
 Each case here gave a wrong answer without any error before commit records: a rebuild
 that resurrected a deleted key, lost the purge point or adopted an uncommitted

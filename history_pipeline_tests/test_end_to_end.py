@@ -17,7 +17,7 @@ import pytest
 
 from history_pipeline import HistoryStore
 from history_pipeline.wal import SegmentState
-from history_pipeline_tests.test_compaction import rfc_events, write
+from history_pipeline_tests.test_compaction import example_events, write
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -91,7 +91,7 @@ def test_sealed_segment_becomes_queryable_through_the_daemon(dagster_dev):
     workdir, port = dagster_dev
     store = HistoryStore.open(workdir / "data", database="tenant_e2e")
     started = time.time()
-    write(store, rfc_events())
+    write(store, example_events())
     _wait(lambda: store.frontier == 5, 240, "the sensor's run to compact the segment")
     seal_to_queryable = time.time() - started
     assert store.load_table("my_table", 6).to_pylist() == [{"synthetic_key": 2, "column1": "value2_prime"}]
@@ -108,8 +108,8 @@ def test_sealed_segment_becomes_queryable_through_the_daemon(dagster_dev):
     print(f"seal to queryable through the daemon: {seal_to_queryable:.1f}s")
 
     # a segment the daemon quarantines, repaired by an operator, then applied by the daemon
-    write(store, [{"op": "delete", "t": 9, "table_uuid": "tbl-rfc", "key": 99},
-                  {"op": "insert", "t": 9, "table_uuid": "tbl-rfc", "key": 3, "values": {"col1": "three"}}])
+    write(store, [{"op": "delete", "t": 9, "table_uuid": "tbl-example", "key": 99},
+                  {"op": "insert", "t": 9, "table_uuid": "tbl-example", "key": 3, "values": {"col1": "three"}}])
     _wait(lambda: store.segments(SegmentState.QUARANTINED), 120, "the daemon to quarantine the bad segment")
     quarantined = store.segments(SegmentState.QUARANTINED)[0]
     fixed = workdir / "fixed.jsonl"

@@ -260,7 +260,7 @@ def norm(value: Any) -> Any:
 def _by_value(value: Any) -> Any:
     """``norm`` with NUMERICs compared by value: SQL sees an unconstrained NUMERIC as DECIMAL(p, s)
     with ``s`` the largest scale live at T, or as its exact text when wider than 38 digits
-    (docs/DECISIONS.md); the exact scale is checked by ``load_table`` and ``fetch_row``."""
+    (docs/decisions/0008-numeric-in-sql.md); the exact scale is checked by ``load_table`` and ``fetch_row``."""
     if isinstance(value, tuple) and value[:1] == ("decimal",):
         return ("decimal", str(Decimal(value[1]).normalize()))
     return value

@@ -1,4 +1,4 @@
-"""Erasure (issue 18): erased keys vanish from every answer, file and tier; nothing else changes.
+"""Erasure: erased keys vanish from every answer, file and tier; nothing else changes.
 
 The property runs random histories through compaction, merge and retention (with a cold
 tier), erases random keys of one table, and compares every query API at every answerable

@@ -114,10 +114,10 @@ def check(store, model, applied_events):
     assert store.verify() == []
 
 
+@pytest.mark.slow
 @settings(max_examples=EXAMPLES, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(seed=st.integers(0, 10_000), steps=st.lists(st.sampled_from(STEPS), min_size=3, max_size=8))
-# the orders that broke round 1 (a load-back after a merge, a rebuild after retention and load-back)
-@pytest.mark.slow
+# orders of operations that once gave wrong answers (a load-back after a merge, a rebuild after retention and load-back)
 @example(seed=7, steps=["compact", "compact", "retain", "compact", "merge", "load_back", "rebuild"])
 @example(seed=11, steps=["compact", "compact", "compact", "retain", "rebuild", "cleanup_now", "load_back", "rebuild"])
 @example(seed=5, steps=["compact", "compact", "crash_retain", "rebuild", "compact", "crash_merge", "rebuild",

@@ -1,7 +1,7 @@
 """Arrays as PostgreSQL has them: any T[] column holds rectangular arrays of any depth (up to 6).
 
-Round 1 took the number of [] in a declared type as binding and quarantined a segment
-holding a 2-D value in an INTEGER[] column, stopping the database's line.
+The number of [] in a declared type is not binding: a 2-D value in an INTEGER[] column is
+accepted, not a reason to quarantine its segment and stop the database's line.
 """
 
 from __future__ import annotations

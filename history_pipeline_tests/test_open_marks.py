@@ -1,4 +1,4 @@
-"""Marks of the open interval (issue 13): once enough versions above the newest snapshot are
+"""Marks of the open interval: once enough versions above the newest snapshot are
 unmarked, the snapshot's and those versions' files are rewritten with ``superseded_at`` as of the
 frontier. A read up to the marks is then a filter (a closed read); a later one takes the rows
 current at the marks and overlays the versions since. Each test asserts which read is taken (on

@@ -26,7 +26,7 @@ from history_pipeline.orchestration.sensors import finished_wal_segments_sensor
 from history_pipeline.store import HistoryStore
 from history_pipeline.wal import SegmentState
 from history_pipeline.wal.segments import release_segment
-from history_pipeline_tests.test_compaction import rfc_events, write
+from history_pipeline_tests.test_compaction import example_events, write
 
 
 def test_definitions_load_with_the_contract_names():
@@ -50,15 +50,15 @@ def resources(root, spark):
     return {"history": history_root(str(root)), "spark": SparkResource(master="local[2]")}
 
 
-def _sealed_rfc(root, database="db"):
+def _sealed_example(root, database="db"):
     store = HistoryStore.open(root, database=database)
-    events = rfc_events()
+    events = example_events()
     write(store, events[:3], events[3:])
     return store
 
 
 def test_materialize_a_segment_partition_on_spark(root, resources):
-    store = _sealed_rfc(root)
+    store = _sealed_example(root)
     instance = dg.DagsterInstance.ephemeral()
     instance.add_dynamic_partitions(segment_partitions.name, ["db.00000000000000000002", "db.00000000000000000001"])
     # exactly its partition's segment: the second is refused while the first is pending
@@ -92,7 +92,7 @@ def test_materialize_a_segment_partition_on_spark(root, resources):
 
 
 def test_supertables_schema_history_and_checks(root, resources):
-    store = _sealed_rfc(root)
+    store = _sealed_example(root)
     store.compact()
     result = dg.materialize(
         [supertables], resources=resources,
@@ -108,7 +108,7 @@ def test_supertables_schema_history_and_checks(root, resources):
     assert evaluations["frontier_lag_check"].passed
     assert evaluations["reconstruction_invariant_check"].passed
     assert evaluations["reconstruction_invariant_check"].metadata["states_checked"].value > 0
-    store.objects.delete(store.catalog_state().files_of("tbl-rfc")[0].path)
+    store.objects.delete(store.catalog_state().files_of("tbl-example")[0].path)
     broken = dg.materialize([supertables, catalog_verifies_check], resources=resources, raise_on_error=False)
     assert not {e.check_name: e for e in broken.get_asset_check_evaluations()}["catalog_verifies_check"].passed
 
@@ -140,8 +140,8 @@ class Daemon:
 
 @pytest.mark.spark
 def test_sensor_registers_partitions_and_requests_runs_in_order(root):
-    _sealed_rfc(root, "db_a")
-    _sealed_rfc(root, "db_b")
+    _sealed_example(root, "db_a")
+    _sealed_example(root, "db_b")
     daemon = Daemon(root)
     first = daemon.tick()
     keys = [r.partition_key for r in first.run_requests]
@@ -157,7 +157,7 @@ def test_sensor_registers_partitions_and_requests_runs_in_order(root):
     third = daemon.tick()  # db_a's segments left for applied/: their partitions stay, nothing to run
     assert third.run_requests == [] and third.dynamic_partitions_requests == []
     store_b = HistoryStore.open(root, database="db_b")
-    write(store_b, [{"op": "insert", "t": 9, "table_uuid": "tbl-rfc", "key": 5, "values": {"col1": "v"}}])
+    write(store_b, [{"op": "insert", "t": 9, "table_uuid": "tbl-example", "key": 5, "values": {"col1": "v"}}])
     fourth = daemon.tick()
     assert [r.partition_key for r in fourth.run_requests] == ["db_b.00000000000000000003"]
     # a fresh cursor (a reset sensor) requests every pending segment again; run keys dedup the launches
@@ -168,7 +168,7 @@ def test_sensor_registers_partitions_and_requests_runs_in_order(root):
 @pytest.mark.spark
 def test_quarantined_segment_is_retried_only_after_an_operator_releases_it(root):
     store = HistoryStore.open(root, database="db")
-    write(store, rfc_events(), [{"op": "delete", "t": 9, "table_uuid": "tbl-rfc", "key": 99}])
+    write(store, example_events(), [{"op": "delete", "t": 9, "table_uuid": "tbl-example", "key": 99}])
     daemon = Daemon(root)
     with pytest.raises(Exception, match="quarantined"):
         store.compact()
@@ -185,7 +185,7 @@ def test_quarantined_segment_is_retried_only_after_an_operator_releases_it(root)
 
 @pytest.mark.spark
 def test_schedules_evaluate_and_retention_job_runs(root):
-    store = _sealed_rfc(root)
+    store = _sealed_example(root)
     store.compact()
     for schedule in (retention_schedule, cold_tier_export_schedule, cleanup_schedule):
         result = schedule.evaluate_tick(dg.build_schedule_context(scheduled_execution_time=None))
@@ -202,7 +202,7 @@ def test_schedules_evaluate_and_retention_job_runs(root):
 
 def test_quarantined_segment_fails_its_run_with_the_error(root, resources):
     store = HistoryStore.open(root, database="db")
-    write(store, rfc_events(), [{"op": "delete", "t": 9, "table_uuid": "tbl-rfc", "key": 99}])
+    write(store, example_events(), [{"op": "delete", "t": 9, "table_uuid": "tbl-example", "key": 99}])
     instance = dg.DagsterInstance.ephemeral()
     instance.add_dynamic_partitions(segment_partitions.name, ["db.00000000000000000001", "db.00000000000000000002"])
     result = dg.materialize([compacted_batches], resources=resources, instance=instance,
@@ -241,8 +241,8 @@ def _fix_delete(store):
 
 def test_sensor_reports_quarantine_waits_behind_it_and_runs_the_repaired_segment(root, resources):
     store = HistoryStore.open(root, database="db")
-    write(store, rfc_events(), [{"op": "delete", "t": 9, "table_uuid": "tbl-rfc", "key": 99}],
-          [{"op": "insert", "t": 10, "table_uuid": "tbl-rfc", "key": 7, "values": {"col1": "x"}}])
+    write(store, example_events(), [{"op": "delete", "t": 9, "table_uuid": "tbl-example", "key": 99}],
+          [{"op": "insert", "t": 10, "table_uuid": "tbl-example", "key": 7, "values": {"col1": "x"}}])
     with pytest.raises(Exception, match="quarantined"):
         store.compact(spark=False)
     daemon = Daemon(root)
@@ -273,8 +273,8 @@ def test_sensor_reports_quarantine_waits_behind_it_and_runs_the_repaired_segment
 def test_sensor_removes_partitions_of_segments_gone_from_the_wal(root):
     import shutil
 
-    _sealed_rfc(root, "db_a")
-    _sealed_rfc(root, "db_b")
+    _sealed_example(root, "db_a")
+    _sealed_example(root, "db_b")
     daemon = Daemon(root)
     daemon.tick()
     shutil.rmtree(root / "db_b")  # a database removed from the root
@@ -286,7 +286,7 @@ def test_sensor_removes_partitions_of_segments_gone_from_the_wal(root):
 
 
 def test_an_edited_segment_is_quarantined_by_dagster_as_by_the_cli(root, resources):
-    store = _sealed_rfc(root)
+    store = _sealed_example(root)
     sealed = store.segments(SegmentState.SEALED)[0]
     sealed.path.write_text(sealed.path.read_text().replace("my_table", "my_tabel"))  # breaks the seal
     assert any("unverifiable segment" in str(p) for p in store.verify())
@@ -307,7 +307,7 @@ def test_supertables_job_runs_its_checks_with_readable_metadata(root, resources)
     from history_pipeline.orchestration.assets import schema_history
     from history_pipeline.orchestration.schedules import supertables_job, supertables_schedule
 
-    store = _sealed_rfc(root)
+    store = _sealed_example(root)
     store.compact(spark=False)
     local = dg.Definitions(
         assets=[supertables, schema_history],

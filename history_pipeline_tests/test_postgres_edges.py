@@ -280,7 +280,7 @@ EDGE_TYPES = {c: ty for c, ty, _ in EDGES}
 
 def _edge_history() -> list[dict]:
     """Inserts of edge values, an update of a subset (some to NULL), a delete and re-insert of one key,
-    several changes of one key at one t, a delete; each event's t as DESIGN.md orders them."""
+    several changes of one key at one t, a delete; each event's t as docs/wal-format.md orders them."""
     width = max(len(v) for _, _, v in EDGES)
     row = lambda k: {c: v[k % len(v)] for c, _, v in EDGES}  # noqa: E731
     events = [{"op": "create_table", "t": 0, "table_uuid": "E", "table_name": "edges",
@@ -333,7 +333,7 @@ def test_edge_values_read_back_as_postgresql_at_every_timestamp(tmp_path, pg, en
                 _assert_rows({key: _ours(row, EDGE_TYPES)}, {key: expected[key]}, (as_of, "fetch_row"))
         scalar = [c for c, ty in EDGE_TYPES.items() if parse_data_type(ty).kind not in (TypeKind.INTERVAL,)]
         selected = store.sql(f"SELECT synthetic_key, {', '.join(scalar)} FROM edges", as_of).to_pylist()
-        for r in selected:  # NUMERIC beyond 38 digits is its exact text in SQL (DECISIONS.md, NUMERIC)
+        for r in selected:  # NUMERIC beyond 38 digits is its exact text in SQL (docs/decisions/0008-numeric-in-sql.md)
             r.update({c: Decimal(r[c]) for c in ("n", "n50") if isinstance(r[c], str)})
         _assert_rows({r.pop("synthetic_key"): r for r in selected}, {k: {c: v[c] for c in scalar}
                                                                      for k, v in expected.items()}, (as_of, "sql"))
@@ -388,7 +388,7 @@ def test_interval_micros_beyond_arrow_nanoseconds_read_back_by_sql_as_postgresql
     assert _interval_text(store.sql("SELECT iv FROM iv", 2).column("iv")[0].as_py()) == expected
 
 
-@pytest.mark.xfail(strict=True, reason="DECISIONS.md (NUMERIC): SQL sees a NUMERIC whose live values exceed "
+@pytest.mark.xfail(strict=True, reason="(docs/decisions/0008-numeric-in-sql.md) SQL sees a NUMERIC whose values exceed "
                    "DECIMAL(38) as its exact text, so ORDER BY, min and max compare text ('9' > '10') where "
                    "PostgreSQL compares numbers; no DuckDB type holds such values exactly")
 def test_wide_numeric_orders_as_postgresql_in_sql(tmp_path, pg):
@@ -443,8 +443,8 @@ def _sql_history() -> list[dict]:
     return events
 
 
-#: queries PostgreSQL and DuckDB read alike (DECISIONS.md: DuckDB's dialect, with PostgreSQL's integer
-#: division and NULL ordering); text order is C.UTF-8's, the collation of the oracle server
+#: queries PostgreSQL and DuckDB read alike (docs/decisions/0009-sql-dialect.md: DuckDB's dialect,
+#: with PostgreSQL's integer division and NULL ordering); text order is C.UTF-8's, the collation of the oracle server
 QUERIES = [
     "SELECT note FROM orders ORDER BY note, synthetic_key",
     "SELECT note FROM orders ORDER BY note DESC, synthetic_key",
@@ -454,7 +454,7 @@ QUERIES = [
     "SELECT cust FROM orders ORDER BY cust DESC, synthetic_key",
     "SELECT cust, sum(i) AS s FROM orders GROUP BY cust HAVING count(*) > 2 ORDER BY cust NULLS FIRST",
     "SELECT i / 2 AS q, i % 2 AS m, -i / 2 AS nq FROM orders ORDER BY synthetic_key",
-    "SELECT sum(big) AS s, sum(i) AS si, max(big) AS mx, count(*) AS n FROM orders",  # avg: DECISIONS.md, AVG
+    "SELECT sum(big) AS s, sum(i) AS si, max(big) AS mx, count(*) AS n FROM orders",  # avg: see 0009-sql-dialect
     "SELECT sum(w) AS s, min(w) AS lo, max(w) AS hi, count(w) AS n FROM orders",
     "SELECT sum(amount) AS s, sum(amount) FILTER (WHERE cust IS NULL) AS sn FROM orders",
     "SELECT d, count(*) AS n FROM orders GROUP BY d ORDER BY d",

@@ -213,7 +213,7 @@ def test_schema_changes_renames_and_drops_answer_as_locally(server, stores):
                     local.sql("SELECT * FROM _history_catalog.schema_history ORDER BY logical_timestamp", end))
 
 
-def test_the_rfc_messages_carry_column_uuids(server, stores):
+def test_the_messages_carry_column_uuids(server, stores):
     local = stores["a"]
     end = local.frontier + 1
     orders = next(d for d in local.get_catalog(end) if d.table_name == "orders")

@@ -1,4 +1,4 @@
-"""Snapshots written in pieces over key ranges (issue 12): each piece is a task that reads only its
+"""Snapshots written in pieces over key ranges: each piece is a task that reads only its
 range's rows, the driver commits them all. A table whose snapshots are split into several pieces
 answers exactly as the model at every T, and as the same history snapshotted in one piece; every
 maintenance operation copes with a snapshot of several files; the same task functions run on Spark

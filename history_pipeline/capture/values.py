@@ -199,7 +199,7 @@ def wal_value(data_type: str, text: str | None) -> Any:
     if text is None:
         return None
     if data_type.endswith("[]"):
-        # a T[] column holds arrays of any depth, in PostgreSQL and in the contract (DECISIONS, Arrays)
+        # a T[] column holds arrays of any depth, in PostgreSQL and in the WAL format (docs/wal-format.md)
         element = data_type.rstrip("[]")
         return _map_nested(parse_array(text), lambda item: wal_value(element, item))
     return _PARSERS[_base_name(data_type)](text)

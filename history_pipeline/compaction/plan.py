@@ -2,7 +2,7 @@
 becomes supertable versions.
 
 ``plan_segment`` walks the segment in order on the driver: it applies every
-schema change to the schema history (RFC handlers) and checks each row
+schema change to the schema history (the schema handlers of ``schema.py``) and checks each row
 mutation against the schema in force at its timestamp (table, columns, value
 types, nullability), mapping column uuids to supercolumns.
 
@@ -12,7 +12,7 @@ image forward and applies the change, delete writes ``is_deleted``; several
 mutations of one key at one timestamp consolidate into one version. A
 column added with a default, or a type change, gives every live row a value
 for the new supercolumn: the fold writes those images as a *snapshot* of the
-table as of ``t + 1`` (the RFC's in-place update, done copy-on-write).
+table as of ``t + 1`` (an in-place update, done copy-on-write).
 """
 
 from __future__ import annotations

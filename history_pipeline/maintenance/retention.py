@@ -1,6 +1,6 @@
 """Retention to a purge timestamp, with the purged history kept in a cold tier for load-back.
 
-The RFC's rule: delete every version older than ``t_purge`` except the newest
+The rule: delete every version older than ``t_purge`` except the newest
 version of each key as of ``t_purge``, and drop that one too if it is a delete.
 Every answer for ``T >= t_purge`` stays identical; queries below fail with an
 error naming the earliest answerable T. Schema history is kept.

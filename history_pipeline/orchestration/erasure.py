@@ -1,4 +1,4 @@
-"""The erasure job: forget keys of one table on request (issue 18); the store does the work."""
+"""The erasure job: forget keys of one table on request (right to erasure); the store does the work."""
 
 import dagster as dg
 

@@ -1,4 +1,4 @@
-"""The query operations of DESIGN.md section 5, over one catalog state.
+"""The query operations of ``HistoryStore`` (as of T), over one catalog state.
 
 Every operation resolves names and schemas as of ``T`` from the schema
 history, checks ``T`` against the frontier (``T <= frontier + 1``) and the

@@ -74,7 +74,7 @@ class HistoryClient:
             headers=[(b"authorization", b"Bearer " + token.encode("utf-8"))], timeout=timeout
         )
 
-    # --- the RFC's messages ------------------------------------------------------------
+    # --- the service's messages --------------------------------------------------------
 
     def call(self, request: p.Request) -> pa.Table:
         """Send one request message; its answer as an Arrow table (all batches read)."""
@@ -97,15 +97,15 @@ class HistoryClient:
             raise _as_history_error(exc) from None
 
     def fetch_row_response(self, request: p.FetchRowRequest) -> p.FetchRowResponse:
-        """The RFC's FetchRow."""
+        """FetchRow: one row as of T, or None."""
         return p.fetch_row_from_arrow(self.call(request))
 
     def load_table_response(self, request: p.LoadTableRequest) -> p.LoadTableResponse:
-        """The RFC's LoadTable."""
+        """LoadTable: a whole table as of T."""
         return p.load_table_from_arrow(self.call(request))
 
     def get_catalog_response(self, request: p.GetCatalogRequest) -> p.GetCatalogResponse:
-        """The RFC's GetCatalog."""
+        """GetCatalog: the table descriptors as of T."""
         return p.catalog_from_arrow(self.call(request))
 
     # --- HistoryStore's query side ----------------------------------------------------------

@@ -1,16 +1,16 @@
-"""The HistoryService messages (the RFC's FetchRow, LoadTable, GetCatalog, plus Sql, RowHistory,
+"""The HistoryService messages (FetchRow, LoadTable, GetCatalog, plus Sql, RowHistory,
 Diff and Status) and their Arrow forms.
 
 A request travels as a Flight ticket: JSON ``{"op": ..., <the message's fields>}``. Every answer
 travels as an Arrow stream:
 
 - ``LoadTable`` and ``Sql``: the result table itself, in record batches. For ``LoadTable`` each
-  column's field metadata carries its ``column_uuid`` (the RFC's ``column_uuid_mapping``).
+  column's field metadata carries its ``column_uuid`` (the ``column_uuid_mapping`` of the answer).
 - ``FetchRow``: one row (none when the key is not live) whose fields are the table's columns as
   of the query timestamp, typed as stored (extension types as their storage), with
   ``column_uuid`` and ``data_type`` in their metadata; the schema metadata says whether the row
   was ``found``.
-- ``GetCatalog``: one row per table (uuid, name, the descriptor as the RFC's JSON).
+- ``GetCatalog``: one row per table (uuid, name, the descriptor as JSON).
 - ``RowHistory`` and ``Diff``: one row per version or per changed key; the row values, whose
   columns and types vary between versions, as a JSON text that tags every non-JSON value
   (:func:`encode_value` / :func:`decode_value`).
@@ -52,7 +52,7 @@ def _check_str(message: str, name: str, value: Any) -> None:
 
 @dataclass(frozen=True)
 class FetchRowRequest:
-    """The RFC's FetchRowRequest. ``table_uuid`` also accepts the table's name as of the timestamp."""
+    """A FetchRow request. ``table_uuid`` also accepts the table's name as of the timestamp."""
 
     table_uuid: str
     synthetic_key: int
@@ -66,7 +66,7 @@ class FetchRowRequest:
 
 @dataclass(frozen=True)
 class LoadTableRequest:
-    """The RFC's LoadTableRequest. ``table_uuid`` also accepts the table's name as of the timestamp."""
+    """A LoadTable request. ``table_uuid`` also accepts the table's name as of the timestamp."""
 
     table_uuid: str
     query_timestamp: int
@@ -84,7 +84,7 @@ class LoadTableRequest:
 
 @dataclass(frozen=True)
 class GetCatalogRequest:
-    """The RFC's GetCatalogRequest."""
+    """A GetCatalog request."""
 
     query_timestamp: int
 
@@ -258,7 +258,7 @@ def _from_json_or_null(text: str | None) -> Any:
 
 @dataclass(frozen=True)
 class FetchRowResponse:
-    """The RFC's FetchRowResponse; ``values`` is None when no live row has the key."""
+    """A FetchRow answer; ``values`` is None when no live row has the key."""
 
     column_uuid_mapping: tuple[str, ...]
     column_names: tuple[str, ...]
@@ -273,7 +273,7 @@ class FetchRowResponse:
 
 @dataclass(frozen=True)
 class LoadTableResponse:
-    """The RFC's LoadTableResponse: the column uuids in order and the values as an Arrow table."""
+    """A LoadTable answer: the column uuids in order and the values as an Arrow table."""
 
     column_uuid_mapping: tuple[str, ...]
     table: pa.Table
@@ -281,7 +281,7 @@ class LoadTableResponse:
 
 @dataclass(frozen=True)
 class GetCatalogResponse:
-    """The RFC's GetCatalogResponse."""
+    """A GetCatalog answer."""
 
     table_descriptors: tuple[TableDescriptor, ...]
 
@@ -368,7 +368,7 @@ def load_table_from_arrow(table: pa.Table) -> LoadTableResponse:
 
 
 def catalog_to_arrow(descriptors: Sequence[TableDescriptor]) -> pa.Table:
-    """Table descriptors as rows: uuid, name and the descriptor in the RFC's JSON form."""
+    """Table descriptors as rows: uuid, name and the descriptor in its JSON form."""
     return pa.table(
         {
             "table_uuid": pa.array([d.table_uuid for d in descriptors], pa.string()),

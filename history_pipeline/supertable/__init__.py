@@ -47,11 +47,11 @@ CLOSED_LAYOUT = 4
 CLOSED_BUCKETS = 8
 #: a bucket of superseded rows is cut again into about this many cells by t, so that a read as of T
 #: early in an interval skips the rows of later buckets written after T too. With snapshots twice the
-#: live rows apart (the default since session 21) an interval's versions are twice its answer, and
+#: live rows apart (the default) an interval's versions are twice its answer, and
 #: in one file per interval the (bucket, cell) grid is fine enough: simulated on a real interval at
 #: 10M versions, rows decoded per row current 2.58 / 2.38 / 1.74x at 5 % / 20 % / 50 % into it
-#: without cells in 1M-row pieces, 1.45 / 1.38 / 1.25x with 8 cells in one file (docs/DECISIONS.md,
-#: "Session 21"); layouts 2 and 3 had none
+#: without cells in 1M-row pieces, 1.45 / 1.38 / 1.25x with 8 cells in one file
+#: (docs/decisions/0006-closed-interval-layout.md); layouts 2 and 3 had none
 CLOSED_TIME_BUCKETS = 8
 #: data page size of a closed-layout file: a key lookup by DuckDB (``row_history``) skips the pages of
 #: a row group holding none of the key's rows, which pays for the page headers (+0.5-0.7% bytes)
@@ -224,7 +224,7 @@ class WrittenFile:
 
 #: columns written with DELTA_BINARY_PACKED instead of a dictionary: in a file sorted by (key, t)
 #: the keys ascend (deltas of a few bits, where a dictionary stores every distinct key once more)
-#: and a key's timestamps ascend; see docs/DECISIONS.md (storage). ``superseded_at`` too: a
+#: and a key's timestamps ascend; see docs/format.md (version files). ``superseded_at`` too: a
 #: closed file's first row group (the sample deciding dictionaries) may hold only NULLs, and a
 #: dictionary of the later row groups' nearly distinct times cost more than the column itself
 DELTA_COLUMNS = (KEY, LT, SUPERSEDED)
