@@ -20,7 +20,7 @@ import pyarrow as pa
 
 from history_pipeline.capture.cli import register_capture
 from history_pipeline.errors import HistoryError, InputFileError
-from history_pipeline.lsn import as_of_argument
+from history_pipeline.lsn import as_of_argument, format_lsn
 from history_pipeline.service.cli import register_serve
 from history_pipeline.store import HistoryStore
 from history_pipeline.types import interval_storage
@@ -36,6 +36,31 @@ SUMMARY_FORMATS = ["text", "json"]
 def _store(args: argparse.Namespace, create: bool = False) -> HistoryStore:
     """The store of ``--root``/``--database``: readers need it to exist, writers create it."""
     return HistoryStore.open(args.root, database=args.database, create=create)
+
+
+def _captured(store: HistoryStore) -> bool:
+    """A database captured from PostgreSQL (its capture state lies beside the WAL): its timestamps are LSNs."""
+    folder = store.wal_dir / "capture"
+    return folder.is_dir() and any(folder.glob("*.json"))
+
+
+def _t(store: HistoryStore, value: int | None, captured: bool | None = None) -> str:
+    """A logical timestamp as its database's users write it: ``X/Y`` for a captured database."""
+    if value is None:
+        return "none"
+    if (captured if captured is not None else _captured(store)) and 0 <= value < 2**64:
+        return format_lsn(value)
+    return str(value)
+
+
+_TIMESTAMP_IN_MESSAGE = re.compile(
+    r"(as_of[= ]|as of |frontier (?:is )?|earliest answerable as_of is |earliest |<= |history before )(\d+)")
+
+
+def _lsns_in(message: str) -> str:
+    """An error about a captured database with each timestamp it names also in ``X/Y`` form."""
+    return _TIMESTAMP_IN_MESSAGE.sub(lambda m: f"{m.group(1)}{m.group(2)} ({format_lsn(int(m.group(2)))})"
+                                     if int(m.group(2)) < 2**64 else m.group(0), message)
 
 
 def _as_of(store: HistoryStore, value: int | None) -> int:
@@ -284,11 +309,12 @@ def cmd_row_history(args: argparse.Namespace) -> int:
 
 
 def cmd_diff(args: argparse.Namespace) -> int:
-    diff = _store(args).diff(args.table, from_=args.from_, to=args.to)
+    store = _store(args)
+    diff = store.diff(args.table, from_=args.from_, to=args.to)
     counts = {kind: len(diff[kind]) for kind in ("inserted", "deleted", "changed")}
     summary = (
         f"{counts['inserted']} inserted, {counts['deleted']} deleted, {counts['changed']} changed "
-        f"in {args.table} between as_of {args.from_} and {args.to}"
+        f"in {args.table} between as_of {_t(store, args.from_)} and {_t(store, args.to)}"
     )
     if args.format == "json":
         print(json.dumps({**diff, "summary": counts}, default=str, indent=2))
@@ -337,10 +363,20 @@ def status_of(store: HistoryStore) -> dict[str, Any]:
 
 
 def cmd_status(args: argparse.Namespace) -> int:
-    status = status_of(_store(args))
+    store = _store(args)
+    status = status_of(store)
+    captured = _captured(store)
     if args.format == "json":
+        if captured:
+            status["timestamps"] = "lsn"  # the integers are LSNs; X/Y forms beside them
+            status |= {f"{k}_lsn": _t(store, status[k], True) for k in ("frontier", "earliest")}
         print(json.dumps(status, indent=2, default=str))
         return 0
+    if captured:
+        status["frontier"] = _t(store, status["frontier"], True)
+        status["earliest"] = _t(store, status["earliest"], True)
+        status["answerable_as_of"] = (f"[{_t(store, store.earliest, True)}, "
+                                      f"{_t(store, store.frontier + 1, True)}]")
     for key, value in status.items():
         if key == "quarantined_segments":
             value = "none" if not value else "; ".join(f"{q['segment']}: {q['error']}" for q in value)
@@ -359,7 +395,9 @@ def cmd_frontier(args: argparse.Namespace) -> int:
 
 
 def cmd_history(args: argparse.Namespace) -> int:
-    commits = _store(args).history(limit=args.limit)
+    store = _store(args)
+    commits = store.history(limit=args.limit)
+    captured = _captured(store)
     table = pa.table(
         {
             "version": pa.array([c.txn_id for c in commits], pa.int64()),
@@ -368,7 +406,8 @@ def cmd_history(args: argparse.Namespace) -> int:
             "files_added": pa.array([c.files_added for c in commits], pa.int64()),
             "files_removed": pa.array([c.files_removed for c in commits], pa.int64()),
             "rows_added": pa.array([c.rows_added for c in commits], pa.int64()),
-            "frontier": pa.array([c.frontier for c in commits], pa.int64()),
+            "frontier": (pa.array([_t(store, c.frontier, True) for c in commits], pa.string()) if captured
+                         else pa.array([c.frontier for c in commits], pa.int64())),
         }
     )
     _print_table(table, args.format)
@@ -843,6 +882,14 @@ def _one_line(exc: BaseException | str) -> str:
     return " ".join(str(exc).split())
 
 
+def _names_a_captured_database(args: argparse.Namespace) -> bool:
+    """Whether the command's database exists and was captured (never raises: it only shapes a message)."""
+    try:
+        return _captured(HistoryStore.open(args.root, database=args.database))
+    except Exception:
+        return False
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Run one command; every error a user can cause is one line on stderr and exit code 1."""
     parser = build_parser()
@@ -859,6 +906,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             raise
         if isinstance(exc, HistoryError):
             message = _one_line(exc)
+            if _names_a_captured_database(args):
+                message = _lsns_in(message)
         elif isinstance(exc, OSError):
             where = f" ({exc.filename})" if getattr(exc, "filename", None) else ""
             message = f"{exc.strerror or _one_line(exc)}{where}"

@@ -12,6 +12,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
+from history_pipeline import HistoryStore
 from history_pipeline_tests.cli_support import SCRIPT, run_command
 
 
@@ -355,3 +356,25 @@ def test_commands_print_for_a_person_and_json_on_request(tmp_path):
     piped = run(tmp_path, "shell", stdin="SELECT 1 AS one;\nSELECT nope;\nSELECT 2 AS two;\n")
     assert piped.returncode == 1 and "two" in piped.stdout and piped.stderr.count("error:") == 1
     assert run(tmp_path, "shell", stdin="SELECT 1 AS one;\n").returncode == 0
+
+
+def test_a_captured_database_shows_its_timestamps_as_lsns(tmp_path):
+    base = (0x16 << 32) | 0xB374D800  # LSN 16/B374D800: a captured database's t are commit LSNs
+    events = [dict(e, t=base + e["t"]) for e in EVENTS]
+    run(tmp_path, "append", "--seal", stdin="\n".join(json.dumps(e) for e in events) + "\n")
+    run(tmp_path, "compact", "--in-process")
+    plain = run(tmp_path, "status").stdout
+    assert f"frontier:              {base + 3}" in plain  # not captured: integers
+    store = HistoryStore.open(tmp_path, database="db")
+    (store.wal_dir / "capture").mkdir()
+    (store.wal_dir / "capture" / "history_capture.json").write_text("{}")
+
+    status = run(tmp_path, "status").stdout
+    assert "frontier:              16/B374D803" in status and "[0/0, 16/B374D804]" in status
+    assert json.loads(run(tmp_path, "status", "--format", "json").stdout)["frontier_lsn"] == "16/B374D803"
+    history = run(tmp_path, "history", "--format", "json").stdout.splitlines()
+    assert json.loads(history[0])["frontier"] == "16/B374D803"
+    diff = run(tmp_path, "diff", "orders", "--from", "16/B374D803", "--to", "16/B374D804").stdout
+    assert diff.splitlines()[-1].endswith("between as_of 16/B374D803 and 16/B374D804")
+    beyond = run(tmp_path, "sql", "SELECT 1", "--as-of", "16/B374D900")
+    assert beyond.returncode == 1 and "(16/B374D900)" in beyond.stderr and "(16/B374D803)" in beyond.stderr
