@@ -8,10 +8,12 @@ anything: on a database that does not exist they say so and list the databases f
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
+import os
 import re
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -298,11 +300,10 @@ def cmd_tables(args: argparse.Namespace) -> int:
 def cmd_row_history(args: argparse.Namespace) -> int:
     store = _store(args)
     versions = store.row_history(args.table, args.key)
-    if not versions:
-        raise HistoryError(
-            f"key {args.key} of table {args.table} has no version in the retained history of {store.database} "
-            f"(frontier {store.frontier}, earliest {store.earliest}); check the key"
-        )
+    if not versions:  # the API's answer too: no versions (a note for the person reading)
+        print(f"(key {args.key} of table {args.table} has no version in the retained history of "
+              f"{store.database}: frontier {_t(store, store.frontier)}, earliest {_t(store, store.earliest)})",
+              file=sys.stderr)
     for version in versions:
         print(json.dumps(version, default=str))
     return 0
@@ -890,10 +891,60 @@ def _names_a_captured_database(args: argparse.Namespace) -> bool:
         return False
 
 
+#: the commands that may start a local Spark session (a JVM whose output is set aside)
+ENGINE_COMMANDS = frozenset({"compact", "merge", "snapshots", "retain", "erase", "ttl", "export", "load-cold-tier",
+                             "cleanup", "rebuild-catalog", "demo"})
+
+
+@contextlib.contextmanager
+def _engine_output_aside(debug: bool) -> Iterator[Path | None]:
+    """Keep what a local Spark JVM writes (its log lines, stage bars) off the terminal unless --debug.
+
+    Processes started meanwhile inherit file descriptor 2, so it points at a temporary log file while
+    Python's own ``sys.stderr`` (progress bars, errors) keeps the terminal. The log is removed when the
+    command succeeds and named when it fails."""
+    try:
+        original = sys.stderr.fileno()
+    except (AttributeError, OSError, ValueError):  # stderr is not a file (in-process callers): nothing to set aside
+        original = None
+    if debug or original is None:
+        yield None
+        return
+    import tempfile
+
+    log_fd, log_name = tempfile.mkstemp(prefix="history-pipeline-engine-", suffix=".log")
+    saved = os.dup(original)
+    python_stderr = sys.stderr
+    sys.stderr.flush()
+    os.dup2(log_fd, original)
+    sys.stderr = os.fdopen(os.dup(saved), "w", buffering=1, encoding=python_stderr.encoding, errors="replace")
+    try:
+        yield Path(log_name)
+    finally:
+        sys.stderr.flush()
+        sys.stderr.close()
+        os.dup2(saved, original)
+        os.close(saved)
+        os.close(log_fd)
+        sys.stderr = python_stderr
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Run one command; every error a user can cause is one line on stderr and exit code 1."""
     parser = build_parser()
     args = parser.parse_args(argv)
+    with _engine_output_aside(args.debug or args.command not in ENGINE_COMMANDS) as engine_log:
+        code = _run(args)
+    if engine_log is not None and code == 0:
+        engine_log.unlink(missing_ok=True)
+    elif engine_log is not None and engine_log.exists() and engine_log.stat().st_size == 0:
+        engine_log.unlink()
+    elif engine_log is not None:
+        print(f"(the engine's own output is in {engine_log})", file=sys.stderr)
+    return code
+
+
+def _run(args: argparse.Namespace) -> int:
     try:
         return args.func(args)
     except KeyboardInterrupt:

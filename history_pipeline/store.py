@@ -461,9 +461,9 @@ class HistoryStore:
         with _reading_files():
             return self.query_context().fetch_row(table, key, to_timestamp(as_of))
 
-    def get_catalog(self, as_of: int | str) -> tuple[TableDescriptor, ...]:
-        """The table descriptors in force as of ``as_of``."""
-        return self.query_context().get_catalog(to_timestamp(as_of))
+    def get_catalog(self, as_of: int | str | None = None) -> tuple[TableDescriptor, ...]:
+        """The table descriptors in force as of ``as_of`` (omitted: the newest state, frontier + 1)."""
+        return self.query_context().get_catalog(self.frontier + 1 if as_of is None else to_timestamp(as_of))
 
     def sql(self, query: str, as_of: int | str) -> pa.Table:
         """Read-only SQL against the database as of ``as_of``: SELECT, and SHOW TABLES, DESCRIBE <table>,

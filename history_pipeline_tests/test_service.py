@@ -162,6 +162,8 @@ def test_every_type_comes_back_equal_to_the_local_api(server, stores):
     local = stores["b"]
     with connect(server.url, TOKEN_B) as remote:
         assert (remote.frontier, remote.earliest) == (local.frontier, local.earliest)
+        assert same(remote.get_catalog(), local.get_catalog())  # both default to the newest state
+        assert same(local.get_catalog(), local.get_catalog(local.frontier + 1))
         for as_of in range(0, local.frontier + 2):
             assert same(remote.get_catalog(as_of), local.get_catalog(as_of))
             if not local.get_catalog(as_of):

@@ -119,9 +119,10 @@ class HistoryClient:
         """One row as of ``as_of`` as {column name: value}, or None."""
         return self.fetch_row_response(p.FetchRowRequest(table, key, to_timestamp(as_of))).as_row()
 
-    def get_catalog(self, as_of: int | str) -> tuple[TableDescriptor, ...]:
-        """The table descriptors in force as of ``as_of``."""
-        return self.get_catalog_response(p.GetCatalogRequest(to_timestamp(as_of))).table_descriptors
+    def get_catalog(self, as_of: int | str | None = None) -> tuple[TableDescriptor, ...]:
+        """The table descriptors in force as of ``as_of`` (omitted: the newest state, frontier + 1)."""
+        as_of = self.frontier + 1 if as_of is None else to_timestamp(as_of)
+        return self.get_catalog_response(p.GetCatalogRequest(as_of)).table_descriptors
 
     def sql(self, query: str, as_of: int | str) -> pa.Table:
         """Read-only SQL against the database as of ``as_of`` (the server's sandbox)."""
