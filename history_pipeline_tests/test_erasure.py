@@ -471,3 +471,41 @@ def test_a_quarantine_reason_quoting_an_erased_value_is_redacted(tmp_path):
     reason = json.loads(reasons[0].read_text())
     assert "SECRET-XYZ" not in json.dumps(reason) and reason["line"] is None and "redacted" in reason["error"]
     assert not [p for p in tmp_path.rglob("*") if p.is_file() and b"SECRET-XYZ" in p.read_bytes()]
+
+
+def _quarantined_then_repaired(store, secret="SECRET-XYZ"):
+    """Key 1's value is not an integer: its segment is quarantined (the reason quotes the value),
+    then repaired with corrected events that keep key 1 (an audit copy keeps the original)."""
+    columns = [{"column_uuid": "v", "column_name": "v", "data_type": "INTEGER"}]
+    write(store, [
+        {"op": "create_table", "t": 1, "table_uuid": "T", "table_name": "t", "columns": columns},
+        {"op": "insert", "t": 2, "table_uuid": "T", "key": 1, "values": {"v": 1}},
+        {"op": "insert", "t": 2, "table_uuid": "T", "key": 2, "values": {"v": 2}},
+    ], [
+        {"op": "update", "t": 3, "table_uuid": "T", "key": 1, "values": {"v": secret}},  # not an integer
+    ])
+    with pytest.raises(HistoryError):
+        store.compact(spark=False)
+    [ref] = [r for r in store.segments() if r.state.value == "quarantined"]
+    fix = store.wal_dir.parent / "fix.jsonl"
+    fix.write_text(json.dumps({"op": "update", "t": 3, "table_uuid": "T", "key": 1, "values": {"v": 3}}) + "\n")
+    record = store.repair_segment(ref.segment_id, fix, reason="ticket 7: bad value from the app")
+    fix.unlink()
+    assert secret in (record.quarantine_error or "")
+    store.compact(spark=False)
+
+
+def test_an_erased_value_quoted_by_a_repaired_segments_audit_records_is_redacted(tmp_path):
+    store = HistoryStore.open(tmp_path, database="db")
+    _quarantined_then_repaired(store)
+    [audit] = [p for p in (store.wal_dir / "audit").iterdir()]
+    assert b"SECRET-XYZ" in (audit / "error.json").read_bytes()
+    assert b"SECRET-XYZ" in (audit / "repair.json").read_bytes()
+    store.erase("t", [1], requested_by="dpo", purge_now=True, spark=False)
+    store.cleanup(grace=timedelta(0))
+    assert not [p for p in tmp_path.rglob("*") if p.is_file() and b"SECRET-XYZ" in p.read_bytes()]
+    [repair] = store.repairs()
+    assert repair.quarantine_error is not None and "redacted" in repair.quarantine_error
+    assert repair.reason == "ticket 7: bad value from the app"  # the operator's words stay
+    assert json.loads((audit / "error.json").read_text())["line"] is None
+    assert store.load_table("t", store.frontier + 1).to_pylist() == [{"synthetic_key": 2, "v": 2}]
