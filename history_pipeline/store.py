@@ -29,7 +29,7 @@ from history_pipeline.errors import (
     SegmentQuarantinedError,
     StorageRootError,
 )
-from history_pipeline.io.store import ObjectStore, S3Options, open_store
+from history_pipeline.io.store import TEMPORARY_MIN_AGE_S, ObjectStore, S3Options, now, open_store, sweep_folder
 from history_pipeline.lsn import to_timestamp
 from history_pipeline.maintenance.erasure import (
     ErasureRequest,
@@ -516,12 +516,18 @@ class HistoryStore:
         return rebuild(self.catalog, self.objects, self.database)
 
     def cleanup(self, grace: timedelta = timedelta(hours=1)) -> GcReport:
-        """Delete tombstoned and orphan files older than ``grace``; prune the log to match."""
+        """Delete tombstoned and orphan files older than ``grace``, and what interrupted writes left (temporary
+        files, unfinished uploads) once older than ``grace`` and five minutes; prune the log to match."""
         seconds = grace.total_seconds()
         if seconds < 0:
             # a cutoff in the future would delete the files a running compaction has just written
             raise MaintenanceInputError(f"a cleanup grace period is a duration >= 0, not {grace}")
-        return collect_garbage(self.catalog, self.objects, self.database, grace.total_seconds())
+        at = now()
+        report = collect_garbage(self.catalog, self.objects, self.database, seconds, at=at)
+        # the WAL's own temporary files (masking, repair, redaction), when the WAL is not under the root
+        swept = {str(p) for p in sweep_folder(self.wal_dir, min(at - seconds, at - TEMPORARY_MIN_AGE_S))}
+        report.temporaries_deleted = sorted({*report.temporaries_deleted, *swept})
+        return report
 
     # --- maintenance ---------------------------------------------------------------
 

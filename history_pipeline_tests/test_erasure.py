@@ -14,6 +14,7 @@ import io
 import json
 import os
 import random
+import time
 from datetime import timedelta
 
 import boto3
@@ -509,3 +510,56 @@ def test_an_erased_value_quoted_by_a_repaired_segments_audit_records_is_redacted
     assert repair.reason == "ticket 7: bad value from the app"  # the operator's words stay
     assert json.loads((audit / "error.json").read_text())["line"] is None
     assert store.load_table("t", store.frontier + 1).to_pylist() == [{"synthetic_key": 2, "v": 2}]
+
+
+def _leave_temporaries(store, root, age_s):
+    """Temporary files as crashed writers leave them (a commit's, a masking's, a redaction's), naming
+    an erased key, last written ``age_s`` ago; returns their paths."""
+    left = [root / "db" / "_catalog" / "transactions" / f".{9:020d}.json.{'ab' * 16}.tmp",
+            store.wal_dir / "segments" / f".{3:020d}.sealed.mask.tmp",
+            store.wal_dir / "quarantine" / f".{3:020d}.error.json.tmp"]
+    for path in left:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text('{"key": 2, "values": {"n": "' + SECRET + '"}}')
+        os.utime(path, (time.time() - age_s,) * 2)
+    return left
+
+
+def test_cleanup_removes_the_temporary_files_interrupted_writes_left_but_not_one_in_flight(tmp_path):
+    store = HistoryStore.open(tmp_path / "root", database="db")
+    _history(store)
+    store.compact(spark=False)
+    crashed = _leave_temporaries(store, tmp_path / "root", age_s=3600)
+    in_flight = crashed[0].with_name(f".{10:020d}.json.{'cd' * 16}.tmp")
+    in_flight.write_text("a write in flight")
+    assert store.objects.list("db/_catalog/transactions/") and not [
+        o for o in store.objects.list("db/") if ".tmp" in o.path]  # the listing never shows them
+    report = store.cleanup(grace=timedelta(0))
+    assert not [p for p in crashed if p.exists()] and len(report.temporaries_deleted) >= len(crashed)
+    assert in_flight.exists()  # last written just now: its writer may still rename it into place
+    assert store.verify() == []
+
+
+def test_cleanup_removes_leftover_temporaries_and_unfinished_uploads_on_s3(tmp_path, s3_bucket, s3_options,
+                                                                           monkeypatch):
+    import history_pipeline.store as store_module
+
+    store = HistoryStore.open(s3_bucket, database="db", wal_dir=tmp_path / "wal", s3=s3_options)
+    _history(store)
+    store.compact(spark=False)
+    store.objects.put("db/_catalog/transactions/.00000000000000000009.json.0123.tmp", SECRET.encode())
+    bucket, prefix = s3_bucket[len("s3://"):].split("/", 1)
+    client = boto3.client("s3", endpoint_url=s3_options.endpoint_url, region_name=s3_options.region,
+                          aws_access_key_id="test", aws_secret_access_key="test")
+    client.create_multipart_upload(Bucket=bucket, Key=f"{prefix}/db/tables/T/part.parquet")
+    wal_temps = [str(p) for p in _leave_temporaries(store, tmp_path / "unused", age_s=3600)[1:]]
+    report = store.cleanup(grace=timedelta(0))
+    assert set(wal_temps) <= set(report.temporaries_deleted)
+    assert store.objects.exists("db/_catalog/transactions/.00000000000000000009.json.0123.tmp")  # new: kept
+    later = time.time() + 3600
+    monkeypatch.setattr(store_module, "now", lambda: later)
+    report = store.cleanup(grace=timedelta(0))
+    assert "db/_catalog/transactions/.00000000000000000009.json.0123.tmp" in report.temporaries_deleted
+    assert not client.list_multipart_uploads(Bucket=bucket).get("Uploads")  # (moto dates every upload 2010)
+    keys = [o["Key"] for o in client.list_objects_v2(Bucket=bucket, Prefix=prefix).get("Contents", [])]
+    assert keys and not [k for k in keys if k.endswith(".tmp")]
