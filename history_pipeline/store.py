@@ -14,6 +14,7 @@ from typing import Any
 import pyarrow as pa
 
 from history_pipeline.catalog import CatalogState, TransactionLog
+from history_pipeline.catalog.ledger import ErasureEntry, read_ledger
 from history_pipeline.catalog.upkeep import GcReport, Problem, collect_garbage, rebuild, verify
 from history_pipeline.compaction.compactor import CompactionSummary
 from history_pipeline.errors import (
@@ -338,6 +339,11 @@ class HistoryStore:
                 frontier=frontiers[-1] if frontiers else None,
             )
 
+    def erasures(self) -> list[ErasureEntry]:
+        """Every erasure of the database, oldest first, from the erasure ledger (which log pruning
+        never removes): who asked, when, why, how many keys and the SHA-256 of the key set."""
+        return read_ledger(self.objects, self.catalog.ledger_prefix)
+
     def catalog_state(self) -> CatalogState:
         """The newest catalog state."""
         return self.catalog.latest()
@@ -591,14 +597,18 @@ class HistoryStore:
         s3: S3Options | None = None,
         purge_now: bool = False,
         spark: Any | None = None,
+        dry_run: bool = False,
     ) -> ErasureSummary:
         """Forget every version of ``keys`` of ``table`` (name as of the newest state, or uuid).
 
-        The WAL segments on disk, every live file, and the purged history and exports in every
-        cold tier or export target this store wrote to (plus ``cold_tiers``) are rewritten
-        without them; one catalog transaction records who asked, when and why (never the keys
-        or values). Replaced files are deleted by ``cleanup`` after its grace period, or at
-        once with ``purge_now`` (which also prunes time travel to before the erasure).
+        The WAL segments on disk (and the quarantine and audit records beside them), every live
+        file, and the purged history and exports in every cold tier or export target this store
+        wrote to (plus ``cold_tiers``) are rewritten without them; one catalog transaction and the
+        erasure ledger (:meth:`erasures`) record who asked, when, why and how many keys were found
+        (never the keys or values). Replaced files are deleted by ``cleanup`` after its grace
+        period, or at once with ``purge_now`` (which also prunes time travel to before the
+        erasure). ``dry_run`` changes nothing and reports what would be removed, and where
+        (``summary.places``). Keys nothing holds are a :class:`NothingToEraseWarning`.
         """
         check_requester(requested_by)  # before any Spark session starts
         erased = normalize_keys(keys)
@@ -608,7 +618,9 @@ class HistoryStore:
                                                                       for u in cold_tiers)})
         request = ErasureRequest(descriptor.table_uuid, erased, requested_by, reason,
                                  tuple(open_store(u, s3 or self.s3) for u in uris))
-        return erase(self, request, spark=self.spark(spark), purge_now=purge_now)
+        # a dry run reads key columns only: in-process, unless a session is given
+        session = (spark or None) if dry_run else self.spark(spark)
+        return erase(self, request, spark=session, purge_now=purge_now, dry_run=dry_run)
 
     def __repr__(self) -> str:
         return f"HistoryStore({self.objects.uri!r}, database={self.database!r})"

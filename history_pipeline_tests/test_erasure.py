@@ -23,7 +23,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from history_pipeline import HistoryStore
+from history_pipeline import HistoryStore, StoreSettings
 from history_pipeline.catalog import RecordErasure
 from history_pipeline.compaction.compactor import CompactionSummary, compact_segment
 from history_pipeline.errors import HistoryError, PurgedTimestampError, TransactionNotFoundError
@@ -563,3 +563,102 @@ def test_cleanup_removes_leftover_temporaries_and_unfinished_uploads_on_s3(tmp_p
     assert not client.list_multipart_uploads(Bucket=bucket).get("Uploads")  # (moto dates every upload 2010)
     keys = [o["Key"] for o in client.list_objects_v2(Bucket=bucket, Prefix=prefix).get("Contents", [])]
     assert keys and not [k for k in keys if k.endswith(".tmp")]
+
+
+def test_the_erasure_ledger_outlives_log_pruning_even_after_a_crash_before_its_entry(tmp_path, monkeypatch):
+    import history_pipeline.catalog.log as log_module
+    from history_pipeline.catalog.ledger import erasures_of
+
+    store = HistoryStore.open(tmp_path / "root", database="db", settings=StoreSettings(checkpoint_interval=2))
+    _history(store)
+    store.compact(spark=False)
+    first = store.erase("people", [2, 987654321], requested_by="dpo@example.com", reason="ticket 42", spark=False)
+    real = log_module.write_entries
+
+    def crash(store_, prefix, txn):
+        if erasures_of(txn):
+            raise Crash("after the commit, before its ledger entry")
+        return real(store_, prefix, txn)
+
+    monkeypatch.setattr(log_module, "write_entries", crash)
+    with pytest.raises(Crash):
+        store.erase("people", [3], requested_by="dpo", reason="ticket 43", spark=False)
+    monkeypatch.setattr(log_module, "write_entries", real)
+    store.compact(spark=False)
+    store.cleanup(grace=timedelta(0))
+    store.cleanup(grace=timedelta(0))
+    assert store.catalog.earliest_retained() > first.txn_id + 1  # the log no longer holds either erasure
+    assert not [a for i in store.catalog.transaction_ids() for a in store.catalog.read_transaction(i).actions
+                if isinstance(a, RecordErasure)]
+    ledger = store.erasures()
+    assert [(e.txn_id, e.table_uuid, e.key_count, e.keys_found, e.requested_by, e.reason) for e in ledger] == [
+        (first.txn_id, T, 2, 1, "dpo@example.com", "ticket 42"), (first.txn_id + 1, T, 1, 1, "dpo", "ticket 43")]
+    assert ledger[0].keys_sha256 == erasure_module.keys_digest(T, [2, 987654321])
+    kept = b"".join(store.objects.get(o.path) for o in store.objects.list("db/_history_catalog/erasures/"))
+    assert b"987654321" not in kept and SECRET.encode() not in kept and b"carol" not in kept
+    shown = run_command(["--root", str(tmp_path / "root"), "--database", "db", "erasures", "--format", "json"])
+    assert shown.returncode == 0, shown.stderr
+    rows = [json.loads(line) for line in shown.stdout.splitlines()]
+    assert [(r["version"], r["keys"], r["requested_by"]) for r in rows] == [
+        (first.txn_id, 2, "dpo@example.com"), (first.txn_id + 1, 1, "dpo")]
+
+
+def test_erasing_keys_that_nothing_holds_says_so_and_counts_what_was_found(tmp_path):
+    from history_pipeline import NothingToEraseWarning
+
+    store = HistoryStore.open(tmp_path / "root", database="db")
+    _history(store)
+    store.compact(spark=False)
+    before = _answers(store, keys=(1, 2, 3))
+    with pytest.warns(NothingToEraseWarning, match="1 of the 1 key"):
+        summary = store.erase("people", [424242], requested_by="dpo", spark=False)
+    assert (summary.keys_found, summary.files_rewritten, summary.places) == (0, 0, [])
+    assert "changed no file" in summary.warnings[0]
+    with pytest.warns(NothingToEraseWarning, match="1 of the 2 key"):
+        summary = store.erase("people", [3, 434343], requested_by="dpo", spark=False)
+    assert summary.keys_found == 1 and summary.files_rewritten >= 1
+    assert [e.keys_found for e in store.erasures()] == [0, 1]
+    assert store.fetch_row("people", 2, store.frontier + 1) == before[store.frontier + 1]["rows"][1]  # untouched
+    shown = run_command(["--root", str(tmp_path / "root"), "--database", "db", "erase", "people", "555",
+                         "--by", "dpo", "--dry-run"])
+    assert shown.returncode == 0, shown.stderr
+    assert json.loads(shown.stdout)["keys_found"] == 0
+    assert shown.stderr.startswith("warning: 1 of the 1 key(s)") and shown.stderr.count("\n") == 1
+
+
+def _every_file(root, client=None, bucket_prefix=None):
+    """{path: bytes} of every file under the local folders ``root`` and the S3 prefix."""
+    found = {str(p): p.read_bytes() for folder in root for p in sorted(folder.rglob("*")) if p.is_file()}
+    if client is not None:
+        bucket, prefix = bucket_prefix
+        for obj in client.list_objects_v2(Bucket=bucket, Prefix=prefix).get("Contents", []):
+            found["s3://" + obj["Key"]] = client.get_object(Bucket=bucket, Key=obj["Key"])["Body"].read()
+    return found
+
+
+def test_a_dry_run_changes_nothing_and_names_every_place_the_erasure_then_changes(tmp_path):
+    store = HistoryStore.open(tmp_path / "root", database="db")
+    _history(store)
+    store.compact(spark=False)
+    store.merge(spark=False, small_file_bytes=10**9)  # the merged files' originals are tombstones holding key 2
+    cold = str(tmp_path / "cold")
+    store.retain(purge_before=6, cold_tier=cold, spark=False)
+    store.export(as_of=7, to=cold)
+    with store.wal_writer() as wal:  # a pending segment holds the key too
+        wal.append({"op": "update", "t": 11, "table_uuid": T, "key": 2, "values": {"n": SECRET + "-3"}})
+        wal.append({"op": "close", "t": 11})
+        wal.seal()
+    files = _every_file([tmp_path])
+    plan = store.erase("people", [2, 99], requested_by="dpo", spark=False, purge_now=True, dry_run=True)
+    assert _every_file([tmp_path]) == files  # not one byte changed, nothing added or removed
+    assert plan.dry_run and plan.txn_id is None and plan.keys_found == 1 and plan.warnings
+    tiers = {p.tier for p in plan.places}
+    assert {"warehouse", "tombstone", "wal", "cold tier", "export"} <= tiers, plan.places
+    assert all(p.count > 0 for p in plan.places if p.tier != "audit")
+    done = store.erase("people", [2, 99], requested_by="dpo", spark=False, purge_now=True)
+    assert sorted(map(repr, done.places)) == sorted(map(repr, plan.places))
+    for name in ("files_rewritten", "versions_removed", "wal_files_masked", "wal_events_removed",
+                 "cold_files_rewritten", "export_files_rewritten", "keys_found"):
+        assert getattr(done, name) == getattr(plan, name), name
+    assert done.files_deleted >= plan.files_rewritten
+    _gone(store)
