@@ -57,7 +57,7 @@ from history_pipeline.query.engine import QueryContext
 from history_pipeline.schema import TableDescriptor
 from history_pipeline.wal import SegmentRef, SegmentState, WalWriter, list_segments
 from history_pipeline.wal.repair import RepairRecord, repair_records, repair_segment, skip_segment
-from history_pipeline.wal.segments import quarantine_reason, read_segment, release_segment
+from history_pipeline.wal.segments import public_reason, quarantine_reason, read_segment, release_segment
 
 _DATABASE_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")
 
@@ -506,8 +506,8 @@ class HistoryStore:
         problems = []
         for ref in self.segments():
             if ref.state is SegmentState.QUARANTINED:
-                reason = quarantine_reason(ref) or {}
-                problems.append(Problem("quarantined segment", str(ref.path), str(reason.get("error", "no reason"))
+                # problems end up in Dagster's check metadata, beyond an erasure's reach: no value
+                problems.append(Problem("quarantined segment", str(ref.path), (public_reason(ref) or "no reason")
                                         + f"; repair or skip it (history-pipeline repair|skip {ref.segment_id})"))
             elif ref.state is SegmentState.SEALED:
                 try:

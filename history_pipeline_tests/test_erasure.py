@@ -751,3 +751,60 @@ def test_after_erase_and_cleanup_not_one_byte_of_an_erased_value_is_left_under_t
     assert store.verify() == []
     [entry] = [e for e in store.erasures() if e.files_rewritten]
     assert (entry.key_count, entry.keys_found, entry.requested_by) == (1, 1, "dpo")
+
+
+def test_dagster_is_never_shown_a_value_it_would_keep_beyond_an_erasure(tmp_path):
+    """Dagster's event log is not under the root: a quarantine's reason (on the failed run, on the
+    partition, from the sensor), a compaction's preview and the checks name no value there."""
+    import dagster as dg
+
+    from history_pipeline.orchestration.assets import compacted_batches, wal_segments
+    from history_pipeline.orchestration.checks import catalog_verifies_check
+    from history_pipeline.orchestration.partitions import segment_partitions
+    from history_pipeline.orchestration.resources import SparkResource, history_root
+    from history_pipeline_tests.test_orchestration import Daemon
+
+    root = tmp_path / "data"
+    store = HistoryStore.open(root, database="db")
+    write(store, [
+        {"op": "create_table", "t": 1, "table_uuid": T, "table_name": "people", "columns": COLS},
+        {"op": "insert", "t": 2, "table_uuid": T, "key": 1, "values": {"c": 10, "n": SECRET}},
+    ], [
+        {"op": "update", "t": 3, "table_uuid": T, "key": 1, "values": {"c": SECRET + "-q"}},  # not an INTEGER
+    ])
+    resources = {"history": history_root(str(root)), "spark": SparkResource(enabled=False)}
+    instance = dg.DagsterInstance.ephemeral()
+    instance.add_dynamic_partitions(segment_partitions.name, ["db.00000000000000000001", "db.00000000000000000002"])
+    ok = dg.materialize([wal_segments, compacted_batches], resources=resources, instance=instance,
+                        partition_key="db.00000000000000000001")
+    preview = ok.asset_materializations_for_node("compacted_batches")[0].metadata["preview"].value
+    assert "| people | 1 |" in preview and SECRET not in preview
+    failed = dg.materialize([wal_segments, compacted_batches], resources=resources, instance=instance,
+                            partition_key="db.00000000000000000002", raise_on_error=False)
+    assert not failed.success and store.segments(SegmentState.QUARANTINED)
+    error = str(next(e for e in failed.all_events if e.is_step_failure).step_failure_data.error)
+    assert "quarantined" in error and "line 2" in error and "<value>" in error and "INTEGER" in error
+    daemon = Daemon(root, instance)
+    daemon.tick()
+    check = catalog_verifies_check(history=history_root(str(root)))
+    shown = [dg.serialize_value(entry) for run in instance.get_runs() for entry in instance.all_logs(run.run_id)]
+    shown += [dg.serialize_value(record.asset_observation) for key in ("wal_segments", "compacted_batches")
+              for record in instance.fetch_observations(dg.AssetKey(key), limit=10).records]
+    shown += [str(daemon.tick().skip_reason), str(check.metadata)]
+    assert len(shown) > 20 and not check.passed
+    assert [s for s in shown if "<value>" in s]  # the reason is shown, without the value
+    assert not [s for s in shown if SECRET in s]
+    assert SECRET in (store.wal_dir / "quarantine" / "00000000000000000002.error.json").read_text()  # the WAL's own
+
+
+def test_a_reason_shown_outside_the_wal_withholds_every_value_of_the_failing_event():
+    from history_pipeline.wal.segments import without_values
+
+    line = json.dumps({"op": "update", "t": 3, "table_uuid": T, "key": 7,
+                       "values": {"c": "12.5e", "n": "Ann O'Neil", "d": 4.25}}).encode()
+    error = "segment 2, line 4: column c (c) of table people: value '12.5e' is not a valid INTEGER; n was \"Ann O'Neil\""
+    shown = without_values(error, line)
+    assert shown == ("segment 2, line 4: column c (c) of table people: value <value> is not a valid INTEGER; "
+                     "n was <value>")
+    assert without_values("delete of key 7, which does not exist", line) == "delete of key 7, which does not exist"
+    assert "12.5e" not in without_values("line 4: unreadable JSON near '12.5e'", b'{"op": "upd 12.5e')
