@@ -699,7 +699,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--apply", action="store_true", help="run TTL retention for every table now")
     p = _command(sub, "load-cold-tier", cmd_load_cold_tier, "bring purged history back from a cold tier")
     p.add_argument("cold_tier", help="the cold tier given to retain (path or s3://)")
-    p = _command(sub, "cleanup", cmd_cleanup, "delete tombstoned and orphan files past the grace period")
+    p = _command(sub, "cleanup", cmd_cleanup, "delete tombstoned and orphan files past the grace period",
+                 "Delete tombstoned and orphan files past the grace period, and what interrupted writes left "
+                 "(temporary files, unfinished S3 uploads) once past the grace period and five minutes; "
+                 "prune the catalog log to match (the erasure ledger is never pruned).")
     p.add_argument("--grace-seconds", type=_non_negative(float), default=3600,
                    help="only files removed/written longer ago")
     _command(sub, "verify", cmd_verify, "check the catalog against its files and the WAL (exit 1 on problems)")
