@@ -542,6 +542,7 @@ def test_cleanup_removes_the_temporary_files_interrupted_writes_left_but_not_one
     assert store.verify() == []
 
 
+@pytest.mark.s3
 def test_cleanup_removes_leftover_temporaries_and_unfinished_uploads_on_s3(tmp_path, s3_bucket, s3_options,
                                                                            monkeypatch):
     import history_pipeline.store as store_module
@@ -681,6 +682,7 @@ def _holds(data: bytes, secret: str) -> bool:
     return False
 
 
+@pytest.mark.s3
 @pytest.mark.parametrize("where", ["local", "s3"])
 def test_after_erase_and_cleanup_not_one_byte_of_an_erased_value_is_left_under_the_root(
         tmp_path, where, s3_bucket, s3_options, monkeypatch):
