@@ -804,7 +804,8 @@ def test_a_reason_shown_outside_the_wal_withholds_every_value_of_the_failing_eve
 
     line = json.dumps({"op": "update", "t": 3, "table_uuid": T, "key": 7,
                        "values": {"c": "12.5e", "n": "Ann O'Neil", "d": 4.25}}).encode()
-    error = "segment 2, line 4: column c (c) of table people: value '12.5e' is not a valid INTEGER; n was \"Ann O'Neil\""
+    error = ("segment 2, line 4: column c (c) of table people: value '12.5e' is not a valid INTEGER; "
+             "n was \"Ann O'Neil\"")
     shown = without_values(error, line)
     assert shown == ("segment 2, line 4: column c (c) of table people: value <value> is not a valid INTEGER; "
                      "n was <value>")
