@@ -542,6 +542,16 @@ def test_cleanup_removes_the_temporary_files_interrupted_writes_left_but_not_one
     assert store.verify() == []
 
 
+def test_a_purge_now_removes_what_an_earlier_crashed_purge_left(tmp_path):
+    store = HistoryStore.open(tmp_path / "root", database="db")
+    _history(store)
+    store.compact(spark=False)
+    crashed = _leave_temporaries(store, tmp_path / "root", age_s=3600)
+    store.erase("people", [2], requested_by="dpo", purge_now=True, spark=False)
+    assert not [p for p in crashed if p.exists()]
+    assert not [p for p in (tmp_path / "root").rglob("*") if p.is_file() and _holds(p.read_bytes(), SECRET)]
+
+
 @pytest.mark.s3
 def test_cleanup_removes_leftover_temporaries_and_unfinished_uploads_on_s3(tmp_path, s3_bucket, s3_options,
                                                                            monkeypatch):

@@ -50,7 +50,7 @@ from history_pipeline.catalog.model import (
 from history_pipeline.catalog.records import prune_records, write_base
 from history_pipeline.errors import CommitConflictError, MaintenanceInputError, ObjectNotFoundError
 from history_pipeline.execution import map_tasks, open_executor_store, store_for_tasks
-from history_pipeline.io.store import ObjectStore, now
+from history_pipeline.io.store import TEMPORARY_MIN_AGE_S, ObjectStore, now, sweep_folder
 from history_pipeline.schema import Supercolumn, replay_schema_history
 from history_pipeline.supertable import (
     CLOSED_LAYOUT,
@@ -483,7 +483,12 @@ def purge_erased(store: DatabaseHandle, paths: Sequence[str], table_uuid: str | 
     The log (and the commit records) are pruned up to the newest state first, so no
     retained transaction can read the deleted files: time travel to a catalog
     transaction before the erasure then fails with ``TransactionNotFoundError``.
+    Temporary files that interrupted writes left (an earlier, crashed purge's, which can name
+    erased keys) go too, once older than :data:`TEMPORARY_MIN_AGE_S`.
     """
+    older_than = now() - TEMPORARY_MIN_AGE_S
+    store.objects.sweep_temporaries(f"{store.database}/", older_than)
+    sweep_folder(store.wal_dir, older_than)
     log = store.catalog
     state: CatalogState = log.latest()
     log.repair_records()
