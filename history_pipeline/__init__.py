@@ -28,6 +28,7 @@ from history_pipeline.errors import (
     ValueTypeError,
     WriterLockedError,
 )
+from history_pipeline.maintenance.erasure import NothingToEraseWarning
 from history_pipeline.store import HistoryStore, StoreSettings
 
 __all__ = [
@@ -42,6 +43,7 @@ __all__ = [
     "HistoryStore",
     "MaintenanceInputError",
     "MalformedRecordError",
+    "NothingToEraseWarning",
     "PurgedTimestampError",
     "QueryError",
     "SandboxViolationError",

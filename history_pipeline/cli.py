@@ -415,6 +415,24 @@ def cmd_history(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_erasures(args: argparse.Namespace) -> int:
+    entries = _store(args).erasures()
+    table = pa.table(
+        {
+            "version": pa.array([e.txn_id for e in entries], pa.int64()),
+            "timestamp": pa.array([_when(e.committed_at) for e in entries], pa.string()),
+            "table_uuid": pa.array([e.table_uuid for e in entries], pa.string()),
+            "keys": pa.array([e.key_count for e in entries], pa.int64()),
+            "keys_found": pa.array([e.keys_found for e in entries], pa.int64()),
+            "keys_sha256": pa.array([e.keys_sha256 for e in entries], pa.string()),
+            "requested_by": pa.array([e.requested_by for e in entries], pa.string()),
+            "reason": pa.array([e.reason for e in entries], pa.string()),
+        }
+    )
+    _print_table(table, args.format)
+    return 0
+
+
 SHELL_HELP = """Statements end with ';' and may span lines. Read-only: SELECT, SHOW TABLES, DESCRIBE <table>,
 EXPLAIN <select>. Commands: .as_of [T] (show or change T), .tables, .status, .help, .quit"""
 
@@ -541,9 +559,14 @@ def cmd_retain(args: argparse.Namespace) -> int:
 
 
 def cmd_erase(args: argparse.Namespace) -> int:
-    summary = _store(args).erase(args.table, args.keys, requested_by=args.by, reason=args.reason,
-                                 cold_tiers=args.cold_tier, purge_now=args.purge_now)
-    _print_summary(summary.as_dict(), args.format, "erasure")
+    import warnings
+
+    with warnings.catch_warnings(record=True):  # said once, below, without a source line
+        summary = _store(args).erase(args.table, args.keys, requested_by=args.by, reason=args.reason,
+                                     cold_tiers=args.cold_tier, purge_now=args.purge_now, dry_run=args.dry_run)
+    _print_summary(summary.as_dict(), args.format, "erasure (dry run: nothing changed)" if args.dry_run else "erasure")
+    for warning in summary.warnings:
+        print(f"warning: {warning}", file=sys.stderr)
     return 0
 
 
@@ -804,6 +827,12 @@ def build_parser() -> argparse.ArgumentParser:
                    help="show only the newest N commits; omitted: all retained")
     _format_option(p)
 
+    p = _command(sub, "erasures", cmd_erasures, "every erasure: who, when, why, how many keys, their hash",
+                 "The erasure ledger, oldest first: every erasure's commit, table, how many keys were asked "
+                 "for and how many had anything to erase, the SHA-256 of the key set, who asked and why. "
+                 "Cleanup never prunes it; it holds no key and no value.")
+    _format_option(p)
+
     p = _command(sub, "shell", cmd_shell, "interactive read-only SQL prompt as of T",
                  "An interactive read-only SQL prompt as of T (statements end with ';'; .help inside). "
                  "Reads stdin, so it also runs scripts: history-pipeline shell < queries.sql")
@@ -838,6 +867,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="a further cold tier or export target to clean (those this store wrote to are known)")
     p.add_argument("--purge-now", action="store_true",
                    help="delete the replaced files now (prunes time travel to before the erasure)")
+    p.add_argument("--dry-run", action="store_true",
+                   help="change nothing: report what would be removed and where (files, tiers, WAL segments, "
+                        "audit records) and how many of the keys were found")
     _format_option(p, SUMMARY_FORMATS)
     p = _command(sub, "ttl", cmd_ttl, "set, clear or apply a table's time-to-live",
                  "A table's time-to-live in logical-timestamp units: versions older than frontier + 1 - UNITS "
@@ -848,7 +880,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--apply", action="store_true", help="run TTL retention for every table now")
     p = _command(sub, "load-cold-tier", cmd_load_cold_tier, "bring purged history back from a cold tier")
     p.add_argument("cold_tier", help="the cold tier given to retain (path or s3://)")
-    p = _command(sub, "cleanup", cmd_cleanup, "delete tombstoned and orphan files past the grace period")
+    p = _command(sub, "cleanup", cmd_cleanup, "delete tombstoned and orphan files past the grace period",
+                 "Delete tombstoned and orphan files past the grace period, and what interrupted writes left "
+                 "(temporary files, unfinished S3 uploads) once past the grace period and five minutes; "
+                 "prune the catalog log to match (the erasure ledger is never pruned).")
     p.add_argument("--grace-seconds", type=_non_negative(float), default=3600,
                    help="only files removed/written longer ago")
     _format_option(p, SUMMARY_FORMATS)

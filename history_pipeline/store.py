@@ -14,6 +14,7 @@ from typing import Any
 import pyarrow as pa
 
 from history_pipeline.catalog import CatalogState, TransactionLog
+from history_pipeline.catalog.ledger import ErasureEntry, read_ledger
 from history_pipeline.catalog.upkeep import GcReport, Problem, collect_garbage, rebuild, verify
 from history_pipeline.compaction.compactor import CompactionSummary
 from history_pipeline.errors import (
@@ -29,7 +30,7 @@ from history_pipeline.errors import (
     SegmentQuarantinedError,
     StorageRootError,
 )
-from history_pipeline.io.store import ObjectStore, S3Options, open_store
+from history_pipeline.io.store import TEMPORARY_MIN_AGE_S, ObjectStore, S3Options, now, open_store, sweep_folder
 from history_pipeline.lsn import to_timestamp
 from history_pipeline.maintenance.erasure import (
     ErasureRequest,
@@ -56,7 +57,7 @@ from history_pipeline.query.engine import QueryContext
 from history_pipeline.schema import TableDescriptor
 from history_pipeline.wal import SegmentRef, SegmentState, WalWriter, list_segments
 from history_pipeline.wal.repair import RepairRecord, repair_records, repair_segment, skip_segment
-from history_pipeline.wal.segments import quarantine_reason, read_segment, release_segment
+from history_pipeline.wal.segments import public_reason, quarantine_reason, read_segment, release_segment
 
 _DATABASE_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")
 
@@ -338,6 +339,11 @@ class HistoryStore:
                 frontier=frontiers[-1] if frontiers else None,
             )
 
+    def erasures(self) -> list[ErasureEntry]:
+        """Every erasure of the database, oldest first, from the erasure ledger (which log pruning
+        never removes): who asked, when, why, how many keys and the SHA-256 of the key set."""
+        return read_ledger(self.objects, self.catalog.ledger_prefix)
+
     def catalog_state(self) -> CatalogState:
         """The newest catalog state."""
         return self.catalog.latest()
@@ -500,8 +506,8 @@ class HistoryStore:
         problems = []
         for ref in self.segments():
             if ref.state is SegmentState.QUARANTINED:
-                reason = quarantine_reason(ref) or {}
-                problems.append(Problem("quarantined segment", str(ref.path), str(reason.get("error", "no reason"))
+                # problems end up in Dagster's check metadata, beyond an erasure's reach: no value
+                problems.append(Problem("quarantined segment", str(ref.path), (public_reason(ref) or "no reason")
                                         + f"; repair or skip it (history-pipeline repair|skip {ref.segment_id})"))
             elif ref.state is SegmentState.SEALED:
                 try:
@@ -516,12 +522,18 @@ class HistoryStore:
         return rebuild(self.catalog, self.objects, self.database)
 
     def cleanup(self, grace: timedelta = timedelta(hours=1)) -> GcReport:
-        """Delete tombstoned and orphan files older than ``grace``; prune the log to match."""
+        """Delete tombstoned and orphan files older than ``grace``, and what interrupted writes left (temporary
+        files, unfinished uploads) once older than ``grace`` and five minutes; prune the log to match."""
         seconds = grace.total_seconds()
         if seconds < 0:
             # a cutoff in the future would delete the files a running compaction has just written
             raise MaintenanceInputError(f"a cleanup grace period is a duration >= 0, not {grace}")
-        return collect_garbage(self.catalog, self.objects, self.database, grace.total_seconds())
+        at = now()
+        report = collect_garbage(self.catalog, self.objects, self.database, seconds, at=at)
+        # the WAL's own temporary files (masking, repair, redaction), when the WAL is not under the root
+        swept = {str(p) for p in sweep_folder(self.wal_dir, min(at - seconds, at - TEMPORARY_MIN_AGE_S))}
+        report.temporaries_deleted = sorted({*report.temporaries_deleted, *swept})
+        return report
 
     # --- maintenance ---------------------------------------------------------------
 
@@ -585,14 +597,18 @@ class HistoryStore:
         s3: S3Options | None = None,
         purge_now: bool = False,
         spark: Any | None = None,
+        dry_run: bool = False,
     ) -> ErasureSummary:
         """Forget every version of ``keys`` of ``table`` (name as of the newest state, or uuid).
 
-        The WAL segments on disk, every live file, and the purged history and exports in every
-        cold tier or export target this store wrote to (plus ``cold_tiers``) are rewritten
-        without them; one catalog transaction records who asked, when and why (never the keys
-        or values). Replaced files are deleted by ``cleanup`` after its grace period, or at
-        once with ``purge_now`` (which also prunes time travel to before the erasure).
+        The WAL segments on disk (and the quarantine and audit records beside them), every live
+        file, and the purged history and exports in every cold tier or export target this store
+        wrote to (plus ``cold_tiers``) are rewritten without them; one catalog transaction and the
+        erasure ledger (:meth:`erasures`) record who asked, when, why and how many keys were found
+        (never the keys or values). Replaced files are deleted by ``cleanup`` after its grace
+        period, or at once with ``purge_now`` (which also prunes time travel to before the
+        erasure). ``dry_run`` changes nothing and reports what would be removed, and where
+        (``summary.places``). Keys nothing holds are a :class:`NothingToEraseWarning`.
         """
         check_requester(requested_by)  # before any Spark session starts
         erased = normalize_keys(keys)
@@ -602,7 +618,9 @@ class HistoryStore:
                                                                       for u in cold_tiers)})
         request = ErasureRequest(descriptor.table_uuid, erased, requested_by, reason,
                                  tuple(open_store(u, s3 or self.s3) for u in uris))
-        return erase(self, request, spark=self.spark(spark), purge_now=purge_now)
+        # a dry run reads key columns only: in-process, unless a session is given
+        session = (spark or None) if dry_run else self.spark(spark)
+        return erase(self, request, spark=session, purge_now=purge_now, dry_run=dry_run)
 
     def __repr__(self) -> str:
         return f"HistoryStore({self.objects.uri!r}, database={self.database!r})"

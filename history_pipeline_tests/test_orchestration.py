@@ -84,7 +84,7 @@ def test_materialize_a_segment_partition_on_spark(root, resources):
     first = per_partition["db.00000000000000000001"][1]
     assert first["versions_written"].value == 2 and first["schema_changes"].value == 1
     assert first["tables_touched"].value == "my_table"
-    assert "value2_prime" in compacted["preview"].value
+    assert "| my_table |" in compacted["preview"].value and "value2_prime" not in compacted["preview"].value
     assert store.fetch_row("my_table", 2, 6) == {"column1": "value2_prime"}
     again = dg.materialize([compacted_batches], resources=resources, instance=instance,
                            partition_key="db.00000000000000000001")

@@ -21,6 +21,7 @@ import uuid
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from history_pipeline.catalog.ledger import ledger_prefix_for, write_entries
 from history_pipeline.catalog.model import (
     FORMAT_VERSION,
     Action,
@@ -81,6 +82,8 @@ class TransactionLog:
         #: where commit records are written after each commit ("": beside the data of
         #: ``<database>/_catalog``; None: nowhere)
         self.records_prefix = records_prefix_for(self.prefix) if records_prefix == "" else records_prefix
+        #: where the erasure ledger is kept (never pruned, see ``catalog.ledger``)
+        self.ledger_prefix = ledger_prefix_for(self.prefix)
         self._cached: CatalogState | None = None
         self._lock = threading.Lock()
 
@@ -229,6 +232,8 @@ class TransactionLog:
                 # after the commit point, so a record proves its commit; a crash before this
                 # line leaves a gap that repair_records() fills from the log
                 write_record(self.store, self.records_prefix, txn)
+            # an erasure's record outlives the log (a crash before this line: ``prune`` writes it)
+            write_entries(self.store, self.ledger_prefix, txn)
             with self._lock:
                 if self._cached is None or self._cached.txn_id < new_state.txn_id:
                     self._cached = new_state
@@ -278,11 +283,20 @@ class TransactionLog:
         for txn_id in self.transaction_ids():
             if txn_id >= cover:
                 break
+            self._keep_erasures(txn_id)
             self.store.delete(self.transaction_path(txn_id))
             removed += 1
         for checkpoint in checkpoints[:-1]:
             self.store.delete(self.checkpoint_path(checkpoint))
         return removed
+
+    def _keep_erasures(self, txn_id: int) -> None:
+        """Before a transaction goes: its erasures into the ledger (if its commit did not get to)."""
+        try:
+            txn = self.read_transaction(txn_id)
+        except (CorruptTransactionError, TransactionNotFoundError, CatalogError):
+            return  # unreadable or gone: nothing can be taken from it
+        write_entries(self.store, self.ledger_prefix, txn)
 
     def earliest_retained(self) -> int:
         """The oldest transaction id that can still be read."""

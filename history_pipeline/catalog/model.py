@@ -161,6 +161,9 @@ class RecordErasure:
     reason: str
     erased_at: float
     files_rewritten: int
+    #: how many of the keys had anything to erase (a version, a WAL event, a purged or exported
+    #: row); None in records written before it was counted
+    keys_found: int | None = None
 
 
 @dataclass(frozen=True)
@@ -206,7 +209,8 @@ def action_to_json(action: Action) -> dict[str, Any]:
     if isinstance(action, RecordErasure):
         return {"action": "erasure", "table_uuid": action.table_uuid, "key_count": action.key_count,
                 "keys_sha256": action.keys_sha256, "requested_by": action.requested_by, "reason": action.reason,
-                "erased_at": action.erased_at, "files_rewritten": action.files_rewritten}
+                "erased_at": action.erased_at, "files_rewritten": action.files_rewritten,
+                "keys_found": action.keys_found}
     if isinstance(action, SetTableTtl):
         return {"action": "set_table_ttl", "table_uuid": action.table_uuid, "ttl": action.ttl}
     if isinstance(action, SetTableEarliest):
@@ -234,7 +238,7 @@ def action_from_json(obj: Mapping[str, Any]) -> Action:
         return ForgetTombstones(tuple(obj["paths"]))
     if kind == "erasure":
         return RecordErasure(obj["table_uuid"], obj["key_count"], obj["keys_sha256"], obj["requested_by"],
-                             obj["reason"], obj["erased_at"], obj["files_rewritten"])
+                             obj["reason"], obj["erased_at"], obj["files_rewritten"], obj.get("keys_found"))
     if kind == "set_table_ttl":
         return SetTableTtl(obj["table_uuid"], obj["ttl"])
     if kind == "set_table_earliest":

@@ -39,7 +39,7 @@ from history_pipeline.catalog.model import (
 )
 from history_pipeline.catalog.records import list_record_ids, prune_records, records_after, write_base
 from history_pipeline.errors import CatalogError, HistoryError, ObjectExistsError
-from history_pipeline.io.store import ObjectStore, now
+from history_pipeline.io.store import TEMPORARY_MIN_AGE_S, ObjectStore, now
 from history_pipeline.schema import SchemaHistoryEntry
 from history_pipeline.supertable import (
     DELETED,
@@ -72,6 +72,7 @@ class GcReport:
     records_pruned: int = 0
     tombstones_deleted: list[str] = field(default_factory=list)
     orphans_deleted: list[str] = field(default_factory=list)
+    temporaries_deleted: list[str] = field(default_factory=list)
     bytes_freed: int = 0
 
     def as_dict(self) -> dict[str, object]:
@@ -80,6 +81,7 @@ class GcReport:
             "records_pruned": self.records_pruned,
             "tombstones_deleted": len(self.tombstones_deleted),
             "orphans_deleted": len(self.orphans_deleted),
+            "temporaries_deleted": len(self.temporaries_deleted),
             "bytes_freed": self.bytes_freed,
         }
 
@@ -148,6 +150,8 @@ def collect_garbage(
             store.delete(path)
             report.orphans_deleted.append(path)
             report.bytes_freed += size
+    # what interrupted writes left (a crashed commit's or purge's temporary file can name erased keys)
+    report.temporaries_deleted = store.sweep_temporaries(f"{database}/", min(cutoff, at - TEMPORARY_MIN_AGE_S))
     return report
 
 

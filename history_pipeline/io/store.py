@@ -10,6 +10,7 @@ from __future__ import annotations
 import abc
 import contextlib
 import os
+import re
 import time
 import uuid
 from collections.abc import Iterator
@@ -26,6 +27,20 @@ from history_pipeline.errors import (
     ObjectStoreError,
     StorageRootError,
 )
+
+#: the name of a temporary file of the project's writers: ``.<name>.<anything>.tmp`` (``put``'s
+#: ``.<name>.<uuid>.tmp``, the WAL's ``.<segment>.mask.tmp`` and ``.<segment>.repair.tmp``,
+#: ``.<record>.json.tmp``) or ``head.json.tmp`` (the WAL writer's)
+TEMPORARY_NAME = re.compile(r"^(\..+\.tmp|head\.json\.tmp)$")
+
+#: a temporary file is left to its writer until this much older than the last write to it, whatever
+#: the grace period: a write in flight (written, then fsynced, then renamed) is never cut
+TEMPORARY_MIN_AGE_S = 300.0
+
+
+def is_temporary(name: str) -> bool:
+    """Is ``name`` (a file name, not a path) one of the project's temporary files?"""
+    return TEMPORARY_NAME.match(name) is not None
 
 
 @dataclass(frozen=True)
@@ -78,6 +93,12 @@ class ObjectStore(abc.ABC):
     @abc.abstractmethod
     def delete(self, path: str) -> None:
         """Delete ``path``; deleting a missing object is not an error."""
+
+    @abc.abstractmethod
+    def sweep_temporaries(self, prefix: str, older_than: float) -> list[str]:
+        """Delete what interrupted writes under ``prefix`` left, last written before ``older_than``
+        (seconds since the epoch): temporary files (which :meth:`list` never shows) and, on S3,
+        unfinished multipart uploads. Returns what went."""
 
     @abc.abstractmethod
     def arrow_filesystem(self) -> tuple[pafs.FileSystem, str]:
@@ -169,6 +190,12 @@ class LocalStore(ObjectStore):
 
     def delete(self, path: str) -> None:
         self._path(path).unlink(missing_ok=True)
+
+    def sweep_temporaries(self, prefix: str, older_than: float) -> list[str]:
+        base = self._path(prefix)
+        folder = base if base.is_dir() else base.parent
+        return [str(p.relative_to(self.root).as_posix()) for p in sweep_folder(folder, older_than)
+                if p.relative_to(self.root).as_posix().startswith(prefix)]
 
     def arrow_filesystem(self) -> tuple[pafs.FileSystem, str]:
         # files are read memory-mapped (no copy through read calls: 3-14 % off a 1M-row read):
@@ -296,6 +323,23 @@ class S3Store(ObjectStore):
         with self._failures(f"delete {path}"):
             self._client.delete_object(Bucket=self.bucket, Key=self._key(path))
 
+    def sweep_temporaries(self, prefix: str, older_than: float) -> list[str]:
+        # a put is one request (never a temporary object); an object named like one is a copy's
+        gone = [o.path for o in self.list(prefix)
+                if is_temporary(o.path.rsplit("/", 1)[-1]) and o.modified < older_than]
+        for path in gone:
+            self.delete(path)
+        strip = len(self.prefix) + 1 if self.prefix else 0
+        with self._failures(f"list the unfinished uploads under {prefix or '/'}"):
+            paginator = self._client.get_paginator("list_multipart_uploads")
+            for page in paginator.paginate(Bucket=self.bucket, Prefix=self._key(prefix)):
+                for upload in page.get("Uploads", []):
+                    if upload["Initiated"].timestamp() < older_than:
+                        self._client.abort_multipart_upload(Bucket=self.bucket, Key=upload["Key"],
+                                                            UploadId=upload["UploadId"])
+                        gone.append(upload["Key"][strip:])
+        return gone
+
     def arrow_filesystem(self) -> tuple[pafs.FileSystem, str]:
         if self._fs_cache is None:
             kwargs: dict[str, Any] = {}
@@ -324,6 +368,27 @@ class S3Store(ObjectStore):
                 "secret_access_key": o.secret_access_key,
             },
         }
+
+
+def sweep_folder(folder: Path, older_than: float) -> list[Path]:
+    """Delete the temporary files (see :data:`TEMPORARY_NAME`) under a local folder last written
+    before ``older_than``; returns them."""
+    if not folder.is_dir():
+        return []
+    gone = []
+    for dirpath, _, filenames in os.walk(folder):
+        for name in filenames:
+            if not is_temporary(name):
+                continue
+            path = Path(dirpath) / name
+            try:
+                if path.stat().st_mtime >= older_than:
+                    continue
+                path.unlink()
+            except FileNotFoundError:  # renamed into place meanwhile: its writer finished
+                continue
+            gone.append(path)
+    return sorted(gone)
 
 
 def open_store(uri_or_config: str | Path | dict[str, Any], s3: S3Options | None = None) -> ObjectStore:

@@ -50,7 +50,7 @@ from history_pipeline.catalog.model import (
 from history_pipeline.catalog.records import prune_records, write_base
 from history_pipeline.errors import CommitConflictError, MaintenanceInputError, ObjectNotFoundError
 from history_pipeline.execution import map_tasks, open_executor_store, store_for_tasks
-from history_pipeline.io.store import ObjectStore, now
+from history_pipeline.io.store import TEMPORARY_MIN_AGE_S, ObjectStore, now, sweep_folder
 from history_pipeline.schema import Supercolumn, replay_schema_history
 from history_pipeline.supertable import (
     CLOSED_LAYOUT,
@@ -73,9 +73,29 @@ MAX_REPLANS = 5
 ErasureInputError = MaintenanceInputError  # the name erasure callers know
 
 
+class NothingToEraseWarning(UserWarning):
+    """Some (or all) of an erasure's keys had nothing anywhere to erase."""
+
+
+#: where erased keys can be found, as a :class:`Place` names it
+TIERS = ("warehouse", "tombstone", "wal", "audit", "cold tier", "export")
+
+
+@dataclass(frozen=True)
+class Place:
+    """One file that holds erased keys: what the erasure rewrites, masks, redacts or deletes there."""
+
+    tier: str  # one of TIERS
+    path: str  # a path under the root, a WAL file, or a cold tier's or export target's URI and path
+    count: int  # versions, events or rows of the keys in it (an audit record is redacted whole: 0)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"tier": self.tier, "path": self.path, "count": self.count}
+
+
 @dataclass
 class ErasureSummary:
-    """What one erasure did."""
+    """What one erasure did (``dry_run``: what it would do; nothing was changed)."""
 
     table_uuid: str
     key_count: int
@@ -88,9 +108,18 @@ class ErasureSummary:
     cold_files_rewritten: int = 0
     export_files_rewritten: int = 0
     files_deleted: int = 0
+    #: how many of the keys had anything to erase (a live or replaced version, a WAL event, a purged
+    #: or exported row)
+    keys_found: int = 0
+    dry_run: bool = False
+    places: list[Place] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
 
     def as_dict(self) -> dict[str, Any]:
-        return dict(self.__dict__)
+        out = dict(self.__dict__)
+        out["places"] = [p.as_dict() for p in self.places]
+        out["warnings"] = list(self.warnings)
+        return out
 
 
 def normalize_keys(keys: Iterable[Any]) -> tuple[int, ...]:
@@ -141,6 +170,7 @@ class EraseTask:
     supercolumns: tuple[Supercolumn, ...]
     keys: tuple[int, ...]
     txn_hint: int
+    dry_run: bool = False  # only count what the file holds of the keys
 
 
 @dataclass(frozen=True)
@@ -148,6 +178,7 @@ class EraseOutcome:
     removed: str | None  # the file rewritten (None: it held none of the keys)
     added: FileEntry | None  # its replacement (None: nothing of it remains)
     versions_removed: int
+    keys_found: tuple[int, ...] = ()
 
 
 def erase_file_task(task: EraseTask) -> EraseOutcome:
@@ -162,12 +193,14 @@ def erase_file_task(task: EraseTask) -> EraseOutcome:
         schema = schema.append(pa.field(SUPERSEDED, pa.int64()))
     dataset = dataset_of(objects, [entry], schema)
     erased = pa.array(task.keys, pa.int64())
-    hits = pc.sum(pc.is_in(dataset.to_table(columns=[KEY]).column(KEY), value_set=erased)).as_py() or 0
+    hits, found = _hits(dataset.to_table(columns=[KEY]).column(KEY), erased)
     if not hits:
         return EraseOutcome(None, None, 0)
+    if task.dry_run:
+        return EraseOutcome(entry.path, None, hits, found)
     rest = dataset.to_table(filter=~ds.field(KEY).isin(erased))
     if rest.num_rows == 0 and entry.kind is FileKind.VERSIONS:
-        return EraseOutcome(entry.path, None, hits)
+        return EraseOutcome(entry.path, None, hits, found)
     # an empty snapshot stays: it still says "the table as of then", and reads start from it
     meta, _ = read_file_metadata(objects, entry.path)
     if meta is None:
@@ -181,41 +214,74 @@ def erase_file_task(task: EraseTask) -> EraseOutcome:
     row_groups = None
     if marked and meta.closed_until is not None:  # the kept rows in the closed layout again
         rest, row_groups = layout_of(rest, entry.snapshot_as_of, entry.holds_versions)
-    return EraseOutcome(entry.path, write_parquet(objects, path, rest, meta, row_groups), hits)
+    return EraseOutcome(entry.path, write_parquet(objects, path, rest, meta, row_groups), hits, found)
+
+
+def _hits(column: pa.ChunkedArray | pa.Array, erased: pa.Array) -> tuple[int, tuple[int, ...]]:
+    """(how many of ``column``'s keys are erased, which of them)."""
+    mask = pc.is_in(column, value_set=erased)
+    hits = pc.sum(mask).as_py() or 0
+    return hits, tuple(sorted(pc.unique(pc.filter(column, mask)).to_pylist())) if hits else ()
 
 
 class _Replan(Exception):
     """The table changed between planning and commit: plan again."""
 
 
+def _planned_tasks(store: DatabaseHandle, state: CatalogState, table_uuid: str, keys: tuple[int, ...],
+                   spark: Any | None, dry_run: bool) -> list[EraseTask]:
+    supers = tuple(replay_schema_history(state.schema_history).supercolumns.get(table_uuid, ()))
+    store_config = store_for_tasks(spark, store.objects)
+    return [EraseTask(store_config, store.database, table_uuid, f, supers, keys, state.txn_id + 1, dry_run)
+            for f in state.files_of(table_uuid) if f.kind in ERASABLE and may_hold(f, keys)]
+
+
+def _tombstones_holding(store: DatabaseHandle, state: CatalogState, table_uuid: str, keys: tuple[int, ...],
+                        found: set[int]) -> list[Place]:
+    """The replaced files (not yet deleted) that hold the keys: cleanup deletes them after its grace
+    period, ``purge_now`` at once."""
+    places = []
+    erased = pa.array(keys, pa.int64())
+    for path, tomb in sorted(state.tombstones.items()):
+        if tomb.entry.table_uuid != table_uuid or tomb.entry.kind not in ERASABLE or not may_hold(tomb.entry, keys):
+            continue
+        if not store.objects.exists(path):  # deleted, not yet forgotten (a crashed cleanup)
+            continue
+        column = pq.read_table(store.objects.full_path(path), filesystem=store.objects.arrow_filesystem()[0],
+                               columns=[KEY]).column(KEY)
+        hits, keys_in = _hits(column, erased)
+        if hits:
+            found.update(keys_in)
+            places.append(Place("tombstone", path, hits))
+    return places
+
+
 def _rewrite_and_commit(
-    store: DatabaseHandle, table_uuid: str, keys: tuple[int, ...], record: RecordErasure, spark: Any | None, step: Any
-) -> tuple[int, int, int, list[str]]:
-    """(txn id, files rewritten, versions removed, paths removed), after one commit."""
+    store: DatabaseHandle, table_uuid: str, keys: tuple[int, ...], record: RecordErasure, spark: Any | None, step: Any,
+    found: set[int],
+) -> tuple[int, list[EraseOutcome]]:
+    """(txn id, the outcomes of the files rewritten), after one commit; the keys found are added to
+    ``found`` before the commit (the record counts them)."""
     for _ in range(MAX_REPLANS):
         state: CatalogState = store.catalog.latest()
-        supers = tuple(replay_schema_history(state.schema_history).supercolumns.get(table_uuid, ()))
         planned = {f.path for f in state.files_of(table_uuid)}
-        store_config = store_for_tasks(spark, store.objects)
-        tasks = [
-            EraseTask(store_config, store.database, table_uuid, f, supers, keys, state.txn_id + 1)
-            for f in state.files_of(table_uuid) if f.kind in ERASABLE and may_hold(f, keys)
-        ]
+        tasks = _planned_tasks(store, state, table_uuid, keys, spark, dry_run=False)
         outcomes = [o for o in map_tasks(spark, erase_file_task, tasks) if o.removed is not None]
+        held = {k for o in outcomes for k in o.keys_found} | found
         step("files_written")
         removed = [o.removed for o in outcomes if o.removed is not None]
         added = [o.added for o in outcomes if o.added is not None]
         at = now()
 
         def build(current: CatalogState, removed: list[str] = removed, added: list[FileEntry] = added,
-                  planned: set[str] = planned, at: float = at) -> list[Any]:
+                  planned: set[str] = planned, at: float = at, held: set[int] = held) -> list[Any]:
             # a compaction that read a segment before it was masked may have committed since
             late = [f for f in current.files_of(table_uuid)
                     if f.path not in planned and f.kind in ERASABLE and may_hold(f, keys)]
             if late:
                 raise _Replan()
             return [*(RemoveFile(p, at) for p in removed), *(AddFile(e) for e in added),
-                    replace(record, erased_at=at, files_rewritten=len(removed))]
+                    replace(record, erased_at=at, files_rewritten=len(removed), keys_found=len(held))]
 
         try:
             committed = store.catalog.commit(f"erase {len(keys)} key(s) of {table_uuid}", build)
@@ -223,7 +289,8 @@ def _rewrite_and_commit(
             for entry in added:  # never committed: delete at once rather than leave orphans of erased tables
                 store.objects.delete(entry.path)
             continue
-        return committed.txn_id, len(removed), sum(o.versions_removed for o in outcomes), removed
+        found.update(held)
+        return committed.txn_id, outcomes
     raise CommitConflictError(
         f"the files of table {table_uuid} kept changing during the erasure; run the erasure again"
     )
@@ -232,8 +299,9 @@ def _rewrite_and_commit(
 # --- cold tier and exports --------------------------------------------------------------
 
 
-def _filter_parquet(data: bytes, keys: Sequence[int]) -> tuple[pa.Table, int] | None:
-    """(the rows without the keys, how many went), or None when the file holds none of them."""
+def _filter_parquet(data: bytes, keys: Sequence[int], found: set[int]) -> tuple[pa.Table, int] | None:
+    """(the rows without the keys, how many went), or None when the file holds none of them; the
+    keys it holds are added to ``found``."""
     table = pq.read_table(io.BytesIO(data))
     if KEY not in table.column_names:
         return None
@@ -241,6 +309,7 @@ def _filter_parquet(data: bytes, keys: Sequence[int]) -> tuple[pa.Table, int] | 
     count = pc.sum(hit).as_py() or 0
     if not count:
         return None
+    found.update(pc.unique(pc.filter(table.column(KEY), hit)).to_pylist())
     return table.filter(pc.invert(hit)), count
 
 
@@ -250,14 +319,16 @@ def _parquet_bytes(table: pa.Table) -> bytes:
     return buffer.getvalue()
 
 
-def _filter_in_place(target: ObjectStore, paths: Iterable[str], keys: Sequence[int]) -> int:
+def _filter_in_place(target: ObjectStore, paths: Iterable[str], keys: Sequence[int], tier: str,
+                     found: set[int], dry_run: bool) -> list[Place]:
     """Rewrite files that no manifest names (a crashed retention's or export's) without the keys."""
-    done = 0
+    done = []
     for path in paths:
-        filtered = _filter_parquet(target.get(path), keys)
+        filtered = _filter_parquet(target.get(path), keys, found)
         if filtered is not None:
-            target.put(path, _parquet_bytes(filtered[0]))
-            done += 1
+            if not dry_run:
+                target.put(path, _parquet_bytes(filtered[0]))
+            done.append(Place(tier, f"{target.uri}/{path}", filtered[1]))
     return done
 
 
@@ -272,20 +343,24 @@ def _prefixes(target: ObjectStore, root: str, depth: int) -> dict[str, list[str]
 
 
 def erase_purged(
-    target: ObjectStore, database: str, table_uuid: str, keys: tuple[int, ...], txn_hint: int
-) -> int:
-    """Rewrite the purged history in a cold tier without the keys; returns the files rewritten.
+    target: ObjectStore, database: str, table_uuid: str, keys: tuple[int, ...], txn_hint: int,
+    found: set[int] | None = None, *, dry_run: bool = False,
+) -> list[Place]:
+    """Rewrite the purged history in a cold tier without the keys; returns the files rewritten
+    (``dry_run``: to be rewritten) and adds the keys they held to ``found``.
 
     A rewritten file gets a new path and the manifest names it (written after it), then the
     old file goes; objects of a purge prefix that its manifest does not name are leftovers of
     an interrupted erasure and go too. Files of a retention that never wrote its manifest are
     filtered in place.
     """
-    rewritten = 0
+    found = set() if found is None else found
+    rewritten: list[Place] = []
     for prefix, paths in _prefixes(target, f"{database}/purged/", 1).items():
         manifest_path = f"{prefix}/manifest.json"
         if manifest_path not in paths:
-            rewritten += _filter_in_place(target, [p for p in paths if p.endswith(".parquet")], keys)
+            rewritten += _filter_in_place(target, [p for p in paths if p.endswith(".parquet")], keys, "cold tier",
+                                          found, dry_run)
             continue
         manifest = json.loads(target.get(manifest_path))
         entries, gone = [], []
@@ -295,11 +370,14 @@ def erase_purged(
                 entries.append(raw)
                 continue
             data = target.get(f"{prefix}/{entry.path}")
-            filtered = _filter_parquet(data, keys)
+            filtered = _filter_parquet(data, keys, found)
             if filtered is None:
                 entries.append(raw)
                 continue
             gone.append(entry.path)
+            rewritten.append(Place("cold tier", f"{target.uri}/{prefix}/{entry.path}", filtered[1]))
+            if dry_run:
+                continue
             rest = filtered[0]
             if rest.num_rows == 0 and entry.kind is FileKind.VERSIONS:
                 continue
@@ -309,9 +387,10 @@ def erase_purged(
             path = new_file_path(database, table_uuid, entry.kind, txn_hint)
             written = write_parquet(target, f"{prefix}/{path}", rest, replace(meta, replaces=(entry.path,)))
             entries.append(replace(written, path=path).to_json())
+        if dry_run:
+            continue
         if gone:
             target.put(manifest_path, json.dumps({**manifest, "removed": entries}).encode())
-            rewritten += len(gone)
         named = {manifest_path, *(f"{prefix}/{e['path']}" for e in entries)}
         for path in paths:
             if path not in named:
@@ -319,18 +398,21 @@ def erase_purged(
     return rewritten
 
 
-def erase_exports(target: ObjectStore, database: str, table_uuid: str, keys: tuple[int, ...]) -> int:
-    """Rewrite the table's files of every export in ``target`` without the keys; returns how many.
+def erase_exports(target: ObjectStore, database: str, table_uuid: str, keys: tuple[int, ...],
+                  found: set[int] | None = None, *, dry_run: bool = False) -> list[Place]:
+    """Rewrite the table's files of every export in ``target`` without the keys; returns them
+    (``dry_run``: those to be rewritten) and adds the keys they held to ``found``.
 
     As for purged history: new path, manifest after it, old file (and any object the manifest
     does not name) deleted; an export without a manifest is filtered in place.
     """
-    rewritten = 0
+    found = set() if found is None else found
+    rewritten: list[Place] = []
     for prefix, paths in _prefixes(target, f"{database}/exports/", 1).items():
         manifest_path = f"{prefix}/manifest.json"
         if manifest_path not in paths:
             mine = [p for p in paths if p.endswith(f"-{table_uuid}.parquet") or f"-{table_uuid}-erased-" in p]
-            rewritten += _filter_in_place(target, mine, keys)
+            rewritten += _filter_in_place(target, mine, keys, "export", found, dry_run)
             continue
         manifest = json.loads(target.get(manifest_path))
         tables, changed = [], False
@@ -338,9 +420,12 @@ def erase_exports(target: ObjectStore, database: str, table_uuid: str, keys: tup
             if (item.get("schema") or {}).get("table_uuid") != table_uuid:
                 tables.append(item)
                 continue
-            filtered = _filter_parquet(target.get(item["path"]), keys)
+            filtered = _filter_parquet(target.get(item["path"]), keys, found)
             if filtered is None:
                 tables.append(item)
+                continue
+            rewritten.append(Place("export", f"{target.uri}/{item['path']}", filtered[1]))
+            if dry_run:
                 continue
             data = _parquet_bytes(filtered[0])
             stem = item["path"].removesuffix(".parquet").split("-erased-")[0]
@@ -348,7 +433,8 @@ def erase_exports(target: ObjectStore, database: str, table_uuid: str, keys: tup
             target.put(path, data)
             tables.append({**item, "path": path, "rows": filtered[0].num_rows, "bytes": len(data)})
             changed = True
-            rewritten += 1
+        if dry_run:
+            continue
         if changed:
             target.put(manifest_path, json.dumps({**manifest, "tables": tables}, indent=2).encode())
         named = {manifest_path, *(t["path"] for t in tables)}
@@ -397,7 +483,12 @@ def purge_erased(store: DatabaseHandle, paths: Sequence[str], table_uuid: str | 
     The log (and the commit records) are pruned up to the newest state first, so no
     retained transaction can read the deleted files: time travel to a catalog
     transaction before the erasure then fails with ``TransactionNotFoundError``.
+    Temporary files that interrupted writes left (an earlier, crashed purge's, which can name
+    erased keys) go too, once older than :data:`TEMPORARY_MIN_AGE_S`.
     """
+    older_than = now() - TEMPORARY_MIN_AGE_S
+    store.objects.sweep_temporaries(f"{store.database}/", older_than)
+    sweep_folder(store.wal_dir, older_than)
     log = store.catalog
     state: CatalogState = log.latest()
     log.repair_records()
@@ -435,10 +526,15 @@ class ErasureRequest:
 
 
 def erase(store: DatabaseHandle, request: ErasureRequest, *, spark: Any | None = None, purge_now: bool = False,
-          on_step: Any = None) -> ErasureSummary:
-    """Erase ``request.keys`` of one table from the WAL, the warehouse, the cold tier and exports."""
+          on_step: Any = None, dry_run: bool = False) -> ErasureSummary:
+    """Erase ``request.keys`` of one table from the WAL, the warehouse, the cold tier and exports
+    (``dry_run``: say what would be removed, and where, changing nothing).
+
+    Keys that nothing holds are a :class:`NothingToEraseWarning` (and in the summary's warnings);
+    the erasure is still recorded, with the count of keys found."""
+    import warnings
+
     from history_pipeline.wal.masking import mask_wal
-    from history_pipeline.wal.writer import WalWriter
 
     step = on_step or (lambda s: None)
     check_requester(request.requested_by)
@@ -446,23 +542,81 @@ def erase(store: DatabaseHandle, request: ErasureRequest, *, spark: Any | None =
         # reach every cold tier and export target before anything changes: one found unreachable
         # after the local commit would leave the erasure done here and not there (a typed error)
         target.list(f"{store.database}/")
-    keys = request.keys
-    digest = keys_digest(request.table_uuid, keys)
-    summary = ErasureSummary(request.table_uuid, len(keys), digest)
-    if store.wal_dir.is_dir():
-        with WalWriter(store.wal_dir):  # the writer lock (and recovery): no segment grows while we mask
-            masked = mask_wal(store.wal_dir, request.table_uuid, keys)
-        summary.wal_files_masked = len(masked)
-        summary.wal_events_removed = sum(m.lines_removed for m in masked)
+    keys, table_uuid = request.keys, request.table_uuid
+    summary = ErasureSummary(table_uuid, len(keys), keys_digest(table_uuid, keys), dry_run=dry_run)
+    found: set[int] = set()
+    masked = _mask_wal(store, table_uuid, keys, dry_run, mask_wal)
+    summary.wal_files_masked = len(masked)
+    summary.wal_events_removed = sum(m.lines_removed for m in masked)
+    for m in masked:
+        found.update(m.keys_found)
+        summary.places.append(Place("wal", m.path, m.lines_removed))
+        summary.places += [Place("audit", r, 0) for r in m.records]
     step("wal_masked")
-    record = RecordErasure(request.table_uuid, len(keys), digest, request.requested_by, request.reason, 0.0, 0)
-    txn_id, rewritten, versions, removed = _rewrite_and_commit(store, request.table_uuid, keys, record, spark, step)
-    summary.txn_id, summary.files_rewritten, summary.versions_removed = txn_id, rewritten, versions
-    step("committed")
-    for target in request.targets:
-        summary.cold_files_rewritten += erase_purged(target, store.database, request.table_uuid, keys, txn_id)
-        summary.export_files_rewritten += erase_exports(target, store.database, request.table_uuid, keys)
-    step("cold_tier_written")
-    if purge_now:
-        summary.files_deleted = purge_erased(store, removed, request.table_uuid, keys)
+    state = store.catalog.latest()
+    tombstones = _tombstones_holding(store, state, table_uuid, keys, found)
+    if dry_run or len(found) < len(keys):
+        # the record counts the keys found anywhere, but the cold tiers are rewritten after the commit
+        summary.places += _other_tiers(store, request, state.txn_id + 1, found, dry_run=True)
+    if dry_run:
+        outcomes = [o for o in map_tasks(spark, erase_file_task, _planned_tasks(store, state, table_uuid, keys, spark,
+                                                                                dry_run=True))
+                    if o.removed is not None]
+        for o in outcomes:
+            found.update(o.keys_found)
+        summary.files_rewritten = len(outcomes)
+        summary.versions_removed = sum(o.versions_removed for o in outcomes)
+        summary.cold_files_rewritten = sum(p.tier == "cold tier" for p in summary.places)
+        summary.export_files_rewritten = sum(p.tier == "export" for p in summary.places)
+        summary.files_deleted = len(outcomes) + len(tombstones) if purge_now else 0
+    else:
+        summary.places = [p for p in summary.places if p.tier not in ("cold tier", "export")]
+        record = RecordErasure(table_uuid, len(keys), summary.keys_sha256, request.requested_by, request.reason,
+                               0.0, 0)
+        summary.txn_id, outcomes = _rewrite_and_commit(store, table_uuid, keys, record, spark, step, found)
+        summary.files_rewritten = len(outcomes)
+        summary.versions_removed = sum(o.versions_removed for o in outcomes)
+        step("committed")
+        others = _other_tiers(store, request, summary.txn_id, set(), dry_run=False)
+        summary.places += others
+        summary.cold_files_rewritten = sum(p.tier == "cold tier" for p in others)
+        summary.export_files_rewritten = sum(p.tier == "export" for p in others)
+        step("cold_tier_written")
+        if purge_now:
+            summary.files_deleted = purge_erased(store, [o.removed for o in outcomes if o.removed is not None],
+                                                 table_uuid, keys)
+    summary.places[:0] = [Place("warehouse", o.removed, o.versions_removed) for o in outcomes if o.removed]
+    summary.places += tombstones
+    summary.keys_found = len(found)
+    if len(found) < len(keys):
+        missing = len(keys) - len(found)
+        message = (f"{missing} of the {len(keys)} key(s) to erase from table {table_uuid} had nothing to erase: "
+                   "no version, WAL event, purged or exported row holds them"
+                   + ("" if found or dry_run else "; the erasure changed no file (its record is kept)"))
+        summary.warnings.append(message)
+        warnings.warn(message, NothingToEraseWarning, stacklevel=2)
     return summary
+
+
+def _mask_wal(store: DatabaseHandle, table_uuid: str, keys: tuple[int, ...], dry_run: bool, mask_wal: Any) -> list:
+    """The WAL files masked (``dry_run``: to be masked, read without the writer lock, whose recovery
+    may write)."""
+    from history_pipeline.wal.writer import WalWriter
+
+    if not store.wal_dir.is_dir():
+        return []
+    if dry_run:
+        return mask_wal(store.wal_dir, table_uuid, keys, dry_run=True)
+    with WalWriter(store.wal_dir):  # the writer lock (and recovery): no segment grows while we mask
+        return mask_wal(store.wal_dir, table_uuid, keys)
+
+
+def _other_tiers(store: DatabaseHandle, request: ErasureRequest, txn_hint: int, found: set[int], *,
+                 dry_run: bool) -> list[Place]:
+    """The purged history and exports in every target rewritten without the keys (or to be)."""
+    places: list[Place] = []
+    for target in request.targets:
+        places += erase_purged(target, store.database, request.table_uuid, request.keys, txn_hint, found,
+                               dry_run=dry_run)
+        places += erase_exports(target, store.database, request.table_uuid, request.keys, found, dry_run=dry_run)
+    return places

@@ -16,7 +16,14 @@ from history_pipeline.orchestration.metadata import md_table
 from history_pipeline.orchestration.partitions import parse_segment_partition_key, segment_partitions
 from history_pipeline.orchestration.resources import HistoryRootResource, SparkResource
 from history_pipeline.store import HistoryStore
-from history_pipeline.wal.segments import SegmentRef, segment_name, verify_or_quarantine
+from history_pipeline.wal import SegmentState
+from history_pipeline.wal.segments import (
+    SegmentRef,
+    public_reason,
+    segment_name,
+    verify_or_quarantine,
+    without_values,
+)
 
 GROUP = "history"
 
@@ -30,6 +37,15 @@ def _segment_ref(history: HistoryRootResource, partition_key: str) -> tuple[Hist
     raise SegmentNotFoundError(
         f"segment {segment_name(segment_id)} of {database} is not in {store.wal_dir} (removed from the WAL?)"
     )
+
+
+def _value_free(store: HistoryStore, exc: SegmentQuarantinedError) -> SegmentQuarantinedError:
+    """The error without any value of the segment's events: Dagster keeps what it is shown (the
+    run's failure, the partition's metadata) for good, beyond an erasure's reach."""
+    for ref in store.segments(SegmentState.QUARANTINED):
+        if ref.name == exc.segment:
+            return SegmentQuarantinedError(exc.segment, public_reason(ref) or "no reason recorded")
+    return SegmentQuarantinedError(exc.segment, without_values(exc.cause, None))
 
 
 def _report_quarantine(context: dg.AssetExecutionContext, exc: SegmentQuarantinedError) -> None:
@@ -59,8 +75,9 @@ def wal_segments(context: dg.AssetExecutionContext, history: HistoryRootResource
         # the same rule as compaction: a segment that does not verify is quarantined, with why
         contents = verify_or_quarantine(ref, store.wal_dir)
     except SegmentQuarantinedError as exc:
-        _report_quarantine(context, exc)
-        raise
+        shown = _value_free(store, exc)
+        _report_quarantine(context, shown)
+        raise shown from None
     ops: dict[str, int] = {}
     for _, event in contents.events:
         name = OP_NAMES[type(event)]
@@ -98,8 +115,9 @@ def compacted_batches(
             only_segment=ref.segment_id,
         )
     except SegmentQuarantinedError as exc:
-        _report_quarantine(context, exc)
-        raise
+        shown = _value_free(store, exc)
+        _report_quarantine(context, shown)
+        raise shown from None
     if not summary.segments_applied:
         context.log.info(f"segment {ref.name} was already applied")
     state = store.catalog_state()
@@ -128,15 +146,16 @@ def _table_names(store: HistoryStore, table_uuids: Iterable[str]) -> list[str]:
     return sorted(names.get(u, u) for u in table_uuids)
 
 
-def _preview(store: HistoryStore, as_of: int, rows: int = 5) -> str:
-    lines = []
-    for descriptor in store.get_catalog(as_of)[:3]:
-        table = store.load_table(descriptor.table_name, as_of).slice(0, rows).to_pylist()
-        names = list(table[0].keys()) if table else ["synthetic_key"]
-        lines.append(f"**{descriptor.table_name}**\n\n| " + " | ".join(names) + " |\n|" + "---|" * len(names))
-        lines += ["| " + " | ".join(str(r[n]) for n in names) + " |" for r in table]
-        lines.append("")
-    return "\n".join(lines) or "(no tables)"
+def _preview(store: HistoryStore, as_of: int) -> str:
+    """Each table's columns and row count as of ``as_of``: never a value, since Dagster keeps its
+    metadata for good, beyond an erasure's reach (``history-pipeline query`` shows the rows)."""
+    rows = []
+    for descriptor in store.get_catalog(as_of):
+        quoted = descriptor.table_name.replace('"', '""')
+        count = store.sql(f'SELECT count(*) AS n FROM "{quoted}"', as_of).column("n")[0].as_py()
+        columns = ", ".join(f"{c.column_name} {c.data_type}" for c in descriptor.columns)
+        rows.append((descriptor.table_name, count, columns))
+    return md_table(["table", "rows", "columns"], rows, empty="(no tables)").value
 
 
 @dg.asset(deps=[compacted_batches], group_name=GROUP,

@@ -47,7 +47,7 @@ from history_pipeline.orchestration.sensor_marks import (
 from history_pipeline.store import _DATABASE_RE
 from history_pipeline.wal import SegmentState
 from history_pipeline.wal.journal import Marker, consume, ensure_journal, journal_dir, read_journal
-from history_pipeline.wal.segments import applied_dir, list_segments, quarantine_reason, segment_name
+from history_pipeline.wal.segments import applied_dir, list_segments, public_reason, segment_name
 
 compact_segment_job = dg.define_asset_job(
     "compact_segment_job",
@@ -276,7 +276,8 @@ def _list_database(database: str, wal_dir: Path, stamp: Stamp) -> DatabaseListin
                 continue
             reason = None
             if state is SegmentState.QUARANTINED:
-                reason = str((quarantine_reason(ref) or {}).get("error", "")) or None
+                # Dagster keeps what it is shown for good, beyond an erasure's reach: no value
+                reason = public_reason(ref) or None
             views.append(SegmentView(database, ref.segment_id, ref.name, state, changed, reason))
     return DatabaseListing(database, stamp, tuple(views))
 

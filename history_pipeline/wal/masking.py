@@ -10,6 +10,11 @@ does); one whose seal did not verify (torn, edited) stays unverifiable, as it
 was. The line selection is one DuckDB query over the file's lines; the file is
 replaced atomically (written aside, fsynced, renamed).
 
+Records that can quote a value of a masked segment are redacted with it: a quarantined
+segment's ``<id>.error.json``, and in an audit folder (a repaired or skipped segment's
+``original.sealed``) its ``error.json`` and the ``quarantine_error`` of its ``repair.json``;
+the operator's own words there (``reason``) keep everything but the erased values' text.
+
 The caller holds the WAL writer lock, so no open segment grows meanwhile.
 """
 
@@ -36,14 +41,20 @@ from history_pipeline.wal.segments import (
     segments_dir,
 )
 
+#: a value shorter than this is not searched for in an operator's free text (it would match words)
+MIN_SCRUBBED = 4
+REDACTED = "[erased]"
+
 
 @dataclass(frozen=True)
 class MaskedFile:
-    """One WAL file rewritten without erased keys."""
+    """One WAL file rewritten (or, in a dry run, to be rewritten) without erased keys."""
 
     path: str
     lines_removed: int
     resealed: bool
+    keys_found: tuple[int, ...] = ()
+    records: tuple[str, ...] = ()  # the quarantine and audit records redacted with it
 
 
 def wal_files(wal_dir: Path) -> list[Path]:
@@ -58,8 +69,8 @@ def wal_files(wal_dir: Path) -> list[Path]:
     return sorted(found)
 
 
-def _erased_lines(lines: pa.Array, table_uuid: str, keys: Sequence[int]) -> pa.Array:
-    """A boolean per line: is it a row event of one of ``keys`` of ``table_uuid``?"""
+def _erased_lines(lines: pa.Array, table_uuid: str, keys: Sequence[int]) -> pa.Table:
+    """Per line: ``hit`` (is it a row event of one of ``keys`` of ``table_uuid``?) and its ``key``."""
     con = duckdb.connect(":memory:")
     try:
         con.register("lines", pa.table({"i": pa.array(range(len(lines)), pa.int64()), "line": lines}))
@@ -70,13 +81,14 @@ def _erased_lines(lines: pa.Array, table_uuid: str, keys: Sequence[int]) -> pa.A
                SELECT coalesce(
                    json_extract_string(doc, '$.op') IN ('insert', 'update', 'delete')
                    AND json_extract_string(doc, '$.table_uuid') = ?
-                   AND TRY_CAST(json_extract(doc, '$.key') AS BIGINT) IN (SELECT k FROM erased), false) AS hit
+                   AND TRY_CAST(json_extract(doc, '$.key') AS BIGINT) IN (SELECT k FROM erased), false) AS hit,
+                   TRY_CAST(json_extract(doc, '$.key') AS BIGINT) AS key
                FROM docs ORDER BY i""",
             params=[table_uuid],
         ).to_arrow_table()
     finally:
         con.close()
-    return result.column("hit").combine_chunks()
+    return result
 
 
 def _verified_seal(data: bytes) -> tuple[bytes, int] | None:
@@ -94,22 +106,29 @@ def _verified_seal(data: bytes) -> tuple[bytes, int] | None:
     return body, event.t
 
 
-def mask_file(path: Path, table_uuid: str, keys: Sequence[int]) -> MaskedFile | None:
-    """Rewrite one segment file without the row events of ``keys`` (None when it holds none)."""
+def mask_file(path: Path, table_uuid: str, keys: Sequence[int], *, dry_run: bool = False) -> MaskedFile | None:
+    """Rewrite one segment file without the row events of ``keys`` (None when it holds none);
+    ``dry_run``: only say what would be removed."""
     data = path.read_bytes()
     sealed = _verified_seal(data)
     body = sealed[0] if sealed is not None else data
     raw = body.split(b"\n")
     # matching runs on text (a stray invalid byte becomes U+FFFD, never a newline), output keeps the bytes
     text = body.decode("utf-8", errors="replace").split("\n")
-    hits = _erased_lines(pa.array(text, pa.string()), table_uuid, keys)
+    found = _erased_lines(pa.array(text, pa.string()), table_uuid, keys)
+    hits = found.column("hit").combine_chunks()
     removed = pc.sum(hits).as_py() or 0
     if not removed:
         return None
+    keys_found = tuple(sorted(set(pc.filter(found.column("key"), hits).to_pylist())))
+    records = tuple(str(p) for p in _records_of(path))
+    if dry_run:
+        return MaskedFile(str(path), int(removed), sealed is not None, keys_found, records)
     kept = pc.filter(pa.array(raw, pa.binary()), pc.invert(hits))
     joined = pc.binary_join(pa.ListArray.from_arrays(pa.array([0, len(kept)], pa.int32()), kept), b"\n")
     new_body = joined[0].as_py()
     new_data = new_body + sealing_line(sealed[1], new_body) if sealed is not None else new_body
+    erased_text = _values_of(pc.filter(pa.array(text, pa.string()), hits).to_pylist())
     tmp = path.with_name(f".{path.name}.mask.tmp")
     with open(tmp, "wb") as f:
         f.write(new_data)
@@ -118,37 +137,77 @@ def mask_file(path: Path, table_uuid: str, keys: Sequence[int]) -> MaskedFile | 
     if not path.exists():  # moved meanwhile (applied, released): never recreate it here; the next pass finds it
         tmp.unlink()
         return None
+    # the records first: a crash after them leaves the segment unmasked, and the rerun masks it (and
+    # redacts again); the other order would leave the records quoting values of a file masked already
+    for record in _records_of(path):
+        _redact_record(record, int(removed), erased_text)
     os.replace(tmp, path)
-    _redact_reason(path, int(removed))
     fsync_dir(path.parent)
-    return MaskedFile(str(path), int(removed), sealed is not None)
+    return MaskedFile(str(path), int(removed), sealed is not None, keys_found, records)
 
 
-def _redact_reason(segment: Path, removed: int) -> None:
-    """A quarantined segment's (or its audit copy's) reason may quote an erased value, and its line
-    numbers are stale once lines are gone: keep which segment, drop the message."""
-    reason_path = segment.with_name(f"{segment.stem}.error.json")
-    if not reason_path.exists():
-        return
-    reason = json.loads(reason_path.read_text())
-    redacted = {
-        "segment": reason.get("segment", segment.stem),
-        "line": None,
-        "error": f"redacted by an erasure that removed {removed} event(s) from this segment; "
-                 "release it to compact it again and see what, if anything, is still wrong",
-    }
-    tmp = reason_path.with_name(f".{reason_path.name}.tmp")
-    tmp.write_text(json.dumps(redacted, indent=2))
-    os.replace(tmp, reason_path)
+def _records_of(segment: Path) -> list[Path]:
+    """The records that may quote a value of ``segment``: a quarantined segment's reason, or beside
+    an audit copy (``original.sealed``) the quarantine reason and the repair record."""
+    if segment.name == "original.sealed":
+        candidates = [segment.with_name("error.json"), segment.with_name("repair.json")]
+    else:
+        candidates = [segment.with_name(f"{segment.stem}.error.json")]
+    return [c for c in candidates if c.exists()]
 
 
-def mask_wal(wal_dir: Path, table_uuid: str, keys: Sequence[int]) -> list[MaskedFile]:
-    """Mask ``keys`` of ``table_uuid`` in every segment file of the WAL (see the module docstring)."""
+def _values_of(lines: list[str]) -> tuple[str, ...]:
+    """The text of every value of the erased lines (long enough to be searched for in free text)."""
+    found: set[str] = set()
+    for line in lines:
+        try:
+            values = json.loads(line).get("values") or {}
+        except (ValueError, AttributeError):
+            continue
+        for value in values.values() if isinstance(values, dict) else ():
+            if isinstance(value, str | int | float) and not isinstance(value, bool):
+                shown = str(value)
+                if len(shown) >= MIN_SCRUBBED:
+                    found.add(shown)
+    return tuple(sorted(found, key=len, reverse=True))  # longest first: no partial leftovers
+
+
+def _scrub(text: str, values: Sequence[str]) -> str:
+    for value in values:
+        text = text.replace(value, REDACTED)
+    return text
+
+
+def _redact_record(path: Path, removed: int, values: Sequence[str]) -> None:
+    """A quarantine reason (or a repair record's copy of it) may quote an erased value, and its line
+    numbers are stale once lines are gone: keep which segment and who did what, drop the message."""
+    record = json.loads(path.read_text())
+    message = (f"redacted by an erasure that removed {removed} event(s) from this segment; "
+               "release it to compact it again and see what, if anything, is still wrong")
+    if "quarantine_error" in record:  # a repair.json
+        if record["quarantine_error"] is not None:
+            record["quarantine_error"] = message
+        for field in ("reason", "source"):
+            if isinstance(record.get(field), str):
+                record[field] = _scrub(record[field], values)
+    else:
+        record = {"segment": record.get("segment", path.name.split(".")[0]), "line": None, "error": message}
+    tmp = path.with_name(f".{path.name}.tmp")
+    with open(tmp, "w") as f:
+        f.write(json.dumps(record, indent=2))
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def mask_wal(wal_dir: Path, table_uuid: str, keys: Sequence[int], *, dry_run: bool = False) -> list[MaskedFile]:
+    """Mask ``keys`` of ``table_uuid`` in every segment file of the WAL (see the module docstring);
+    ``dry_run``: only list what would be masked."""
     masked = []
-    for _ in range(2):  # a second pass finds a segment that moved (applied, released) while we looked
+    for _ in range(1 if dry_run else 2):  # a second pass finds a segment that moved (applied, released)
         for path in wal_files(wal_dir):
             try:
-                done = mask_file(path, table_uuid, keys)
+                done = mask_file(path, table_uuid, keys, dry_run=dry_run)
             except FileNotFoundError:
                 continue
             if done is not None:

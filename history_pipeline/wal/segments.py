@@ -19,6 +19,7 @@ import enum
 import hashlib
 import json
 import os
+import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -266,6 +267,53 @@ def quarantine_reason(ref: SegmentRef) -> dict[str, object] | None:
     if not path.exists():
         return None
     return json.loads(path.read_text())
+
+
+#: what stands for a value in a reason shown outside the WAL
+WITHHELD = "<value>"
+
+
+def without_values(error: str, line: bytes | None) -> str:
+    """``error`` with the text of every value of the failing event (``line``, its raw bytes) withheld,
+    for records that erasure cannot reach (Dagster's event log, a check's metadata): the table, the
+    key, the column and the line stay. A line that is not a JSON object may be quoted in any form:
+    the whole message is withheld then."""
+    try:
+        event = json.loads(line) if line is not None else None
+    except ValueError:
+        event = None
+    if not isinstance(event, dict):
+        return "the reason quotes an unreadable event; see it in the WAL (history-pipeline segments)"
+    values = event.get("values") if isinstance(event.get("values"), dict) else {}
+    found = set()
+    for value in [*values.values(), event.get("default")]:
+        if value is None or isinstance(value, bool):
+            continue
+        found.update({json.dumps(value), repr(value), str(value)})
+    for text in sorted(found, key=len, reverse=True):  # longest first: no piece of a value is left
+        error = re.sub(rf"(?<![\w.]){re.escape(text)}(?![\w.])", WITHHELD, error)
+    return error
+
+
+def public_reason(ref: SegmentRef) -> str | None:
+    """Why a quarantined segment was refused, without any value of its events (see
+    :func:`without_values`), with the line when known; None if no reason was recorded."""
+    reason = quarantine_reason(ref)
+    if reason is None:
+        return None
+    error, number = str(reason.get("error", "")), reason.get("line")
+    if not isinstance(number, int) or number < 1:
+        # a reason about the whole file (torn, checksum, bounds) quotes no event; one that looks as if
+        # it might is withheld rather than guessed at
+        if "'" in error or '"' in error or "value" in error:
+            return "the reason may quote a value; see it in the WAL (history-pipeline segments)"
+        return error
+    try:
+        with open(ref.path, "rb") as f:
+            line = next((raw for i, raw in enumerate(f, start=1) if i == number), None)
+    except OSError:
+        line = None
+    return without_values(error, line)
 
 
 def release_segment(ref: SegmentRef, wal_dir: Path) -> SegmentRef:
