@@ -156,3 +156,51 @@ def test_every_assignment_cast_between_contract_types_is_captured_as_postgresql_
                       (name,))
         admin.execute(f"DROP DATABASE {name} WITH (FORCE)")
         admin.close()
+
+
+def test_type_changes_that_cast_cannot_compute_are_captured_from_the_rows_they_leave(tmp_path, pg):
+    """USING expressions, a session time zone other than UTC, a json column's text and a change made
+    inside a DO block: the capture writes the rows as the change left them, right after it."""
+    name = f"inexact_{uuid.uuid4().hex[:8]}"
+    admin = pg.connect()
+    admin.execute(f"CREATE DATABASE {name}")
+    conn = pg.connect(name)
+    try:
+        store = HistoryStore.open(tmp_path, database="inexact")
+        config = CaptureConfig(dsn=pg.dsn(name), slot="inexact")
+        run_capture(store, config, once=True)
+        conn.execute("CREATE TABLE u (id int PRIMARY KEY, price int, code text, doc json, at timestamp, "
+                     "seen timestamptz, plain integer)")
+        conn.execute("""INSERT INTO u VALUES
+            (1, 250, 'a7', '{"b": 1,  "a": [1, 2]}', '2024-07-01 12:00', '2024-01-01 23:30+00', 1),
+            (2, NULL, 'b9', '[1,  2]', '2024-01-01 00:00', '2024-07-01 00:30+00', 2)""")
+        states = [(current_lsn(conn), _table(conn, "u"))]
+        steps = [
+            "ALTER TABLE u ALTER COLUMN price TYPE numeric(10,2) USING price / 100.0",
+            "ALTER TABLE u ALTER COLUMN code TYPE integer USING substr(code, 2)::integer",
+            "ALTER TABLE u ALTER COLUMN doc TYPE text",
+            "SET TimeZone = 'America/New_York'; ALTER TABLE u ALTER COLUMN at TYPE timestamptz; "
+            "ALTER TABLE u ALTER COLUMN seen TYPE date; RESET TimeZone",
+            "DO $$ BEGIN EXECUTE 'ALTER TABLE u ALTER COLUMN plain TYPE bigint USING plain * 10'; END $$",
+            "UPDATE u SET price = 3.5 WHERE id = 2",
+        ]
+        for step in steps:
+            conn.execute(step)
+            states.append((current_lsn(conn), _table(conn, "u")))
+        run_capture(store, config, once=True)
+        store.compact(spark=False)
+        for lsn, expected in states:
+            got = {r["id"]: r for r in store.load_table("u", as_of=lsn).to_pylist()}
+            assert {k: {c: v for c, v in r.items() if c != "synthetic_key"} for k, r in got.items()} == expected, lsn
+    finally:
+        conn.close()
+        admin.execute("SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots WHERE database = %s",
+                      (name,))
+        admin.execute(f"DROP DATABASE {name} WITH (FORCE)")
+        admin.close()
+
+
+def _table(conn, name: str) -> dict[int, dict]:
+    cur = conn.execute(f"SELECT * FROM {name} ORDER BY 1")
+    names = [d.name for d in cur.description]
+    return {row[0]: dict(zip(names, row, strict=True)) for row in cur.fetchall()}

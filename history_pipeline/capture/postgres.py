@@ -104,6 +104,29 @@ BEGIN
                    r, coalesce(cols, ''), r::regclass);
     DELETE FROM {CAPTURE_SCHEMA}.snapshot_rows WHERE relid = r;
 END $$;
+-- Did this command change a column's type in a way whose result the capture cannot compute by CAST? A
+-- plain ALTER TABLE ... TYPE (no USING) in a UTC session runs PostgreSQL's assignment casts, which the
+-- contract's CAST repeats exactly; a USING expression, another session time zone (timestamp <->
+-- timestamptz, date -> timestamptz, timestamptz -> date/time) or a json column's text (which the capture
+-- keeps as jsonb) can give other values. The statement text is the whole client query (a function or DO
+-- block hides it: then any type change counts).
+CREATE OR REPLACE FUNCTION {CAPTURE_SCHEMA}.retyped_inexactly(r oid, now_described jsonb) RETURNS boolean
+LANGUAGE sql AS $$
+    WITH before AS (
+        SELECT description FROM {CAPTURE_SCHEMA}.ddl_log WHERE relid = r AND description IS NOT NULL
+        ORDER BY id DESC LIMIT 1
+    ), retyped AS (
+        SELECT o.value AS was FROM before, jsonb_array_elements(before.description->'columns') o
+        JOIN jsonb_array_elements(now_described->'columns') n ON (o.value->'attnum') = (n.value->'attnum')
+        WHERE (o.value->'type_oid', o.value->'typmod') IS DISTINCT FROM (n.value->'type_oid', n.value->'typmod')
+    )
+    SELECT EXISTS (SELECT 1 FROM retyped) AND (
+        current_query() !~* '^\\s*alter\\s+table\\s' OR current_query() ~* '\\musing\\M'
+        OR current_setting('TimeZone') NOT IN ('UTC', 'Etc/UTC', 'GMT', 'Etc/GMT', 'UCT', 'Etc/UCT', 'Universal',
+                                               'Etc/Universal', 'Zulu', 'Etc/Zulu', 'GMT0', 'Etc/GMT0')
+        OR EXISTS (SELECT 1 FROM retyped WHERE (was->>'type_oid')::oid IN (114, 199))  -- json, json[]
+    )
+$$;
 CREATE OR REPLACE FUNCTION {CAPTURE_SCHEMA}.on_ddl_end() RETURNS event_trigger LANGUAGE plpgsql AS $$
 DECLARE r oid; nonempty boolean; first_seen boolean;
 BEGIN
@@ -124,6 +147,10 @@ BEGIN
         END IF;
         EXECUTE format('SELECT EXISTS (SELECT 1 FROM %s)', r::regclass) INTO nonempty;
         IF first_seen AND nonempty THEN  -- CREATE TABLE AS, SELECT INTO: rows the stream showed before the table
+            PERFORM {CAPTURE_SCHEMA}.snapshot(r);
+        ELSIF nonempty AND {CAPTURE_SCHEMA}.retyped_inexactly(r, {CAPTURE_SCHEMA}.describe(r)) THEN
+            -- the rows as the change left them (the stream shows no row of a table rewrite): the capture
+            -- writes them as updates right after the type change
             PERFORM {CAPTURE_SCHEMA}.snapshot(r);
         ELSE
             INSERT INTO {CAPTURE_SCHEMA}.ddl_log (relid, description)
