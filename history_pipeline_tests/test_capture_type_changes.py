@@ -179,13 +179,14 @@ def test_type_changes_that_cast_cannot_compute_are_captured_from_the_rows_they_l
             "ALTER TABLE u ALTER COLUMN price TYPE numeric(10,2) USING price / 100.0",
             "ALTER TABLE u ALTER COLUMN code TYPE integer USING substr(code, 2)::integer",
             "ALTER TABLE u ALTER COLUMN doc TYPE text",
-            "SET TimeZone = 'America/New_York'; ALTER TABLE u ALTER COLUMN at TYPE timestamptz; "
-            "ALTER TABLE u ALTER COLUMN seen TYPE date; RESET TimeZone",
+            ["SET TimeZone = 'America/New_York'", "ALTER TABLE u ALTER COLUMN at TYPE timestamptz",
+             "ALTER TABLE u ALTER COLUMN seen TYPE date", "RESET TimeZone"],
             "DO $$ BEGIN EXECUTE 'ALTER TABLE u ALTER COLUMN plain TYPE bigint USING plain * 10'; END $$",
             "UPDATE u SET price = 3.5 WHERE id = 2",
         ]
         for step in steps:
-            conn.execute(step)
+            for statement in [step] if isinstance(step, str) else step:  # each statement on its own
+                conn.execute(statement)
             states.append((current_lsn(conn), _table(conn, "u")))
         run_capture(store, config, once=True)
         store.compact(spark=False)

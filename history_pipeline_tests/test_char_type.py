@@ -140,3 +140,24 @@ def test_sql_compares_groups_and_measures_char_values_without_their_padding(tmp_
     assert joined == [{"n": 1}]
     # as of 21 label is CHAR(6): the same rules, its stored value padded
     assert store.sql("SELECT synthetic_key AS k FROM codes WHERE label = 'yz'", as_of=21).to_pylist() == [{"k": 2}]
+
+
+def test_a_table_with_array_columns_shows_char_values_in_sql_as_any_other(tmp_path):
+    """Tables with array columns are exposed to SQL from their reconstruction: CHAR values lose their
+    padding there too."""
+    store = HistoryStore.open(tmp_path, database="arrays")
+    with store.wal_writer() as wal:
+        wal.append({"op": "create_table", "t": 1, "table_uuid": "T", "table_name": "tagged",
+                    "columns": [{"column_uuid": "c", "column_name": "code", "data_type": "CHAR(5)"},
+                                {"column_uuid": "a", "column_name": "tags", "data_type": "CHAR(3)[]"}]})
+        wal.append({"op": "insert", "t": 2, "table_uuid": "T", "key": 1, "values": {"c": "ab", "a": ["x", None]}})
+        wal.append({"op": "insert", "t": 2, "table_uuid": "T", "key": 2, "values": {"c": "abc", "a": []}})
+        wal.append({"op": "close", "t": 2})
+        wal.seal()
+    store.compact()
+    assert store.load_table("tagged", as_of=3, ordered=True).to_pylist() == [
+        {"synthetic_key": 1, "code": "ab   ", "tags": ["x  ", None]},
+        {"synthetic_key": 2, "code": "abc  ", "tags": []},
+    ]
+    found = store.sql("SELECT synthetic_key AS k, length(code) AS n FROM tagged WHERE code = 'ab'", as_of=3)
+    assert found.to_pylist() == [{"k": 1, "n": 2}]
