@@ -44,6 +44,8 @@ CREATE TABLE IF NOT EXISTS {CAPTURE_SCHEMA}.ddl_log (
     dropped boolean NOT NULL DEFAULT false,
     description jsonb
 );
+-- a table's last description, which the trigger compares a DDL command's result with
+CREATE INDEX IF NOT EXISTS ddl_log_relid ON {CAPTURE_SCHEMA}.ddl_log (relid, id);
 -- attnum 0 names the table itself; a UUID is assigned once and kept while the object lives
 CREATE TABLE IF NOT EXISTS {CAPTURE_SCHEMA}.ids (
     relid oid NOT NULL,
