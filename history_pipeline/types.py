@@ -75,6 +75,7 @@ _ALIASES: dict[str, TypeKind] = {
     "TEXT": TypeKind.TEXT,
     "VARCHAR": TypeKind.VARCHAR,
     "CHARACTER VARYING": TypeKind.VARCHAR,
+    "CHAR VARYING": TypeKind.VARCHAR,
     "CHAR": TypeKind.CHAR,
     "CHARACTER": TypeKind.CHAR,
     "BPCHAR": TypeKind.CHAR,

@@ -49,7 +49,7 @@ def _tables(conn) -> dict[str, list[dict]]:
         "WHERE n.nspname = 'public' AND c.relkind = 'r' AND c.relpersistence = 'p' ORDER BY 1").fetchall()]
     out = {}
     for name in names:
-        cur = conn.execute(f'SELECT * FROM "{name}" ORDER BY 1')
+        cur = conn.execute(f'SELECT * FROM "{name}" ORDER BY 1', prepare=False)  # columns may change type
         columns = [d.name for d in cur.description]
         out[name] = [dict(zip(columns, row, strict=True)) for row in cur.fetchall()]
     return out

@@ -20,6 +20,7 @@ def test_char_types_parse_as_postgresql_names_them():
     assert str(parse_data_type("bpchar")) == "BPCHAR"  # bpchar without a length: no padding
     assert str(parse_data_type("char(3)[]")) == "CHAR(3)[]"
     assert parse_data_type("character varying(3)") == "VARCHAR(3)"  # not CHAR
+    assert parse_data_type("char varying(3)") == "VARCHAR(3)"
     for bad in ("CHAR(0)", "CHAR(2,1)", "CHAR(10485761)"):
         with pytest.raises(DataTypeError):
             parse_data_type(bad)
