@@ -351,11 +351,6 @@ def _decode_char(t: DataType, v: Any) -> str:
     return text if t.length is None else text.ljust(t.length)
 
 
-def char_padded(text: str, length: int | None) -> str:
-    """A CHAR(length) value's stored form: blank-padded to ``length`` (bpchar without length: as it is)."""
-    return text if length is None else text.ljust(length)
-
-
 def _decode_bytea(t: DataType, v: Any) -> bytes:
     if not isinstance(v, str):
         raise _fail(t, v, "expected a base64 string")
