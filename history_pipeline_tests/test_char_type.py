@@ -155,7 +155,7 @@ def test_a_table_with_array_columns_shows_char_values_in_sql_as_any_other(tmp_pa
         wal.append({"op": "insert", "t": 2, "table_uuid": "T", "key": 2, "values": {"c": "abc", "a": []}})
         wal.append({"op": "close", "t": 2})
         wal.seal()
-    store.compact()
+    store.compact(spark=False)
     assert store.load_table("tagged", as_of=3, ordered=True).to_pylist() == [
         {"synthetic_key": 1, "code": "ab   ", "tags": ["x  ", None]},
         {"synthetic_key": 2, "code": "abc  ", "tags": []},
