@@ -29,7 +29,8 @@ from history_pipeline.types import (
 
 _INTEGERS = (TypeKind.SMALLINT, TypeKind.INTEGER, TypeKind.BIGINT)
 _FLOATS = (TypeKind.REAL, TypeKind.DOUBLE)
-_TEXTS = (TypeKind.TEXT, TypeKind.VARCHAR)
+#: the string types: a value of one reads as its text in another
+_STRINGS = (TypeKind.TEXT, TypeKind.VARCHAR, TypeKind.CHAR)
 
 
 class CastFailure(ValueError):
@@ -44,12 +45,14 @@ def cast_value(value: Any, source: DataType, target: DataType) -> Any:
     if s is TypeKind.NUMERIC and value == 0:
         value = abs(value)  # PostgreSQL's numeric has no negative zero: -0.00 is 0.00
     try:
-        if t in _TEXTS:
-            text = to_text(value, source)
-            if target.length is not None:  # an explicit cast to VARCHAR(n) truncates, as in PostgreSQL
+        if t in _STRINGS:
+            # a CHAR(n) value's padding is no part of its text: PostgreSQL's casts of bpchar to text and
+            # varchar strip trailing blanks (and so does reading it into CHAR(m), which pads again)
+            text = value.rstrip(" ") if s is TypeKind.CHAR else to_text(value, source)
+            if target.length is not None:  # an explicit cast to VARCHAR(n) or CHAR(n) truncates, as in PostgreSQL
                 text = text[: target.length]
             return _check(target, text)
-        if s in _TEXTS:  # input functions ignore surrounding blanks, except bytea's
+        if s in _STRINGS:  # input functions ignore surrounding blanks, except bytea's
             return _from_text(value.strip() if t is not TypeKind.BYTEA else value, target)
         if s is TypeKind.REAL and t is not TypeKind.REAL:
             # the Python form of a REAL is its shortest decimal; PostgreSQL casts the float32 itself

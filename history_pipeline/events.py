@@ -90,6 +90,9 @@ class ChangeColumnType:
     table_uuid: str
     column_uuid: str
     data_type: DataType
+    #: the rows existing at the change are not cast: they read NULL in the column until the writer gives
+    #: each its new value, right after the change (a database that computed them by an expression)
+    values_follow: bool = False
 
 
 @dataclass(frozen=True)
@@ -401,8 +404,9 @@ def _rename_column(r: Mapping[str, Any], op: str, t: int) -> RenameColumn:
 
 
 def _change_column_type(r: Mapping[str, Any], op: str, t: int) -> ChangeColumnType:
-    f = _Fields(r, op, {"table_uuid", "column_uuid", "data_type"})
-    return ChangeColumnType(t, f.string("table_uuid"), f.string("column_uuid"), f.data_type("data_type"))
+    f = _Fields(r, op, {"table_uuid", "column_uuid", "data_type", "values_follow"})
+    follow = f.boolean("values_follow") if "values_follow" in r else False
+    return ChangeColumnType(t, f.string("table_uuid"), f.string("column_uuid"), f.data_type("data_type"), follow)
 
 
 def _change_column_nullable(r: Mapping[str, Any], op: str, t: int) -> ChangeColumnNullable:
@@ -513,6 +517,8 @@ def event_to_record(event: Event) -> dict[str, Any]:
             record["new_name"] = event.new_name
         elif isinstance(event, ChangeColumnType):
             record["data_type"] = str(event.data_type)
+            if event.values_follow:
+                record["values_follow"] = True
         elif isinstance(event, ChangeColumnNullable):
             record["is_nullable"] = event.is_nullable
         elif isinstance(event, ReorderColumn):

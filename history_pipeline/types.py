@@ -43,6 +43,7 @@ class TypeKind(enum.Enum):
     NUMERIC = "NUMERIC"
     TEXT = "TEXT"
     VARCHAR = "VARCHAR"
+    CHAR = "CHAR"
     BYTEA = "BYTEA"
     UUID = "UUID"
     DATE = "DATE"
@@ -74,6 +75,10 @@ _ALIASES: dict[str, TypeKind] = {
     "TEXT": TypeKind.TEXT,
     "VARCHAR": TypeKind.VARCHAR,
     "CHARACTER VARYING": TypeKind.VARCHAR,
+    "CHAR VARYING": TypeKind.VARCHAR,
+    "CHAR": TypeKind.CHAR,
+    "CHARACTER": TypeKind.CHAR,
+    "BPCHAR": TypeKind.CHAR,
     "BYTEA": TypeKind.BYTEA,
     "UUID": TypeKind.UUID,
     "DATE": TypeKind.DATE,
@@ -93,6 +98,9 @@ _INT_RANGES = {
     TypeKind.INTEGER: (-(2**31), 2**31 - 1),
     TypeKind.BIGINT: (-(2**63), 2**63 - 1),
 }
+
+#: PostgreSQL's largest length of a VARCHAR(n) or CHAR(n)
+MAX_STRING_LENGTH = 10_485_760
 
 #: Arrow's decimal128 holds at most 38 digits; wider or unconstrained NUMERIC is kept as text.
 MAX_DECIMAL128_PRECISION = 38
@@ -116,6 +124,9 @@ class DataType:
             return f"NUMERIC({self.precision},{self.scale or 0})"
         if self.kind is TypeKind.VARCHAR and self.length is not None:
             return f"VARCHAR({self.length})"
+        if self.kind is TypeKind.CHAR:
+            # PostgreSQL's bpchar without a length: no padding, no limit (CHAR alone is CHAR(1))
+            return "BPCHAR" if self.length is None else f"CHAR({self.length})"
         return self.kind.value
 
     def __eq__(self, other: object) -> bool:
@@ -173,13 +184,14 @@ def parse_data_type(text: str) -> DataType:
         if not 1 <= precision <= 1000 or not 0 <= scale <= precision:
             raise DataTypeError(f"invalid precision/scale in {text!r}")
         return DataType(kind, precision=precision, scale=scale)
-    if kind is TypeKind.VARCHAR:
+    if kind in (TypeKind.VARCHAR, TypeKind.CHAR):
         if second is not None:
-            raise DataTypeError(f"VARCHAR takes one length, got {text!r}")
+            raise DataTypeError(f"{name} takes one length, got {text!r}")
         if first is None:
-            return DataType(kind)
-        if int(first) < 1:
-            raise DataTypeError(f"VARCHAR length must be positive in {text!r}")
+            # as in PostgreSQL: CHAR and CHARACTER are CHAR(1); BPCHAR (and VARCHAR) alone have no length
+            return DataType(kind, length=1 if kind is TypeKind.CHAR and name != "BPCHAR" else None)
+        if not 1 <= int(first) <= MAX_STRING_LENGTH:
+            raise DataTypeError(f"{name} length must be between 1 and {MAX_STRING_LENGTH} in {text!r}")
         return DataType(kind, length=int(first))
     if first is not None:
         raise DataTypeError(f"type {name} takes no parameters, got {text!r}")
@@ -328,6 +340,15 @@ def _decode_text(t: DataType, v: Any) -> str:
     if t.length is not None and len(v) > t.length:
         raise _fail(t, v, f"longer than {t.length} characters")
     return v
+
+
+def _decode_char(t: DataType, v: Any) -> str:
+    """PostgreSQL's bpchar input: blank-padded to the length; a longer value is an error unless
+    what passes the length is blanks, which are cut."""
+    if isinstance(v, str) and t.length is not None and len(v) > t.length and not v[t.length:].strip(" "):
+        v = v[: t.length]
+    text = _decode_text(t, v)
+    return text if t.length is None else text.ljust(t.length)
 
 
 def _decode_bytea(t: DataType, v: Any) -> bytes:
@@ -493,6 +514,7 @@ _DECODERS = {
     TypeKind.NUMERIC: _decode_numeric,
     TypeKind.TEXT: _decode_text,
     TypeKind.VARCHAR: _decode_text,
+    TypeKind.CHAR: _decode_char,
     TypeKind.BYTEA: _decode_bytea,
     TypeKind.UUID: _decode_uuid,
     TypeKind.DATE: _decode_date,
@@ -670,6 +692,7 @@ def arrow_type(data_type: DataType) -> pa.DataType:
         TypeKind.DOUBLE: pa.float64(),
         TypeKind.TEXT: pa.string(),
         TypeKind.VARCHAR: pa.string(),
+        TypeKind.CHAR: pa.string(),
         TypeKind.BYTEA: pa.binary(),
         TypeKind.UUID: pa.uuid(),
         TypeKind.DATE: pa.date32(),
@@ -692,7 +715,7 @@ def arrow_type(data_type: DataType) -> pa.DataType:
 
 _ARROW_NATIVE = {
     TypeKind.BOOLEAN, TypeKind.SMALLINT, TypeKind.INTEGER, TypeKind.BIGINT, TypeKind.REAL, TypeKind.DOUBLE,
-    TypeKind.TEXT, TypeKind.VARCHAR, TypeKind.BYTEA, TypeKind.DATE, TypeKind.TIME, TypeKind.TIMESTAMP,
+    TypeKind.TEXT, TypeKind.VARCHAR, TypeKind.CHAR, TypeKind.BYTEA, TypeKind.DATE, TypeKind.TIME, TypeKind.TIMESTAMP,
     TypeKind.TIMESTAMPTZ,
 }
 

@@ -65,7 +65,8 @@ class BaseDatabase:
                 if c[0] == event["column_uuid"]:
                     old, c[2] = c[2], new
             for row in table["rows"].values():
-                row[event["column_uuid"]] = cast_value(row.get(event["column_uuid"]), old, new)
+                row[event["column_uuid"]] = (None if event.get("values_follow")
+                                             else cast_value(row.get(event["column_uuid"]), old, new))
             defaults = table.setdefault("defaults", {})
             if defaults.get(event["column_uuid"]) is not None:
                 declared, value = defaults[event["column_uuid"]]

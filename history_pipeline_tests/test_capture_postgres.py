@@ -19,6 +19,8 @@ from history_pipeline.capture.postgres import CaptureConfig, current_lsn, run_ca
 from history_pipeline.lsn import format_lsn
 from history_pipeline_tests.pg_support import postgres_server
 
+pytestmark = pytest.mark.postgres
+
 
 @pytest.fixture(scope="module")
 def pg():
@@ -47,7 +49,7 @@ def _tables(conn) -> dict[str, list[dict]]:
         "WHERE n.nspname = 'public' AND c.relkind = 'r' AND c.relpersistence = 'p' ORDER BY 1").fetchall()]
     out = {}
     for name in names:
-        cur = conn.execute(f'SELECT * FROM "{name}" ORDER BY 1')
+        cur = conn.execute(f'SELECT * FROM "{name}" ORDER BY 1', prepare=False)  # columns may change type
         columns = [d.name for d in cur.description]
         out[name] = [dict(zip(columns, row, strict=True)) for row in cur.fetchall()]
     return out
@@ -319,8 +321,9 @@ def test_cli_captures_and_answers_as_of_an_lsn(tmp_path, database):
 @pytest.mark.spark
 def test_pgbench_tables_equal_postgresql_as_of_several_lsns(tmp_path, pg, database, spark):
     """pgbench's tables exist before capture (so they arrive as a snapshot); pgbench then runs with two
-    clients while the capture runs too. pgbench_history has no key and is left out; the CHAR(84) filler
-    columns are outside the contract and are kept as text."""
+    clients while the capture runs too. pgbench_history has no key and is left out. The CHAR(n) filler
+    columns are captured as CHAR(n), without --text-fallback; changing them to text and varchar strips
+    their padding as PostgreSQL does."""
     from history_pipeline.capture.model import CaptureOptions
     from history_pipeline_tests.pg_support import pg_bin
 
@@ -345,7 +348,7 @@ def test_pgbench_tables_equal_postgresql_as_of_several_lsns(tmp_path, pg, databa
         END;
     """))
     store = HistoryStore.open(tmp_path, database="bench")
-    options = CaptureOptions(exclude=("pgbench_history",), text_fallback=True)
+    options = CaptureOptions(exclude=("pgbench_history",))
     config = CaptureConfig(dsn=dsn, slot="bench", options=options)
 
     def tables():
@@ -362,12 +365,22 @@ def test_pgbench_tables_equal_postgresql_as_of_several_lsns(tmp_path, pg, databa
             run_capture(store, config, once=True)  # capturing while pgbench writes
         assert bench.wait() == 0
         snapshots.append((current_lsn(conn), tables()))
+    conn.execute("UPDATE pgbench_tellers SET filler = 'teller ' || tid WHERE tid <= 3")
+    conn.execute("ALTER TABLE pgbench_tellers ALTER COLUMN filler TYPE text")
+    conn.execute("ALTER TABLE pgbench_accounts ALTER COLUMN filler TYPE varchar(100)")
+    conn.execute("ALTER TABLE pgbench_branches ALTER COLUMN filler TYPE char(100)")
+    snapshots.append((current_lsn(conn), tables()))
     run_capture(store, config, once=True)
     store.compact(spark=spark)
     for lsn, expected in snapshots:
         _same(expected, _answer(store, lsn))
     for table in ("pgbench_branches", "pgbench_tellers", "pgbench_accounts"):
         assert snapshots[0][1][table] != snapshots[-1][1][table]  # pgbench did change them
+    types = {c.column_name: str(c.data_type) for c in store.get_catalog(snapshots[0][0])[0].columns}
+    assert types["filler"] == "CHAR(84)"  # pgbench_accounts, captured as its own type
+    accounts = snapshots[-1][1]["pgbench_accounts"]
+    assert {r["filler"] for r in accounts} == {""}  # its blanks gone with the change to varchar
+    assert snapshots[-2][1]["pgbench_accounts"][0]["filler"] == " " * 84
 
 
 def test_a_server_without_logical_decoding_is_a_clear_error(tmp_path):

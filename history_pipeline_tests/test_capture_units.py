@@ -161,6 +161,11 @@ def test_every_contract_type_maps_to_its_wal_value(oid, typmod, text, expected):
 def test_type_modifiers_and_unsupported_types():
     assert contract_type(1700, (12 << 16 | 3) + 4) == "NUMERIC(12,3)"
     assert contract_type(1043, 24) == "VARCHAR(20)"
+    assert contract_type(1042, 88) == "CHAR(84)"  # bpchar, as pgbench's filler columns
+    assert contract_type(1042, -1) == "BPCHAR"  # an expression's bpchar: no length
+    assert contract_type(1014, 7) == "CHAR(3)[]"
+    assert wal_value("CHAR(4)", "ab  ") == "ab  "  # its text output is padded: kept as it is
+    assert wal_value("CHAR(3)[]", '{"a  ",bcd}') == ["a  ", "bcd"]
     assert contract_type(1231, (6 << 16 | 2) + 4) == "NUMERIC(6,2)[]"
     with pytest.raises(UnsupportedTypeError, match="table 't' column 'p'.*--text-fallback"):
         contract_type(600, -1, where="table 't' column 'p'")  # point

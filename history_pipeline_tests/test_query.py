@@ -30,6 +30,7 @@ TYPED_COLUMNS = [
     ("w", "NUMERIC", "123456789012345678901234567890123456789"),
     ("t", "TEXT", "héllo ✓"),
     ("v", "VARCHAR(3)", "abc"),
+    ("c", "CHAR(4)", "ab"),
     ("y", "BYTEA", "AAEC/w=="),
     ("u", "UUID", "0b4f6f36-5d1e-4c47-9b8a-2f0f3d6e9a01"),
     ("dd", "DATE", "2024-02-29"),

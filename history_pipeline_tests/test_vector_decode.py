@@ -23,7 +23,7 @@ TYPES = {
     "b": "BOOLEAN", "i2": "SMALLINT", "i4": "INTEGER", "i8": "BIGINT", "r": "REAL", "d": "DOUBLE PRECISION",
     "n": "NUMERIC(12,2)", "n0": "NUMERIC(5,0)", "nf": "NUMERIC(3,3)", "nw": "NUMERIC", "s": "TEXT",
     "v": "VARCHAR(3)", "u": "UUID", "dt": "DATE", "tm": "TIME", "ts": "TIMESTAMP", "tz": "TIMESTAMPTZ",
-    "j": "JSONB", "iv": "INTERVAL", "by": "BYTEA", "a": "INTEGER[]",
+    "j": "JSONB", "iv": "INTERVAL", "by": "BYTEA", "a": "INTEGER[]", "c": "CHAR(4)",
 }
 #: per column: canonical values (the fast path must take them) and others (the reference decides)
 CANONICAL = {
@@ -38,6 +38,7 @@ CANONICAL = {
     "nf": ["0.123", "-0.9", "0", 0],
     "s": ["", "plain", "ünïcödé ✓ 😀", "a,b", "x:y", "12", "true"],
     "v": ["abc", "äöü", ""],
+    "c": ["ab", "abcd", "", " a", "äö "],  # blank-padded to 4
     "u": ["123e4567-e89b-12d3-a456-426614174000", "ABCDEF01-2345-6789-ABCD-EF0123456789"],
     "dt": ["2024-02-29", "0001-01-01", "9999-12-31", "1970-01-01", "1969-12-31"],
     "tm": ["00:00:00", "23:59:59.999999", "12:30:00.5", "01:02:03.0405"],
@@ -58,6 +59,7 @@ OTHER = {
     "nw": ["12.3400", "-0", 5, "1e-7"],
     "s": [5, True, "tab\there", "quote\"d", "back\\slash", "\u00e9\\u00e9", "nul\x00"],
     "v": ["abcd", 12],
+    "c": ["abcde", "abcd  ", 5],  # too long (an error), blanks past the length (cut), not a string
     "u": ["123e4567e89b12d3a456426614174000", "{123e4567-e89b-12d3-a456-426614174000}", "nope", 5],
     "dt": ["2023-02-29", "0000-01-01", "2024-13-01", "2024-1-01", "20240101", 20240101],
     "tm": ["24:00:00", "12:60:00", "12:00:60", "12:00:00.1234567", "12:00", "12:00:00Z"],

@@ -321,6 +321,7 @@ def transaction_events(
     relations = dict(relations)
     tables = dict(state.tables)
     items: list[tuple[str, dict[str, Any]]] = []  # ("schema" | "row", record without t)
+    resnapshot: set[int] = set()  # tables whose snapshot rows update rows the history already has
     for message in transaction.messages:
         if isinstance(message, Relation):
             relations[message.relid] = message
@@ -340,10 +341,10 @@ def transaction_events(
             raise CaptureError(f"a change of relation {relid} arrived before its relation message")
         if relation.namespace == CAPTURE_SCHEMA:
             if relation.name == DDL_LOG and isinstance(message, InsertMessage):
-                for record in _apply_ddl(tables, relation, message, options):
+                for record in _apply_ddl(tables, relation, message, options, resnapshot):
                     items.append(("schema", record))
             elif relation.name == SNAPSHOT_ROWS and isinstance(message, InsertMessage):
-                items.extend(("row", r) for r in _snapshot_row(tables, relation, message, options))
+                items.extend(("row", r) for r in _snapshot_row(tables, relation, message, options, resnapshot))
             continue
         if relation.namespace not in options.schemas:
             continue
@@ -360,11 +361,13 @@ def transaction_events(
 
 
 def _apply_ddl(
-    tables: dict[int, TableState], relation: Relation, message: InsertMessage, options: CaptureOptions
+    tables: dict[int, TableState], relation: Relation, message: InsertMessage, options: CaptureOptions,
+    resnapshot: set[int],
 ) -> list[dict[str, Any]]:
     row = {c.name: v for c, v in zip(relation.columns, message.new, strict=True)}
     relid = int(row["relid"])
     before = tables.get(relid)
+    resnapshot.discard(relid)
     if row["dropped"] == "t":
         tables.pop(relid, None)
         return schema_changes(before, None)
@@ -376,15 +379,22 @@ def _apply_ddl(
         return []
     after = _describe(raw, relid, options)
     tables[relid] = after
+    changes = schema_changes(before, after, raw)
+    if before is not None and raw.get("snapshot"):
+        # a type change PostgreSQL may have computed otherwise than CAST (USING, the session's time zone,
+        # json text): the rows that follow are the table as the change left it, so nothing is cast
+        resnapshot.add(relid)
+        changes = [{**c, "values_follow": True} if c["op"] == "change_column_type" else c for c in changes]
     if before is not None and before.key_attnums != after.key_attnums and before.key_attnums:
         raise CaptureError(
             f"table {after.name!r}: its primary key changed, which would change every row's synthetic key"
         )
-    return schema_changes(before, after, raw)
+    return changes
 
 
 def _snapshot_row(
-    tables: dict[int, TableState], relation: Relation, message: InsertMessage, options: CaptureOptions
+    tables: dict[int, TableState], relation: Relation, message: InsertMessage, options: CaptureOptions,
+    resnapshot: set[int],
 ) -> list[dict[str, Any]]:
     row = {c.name: v for c, v in zip(relation.columns, message.new, strict=True)}
     table = tables.get(int(row["relid"]))
@@ -395,6 +405,8 @@ def _snapshot_row(
         raise CaptureError(f"table {table.name!r}: a snapshot row has {len(texts)} values, not {len(table.columns)}")
     columns = tuple(RelationColumn(c.name, 0, -1, False) for c in table.columns)
     as_relation = Relation(table.relid, "", table.name, "d", columns)
+    if table.relid in resnapshot:
+        return _row_changes(table, as_relation, UpdateMessage(table.relid, None, texts), options)
     return _row_changes(table, as_relation, InsertMessage(table.relid, texts), options)
 
 

@@ -44,6 +44,8 @@ CREATE TABLE IF NOT EXISTS {CAPTURE_SCHEMA}.ddl_log (
     dropped boolean NOT NULL DEFAULT false,
     description jsonb
 );
+-- a table's last description, which the trigger compares a DDL command's result with
+CREATE INDEX IF NOT EXISTS ddl_log_relid ON {CAPTURE_SCHEMA}.ddl_log (relid, id);
 -- attnum 0 names the table itself; a UUID is assigned once and kept while the object lives
 CREATE TABLE IF NOT EXISTS {CAPTURE_SCHEMA}.ids (
     relid oid NOT NULL,
@@ -104,6 +106,36 @@ BEGIN
                    r, coalesce(cols, ''), r::regclass);
     DELETE FROM {CAPTURE_SCHEMA}.snapshot_rows WHERE relid = r;
 END $$;
+-- Did this command change a column's type in a way whose result the capture cannot compute by CAST? A
+-- plain ALTER TABLE ... TYPE (no USING) runs PostgreSQL's assignment casts, which the contract's CAST
+-- repeats exactly as a session with the default output settings and TimeZone UTC computes them. Not so:
+-- a USING expression; a time zone other than UTC where timestamptz is the old or new type; output
+-- settings other than the defaults (DateStyle ISO, IntervalStyle postgres, extra_float_digits >= 1,
+-- bytea_output hex), which print a value changed to text; a json column, whose text the capture keeps
+-- only as its jsonb value. The statement text is the whole client query: a function or DO block hides
+-- it, and then any type change counts.
+CREATE OR REPLACE FUNCTION {CAPTURE_SCHEMA}.retyped_inexactly(r oid, now_described jsonb) RETURNS boolean
+LANGUAGE sql AS $$
+    WITH before AS (
+        SELECT description FROM {CAPTURE_SCHEMA}.ddl_log WHERE relid = r AND description IS NOT NULL
+        ORDER BY id DESC LIMIT 1
+    ), retyped AS (
+        SELECT (o.value->>'type_oid')::oid AS was, (n.value->>'type_oid')::oid AS now
+        FROM before, jsonb_array_elements(before.description->'columns') o
+        JOIN jsonb_array_elements(now_described->'columns') n ON (o.value->'attnum') = (n.value->'attnum')
+        WHERE (o.value->'type_oid', o.value->'typmod') IS DISTINCT FROM (n.value->'type_oid', n.value->'typmod')
+    )
+    SELECT EXISTS (SELECT 1 FROM retyped) AND (
+        current_query() !~* '^\\s*alter\\s+table\\s' OR current_query() ~* '\\musing\\M'
+        OR current_setting('DateStyle') NOT LIKE 'ISO%' OR current_setting('IntervalStyle') <> 'postgres'
+        OR current_setting('extra_float_digits')::int < 1 OR current_setting('bytea_output') <> 'hex'
+        OR EXISTS (SELECT 1 FROM retyped WHERE was IN (114, 199))  -- json, json[]
+        OR (EXISTS (SELECT 1 FROM retyped WHERE 1184 IN (was, now) OR 1185 IN (was, now))  -- timestamptz(, [])
+            AND current_setting('TimeZone') NOT IN ('UTC', 'Etc/UTC', 'GMT', 'Etc/GMT', 'UCT', 'Etc/UCT',
+                                                    'Universal', 'Etc/Universal', 'Zulu', 'Etc/Zulu', 'GMT0',
+                                                    'Etc/GMT0'))
+    )
+$$;
 CREATE OR REPLACE FUNCTION {CAPTURE_SCHEMA}.on_ddl_end() RETURNS event_trigger LANGUAGE plpgsql AS $$
 DECLARE r oid; nonempty boolean; first_seen boolean;
 BEGIN
@@ -124,6 +156,10 @@ BEGIN
         END IF;
         EXECUTE format('SELECT EXISTS (SELECT 1 FROM %s)', r::regclass) INTO nonempty;
         IF first_seen AND nonempty THEN  -- CREATE TABLE AS, SELECT INTO: rows the stream showed before the table
+            PERFORM {CAPTURE_SCHEMA}.snapshot(r);
+        ELSIF nonempty AND {CAPTURE_SCHEMA}.retyped_inexactly(r, {CAPTURE_SCHEMA}.describe(r)) THEN
+            -- the rows as the change left them (the stream shows no row of a table rewrite): the capture
+            -- writes them as updates right after the type change
             PERFORM {CAPTURE_SCHEMA}.snapshot(r);
         ELSE
             INSERT INTO {CAPTURE_SCHEMA}.ddl_log (relid, description)

@@ -45,6 +45,7 @@ _SCALARS: dict[int, str] = {
     1700: "NUMERIC",
     25: "TEXT",
     1043: "VARCHAR",
+    1042: "CHAR",  # bpchar: its text output is blank-padded to the length, as the contract stores it
     17: "BYTEA",
     2950: "UUID",
     1082: "DATE",
@@ -57,7 +58,7 @@ _SCALARS: dict[int, str] = {
 }
 # array type OID -> element type OID
 _ARRAYS: dict[int, int] = {
-    1000: 16, 1005: 21, 1007: 23, 1016: 20, 1021: 700, 1022: 701, 1231: 1700, 1009: 25, 1015: 1043,
+    1000: 16, 1005: 21, 1007: 23, 1016: 20, 1021: 700, 1022: 701, 1231: 1700, 1009: 25, 1015: 1043, 1014: 1042,
     1001: 17, 2951: 2950, 1182: 1082, 1183: 1083, 1115: 1114, 1185: 1184, 1187: 1186, 3807: 3802, 199: 114,
 }
 
@@ -90,6 +91,8 @@ def contract_type(type_oid: int, typmod: int, *, text_fallback: bool = False, wh
         return f"NUMERIC({precision},{scale})"
     if name == "VARCHAR" and typmod >= 4:
         return f"VARCHAR({typmod - 4})"
+    if name == "CHAR":  # bpchar without a modifier (an expression's type) has no length: no padding
+        return f"CHAR({typmod - 4})" if typmod >= 4 else "BPCHAR"
     return name
 
 
@@ -179,6 +182,8 @@ _PARSERS: dict[str, Callable[[str], Any]] = {
     "NUMERIC": _numeric,
     "TEXT": _identity,
     "VARCHAR": _identity,
+    "CHAR": _identity,
+    "BPCHAR": _identity,
     "BYTEA": _bytea,
     "UUID": _identity,
     "DATE": _date,

@@ -212,7 +212,8 @@ def _apply_schema(
         assert old is not None
         source = next(s for s in state.supercolumns[event.table_uuid] if s.name == old.supercolumn)
         target = new_state.supercolumns[event.table_uuid][-1]
-        backfill = Backfill(event.t, line, target, source=source)
+        # values that follow the change: the rows read NULL until then (a backfill without source or default)
+        backfill = Backfill(event.t, line, target, source=None if event.values_follow else source)
     elif isinstance(event, ChangeColumnNullable) and not event.is_nullable:
         old = state.tables[event.table_uuid].column(event.column_uuid)
         assert old is not None

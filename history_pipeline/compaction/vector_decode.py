@@ -186,11 +186,13 @@ def decode_tokens(data_type: DataType, tokens: pa.Array) -> tuple[pa.Array, np.n
         ok = _matches(tokens, as_string) | _matches(tokens, as_integer)
         digits = pc.replace_substring(_where(ok, tokens, "0"), '"', "")
         return digits.cast(carrier), ok
-    if kind in (TypeKind.TEXT, TypeKind.VARCHAR):
+    if kind in (TypeKind.TEXT, TypeKind.VARCHAR, TypeKind.CHAR):
         ok = _np(pc.starts_with(tokens, '"')).astype(bool)
         text = pc.utf8_slice_codeunits(_where(ok, tokens, '""'), 1, -1)
         if data_type.length is not None:
             ok &= _np(pc.utf8_length(text)) <= data_type.length
+            if kind is TypeKind.CHAR:  # blank-padded to its length (a longer value: the reference decides)
+                text = pc.utf8_rpad(text, width=data_type.length, padding=" ")
         return text, ok
     if kind is TypeKind.UUID:
         ok = _matches(tokens, _UUID_TOKEN)

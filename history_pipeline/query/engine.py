@@ -500,6 +500,8 @@ class QueryContext:
             field = data.schema.field(c.column_name)
             if c.data_type.kind is TypeKind.JSONB or isinstance(field.type, ArrayResultType):
                 parts.append(f"CAST({ident} AS JSON) AS {ident}")  # array depths vary by row: JSON holds them
+            elif c.data_type.kind is TypeKind.CHAR:
+                parts.append(f"{_char_text(ident)} AS {ident}")
             else:
                 parts.append(ident)
         con.execute(f"CREATE TEMP VIEW {_ident(descriptor.table_name)} AS SELECT {', '.join(parts)} FROM {raw}")
@@ -719,6 +721,13 @@ def _ident(name: str) -> str:
     return '"' + name.replace('"', '""') + '"'
 
 
+def _char_text(source: str) -> str:
+    """A CHAR(n) column as SQL sees it: its text without the blank padding. DuckDB has no blank-padded
+    type, and PostgreSQL compares, groups, sorts, measures (length) and concatenates (||) a bpchar as that
+    text; only its display (and LIKE, regular expressions, concat()) keeps the blanks."""
+    return f"rtrim({source}, ' ')"
+
+
 def _shows_key(descriptor: TableDescriptor) -> bool:
     """Does SQL see ``synthetic_key`` beside the table's columns? Not when a column of the table has
     that name (DuckDB's names are case-insensitive): the user's query means the user's column, as in
@@ -746,6 +755,8 @@ def _sql_columns(descriptor: TableDescriptor, numeric_types: Mapping[str, tuple[
         elif kind is TypeKind.INTERVAL:
             expr = (f"to_months({source}.months) + to_days({source}.days) + "
                     f"to_microseconds({source}.micros)")
+        elif kind is TypeKind.CHAR:
+            expr = _char_text(source)
         else:
             expr = source
         parts.append(f"{expr} AS {ident}")
