@@ -171,3 +171,75 @@ def test_retention_refuses_a_window_before_the_earliest_point_and_keeps_the_rest
     with pytest.raises(PurgedTimestampError, match=f"earliest point a change feed can start from is {purge}"):
         store.changes(since=purge - 1)
     assert delivered(store.changes(since=purge)) == expected_changes(model, events, purge, store.frontier + 1)
+
+
+def _orders(t0, keys, qty):
+    return [{"op": "insert" if t0 == 2 else "update", "t": t0 + i, "table_uuid": "A", "key": k,
+             "values": {"q": qty + i}} for i, k in enumerate(keys)]
+
+
+def _orders_store(tmp_path):
+    create = {"op": "create_table", "t": 1, "table_uuid": "A", "table_name": "orders",
+              "columns": [{"column_uuid": "q", "column_name": "qty", "data_type": "BIGINT"}]}
+    store = HistoryStore.open(tmp_path, database="db", settings=SMALL_SNAPSHOTS)
+    write(store, [create, *_orders(2, [1, 2, 3], 10)])
+    store.compact(spark=False)
+    return store
+
+
+def test_follow_delivers_commits_compacted_while_it_waits(tmp_path):
+    import threading
+
+    store = _orders_store(tmp_path)
+    later = _orders(20, [2, 3], 50)
+
+    def commit_later():
+        write(store, later)
+        store.compact(spark=False)
+
+    writer = threading.Timer(0.3, commit_later)
+    writer.start()
+    try:
+        seen = []
+        for batch in store.follow_changes(since=2, poll_seconds=0.05, max_seconds=30):
+            seen += [(r["t"], r["key"], r["op"]) for r in batch.records.to_pylist()]
+            if batch.cursor > 21:
+                break
+    finally:
+        writer.join()
+    assert seen == [(2, 1, "insert"), (3, 2, "insert"), (4, 3, "insert"), (20, 2, "update"), (21, 3, "update")]
+    assert batch.cursor == 22
+
+
+def test_cli_changes_and_a_named_consumer_resume_where_they_stopped(tmp_path):
+    import json
+
+    from history_pipeline_tests.cli_support import run_command
+
+    store = _orders_store(tmp_path)
+
+    def cli(*args):
+        return run_command(["--root", str(tmp_path), "--database", "db", "changes", *args])
+
+    first = cli("--consumer", "billing", "--since", "0", "--format", "json")
+    assert first.returncode == 0, first.stderr
+    lines = [json.loads(line) for line in first.stdout.splitlines()]
+    assert [(r["t"], r["op"], r["key"]) for r in lines] == [(1, "create_table", None), (2, "insert", 1),
+                                                              (3, "insert", 2), (4, "insert", 3)]
+    assert lines[1]["after"] == {"qty": 10} and lines[1]["before"] is None and lines[-1]["cursor"] == 5
+    assert "cursor 5 (resume with --since 5)" in first.stderr
+    assert store.consumer_cursor("billing") == 5
+    write(store, _orders(20, [2], 50))
+    store.compact(spark=False)
+    resumed = cli("--consumer", "billing")  # from the stored cursor
+    assert resumed.returncode == 0, resumed.stderr
+    assert resumed.stdout.splitlines() == ['20  update  orders  key 2  {"qty": 50}']
+    assert store.consumer_cursor("billing") == 21
+    again = cli("--consumer", "billing")
+    assert again.stdout == "" and store.consumer_cursor("billing") == 21
+    missing = cli("--consumer", "new-one")
+    assert missing.returncode == 1 and missing.stderr.startswith("error: give --since T")
+    store.retain(purge_before=4, spark=False)
+    purged = cli("--since", "1")
+    assert purged.returncode == 1
+    assert purged.stderr.count("\n") == 1 and "earliest point a change feed can start from is 4" in purged.stderr
