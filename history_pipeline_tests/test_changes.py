@@ -90,6 +90,18 @@ def test_changes_equal_the_model_for_every_window(tmp_path, seed):
         assert delivered(store.changes(since=since, until=end)) == expected_changes(model, events, since, end)
 
 
+def test_a_long_window_read_in_pieces_of_t_gives_the_same_changes(tmp_path, monkeypatch):
+    from history_pipeline.query import changes as feed
+
+    events = random_history(3, n_events=90)
+    store, model = _compacted(tmp_path, events, 3)
+    whole = delivered(store.changes(since=0))
+    state = store.catalog_state()
+    monkeypatch.setattr(feed, "CHUNK_ROWS", 6)
+    assert len(feed.chunks(state, feed.matching_tables(state.schema_history, None), 0, store.frontier + 1)) > 5
+    assert delivered(store.changes(since=0)) == whole == expected_changes(model, events, 0, store.frontier + 1)
+
+
 def test_before_and_after_are_fetch_row_as_of_t_and_t_plus_one(tmp_path):
     events = random_history(5, n_events=70)
     store, _ = _compacted(tmp_path, events, 5)

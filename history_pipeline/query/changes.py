@@ -255,22 +255,44 @@ def change_runs(store: ObjectStore, state: CatalogState, since: int, until: int,
     return _runs(store, state, since, until, uuids)
 
 
+#: versions read together at most (estimated from the files' row counts and t ranges): a longer
+#: window is delivered in pieces of t, so memory stays bounded whatever the window
+CHUNK_ROWS = 1_000_000
+
+
+def chunks(state: CatalogState, uuids: Sequence[str], since: int, until: int,
+           chunk_rows: int | None = None) -> list[tuple[int, int]]:
+    """[since, until) cut into equal pieces of t, each estimated to hold at most about
+    ``chunk_rows`` versions (a file's rows counted as spread evenly over its t range)."""
+    chunk_rows = chunk_rows or CHUNK_ROWS
+    rows = 0.0
+    for uuid in uuids:
+        for f in state.versions_of(uuid):
+            if f.row_count and f.min_t is not None and f.max_t is not None and f.max_t >= since and f.min_t < until:
+                overlap = min(f.max_t, until - 1) - max(f.min_t, since) + 1
+                rows += f.row_count * overlap / (f.max_t - f.min_t + 1)
+    pieces = max(1, min(until - since, int(rows // chunk_rows) + 1))
+    bounds = [since + (until - since) * i // pieces for i in range(pieces + 1)]
+    return [(a, b) for a, b in zip(bounds, bounds[1:], strict=False) if a < b] or [(since, until)]
+
+
 def _runs(store: ObjectStore, state: CatalogState, since: int, until: int,
           uuids: Sequence[str]) -> Iterator[pa.RecordBatch]:
     history = state.schema_history
-    sources: list[pa.RecordBatch] = []
-    for uuid in uuids:
-        epochs = _epochs(history, uuid)
-        schema = _schema_records(history, uuid, since, until)
-        if schema is not None:
-            sources.append(schema)
-        for start, end in _parts(epochs, since, until):
-            descriptor = _at(epochs, start)
-            if descriptor is not None:
-                rows = _row_records(store, state, uuid, descriptor, start, end)
-                if rows is not None:
-                    sources.append(rows)
-    yield from merge_in_order(sources)
+    epochs = {uuid: _epochs(history, uuid) for uuid in uuids}
+    for low, high in chunks(state, uuids, since, until):
+        sources: list[pa.RecordBatch] = []
+        for uuid in uuids:
+            schema = _schema_records(history, uuid, low, high)
+            if schema is not None:
+                sources.append(schema)
+            for start, end in _parts(epochs[uuid], low, high):
+                descriptor = _at(epochs[uuid], start)
+                if descriptor is not None:
+                    rows = _row_records(store, state, uuid, descriptor, start, end)
+                    if rows is not None:
+                        sources.append(rows)
+        yield from merge_in_order(sources)
 
 
 def merge_in_order(sources: Sequence[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
