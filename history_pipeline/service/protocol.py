@@ -1,5 +1,5 @@
 """The HistoryService messages (FetchRow, LoadTable, GetCatalog, plus Sql, RowHistory,
-Diff and Status) and their Arrow forms.
+Diff, Status and Changes) and their Arrow forms.
 
 A request travels as a Flight ticket: JSON ``{"op": ..., <the message's fields>}``. Every answer
 travels as an Arrow stream:
@@ -11,6 +11,7 @@ travels as an Arrow stream:
   ``column_uuid`` and ``data_type`` in their metadata; the schema metadata says whether the row
   was ``found``.
 - ``GetCatalog``: one row per table (uuid, name, the descriptor as JSON).
+- ``Changes``: one row per change of the feed, with the cursor after it.
 - ``RowHistory`` and ``Diff``: one row per version or per changed key; the row values, whose
   columns and types vary between versions, as a JSON text that tags every non-JSON value
   (:func:`encode_value` / :func:`decode_value`).
