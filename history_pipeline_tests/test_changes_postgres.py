@@ -32,7 +32,7 @@ def _by_id(tables: dict, name: str) -> dict:
 
 
 @pytest.mark.postgres
-def test_a_consumer_sees_each_committed_transaction_once_in_commit_order_with_its_images(tmp_path, database):
+def test_a_consumer_sees_each_committed_transaction_once_in_commit_order_with_its_images(tmp_path, database):  # noqa: F811
     dsn, conn = database
     store = HistoryStore.open(tmp_path, database="bank")
     config = CaptureConfig(dsn=dsn, slot="feed")
