@@ -28,10 +28,12 @@ from history_pipeline.errors import (
     ValueTypeError,
     WriterLockedError,
 )
+from history_pipeline.query.changes import ChangeBatch
 from history_pipeline.store import HistoryStore, StoreSettings
 
 __all__ = [
     "CastError",
+    "ChangeBatch",
     "CatalogError",
     "CommitConflictError",
     "CorruptTransactionError",
