@@ -29,10 +29,12 @@ from history_pipeline.errors import (
     WriterLockedError,
 )
 from history_pipeline.maintenance.erasure import NothingToEraseWarning
+from history_pipeline.query.changes import ChangeBatch
 from history_pipeline.store import HistoryStore, StoreSettings
 
 __all__ = [
     "CastError",
+    "ChangeBatch",
     "CatalogError",
     "CommitConflictError",
     "CorruptTransactionError",

@@ -363,6 +363,62 @@ def status_of(store: HistoryStore) -> dict[str, Any]:
     }
 
 
+def _change_lines(batch: Any, fmt: str) -> list[str]:
+    """One line per change of a ``ChangeBatch``; JSON lines carry the cursor to resume from once
+    that line is processed (the next t once its transaction is complete, else its own t)."""
+    rows = batch.records.to_pylist()
+    lines = []
+    for i, row in enumerate(rows):
+        following = rows[i + 1]["t"] if i + 1 < len(rows) else None
+        cursor = batch.cursor if following is None else row["t"] + 1 if following > row["t"] else row["t"]
+        if row["key"] is None:  # a schema change: its descriptors, as JSON text
+            row["before"] = None if row["before"] is None else json.loads(row["before"])
+            row["after"] = None if row["after"] is None else json.loads(row["after"])
+        if fmt == "json":
+            lines.append(_json({**row, "cursor": cursor}))
+        elif row["key"] is None:
+            lines.append(f"{row['t']}  {row['op']}  {row['table']}")
+        else:
+            shown = row["after"] if row["after"] is not None else row["before"]
+            lines.append(f"{row['t']}  {row['op']}  {row['table']}  key {row['key']}  {_json(shown)}")
+    return lines
+
+
+def cmd_changes(args: argparse.Namespace) -> int:
+    store = _store(args)
+    since = args.since
+    if since is None and args.consumer:
+        since = store.consumer_cursor(args.consumer)
+    if since is None:
+        raise HistoryError("give --since T (0: from the start), or a --consumer NAME whose cursor is stored "
+                           f"(consumer {args.consumer!r} has none yet)" if args.consumer else
+                           "give --since T (0: from the start) or --consumer NAME")
+    tables = args.table or None
+    if args.follow and args.until is not None:
+        raise HistoryError("--follow delivers without end: give either --follow or --until, not both")
+    if args.follow:
+        feed = store.follow_changes(tables, since, poll_seconds=args.poll_seconds, max_seconds=args.max_seconds)
+        cursor = since
+    else:
+        until = store.frontier + 1 if args.until is None else args.until
+        feed = store.changes(tables, since=since, until=until)
+        cursor = until  # where a window that holds no change leaves the consumer
+    try:
+        for batch in feed:
+            lines = _change_lines(batch, args.format)
+            if lines:
+                print("\n".join(lines), flush=True)
+            cursor = batch.cursor
+            if args.consumer:
+                store.save_consumer_cursor(args.consumer, cursor)  # after the batch is out
+    except KeyboardInterrupt:
+        pass
+    if args.consumer and not args.follow:
+        store.save_consumer_cursor(args.consumer, cursor)
+    print(f"cursor {cursor} (resume with --since {cursor})", file=sys.stderr)
+    return 0
+
+
 def cmd_status(args: argparse.Namespace) -> int:
     store = _store(args)
     status = status_of(store)
@@ -815,6 +871,28 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("table", help="table name (as of --to, else --from) or uuid")
     p.add_argument("--from", dest="from_", type=as_of_argument, required=True, metavar="T1", help="the earlier as_of")
     p.add_argument("--to", type=as_of_argument, required=True, metavar="T2", help="the later as_of (>= T1)")
+    _format_option(p, ["text", "json"])
+
+    p = _command(sub, "changes", cmd_changes, "every committed change from T on, with the row before and after",
+                 "Every committed row version and schema change with t in [--since, --until), in (t, table, key) "
+                 "order, one line each: the table's name as of t, the key, the operation and the row before "
+                 "(as of t) and after (as of t + 1). A table is followed across renames. The cursor to resume "
+                 "from is printed on stderr at the end (and on each JSON line); --consumer keeps it in the "
+                 "history root.")
+    p.add_argument("--since", type=as_of_argument, default=None, metavar="T",
+                   help="the first t delivered (a cursor); omitted: the --consumer's stored cursor")
+    p.add_argument("--until", type=as_of_argument, default=None, metavar="T",
+                   help="deliver t < T only; omitted: up to the frontier")
+    p.add_argument("--table", action="append", default=[], metavar="NAME",
+                   help="only this table (a name it bore at any time, or its uuid); repeat for more")
+    p.add_argument("--follow", action="store_true",
+                   help="keep delivering new commits as the frontier moves, until Ctrl-C or --max-seconds")
+    p.add_argument("--poll-seconds", type=_non_negative(float), default=0.5, metavar="S",
+                   help="with --follow: how often the frontier is read")
+    p.add_argument("--max-seconds", type=_non_negative(float), default=None, metavar="S",
+                   help="with --follow: stop after this long")
+    p.add_argument("--consumer", default=None, metavar="NAME",
+                   help="a named consumer: starts from its stored cursor and stores it after each batch")
     _format_option(p, ["text", "json"])
 
     p = _command(sub, "status", cmd_status, "frontier, earliest, pending and quarantined segments, last compaction")

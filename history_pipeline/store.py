@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import itertools
 import re
+import time
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from datetime import timedelta
@@ -23,6 +24,8 @@ from history_pipeline.errors import (
     HistoryError,
     InputFileError,
     MaintenanceInputError,
+    NegativeTimestampError,
+    ObjectNotFoundError,
     ObjectStoreError,
     QueryError,
     SegmentNotFoundError,
@@ -53,6 +56,7 @@ from history_pipeline.maintenance.snapshots import (
     refresh_snapshots,
 )
 from history_pipeline.maintenance.ttl import TtlSummary, apply_ttl, set_ttl, ttl_purge_points
+from history_pipeline.query.changes import ChangeBatch
 from history_pipeline.query.engine import QueryContext
 from history_pipeline.schema import TableDescriptor
 from history_pipeline.wal import SegmentRef, SegmentState, WalWriter, list_segments
@@ -148,6 +152,13 @@ def discover_all_databases(root: str | Path, objects: ObjectStore | None = None)
     if objects is not None and not str(root).startswith("s3://") and local.is_dir():
         found.update(e.name for e in local.iterdir() if _DATABASE_RE.match(e.name) and (e / "_catalog").is_dir())
     return sorted(found)
+
+
+def _consumer_path(database: str, consumer: str) -> str:
+    """Where a named change-feed consumer's cursor lives, under the database's folder."""
+    if not _DATABASE_RE.match(consumer):
+        raise HistoryError(f"consumer name {consumer!r} is not valid: use letters, digits, '_', '-', '.'")
+    return f"{database}/_consumers/{consumer}.json"
 
 
 def _probe_s3(store: HistoryStore) -> None:
@@ -494,6 +505,75 @@ class HistoryStore:
             raise QueryError(f"diff from {from_} to {to}: --from must not be after --to (swap them)")
         with _reading_files():
             return self.query_context().diff(table, from_, to)
+
+    def changes(self, tables: Iterable[str] | None = None, since: int | str = 0,
+                until: int | str | None = None) -> Iterator[ChangeBatch]:
+        """Every committed change with t in [since, until) (``until`` defaults to frontier + 1), in
+        (t, table, key) order, as batches: row versions with the row before (as of t) and after (as
+        of t + 1) and schema changes as records of their own, under the names in force at t. A table
+        is followed by uuid across renames. Each batch carries the ``since`` to resume from once it
+        is processed (``ChangeBatch.cursor``); read from one catalog state."""
+        from history_pipeline.query.changes import changes
+
+        state = self.catalog.latest()
+        end = state.frontier + 1 if until is None else to_timestamp(until)
+        wanted = None if tables is None else [tables] if isinstance(tables, str) else list(tables)
+        feed = changes(self.objects, state, to_timestamp(since), end, wanted)  # checks the window first
+
+        def delivered() -> Iterator[ChangeBatch]:
+            with _reading_files():
+                yield from feed
+
+        return delivered()
+
+    def follow_changes(self, tables: Iterable[str] | None = None, since: int | str = 0, *,
+                       poll_seconds: float = 0.5, max_seconds: float | None = None) -> Iterator[ChangeBatch]:
+        """``changes`` from ``since`` on, then each newly answerable window as the frontier moves
+        (polled every ``poll_seconds``), until ``max_seconds`` passed (None: until the caller stops).
+        A window that delivers nothing ends with a batch of no rows that only moves the cursor."""
+        from history_pipeline.query.changes import changes, empty_batch
+
+        cursor = to_timestamp(since)
+        if cursor < 0:
+            raise NegativeTimestampError(f"since={cursor} is negative: logical timestamps start at 0")
+        wanted = None if tables is None else [tables] if isinstance(tables, str) else list(tables)
+        deadline = None if max_seconds is None else time.monotonic() + max_seconds
+        first = True
+        while True:
+            state = self.catalog.latest()
+            end = state.frontier + 1
+            # a cursor ahead of the frontier waits for it; each window is read from one state
+            if end > cursor or (first and end == cursor):
+                feed = changes(self.objects, state, cursor, end, wanted)
+                last = None
+                with _reading_files():
+                    for batch in feed:
+                        last = batch.cursor
+                        yield batch
+                if last != end:
+                    yield ChangeBatch(empty_batch(), end)
+                cursor = end
+            first = False
+            if deadline is not None and time.monotonic() >= deadline:
+                return
+            pause = poll_seconds if deadline is None else min(poll_seconds, deadline - time.monotonic())
+            time.sleep(max(0.0, pause))
+
+    def consumer_cursor(self, consumer: str) -> int | None:
+        """The cursor a named consumer stored (``save_consumer_cursor``), or None for a new one."""
+        import json
+
+        try:
+            return int(json.loads(self.objects.get(_consumer_path(self.database, consumer)))["cursor"])
+        except ObjectNotFoundError:
+            return None
+
+    def save_consumer_cursor(self, consumer: str, cursor: int) -> None:
+        """Store a named consumer's cursor in the history root (replaced whole, never half written)."""
+        import json
+
+        data = json.dumps({"consumer": consumer, "cursor": int(cursor), "saved_at": time.time()}).encode()
+        self.objects.put(_consumer_path(self.database, consumer), data)
 
     # --- upkeep ------------------------------------------------------------------
 

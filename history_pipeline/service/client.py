@@ -136,6 +136,14 @@ class HistoryClient:
         """Keys inserted, deleted and changed between two states."""
         return p.diff_from_arrow(self.call(p.DiffRequest(table, to_timestamp(from_), to_timestamp(to))))
 
+    def changes(self, tables: Sequence[str] | None = None, since: int | str = 0,
+                until: int | str | None = None) -> list[dict[str, Any]]:
+        """Every committed change with t in [since, until), in (t, table, key) order, one dict each:
+        t, table, table_uuid, key, op, before, after and the cursor to resume from after it."""
+        wanted = None if tables is None else (tables,) if isinstance(tables, str) else tuple(tables)
+        end = None if until is None else to_timestamp(until)
+        return p.changes_from_arrow(self.call(p.ChangesRequest(to_timestamp(since), end, wanted)))
+
     @property
     def frontier(self) -> int:
         """The largest t closed by a compacted segment of the tenant's database."""

@@ -46,6 +46,11 @@ def execute(store: HistoryStore, request: p.Request, limits: Limits) -> pa.Table
             f"the diff of {request.table_uuid!r} from {request.from_timestamp} to {request.to_timestamp}",
         )
         return table
+    if isinstance(request, p.ChangesRequest):
+        tables = None if request.tables is None else list(request.tables)
+        table = p.changes_to_arrow(store.changes(tables, since=request.since, until=request.until))
+        check_result_size(table, limits, f"the changes from {request.since}")
+        return table
     if isinstance(request, p.StatusRequest):
         return p.status_to_arrow(store.frontier, store.earliest)
     raise TypeError(f"not a request message: {request!r}")

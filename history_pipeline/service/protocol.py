@@ -1,5 +1,5 @@
 """The HistoryService messages (FetchRow, LoadTable, GetCatalog, plus Sql, RowHistory,
-Diff and Status) and their Arrow forms.
+Diff, Status and Changes) and their Arrow forms.
 
 A request travels as a Flight ticket: JSON ``{"op": ..., <the message's fields>}``. Every answer
 travels as an Arrow stream:
@@ -11,6 +11,7 @@ travels as an Arrow stream:
   ``column_uuid`` and ``data_type`` in their metadata; the schema metadata says whether the row
   was ``found``.
 - ``GetCatalog``: one row per table (uuid, name, the descriptor as JSON).
+- ``Changes``: one row per change of the feed, with the cursor after it.
 - ``RowHistory`` and ``Diff``: one row per version or per changed key; the row values, whose
   columns and types vary between versions, as a JSON text that tags every non-JSON value
   (:func:`encode_value` / :func:`decode_value`).
@@ -131,13 +132,34 @@ class DiffRequest:
 
 
 @dataclass(frozen=True)
+class ChangesRequest:
+    """Every committed change with t in [since, until) (None: up to the frontier) of ``tables``
+    (names or uuids; None: every table), as ``HistoryStore.changes`` delivers them."""
+
+    since: int
+    until: int | None = None
+    tables: tuple[str, ...] | None = None
+
+    def __post_init__(self) -> None:
+        _check_int("ChangesRequest", "since", self.since)
+        if self.until is not None:
+            _check_int("ChangesRequest", "until", self.until)
+        if self.tables is not None:
+            if isinstance(self.tables, str) or not isinstance(self.tables, list | tuple):
+                raise TypeError(f"ChangesRequest.tables must be a list of names, got {self.tables!r}")
+            for name in self.tables:
+                _check_str("ChangesRequest", "tables", name)
+            object.__setattr__(self, "tables", tuple(self.tables))  # a ticket's JSON list, kept immutable
+
+
+@dataclass(frozen=True)
 class StatusRequest:
     """The frontier and the earliest answerable timestamp of the tenant's database."""
 
 
 Request = (
     FetchRowRequest | LoadTableRequest | GetCatalogRequest | SqlRequest | RowHistoryRequest | DiffRequest
-    | StatusRequest
+    | StatusRequest | ChangesRequest
 )
 
 OPERATIONS: Mapping[str, type] = {
@@ -148,6 +170,7 @@ OPERATIONS: Mapping[str, type] = {
     "RowHistory": RowHistoryRequest,
     "Diff": DiffRequest,
     "Status": StatusRequest,
+    "Changes": ChangesRequest,
 }
 _OP_OF = {cls: op for op, cls in OPERATIONS.items()}
 
@@ -437,6 +460,44 @@ def diff_from_arrow(table: pa.Table) -> dict[str, list[dict[str, Any]]]:
             entry["after"] = _from_json_or_null(row["after"])
         out[row["kind"]].append(entry)
     return out
+
+
+_CHANGE_FIELDS = ("t", "table", "table_uuid", "key", "op")
+
+
+def changes_to_arrow(batches: Any) -> pa.Table:
+    """Change-feed batches as rows: t, table, table_uuid, key, op, before and after as tagged JSON
+    (a schema change's descriptors as objects), and the cursor to resume from after each row."""
+    rows: list[dict[str, Any]] = []
+    for batch in batches:
+        records = batch.records.to_pylist()
+        for i, row in enumerate(records):
+            following = records[i + 1]["t"] if i + 1 < len(records) else None
+            cursor = batch.cursor if following is None else row["t"] + 1 if following > row["t"] else row["t"]
+            images = [row["before"], row["after"]]
+            if row["key"] is None:  # a schema change: descriptors as JSON text
+                images = [None if text is None else json.loads(text) for text in images]
+            else:  # as fetch_row gives them: an Arrow interval as an Interval
+                images = [None if image is None else {k: _interval(v) for k, v in image.items()} for image in images]
+            rows.append({**{k: row[k] for k in _CHANGE_FIELDS}, "before": _json_or_null(images[0]),
+                         "after": _json_or_null(images[1]), "cursor": cursor})
+    types = {"t": pa.int64(), "table": pa.string(), "table_uuid": pa.string(), "key": pa.int64(), "op": pa.string(),
+             "before": pa.string(), "after": pa.string(), "cursor": pa.int64()}
+    return pa.table({name: pa.array([r[name] for r in rows], kind) for name, kind in types.items()})
+
+
+def _interval(value: Any) -> Any:
+    if isinstance(value, pa.MonthDayNano):
+        return Interval(value.months, value.days, value.nanoseconds // 1000)
+    if isinstance(value, list):
+        return [_interval(item) for item in value]
+    return value
+
+
+def changes_from_arrow(table: pa.Table) -> list[dict[str, Any]]:
+    """The changes of :func:`changes_to_arrow` rows, one dict each (before and after decoded)."""
+    return [{**row, "before": _from_json_or_null(row["before"]), "after": _from_json_or_null(row["after"])}
+            for row in table.to_pylist()]
 
 
 def status_to_arrow(frontier: int, earliest: int) -> pa.Table:

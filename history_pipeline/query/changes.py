@@ -1,0 +1,332 @@
+"""The change feed: every committed row version and schema change with t in [since, until), in
+(t, table, key) order, each with the row before (as of t) and after (as of t + 1).
+
+Read from what compaction wrote, through one catalog state: the version files whose t range
+meets the window (their rows filtered on ``logical_timestamp``, so row groups outside it are
+skipped by their statistics), and, per key changed in the window, its row as of the window's
+start (the same reconstruction ``fetch_row`` does, snapshots and backfills included). The window
+is cut at each schema change of the table, so that within a part every version and the row before
+it are images under one schema; DuckDB orders the part's versions and pairs each with the one
+before it (``LAG`` over the key ordered by t). The cost follows the changes delivered and the
+keys they touch, not the length of the history.
+"""
+
+from __future__ import annotations
+
+import heapq
+import json
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from history_pipeline.catalog.files import live_rows
+from history_pipeline.catalog.model import CatalogState
+from history_pipeline.errors import (
+    FutureTimestampError,
+    NegativeTimestampError,
+    PurgedTimestampError,
+    QueryError,
+    TableNotFoundError,
+)
+from history_pipeline.io.store import ObjectStore
+from history_pipeline.query.engine import project
+from history_pipeline.query.sandbox import reader_cursor
+from history_pipeline.schema import SchemaHistoryEntry, TableDescriptor, replay_schema_history
+from history_pipeline.supertable import DELETED, KEY, LT, supertable_schema
+from history_pipeline.supertable.read import dataset_of
+
+#: the operations of row records; a schema change is named by its WAL operation
+ROW_OPS = ("insert", "update", "delete")
+
+
+@dataclass(frozen=True)
+class ChangeBatch:
+    """Changes in (t, table, key) order, and where a consumer resumes once it has processed them.
+
+    ``records`` columns: ``t``, ``table`` (its name as of t), ``table_uuid``, ``key`` (null for a
+    schema change), ``op``, ``before`` and ``after``. In a batch of row changes ``before`` and
+    ``after`` are structs of the table's columns under their names as of t (null: no row); in a
+    batch of schema changes they are the table's descriptors as JSON text (null: no table).
+    ``cursor`` is the ``since`` that delivers exactly the changes after this batch's whole
+    transactions: the next t when the transaction of the batch's last t is complete, else that t
+    (its rows already delivered come again: at-least-once)."""
+
+    records: pa.RecordBatch
+    cursor: int
+
+
+RECORD_NAMES = ("t", "table", "table_uuid", "key", "op", "before", "after")
+
+
+def empty_batch() -> pa.RecordBatch:
+    """A batch of no changes (a cursor moved over a window that held none)."""
+    types = [pa.int64(), pa.string(), pa.string(), pa.int64(), pa.string(), pa.string(), pa.string()]
+    return pa.RecordBatch.from_arrays([pa.array([], t) for t in types], names=list(RECORD_NAMES))
+
+
+def check_window(state: CatalogState, since: int, until: int) -> None:
+    """A typed error unless [since, until) is answerable: 0 <= since <= until <= frontier + 1,
+    ``since`` not below the purge point."""
+    for name, value in (("since", since), ("until", until)):
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise QueryError(f"{name} must be an integer logical timestamp, got {value!r}")
+    if since < 0:
+        raise NegativeTimestampError(f"since={since} is negative: logical timestamps start at 0")
+    if until > state.frontier + 1:
+        raise FutureTimestampError(
+            f"until={until} is in the future of the compacted history: the frontier is {state.frontier}, "
+            f"so until must be <= {state.frontier + 1}")
+    if since > until:
+        raise QueryError(f"since={since} is after until={until}: the window [since, until) is empty backwards")
+    if since < state.earliest:
+        raise PurgedTimestampError(
+            f"since={since} is before the purge point: history before {state.earliest} was removed by "
+            f"retention; the earliest point a change feed can start from is {state.earliest}")
+
+
+def matching_tables(history: Sequence[SchemaHistoryEntry], tables: Sequence[str] | None) -> list[str]:
+    """The uuids of the tables asked for: every table (None), else each table that bore one of the
+    names at some time or has it as uuid, so a feed started before a rename keeps following it."""
+    uuids = list(dict.fromkeys(e.table_uuid for e in history))
+    if tables is None:
+        return uuids
+    wanted = set(tables)
+    found = [u for u in uuids if u in wanted or any(e.table_uuid == u and e.table_name in wanted for e in history)]
+    missing = [name for name in tables if not any(
+        name == u or any(e.table_uuid == u and e.table_name == name for e in history) for u in uuids)]
+    if missing:
+        names = ", ".join(sorted({e.table_name for e in history})) or "none"
+        raise TableNotFoundError(f"no table named {', '.join(map(repr, missing))} at any time; tables ever: {names}")
+    return found
+
+
+def _epochs(history: Sequence[SchemaHistoryEntry], uuid: str) -> list[tuple[int, TableDescriptor | None]]:
+    """(t of each schema change of a table, its descriptor from t + 1 on), in order."""
+    epochs: list[tuple[int, TableDescriptor | None]] = []
+    for entry in history:
+        if entry.table_uuid == uuid:
+            if epochs and epochs[-1][0] == entry.logical_timestamp:
+                epochs[-1] = (entry.logical_timestamp, entry.descriptor or epochs[-1][1])
+            else:
+                epochs.append((entry.logical_timestamp, entry.descriptor))
+    return epochs
+
+
+def _at(epochs: list[tuple[int, TableDescriptor | None]], as_of: int) -> TableDescriptor | None:
+    found = None
+    for t, descriptor in epochs:
+        if t >= as_of:
+            break
+        found = descriptor
+    return found
+
+
+def schema_kind(before: TableDescriptor | None, after: TableDescriptor | None) -> str:
+    """The WAL operation that turned ``before`` into ``after`` (each schema change has a t of its own)."""
+    if before is None:
+        return "create_table"
+    if after is None:
+        return "drop_table"
+    if before.table_name != after.table_name:
+        return "rename_table"
+    old = {c.column_uuid: c for c in before.columns}
+    new = {c.column_uuid: c for c in after.columns}
+    if set(new) - set(old):
+        return "add_column"
+    if set(old) - set(new):
+        return "drop_column"
+    for uuid, column in new.items():
+        was = old[uuid]
+        if was.column_name != column.column_name:
+            return "rename_column"
+        if was.data_type != column.data_type or was.supercolumn != column.supercolumn:  # a type change to its own type
+            return "change_column_type"
+        if was.is_nullable != column.is_nullable:
+            return "change_column_nullable"
+        if was.ordinal_key != column.ordinal_key:
+            return "reorder_column"
+    return "alter_table"  # a change the descriptors do not tell apart (a default's type, say)
+
+
+def _schema_records(history: Sequence[SchemaHistoryEntry], uuid: str, since: int, until: int) -> pa.RecordBatch | None:
+    epochs = _epochs(history, uuid)
+    rows = []
+    previous: TableDescriptor | None = None
+    for t, descriptor in epochs:
+        if since <= t < until:
+            name = (descriptor or previous).table_name  # type: ignore[union-attr]
+            rows.append((t, name, schema_kind(previous, descriptor), _text(previous), _text(descriptor)))
+        previous = descriptor
+    if not rows:
+        return None
+    t, name, op, before, after = zip(*rows, strict=True)
+    return pa.RecordBatch.from_arrays(
+        [pa.array(t, pa.int64()), pa.array(name, pa.string()), pa.array([uuid] * len(rows), pa.string()),
+         pa.nulls(len(rows), pa.int64()), pa.array(op, pa.string()), pa.array(before, pa.string()),
+         pa.array(after, pa.string())],
+        names=list(RECORD_NAMES))
+
+
+def _text(descriptor: TableDescriptor | None) -> str | None:
+    return None if descriptor is None else json.dumps(descriptor.to_json())
+
+
+def _row_records(store: ObjectStore, state: CatalogState, uuid: str, descriptor: TableDescriptor,
+                 start: int, end: int) -> pa.RecordBatch | None:
+    """The row versions of one table with t in [start, end), no schema change of it inside."""
+    supercolumns = replay_schema_history(state.schema_history).supercolumns.get(uuid, ())
+    schema = supertable_schema(supercolumns)
+    wanted = [c.supercolumn for c in descriptor.columns]
+    files = [f for f in state.versions_of(uuid)
+             if f.row_count and (f.max_t is None or f.max_t >= start) and (f.min_t is None or f.min_t < end)]
+    if not files:
+        return None
+    window = (pc.field(LT) >= start) & (pc.field(LT) < end)
+    versions = dataset_of(store, files, schema).to_table(columns=[KEY, DELETED, LT, *wanted], filter=window)
+    if versions.num_rows == 0:
+        return None
+    keys = pc.unique(versions.column(KEY)).to_pylist()
+    base = live_rows(store, state, uuid, supercolumns, start, keys=keys, columns=wanted, reserved=False)
+    base = pa.table([base.column(KEY).cast(pa.int64()), pa.array([False] * base.num_rows, pa.bool_()),
+                     pa.array([-1] * base.num_rows, pa.int64()),
+                     *(base.column(c).cast(schema.field(c).type) for c in wanted)],
+                    names=[KEY, DELETED, LT, *wanted])
+    rows = pa.concat_tables([base, versions.cast(base.schema)]).combine_chunks()
+    index = pa.table({"k": rows.column(KEY), "t": rows.column(LT), "d": rows.column(DELETED),
+                      "i": pa.array(np.arange(rows.num_rows, dtype=np.int64))})
+    con = reader_cursor()
+    try:
+        con.register("__rows", index)
+        # each version paired with the row before it: the key's previous version, or its row as of start
+        # (booleans as integers: the cursor hands booleans to Arrow as its one-byte extension type)
+        pairs = con.sql("SELECT i, p, CAST(p IS NULL OR pd AS INTEGER) AS nb FROM (SELECT t, k, i, "
+                        "lag(i) OVER w AS p, lag(d) OVER w AS pd FROM __rows "
+                        "WINDOW w AS (PARTITION BY k ORDER BY t)) WHERE t >= 0 ORDER BY t, k").to_arrow_table()
+    finally:
+        con.close()
+    after_index, before_index = pairs.column("i"), pairs.column("p")
+    deleted = pc.take(rows.column(DELETED), after_index)
+    no_before = pc.equal(pairs.column("nb"), 1)
+    op = pc.if_else(deleted, "delete", pc.if_else(no_before, "insert", "update"))
+    after = _images(project(rows.take(after_index), descriptor), deleted)
+    before = _images(project(rows.take(pc.fill_null(before_index, 0)), descriptor), no_before)
+    n = pairs.num_rows
+    return pa.RecordBatch.from_arrays(
+        [pc.take(rows.column(LT), after_index).combine_chunks(), pa.array([descriptor.table_name] * n, pa.string()),
+         pa.array([uuid] * n, pa.string()), pc.take(rows.column(KEY), after_index).combine_chunks(),
+         op.combine_chunks() if isinstance(op, pa.ChunkedArray) else op, before, after],
+        names=list(RECORD_NAMES))
+
+
+def _images(rows: pa.Table, absent: pa.Array | pa.ChunkedArray) -> pa.StructArray:
+    """The table's columns (``project``'s, after synthetic_key) as one struct, null where ``absent``."""
+    mask = absent.combine_chunks() if isinstance(absent, pa.ChunkedArray) else absent
+    columns = [rows.column(i).combine_chunks() for i in range(1, rows.num_columns)]
+    if not columns:
+        return pa.array([None if m else {} for m in mask.to_pylist()], pa.struct([]))
+    return pa.StructArray.from_arrays(columns, names=rows.column_names[1:], mask=mask)
+
+
+def _parts(epochs: list[tuple[int, TableDescriptor | None]], since: int, until: int) -> list[tuple[int, int]]:
+    """[start, end) pieces of the window with no schema change of the table strictly inside."""
+    cuts = [t + 1 for t, _ in epochs if since <= t < until]
+    bounds = [since, *cuts, until]
+    return [(a, b) for a, b in zip(bounds, bounds[1:], strict=False) if a < b]
+
+
+def change_runs(store: ObjectStore, state: CatalogState, since: int, until: int,
+                tables: Sequence[str] | None = None) -> Iterator[pa.RecordBatch]:
+    """Every change with t in [since, until) of the tables asked for, as record batches whose
+    concatenation is in (t, table, key) order (each batch is one table's, rows or schema). The
+    window and the tables are checked before this returns; the files are read as it is iterated."""
+    check_window(state, since, until)
+    history = state.schema_history
+    uuids = matching_tables(history, tables)
+    for uuid in uuids:
+        earliest = state.earliest_of(uuid)
+        if since < earliest:
+            name = next(e.table_name for e in reversed(history) if e.table_uuid == uuid)
+            raise PurgedTimestampError(
+                f"since={since} is before the purge point of table {name!r}: its history before {earliest} was "
+                f"removed by its time-to-live; the earliest point its change feed can start from is {earliest}")
+    return _runs(store, state, since, until, uuids)
+
+
+#: versions read together at most (estimated from the files' row counts and t ranges): a longer
+#: window is delivered in pieces of t, so memory stays bounded whatever the window
+CHUNK_ROWS = 1_000_000
+
+
+def chunks(state: CatalogState, uuids: Sequence[str], since: int, until: int,
+           chunk_rows: int | None = None) -> list[tuple[int, int]]:
+    """[since, until) cut into equal pieces of t, each estimated to hold at most about
+    ``chunk_rows`` versions (a file's rows counted as spread evenly over its t range)."""
+    chunk_rows = chunk_rows or CHUNK_ROWS
+    rows = 0.0
+    for uuid in uuids:
+        for f in state.versions_of(uuid):
+            if f.row_count and f.min_t is not None and f.max_t is not None and f.max_t >= since and f.min_t < until:
+                overlap = min(f.max_t, until - 1) - max(f.min_t, since) + 1
+                rows += f.row_count * overlap / (f.max_t - f.min_t + 1)
+    pieces = max(1, min(until - since, int(rows // chunk_rows) + 1))
+    bounds = [since + (until - since) * i // pieces for i in range(pieces + 1)]
+    return [(a, b) for a, b in zip(bounds, bounds[1:], strict=False) if a < b] or [(since, until)]
+
+
+def _runs(store: ObjectStore, state: CatalogState, since: int, until: int,
+          uuids: Sequence[str]) -> Iterator[pa.RecordBatch]:
+    history = state.schema_history
+    epochs = {uuid: _epochs(history, uuid) for uuid in uuids}
+    for low, high in chunks(state, uuids, since, until):
+        sources: list[pa.RecordBatch] = []
+        for uuid in uuids:
+            schema = _schema_records(history, uuid, low, high)
+            if schema is not None:
+                sources.append(schema)
+            for start, end in _parts(epochs[uuid], low, high):
+                descriptor = _at(epochs[uuid], start)
+                if descriptor is not None:
+                    rows = _row_records(store, state, uuid, descriptor, start, end)
+                    if rows is not None:
+                        sources.append(rows)
+        yield from merge_in_order(sources)
+
+
+def merge_in_order(sources: Sequence[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+    """Slices of ``sources`` (each in (t, key) order, one table each) in (t, table, key) order."""
+    times = [s.column(0).to_numpy() for s in sources]
+    order = [(s.column(1)[0].as_py(), s.column(2)[0].as_py()) for s in sources]
+    heap = [(int(times[i][0]), order[i], i, 0) for i in range(len(sources)) if len(sources[i])]
+    heapq.heapify(heap)
+    while heap:
+        t, name, i, pos = heapq.heappop(heap)
+        if heap:
+            next_t, next_name = heap[0][0], heap[0][1]
+            # rows at the other's t come first when this table's name sorts first
+            end = int(np.searchsorted(times[i], next_t, side="right" if name < next_name else "left"))
+            end = max(end, pos + 1)
+        else:
+            end = len(times[i])
+        yield sources[i].slice(pos, end - pos)
+        if end < len(times[i]):
+            heapq.heappush(heap, (int(times[i][end]), name, i, end))
+
+
+def changes(store: ObjectStore, state: CatalogState, since: int, until: int,
+            tables: Sequence[str] | None = None) -> Iterator[ChangeBatch]:
+    """``change_runs`` with the cursor a consumer resumes from after each batch."""
+    return _with_cursors(change_runs(store, state, since, until, tables), until)
+
+
+def _with_cursors(runs: Iterator[pa.RecordBatch], until: int) -> Iterator[ChangeBatch]:
+    previous: pa.RecordBatch | None = None
+    for batch in runs:
+        if previous is not None:
+            last = previous.column(0)[-1].as_py()
+            yield ChangeBatch(previous, last if batch.column(0)[0].as_py() == last else last + 1)
+        previous = batch
+    if previous is not None:
+        yield ChangeBatch(previous, until)
