@@ -179,6 +179,7 @@ def test_every_type_comes_back_equal_to_the_local_api(server, stores):
             assert same(remote.row_history("typed", key), local.row_history("typed", key))
         assert same(remote.diff("typed", 2, 5), local.diff("typed", 2, 5))
         assert same(remote.diff("typed", 0, 4), local.diff("typed", 0, 4))
+        assert same(remote.diff_reader("typed", 0, 5).read_all(), local.diff_reader("typed", 0, 5).read_all())
 
 
 def test_schema_changes_renames_and_drops_answer_as_locally(server, stores):

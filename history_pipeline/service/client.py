@@ -135,6 +135,11 @@ class HistoryClient:
         """Keys inserted, deleted and changed between two states."""
         return p.diff_from_arrow(self.call(p.DiffRequest(table, to_timestamp(from_), to_timestamp(to))))
 
+    def diff_reader(self, table: str, from_: int | str, to: int | str) -> pa.RecordBatchReader:
+        """``diff`` as the record batches of ``HistoryStore.diff_reader`` (kind, key, before, after),
+        read as they arrive."""
+        return self.stream(p.DiffRequest(table, to_timestamp(from_), to_timestamp(to))).to_reader()
+
     @property
     def frontier(self) -> int:
         """The largest t closed by a compacted segment of the tenant's database."""
