@@ -208,7 +208,7 @@ def cmd_diff(args: argparse.Namespace) -> int:
         return 0
     counts = dict.fromkeys(KINDS, 0)
     # streamed: a diff of millions of keys prints as it is read, a batch at a time
-    for kind, item in diff_entries(store.diff_reader(args.table, from_=args.from_, to=args.to)):
+    for kind, item in diff_entries(store.diff_reader(args.table, from_=args.from_, to=args.to, as_stored=True)):
         counts[kind] += 1
         if kind == "inserted":
             print(f"+ key {item['key']}: {json.dumps(item['after'], default=str)}")

@@ -60,26 +60,40 @@ class DiffSides:
     stored: pa.Schema
 
 
-def diff_schema(sides: DiffSides) -> pa.Schema:
+def diff_schema(sides: DiffSides, depths: tuple[dict[str, set[int]], dict[str, set[int]]],
+                as_stored: bool = False) -> pa.Schema:
     """The answer's schema: kind, key, and the row before and after as structs of the columns named
-    and typed as ``load_table`` gives them then (each field's SQL type in its ``data_type`` metadata)."""
-    from history_pipeline.query.engine import project
-
-    def side(descriptor: TableDescriptor | None) -> pa.DataType:
-        if descriptor is None:
-            return pa.struct([])
-        rows = pa.table({KEY: pa.array([], pa.int64()),
-                         **{c.supercolumn: pa.array([], sides.stored.field(c.supercolumn).type)
-                            for c in descriptor.columns}})
-        shown = project(rows, descriptor)
-        return pa.struct([_field(c, shown.schema.field(i + 1).type) for i, c in enumerate(descriptor.columns)])
-
+    and typed as ``load_table`` gives them then, or with ``as_stored`` as the supertable stores
+    them (what the service sends: lossless, and read back by ``diff_to_dict`` exactly as the local
+    ``diff`` reads them); each field's SQL type is in its ``data_type`` metadata."""
     return pa.schema([
         pa.field("kind", pa.string(), nullable=False),
         pa.field("key", pa.int64(), nullable=False),
-        pa.field("before", side(sides.before)),
-        pa.field("after", side(sides.after)),
+        pa.field("before", _side_type(sides, sides.before, depths[0], as_stored)),
+        pa.field("after", _side_type(sides, sides.after, depths[1], as_stored)),
     ])
+
+
+def _side_type(sides: DiffSides, descriptor: TableDescriptor | None, depths: dict[str, set[int]],
+               as_stored: bool) -> pa.DataType:
+    if descriptor is None:
+        return pa.struct([])
+    rows = pa.table({KEY: pa.array([], pa.int64()),
+                     **{c.supercolumn: pa.array([], sides.stored.field(c.supercolumn).type)
+                        for c in descriptor.columns}})
+    children = _children(rows, descriptor, depths, as_stored)
+    return pa.struct([_field(c, child.type) for c, child in zip(descriptor.columns, children, strict=True)])
+
+
+def _children(rows: pa.Table, descriptor: TableDescriptor, depths: dict[str, set[int]],
+              as_stored: bool) -> list[pa.Array]:
+    """The columns of one side, from rows of stored types named by supercolumn."""
+    if as_stored:
+        return [rows.column(c.supercolumn).combine_chunks() for c in descriptor.columns]
+    from history_pipeline.query.engine import project
+
+    shown = project(rows, descriptor, depths)
+    return [shown.column(i + 1).combine_chunks() for i in range(len(descriptor.columns))]
 
 
 def _field(column: ColumnDescriptor, kind: pa.DataType) -> pa.Field:
@@ -218,10 +232,9 @@ def diff_query(sides: DiffSides) -> str:
 
 
 def answer_batches(source: pa.RecordBatchReader, sides: DiffSides, schema: pa.Schema,
-                   depths: tuple[dict[str, set[int]], dict[str, set[int]]]) -> Iterator[pa.RecordBatch]:
-    """DuckDB's rows of ``diff_query`` as batches of ``schema``."""
-    from history_pipeline.query.engine import project
-
+                   depths: tuple[dict[str, set[int]], dict[str, set[int]]],
+                   as_stored: bool = False) -> Iterator[pa.RecordBatch]:
+    """DuckDB's rows of ``diff_query`` as batches of ``schema`` (``diff_schema``'s)."""
     kinds = pa.array(KINDS, pa.string())
     width_before = len(sides.before.columns) if sides.before else 0
     for batch in source:
@@ -239,8 +252,7 @@ def answer_batches(source: pa.RecordBatchReader, sides: DiffSides, schema: pa.Sc
             rows = pa.table({KEY: key, **{
                 c.supercolumn: batch.column(offset + i).cast(sides.stored.field(c.supercolumn).type)
                 for i, c in enumerate(descriptor.columns)}})
-            shown = project(rows, descriptor, side_depths)
-            children = [shown.column(i + 1).combine_chunks() for i in range(len(descriptor.columns))]
+            children = _children(rows, descriptor, side_depths, as_stored)
             mask = pc.equal(kind, absent)
             if children:
                 structs.append(pa.StructArray.from_arrays(children, fields=list(field.type), mask=mask))
@@ -250,8 +262,9 @@ def answer_batches(source: pa.RecordBatchReader, sides: DiffSides, schema: pa.Sc
 
 
 def diff_to_dict(answer: pa.Table | pa.RecordBatchReader) -> dict[str, list[dict[str, Any]]]:
-    """A diff answer in the API's form: {"inserted": [{"key", "after"}], "deleted": [{"key",
-    "before"}], "changed": [{"key", "before", "after"}]}, values as ``fetch_row`` gives them."""
+    """A diff answer of stored types (``as_stored``) in the API's form: {"inserted": [{"key",
+    "after"}], "deleted": [{"key", "before"}], "changed": [{"key", "before", "after"}]}, values as
+    ``fetch_row`` gives them."""
     out: dict[str, list[dict[str, Any]]] = {kind: [] for kind in KINDS}
     for kind, entry in diff_entries(answer):
         out[kind].append(entry)
@@ -259,7 +272,7 @@ def diff_to_dict(answer: pa.Table | pa.RecordBatchReader) -> dict[str, list[dict
 
 
 def diff_entries(answer: pa.Table | pa.RecordBatchReader) -> Iterator[tuple[str, dict[str, Any]]]:
-    """(kind, entry) of each key of a diff answer, one batch converted at a time."""
+    """(kind, entry) of each key of a diff answer of stored types, one batch converted at a time."""
     batches = answer.to_batches() if isinstance(answer, pa.Table) else answer
     for batch in batches:
         kinds = batch.column(0).to_pylist()

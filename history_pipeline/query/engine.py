@@ -296,11 +296,13 @@ class QueryContext:
         """
         from history_pipeline.query.diff import diff_to_dict
 
-        return diff_to_dict(self.diff_reader(table, from_, to))
+        return diff_to_dict(self.diff_reader(table, from_, to, as_stored=True))
 
-    def diff_reader(self, table: str, from_: int, to: int, batch_size: int = 100_000) -> pa.RecordBatchReader:
+    def diff_reader(self, table: str, from_: int, to: int, batch_size: int = 100_000,
+                    as_stored: bool = False) -> pa.RecordBatchReader:
         """``diff`` as a stream of record batches (kind, key, before, after: see ``query/diff.py``),
-        computed by DuckDB over the catalog's files for both states."""
+        computed by DuckDB over the catalog's files for both states; the rows' columns typed as
+        ``load_table`` gives them, or with ``as_stored`` as stored (what ``diff_to_dict`` reads)."""
         from history_pipeline.query import diff as d
 
         self.check_as_of(from_)
@@ -328,7 +330,7 @@ class QueryContext:
             sides = d.DiffSides(anchor.table_uuid, from_, to, before, after, views[0], views[1],
                                 supertable_schema(supercolumns))
             con.register("__diff_unsettled", pa.table({"k": d.unsettled_changes(con, sides)}))
-            schema = d.diff_schema(sides)
+            schema = d.diff_schema(sides, (depths[0], depths[1]), as_stored)
             source = con.sql(d.diff_query(sides)).to_arrow_reader(batch_size)
         except BaseException:
             con.close()
@@ -336,7 +338,7 @@ class QueryContext:
 
         def batches() -> Any:
             try:
-                yield from d.answer_batches(source, sides, schema, (depths[0], depths[1]))
+                yield from d.answer_batches(source, sides, schema, (depths[0], depths[1]), as_stored)
             finally:
                 con.close()
 

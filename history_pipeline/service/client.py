@@ -138,7 +138,7 @@ class HistoryClient:
     def diff_reader(self, table: str, from_: int | str, to: int | str) -> pa.RecordBatchReader:
         """``diff`` as the record batches of ``HistoryStore.diff_reader`` (kind, key, before, after),
         read as they arrive."""
-        return self.stream(p.DiffRequest(table, to_timestamp(from_), to_timestamp(to))).to_reader()
+        return self.stream(p.DiffRequest(table, to_timestamp(from_), to_timestamp(to), True)).to_reader()
 
     @property
     def frontier(self) -> int:

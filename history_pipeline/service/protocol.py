@@ -15,7 +15,7 @@ travels as an Arrow stream:
   versions, as a JSON text that tags every non-JSON value (:func:`encode_value` / :func:`decode_value`).
 - ``Diff``: the Arrow answer of the local ``diff_reader`` as it is (kind, key, and the row before
   and after as typed structs whose fields carry their SQL type), built by DuckDB without a Python
-  value per row.
+  value per row: in the stored types (``as_stored``), or as ``load_table`` types them when asked.
 
 Everything here is pure: no I/O, no server or client state.
 """
@@ -126,11 +126,16 @@ class DiffRequest:
     table_uuid: str
     from_timestamp: int
     to_timestamp: int
+    #: False: the rows' columns in their stored types (lossless: ``diff`` reads them back exactly);
+    #: True: typed as ``load_table`` gives them (``diff_reader``)
+    load_table_types: bool = False
 
     def __post_init__(self) -> None:
         _check_str("DiffRequest", "table_uuid", self.table_uuid)
         _check_int("DiffRequest", "from_timestamp", self.from_timestamp)
         _check_int("DiffRequest", "to_timestamp", self.to_timestamp)
+        if not isinstance(self.load_table_types, bool):
+            raise TypeError(f"DiffRequest.load_table_types must be a boolean, got {self.load_table_types!r}")
 
 
 @dataclass(frozen=True)
