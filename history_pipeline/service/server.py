@@ -156,12 +156,16 @@ class HistoryServer(flight.FlightServerBase):
             with self._gate.slot(tenant.name, limits.max_concurrent_queries):
                 job = Job(self.config.root, tenant.database, ticket.ticket, limits, self.config.batch_rows)
                 answer = self._pool.run(job, cancelled=context.is_cancelled)
+            reader = pa.ipc.open_stream(answer)
         except HistoryError as exc:
             raise flight_error(exc, self._roots) from None
         except Exception as exc:  # a bug: a typed ServiceError for the client, not the server's stack trace
-            raise flight_error(ServiceError(f"internal error ({type(exc).__name__}): {exc}"), self._roots) from None
-        reader = pa.ipc.open_stream(answer)
+            raise self._internal(exc) from None
         return flight.GeneratorStream(reader.schema, self._stream(reader))
+
+    def _internal(self, exc: Exception) -> flight.FlightError:
+        """A bug's exception as a typed ServiceError, without the server's stack trace or paths."""
+        return flight_error(ServiceError(f"internal error ({type(exc).__name__}): {exc}"), self._roots)
 
     # Flight's other calls: the middleware refuses them before they get here; these stay as a
     # second line (pyarrow's defaults answer with a Python stack trace of the server)
@@ -193,7 +197,10 @@ class HistoryServer(flight.FlightServerBase):
             self._open += 1
         finished = False
         try:
-            yield from reader
+            try:
+                yield from reader
+            except Exception as exc:  # an answer that cannot be read back (a bug): typed, no stack trace
+                raise self._internal(exc) from None
             finished = True
         finally:
             with self._lock:
