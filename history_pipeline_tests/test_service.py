@@ -741,7 +741,7 @@ def test_a_killed_server_takes_its_workers_and_helpers_with_it(tmp_path, stores)
         threading.Thread(target=answer, args=(lambda: client.sql(ENDLESS_SQL, end),), daemon=True).start()
         # a worker is answering once it has burnt half a second of CPU since the query was sent
         wait_until(lambda: any(cpu_ticks(pid) - start[pid] >= os.sysconf("SC_CLK_TCK") // 2 for pid in below),
-                   "the endless query runs on a worker")
+                   "the endless query runs on a worker", limit_s=120)
         assert len(below) >= 3, below  # two workers and the resource tracker
         process.kill()
         process.wait(timeout=30)
