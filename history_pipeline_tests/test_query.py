@@ -438,3 +438,26 @@ def test_diff_turns_only_the_changed_rows_into_python_values(tmp_path, monkeypat
     # tens of conversions (a value may be counted twice: from_arrow_values calls from_arrow_value) for
     # the two rows answered and the one JSONB value compared, not the 2 x 3,000 x 4 values of both states
     assert sum(converted) <= 200, converted
+
+
+def test_diff_compares_numeric_texts_as_numbers_and_leaves_other_forms_to_python():
+    import duckdb
+
+    from history_pipeline.query.diff import _Pair, python_differs
+    from history_pipeline.schema import ColumnDescriptor
+    from history_pipeline.types import parse_data_type
+
+    numeric = parse_data_type("NUMERIC")
+    column = ColumnDescriptor("c", "c", numeric, True, "a", "c-1")
+    pair = _Pair(column, column, "b0", "a0")
+    assert not pair.settled_in_sql  # a text SQL cannot read (an exponent) goes to Python
+    con = duckdb.connect()
+    cases = [("1.50", "1.5", False), ("-0.00", "0", False), ("12", "12.000", False), ("NaN", "NaN", False),
+             (None, None, False), ("1.5", "1.51", True), ("10", "1", True), ("100", "1.00", True),
+             (None, "1", True), ("1E+2", "100", None)]
+    for before, after, expected in cases:
+        got = con.execute(f"SELECT {pair.differs_sql()} FROM (SELECT CAST(? AS VARCHAR) AS b0) b, "
+                          "(SELECT CAST(? AS VARCHAR) AS a0) a", [before, after]).fetchone()[0]
+        assert got is expected, (before, after, got)
+    assert python_differs([(numeric, numeric, [Decimal("1E+2"), Decimal("1E+2")],
+                            [Decimal("100"), Decimal("101")])], 2) == [False, True]

@@ -117,8 +117,8 @@ class _Pair:
     def settled_in_sql(self) -> bool:
         """Does the SQL comparison alone decide every row of this column?"""
         s, t = self.old.data_type, self.new.data_type
-        if s == t:
-            return s.kind in _EXACT or s.kind is TypeKind.NUMERIC
+        if s == t:  # (an unconstrained NUMERIC's text not in positional notation is left to Python)
+            return s.kind in _EXACT or s.is_exact_decimal
         return s.kind in _INTEGERS and t.kind in _INTEGERS
 
     def differs_sql(self) -> str:
