@@ -310,24 +310,27 @@ def cmd_row_history(args: argparse.Namespace) -> int:
 
 
 def cmd_diff(args: argparse.Namespace) -> int:
+    from history_pipeline.query.diff import KINDS, diff_entries
+
     store = _store(args)
-    diff = store.diff(args.table, from_=args.from_, to=args.to)
-    counts = {kind: len(diff[kind]) for kind in ("inserted", "deleted", "changed")}
-    summary = (
-        f"{counts['inserted']} inserted, {counts['deleted']} deleted, {counts['changed']} changed "
-        f"in {args.table} between as_of {_t(store, args.from_)} and {_t(store, args.to)}"
-    )
     if args.format == "json":
+        diff = store.diff(args.table, from_=args.from_, to=args.to)
+        counts = {kind: len(diff[kind]) for kind in KINDS}
         print(json.dumps({**diff, "summary": counts}, default=str, indent=2))
         return 0
-    for item in diff["inserted"]:
-        print(f"+ key {item['key']}: {json.dumps(item['after'], default=str)}")
-    for item in diff["deleted"]:
-        print(f"- key {item['key']}: {json.dumps(item['before'], default=str)}")
-    for item in diff["changed"]:
-        print(f"~ key {item['key']}: {json.dumps(item['before'], default=str)} -> "
-              f"{json.dumps(item['after'], default=str)}")
-    print(summary)
+    counts = dict.fromkeys(KINDS, 0)
+    # streamed: a diff of millions of keys prints as it is read, a batch at a time
+    for kind, item in diff_entries(store.diff_reader(args.table, from_=args.from_, to=args.to, as_stored=True)):
+        counts[kind] += 1
+        if kind == "inserted":
+            print(f"+ key {item['key']}: {json.dumps(item['after'], default=str)}")
+        elif kind == "deleted":
+            print(f"- key {item['key']}: {json.dumps(item['before'], default=str)}")
+        else:
+            print(f"~ key {item['key']}: {json.dumps(item['before'], default=str)} -> "
+                  f"{json.dumps(item['after'], default=str)}")
+    print(f"{counts['inserted']} inserted, {counts['deleted']} deleted, {counts['changed']} changed "
+          f"in {args.table} between as_of {_t(store, args.from_)} and {_t(store, args.to)}")
     return 0
 
 

@@ -506,6 +506,20 @@ class HistoryStore:
         with _reading_files():
             return self.query_context().diff(table, from_, to)
 
+    def diff_reader(self, table: str, from_: int | str, to: int | str, batch_size: int = 100_000,
+                    as_stored: bool = False) -> pa.RecordBatchReader:
+        """``diff`` streamed as Arrow record batches, for diffs larger than memory: ``kind``
+        (inserted, deleted, changed: in that order, each in key order), ``key``, and the row
+        ``before`` and ``after`` as structs of the columns named and typed as ``load_table`` gives
+        them then (NULL where the key is absent), each field's SQL type in its ``data_type`` metadata.
+        ``as_stored``: the columns in their stored Arrow types instead (lossless; what
+        ``history_pipeline.query.diff.diff_to_dict`` turns into ``diff``'s answer)."""
+        from_, to = to_timestamp(from_), to_timestamp(to)
+        if from_ > to:
+            raise QueryError(f"diff from {from_} to {to}: --from must not be after --to (swap them)")
+        with _reading_files():
+            return self.query_context().diff_reader(table, from_, to, batch_size, as_stored)
+
     def changes(self, tables: Iterable[str] | None = None, since: int | str = 0,
                 until: int | str | None = None) -> Iterator[ChangeBatch]:
         """Every committed change with t in [since, until) (``until`` defaults to frontier + 1), in

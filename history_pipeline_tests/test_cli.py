@@ -271,7 +271,7 @@ def test_shell_reads_statements_as_of_t(tmp_path):
     script = ("SELECT amount\n  FROM orders;\n.as_of 3\nSELECT amount FROM orders;\nSELEC 1;\n"
               "DELETE FROM orders;\n.as_of 99\nSHOW TABLES;\n.quit\nSELECT 'never';\n")
     shell = run(tmp_path, "shell", "--format", "json", stdin=script)
-    assert shell.returncode == 0
+    assert shell.returncode == 1  # a piped script whose statements failed fails
     assert shell.stdout.splitlines() == ['{"amount": "13.00"}', "as_of = 3", '{"amount": "12.50"}',
                                          json.dumps({"name": "orders", "table_uuid": T, "columns": 1})]
     errors = shell.stderr.strip().splitlines()

@@ -40,7 +40,8 @@ def expected_diff(model, name, t1, t2):
                 except CastFailure:
                     differs = True
                     break
-            if value != after[k].get(cu):
+            new = after[k].get(cu)
+            if not (value == new or (value != value and new != new)):  # NaN equals NaN, as in PostgreSQL
                 differs = True
                 break
         if differs:

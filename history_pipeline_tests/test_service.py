@@ -182,6 +182,7 @@ def test_every_type_comes_back_equal_to_the_local_api(server, stores):
             assert same(remote.row_history("typed", key), local.row_history("typed", key))
         assert same(remote.diff("typed", 2, 5), local.diff("typed", 2, 5))
         assert same(remote.diff("typed", 0, 4), local.diff("typed", 0, 4))
+        assert same(remote.diff_reader("typed", 0, 5).read_all(), local.diff_reader("typed", 0, 5).read_all())
 
 
 def test_schema_changes_renames_and_drops_answer_as_locally(server, stores):
@@ -714,3 +715,154 @@ def test_change_rows_keep_their_values_through_the_wire_form(stores):
             assert same(got["after"], store.fetch_row(got["table_uuid"], got["key"], got["t"] + 1))
     request = ChangesRequest(3, None, ["orders"])
     assert decode_request(encode_request(request)) == request and request.tables == ("orders",)
+
+
+# --- the server's death takes its processes with it -------------------------------------------------
+
+
+def _children_of() -> dict[int, list[int]]:
+    """Every live process's children, from /proc (Linux)."""
+    children: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                stat = Path(f"/proc/{entry}/stat").read_text()
+            except OSError:
+                continue
+            parent = int(stat.rsplit(")", 1)[1].split()[1])
+            children.setdefault(parent, []).append(int(entry))
+    return children
+
+
+def descendants(pid: int) -> list[int]:
+    """Every process below ``pid`` in the process tree now."""
+    children, found, todo = _children_of(), [], [pid]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            found.append(child)
+            todo.append(child)
+    return found
+
+
+def cpu_ticks(pid: int) -> int:
+    """User plus system CPU time of a process, in clock ticks (0 once it is gone)."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0
+    return int(fields[11]) + int(fields[12])
+
+
+def alive(pid: int) -> bool:
+    """Is the process still there (a zombie, dead but not yet reaped by whoever adopted it, is not)?"""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state not in ("Z", "X")
+
+
+@pytest.mark.daemon
+@pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="walks the process tree in /proc (Linux)")
+def test_a_killed_server_takes_its_workers_and_helpers_with_it(tmp_path, stores):
+    """SIGKILL runs no cleanup in the server: its workers (one in the middle of a query that would run
+    for minutes) and multiprocessing's helper processes must still end within seconds."""
+    config = tmp_path / "server.toml"
+    config.write_text(
+        f'root = "{stores["a"].objects.uri}"\nworkers = 2\n[limits]\nquery_timeout_s = 600\n'
+        f'[tenants.a]\ndatabase = "tenant_a"\ntoken_sha256 = "{token_digest(TOKEN_A)}"\n'
+    )
+    process = subprocess.Popen([sys.executable, "-m", "history_pipeline.cli", "serve", "--config", str(config),
+                                "--port", "0"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                               env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    below: list[int] = []
+    try:
+        line = process.stdout.readline()
+        assert "serving 1 tenant(s)" in line, line + process.stderr.read()
+        client = connect(line.split()[-1], TOKEN_A)
+        end = stores["a"].frontier + 1
+        assert [d.table_name for d in client.get_catalog(end)] == [d.table_name for d in stores["a"].get_catalog(end)]
+        below = descendants(process.pid)
+        start = {pid: cpu_ticks(pid) for pid in below}
+        threading.Thread(target=answer, args=(lambda: client.sql(ENDLESS_SQL, end),), daemon=True).start()
+        # a worker is answering once it has burnt half a second of CPU since the query was sent
+        wait_until(lambda: any(cpu_ticks(pid) - start[pid] >= os.sysconf("SC_CLK_TCK") // 2 for pid in below),
+                   "the endless query runs on a worker", limit_s=120)
+        assert len(below) >= 3, below  # two workers and the resource tracker
+        process.kill()
+        process.wait(timeout=30)
+        wait_until(lambda: not any(alive(pid) for pid in below), "every process of the server ends", limit_s=10)
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+        for pid in below:  # what the server left behind (only when the test fails)
+            if alive(pid):
+                os.kill(pid, signal.SIGKILL)
+
+
+# --- every Flight call answers a typed error, never the server's internals ---------------------------
+
+
+def _raw_calls(raw: flight.FlightClient, options: flight.FlightCallOptions) -> dict[str, Callable[[], Any]]:
+    """Each Flight call, made as a client of the bare protocol would."""
+    descriptor = flight.FlightDescriptor.for_command(b"orders")
+    schema = pa.schema([("a", pa.int64())])
+
+    def put() -> None:
+        writer, _ = raw.do_put(descriptor, schema, options)
+        writer.write_table(pa.table({"a": [1]}))
+        writer.close()
+
+    def exchange() -> None:
+        writer, reader = raw.do_exchange(descriptor, options)
+        writer.begin(schema)
+        writer.done_writing()
+        reader.read_all()
+
+    return {
+        "Handshake": lambda: raw.authenticate_basic_token("user", "password", options),
+        "ListFlights": lambda: list(raw.list_flights(options=options)),
+        "GetFlightInfo": lambda: raw.get_flight_info(descriptor, options),
+        "GetSchema": lambda: raw.get_schema(descriptor, options),
+        "DoPut": put,
+        "DoExchange": exchange,
+        "ListActions": lambda: raw.list_actions(options),
+        "DoAction": lambda: list(raw.do_action(flight.Action("drop", b""), options)),
+        "DoGet": lambda: raw.do_get(flight.Ticket(b'{"op": "Drop"}'), options).read_all(),
+    }
+
+
+def test_every_flight_call_answers_a_typed_error_without_the_servers_internals(server, stores):
+    root = str(stores["a"].objects.uri)
+    for token, problem in ((TOKEN_A, "not offered"), (None, "bearer")):
+        headers = [(b"authorization", f"Bearer {token}".encode())] if token else []
+        options = flight.FlightCallOptions(headers=headers, timeout=30)
+        for call, make in _raw_calls(flight.FlightClient(server.url), options).items():
+            with pytest.raises((pa.ArrowException, OSError)) as error:
+                make()
+            text = str(error.value)
+            assert "Traceback" not in text and ".py" not in text, (call, text)
+            assert root not in text and "/" not in text.split(". Detail:")[0], (call, text)
+            if call == "DoGet" and token:
+                assert "unknown operation 'Drop'" in text, text
+                continue
+            assert problem in text.lower(), (call, text)
+            if token and call != "Handshake":  # (the client's handshake wrapper names no call)
+                assert call in text, (call, text)
+            if call not in ("Handshake", "GetSchema"):  # (pyarrow's client drops these calls' error details)
+                assert isinstance(error.value, flight.FlightError), (call, error.value)
+                name = "InvalidRequestError" if token else "AuthenticationError"
+                assert name.encode() in error.value.extra_info, (call, error.value.extra_info)
+
+
+def test_no_error_shows_where_the_server_keeps_its_files(tmp_path):
+    from history_pipeline.service.errors import redact
+
+    root = str(tmp_path / "data")
+    message = f"IO Error: cannot open {root}/tenant_a/orders/part-1.parquet"
+    assert redact(message, [root]) == "IO Error: cannot open <root>/tenant_a/orders/part-1.parquet"
+    bug = "internal error (OSError): [Errno 2] No such file: '/srv/history/lib/x.py', line 3"
+    assert redact(bug, [root], any_path=True) == "internal error (OSError): [Errno 2] No such file: '<path>', line 3"
+    assert redact("3/4 of 1/2", [root], any_path=True) == "3/4 of 1/2"
+    assert redact("s3://bucket/prefix/x.parquet is gone", ["s3://bucket/prefix"]) == "<root>/x.parquet is gone"

@@ -24,7 +24,6 @@ import duckdb
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from history_pipeline.casts import CastFailure, cast_value
 from history_pipeline.catalog.files import is_closed_read, live_rows, select_files
 from history_pipeline.catalog.model import CatalogState
 from history_pipeline.errors import (
@@ -293,7 +292,19 @@ class QueryContext:
         The table is the one named ``table`` at ``to`` (or at ``from_`` if it is gone by then),
         followed by uuid across renames. A key is changed when a column it has in both states
         differs (a column whose type changed in between is compared after casting the old value).
+        Each list is in key order; ``diff_reader`` gives the same as a stream of Arrow batches.
         """
+        from history_pipeline.query.diff import diff_to_dict
+
+        return diff_to_dict(self.diff_reader(table, from_, to, as_stored=True))
+
+    def diff_reader(self, table: str, from_: int, to: int, batch_size: int = 100_000,
+                    as_stored: bool = False) -> pa.RecordBatchReader:
+        """``diff`` as a stream of record batches (kind, key, before, after: see ``query/diff.py``),
+        computed by DuckDB over the catalog's files for both states; the rows' columns typed as
+        ``load_table`` gives them, or with ``as_stored`` as stored (what ``diff_to_dict`` reads)."""
+        from history_pipeline.query import diff as d
+
         self.check_as_of(from_)
         self.check_as_of(to)
         anchor = self._maybe_resolve(table, to) or self._maybe_resolve(table, from_)
@@ -302,33 +313,42 @@ class QueryContext:
         assert anchor is not None
         self.check_table_as_of(anchor, from_)  # below a TTL purge point the "before" state is gone
         epochs = _descriptor_epochs(self.state.schema_history, anchor.table_uuid)
-        before_desc, after_desc = _epoch_at(epochs, from_), _epoch_at(epochs, to)
-        before = self._rows_by_key(before_desc, from_)
-        after = self._rows_by_key(after_desc, to)
-        inserted = [{"key": k, "after": _named(after[k], after_desc)} for k in sorted(after.keys() - before.keys())]
-        deleted = [{"key": k, "before": _named(before[k], before_desc)} for k in sorted(before.keys() - after.keys())]
-        changed = [
-            {"key": k, "before": _named(before[k], before_desc), "after": _named(after[k], after_desc)}
-            for k in sorted(before.keys() & after.keys())
-            if _differs(before[k], after[k], before_desc, after_desc)
-        ]
-        return {"inserted": inserted, "deleted": deleted, "changed": changed}
+        before, after = _epoch_at(epochs, from_), _epoch_at(epochs, to)
+        supercolumns = self.supercolumns(anchor.table_uuid)
+        con = reader_cursor()
+        try:
+            views, depths = [], []
+            for descriptor, as_of, name in ((before, from_, "__diff_before"), (after, to, "__diff_after")):
+                if descriptor is None:
+                    views.append(None)
+                    depths.append({})
+                    continue
+                live_view(con, self.store, self.state, anchor.table_uuid, supercolumns, as_of,
+                          [c.supercolumn for c in descriptor.columns], name)
+                views.append(name)
+                depths.append(_array_depths(con.sql(f"SELECT * FROM {_ident(name)}"), descriptor))
+            sides = d.DiffSides(anchor.table_uuid, from_, to, before, after, views[0], views[1],
+                                supertable_schema(supercolumns))
+            con.register("__diff_unsettled", pa.table({"k": d.unsettled_changes(con, sides)}))
+            schema = d.diff_schema(sides, (depths[0], depths[1]), as_stored)
+            source = con.sql(d.diff_query(sides)).to_arrow_reader(batch_size)
+        except BaseException:
+            con.close()
+            raise
+
+        def batches() -> Any:
+            try:
+                yield from d.answer_batches(source, sides, schema, (depths[0], depths[1]), as_stored)
+            finally:
+                con.close()
+
+        return pa.RecordBatchReader.from_batches(schema, batches())
 
     def _maybe_resolve(self, table: str, as_of: int) -> TableDescriptor | None:
         try:
             return self.resolve(table, as_of)
         except TableNotFoundError:
             return None
-
-    def _rows_by_key(self, descriptor: TableDescriptor | None, as_of: int) -> dict[int, dict[str, Any]]:
-        """Rows by key, values by column uuid."""
-        if descriptor is None:
-            return {}
-        rows = self._live(descriptor, as_of)
-        return {
-            row[KEY]: {c.column_uuid: from_arrow_value(c.data_type, row[c.supercolumn]) for c in descriptor.columns}
-            for row in rows.to_pylist()
-        }
 
     def sql(self, query: str, as_of: int) -> pa.Table:
         """Read-only SQL over every table visible as of ``as_of`` plus _history_catalog.schema_history."""
@@ -557,34 +577,6 @@ def _cached(cache: OrderedDict[tuple[Any, ...], Any], key: tuple[Any, ...], make
         while len(cache) > _CACHE_SIZE:
             cache.popitem(last=False)
     return value
-
-
-def _named(row: dict[str, Any], descriptor: TableDescriptor | None) -> dict[str, Any]:
-    assert descriptor is not None
-    return {c.column_name: row[c.column_uuid] for c in descriptor.columns}
-
-
-def _differs(
-    before: dict[str, Any],
-    after: dict[str, Any],
-    before_desc: TableDescriptor | None,
-    after_desc: TableDescriptor | None,
-) -> bool:
-    assert before_desc is not None and after_desc is not None
-    for column in after_desc.columns:
-        old = before_desc.column(column.column_uuid)
-        if old is None:
-            continue
-        value = before[column.column_uuid]
-        if old.data_type != column.data_type:
-            try:
-                value = cast_value(value, old.data_type, column.data_type)
-            except CastFailure:
-                return True
-        new = after[column.column_uuid]
-        if not (value == new or (value != value and new != new)):  # NaN equals NaN here
-            return True
-    return False
 
 
 def _renamed_reader(source: pa.RecordBatchReader, names: list[str]) -> pa.RecordBatchReader:

@@ -136,6 +136,11 @@ class HistoryClient:
         """Keys inserted, deleted and changed between two states."""
         return p.diff_from_arrow(self.call(p.DiffRequest(table, to_timestamp(from_), to_timestamp(to))))
 
+    def diff_reader(self, table: str, from_: int | str, to: int | str) -> pa.RecordBatchReader:
+        """``diff`` as the record batches of ``HistoryStore.diff_reader`` (kind, key, before, after),
+        read as they arrive."""
+        return self.stream(p.DiffRequest(table, to_timestamp(from_), to_timestamp(to), True)).to_reader()
+
     def changes(self, tables: Sequence[str] | None = None, since: int | str = 0,
                 until: int | str | None = None) -> list[dict[str, Any]]:
         """Every committed change with t in [since, until), in (t, table, key) order, one dict each:

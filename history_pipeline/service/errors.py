@@ -8,6 +8,9 @@ class again, so remote callers catch the same errors as local ones.
 from __future__ import annotations
 
 import json
+import os
+import re
+from collections.abc import Iterable
 
 from history_pipeline import errors as core_errors
 from history_pipeline.errors import HistoryError
@@ -76,3 +79,18 @@ def error_from_payload(payload: bytes | None, fallback: type[HistoryError], mess
     error = cls.__new__(cls)
     Exception.__init__(error, text)
     return error
+
+
+#: an absolute file path of two or more parts (a bug's message may quote one: where the server's
+#: files or libraries live is nothing a client needs to know)
+_PATH_RE = re.compile(r"(?<![\w:/.])/(?:[\w.@+~-]+/)+[\w.@+~*-]*")
+
+
+def redact(message: str, roots: Iterable[str], any_path: bool = False) -> str:
+    """``message`` with every storage root in ``roots`` written ``<root>`` (and, with ``any_path``,
+    every other absolute path ``<path>``), so that no error shows where the server keeps its files."""
+    for root in roots:
+        for form in {root.rstrip("/"), os.path.realpath(root).rstrip("/")} if "://" not in root else {root}:
+            if len(form) > 1:
+                message = message.replace(form, "<root>")
+    return _PATH_RE.sub("<path>", message) if any_path else message

@@ -39,8 +39,8 @@ def execute(store: HistoryStore, request: p.Request, limits: Limits) -> pa.Table
         check_result_size(table, limits, f"the history of key {request.synthetic_key} of {request.table_uuid!r}")
         return table
     if isinstance(request, p.DiffRequest):
-        diff = store.diff(request.table_uuid, request.from_timestamp, request.to_timestamp)
-        table = p.diff_to_arrow(diff)
+        table = store.diff_reader(request.table_uuid, request.from_timestamp, request.to_timestamp,
+                                  as_stored=not request.load_table_types).read_all()
         check_result_size(
             table, limits,
             f"the diff of {request.table_uuid!r} from {request.from_timestamp} to {request.to_timestamp}",

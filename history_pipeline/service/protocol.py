@@ -12,9 +12,11 @@ travels as an Arrow stream:
   was ``found``.
 - ``GetCatalog``: one row per table (uuid, name, the descriptor as JSON).
 - ``Changes``: one row per change of the feed, with the cursor after it.
-- ``RowHistory`` and ``Diff``: one row per version or per changed key; the row values, whose
-  columns and types vary between versions, as a JSON text that tags every non-JSON value
-  (:func:`encode_value` / :func:`decode_value`).
+- ``RowHistory``: one row per version; the row values, whose columns and types vary between
+  versions, as a JSON text that tags every non-JSON value (:func:`encode_value` / :func:`decode_value`).
+- ``Diff``: the Arrow answer of the local ``diff_reader`` as it is (kind, key, and the row before
+  and after as typed structs whose fields carry their SQL type), built by DuckDB without a Python
+  value per row: in the stored types (``as_stored``), or as ``load_table`` types them when asked.
 
 Everything here is pure: no I/O, no server or client state.
 """
@@ -33,6 +35,7 @@ from typing import Any
 
 import pyarrow as pa
 
+from history_pipeline.query.diff import diff_to_dict
 from history_pipeline.schema import TableDescriptor
 from history_pipeline.service.errors import InvalidRequestError
 from history_pipeline.types import Interval, arrow_type, from_arrow_value, parse_data_type, to_arrow_value
@@ -124,11 +127,16 @@ class DiffRequest:
     table_uuid: str
     from_timestamp: int
     to_timestamp: int
+    #: False: the rows' columns in their stored types (lossless: ``diff`` reads them back exactly);
+    #: True: typed as ``load_table`` gives them (``diff_reader``)
+    load_table_types: bool = False
 
     def __post_init__(self) -> None:
         _check_str("DiffRequest", "table_uuid", self.table_uuid)
         _check_int("DiffRequest", "from_timestamp", self.from_timestamp)
         _check_int("DiffRequest", "to_timestamp", self.to_timestamp)
+        if not isinstance(self.load_table_types, bool):
+            raise TypeError(f"DiffRequest.load_table_types must be a boolean, got {self.load_table_types!r}")
 
 
 @dataclass(frozen=True)
@@ -427,39 +435,9 @@ def row_history_from_arrow(table: pa.Table) -> list[dict[str, Any]]:
     ]
 
 
-_DIFF_KINDS = ("inserted", "deleted", "changed")
-
-
-def diff_to_arrow(diff: Mapping[str, Sequence[Mapping[str, Any]]]) -> pa.Table:
-    """A diff as rows: kind (inserted, deleted, changed), key, before and after as tagged JSON."""
-    kinds, keys, before, after = [], [], [], []
-    for kind in _DIFF_KINDS:
-        for entry in diff[kind]:
-            kinds.append(kind)
-            keys.append(entry["key"])
-            before.append(_json_or_null(entry.get("before")))
-            after.append(_json_or_null(entry.get("after")))
-    return pa.table(
-        {
-            "kind": pa.array(kinds, pa.string()),
-            "key": pa.array(keys, pa.int64()),
-            "before": pa.array(before, pa.string()),
-            "after": pa.array(after, pa.string()),
-        }
-    )
-
-
 def diff_from_arrow(table: pa.Table) -> dict[str, list[dict[str, Any]]]:
-    """The diff as the local ``diff`` returns it."""
-    out: dict[str, list[dict[str, Any]]] = {kind: [] for kind in _DIFF_KINDS}
-    for row in table.to_pylist():
-        entry: dict[str, Any] = {"key": row["key"]}
-        if row["kind"] != "inserted":
-            entry["before"] = _from_json_or_null(row["before"])
-        if row["kind"] != "deleted":
-            entry["after"] = _from_json_or_null(row["after"])
-        out[row["kind"]].append(entry)
-    return out
+    """The diff as the local ``diff`` returns it, from the answer ``diff_reader`` streams."""
+    return diff_to_dict(table)
 
 
 _CHANGE_FIELDS = ("t", "table", "table_uuid", "key", "op")

@@ -24,7 +24,9 @@ from history_pipeline.service.errors import (
     ConcurrencyLimitError,
     InvalidRequestError,
     QueryTimeoutError,
+    ServiceError,
     error_payload,
+    redact,
 )
 from history_pipeline.service.limits import ConcurrencyGate
 from history_pipeline.service.protocol import OPERATIONS, decode_request
@@ -38,8 +40,32 @@ class _TenantMiddleware(flight.ServerMiddleware):
         self.tenant = tenant
 
 
+#: Flight's calls by the names its protocol gives them
+_CALL_NAMES = {
+    flight.FlightMethod.HANDSHAKE: "Handshake",
+    flight.FlightMethod.LIST_FLIGHTS: "ListFlights",
+    flight.FlightMethod.GET_FLIGHT_INFO: "GetFlightInfo",
+    flight.FlightMethod.GET_SCHEMA: "GetSchema",
+    flight.FlightMethod.DO_GET: "DoGet",
+    flight.FlightMethod.DO_PUT: "DoPut",
+    flight.FlightMethod.DO_EXCHANGE: "DoExchange",
+    flight.FlightMethod.LIST_ACTIONS: "ListActions",
+    flight.FlightMethod.DO_ACTION: "DoAction",
+}
+
+
+def not_offered(call: str) -> InvalidRequestError:
+    """The error for a Flight call this service does not answer."""
+    return InvalidRequestError(
+        f"{call} is not offered: this service answers DoGet only, with a ticket naming one of "
+        f"{', '.join(OPERATIONS)} (history_pipeline.client.connect(url, token) sends them)"
+    )
+
+
 class _BearerAuth(flight.ServerMiddlewareFactory):
-    """Authenticates every call by its ``authorization: Bearer <token>`` header."""
+    """Authenticates every call by its ``authorization: Bearer <token>`` header, and refuses every
+    call but DoGet here, before pyarrow runs a handler: some of its handlers (GetSchema) turn any
+    Python exception into an error that quotes the server's stack trace."""
 
     def __init__(self, directory: TenantDirectory):
         self.directory = directory
@@ -47,13 +73,21 @@ class _BearerAuth(flight.ServerMiddlewareFactory):
     def start_call(self, info: Any, headers: Mapping[str, list[str]]) -> _TenantMiddleware:
         values = headers.get("authorization") or []
         try:
-            return _TenantMiddleware(self.directory.authenticate(values[0] if values else None))
+            tenant = self.directory.authenticate(values[0] if values else None)
         except AuthenticationError as exc:
             raise flight.FlightUnauthenticatedError(str(exc), extra_info=error_payload(exc)) from None
+        if info.method != flight.FlightMethod.DO_GET:
+            raise flight_error(not_offered(_CALL_NAMES.get(info.method, str(info.method))))
+        return _TenantMiddleware(tenant)
 
 
-def flight_error(exc: HistoryError) -> flight.FlightError:
-    """The Flight error that carries a HistoryError to the client."""
+def flight_error(exc: HistoryError, roots: tuple[str, ...] = ()) -> flight.FlightError:
+    """The Flight error that carries a HistoryError to the client; no path of the server's disk
+    shows in it (``roots`` as ``<root>``; any absolute path in a ServiceError, a bug's message)."""
+    message = redact(str(exc), roots, any_path=type(exc) is ServiceError)
+    if message != str(exc):
+        exc = type(exc).__new__(type(exc))
+        Exception.__init__(exc, message)
     kind: type[flight.FlightError] = flight.FlightServerError
     if isinstance(exc, AuthenticationError):
         kind = flight.FlightUnauthenticatedError
@@ -87,6 +121,7 @@ class HistoryServer(flight.FlightServerBase):
         self._pool = WorkerPool(config.workers)
         self._lock = threading.Lock()
         self._open = self._finished = self._abandoned = 0
+        self._roots = (config.root,)
         tls = []
         if config.tls_cert is not None and config.tls_key is not None:
             tls = [flight.CertKeyPair(cert=config.tls_cert, key=config.tls_key)]
@@ -121,39 +156,39 @@ class HistoryServer(flight.FlightServerBase):
             with self._gate.slot(tenant.name, limits.max_concurrent_queries):
                 job = Job(self.config.root, tenant.database, ticket.ticket, limits, self.config.batch_rows)
                 answer = self._pool.run(job, cancelled=context.is_cancelled)
+            reader = pa.ipc.open_stream(answer)
         except HistoryError as exc:
-            raise flight_error(exc) from None
+            raise flight_error(exc, self._roots) from None
         except Exception as exc:  # a bug: a typed ServiceError for the client, not the server's stack trace
-            raise flight.FlightServerError(str(exc), extra_info=error_payload(exc)) from None
-        reader = pa.ipc.open_stream(answer)
+            raise self._internal(exc) from None
         return flight.GeneratorStream(reader.schema, self._stream(reader))
 
-    # Flight's other calls: refused as invalid requests (pyarrow's defaults answer with a Python
-    # stack trace of the server)
-    def _only_do_get(self, call: str) -> flight.FlightError:
-        return flight_error(InvalidRequestError(
-            f"{call} is not offered: this service answers do_get tickets only ({', '.join(OPERATIONS)})"))
+    def _internal(self, exc: Exception) -> flight.FlightError:
+        """A bug's exception as a typed ServiceError, without the server's stack trace or paths."""
+        return flight_error(ServiceError(f"internal error ({type(exc).__name__}): {exc}"), self._roots)
 
+    # Flight's other calls: the middleware refuses them before they get here; these stay as a
+    # second line (pyarrow's defaults answer with a Python stack trace of the server)
     def list_flights(self, context: Any, criteria: Any) -> Iterator[flight.FlightInfo]:
-        raise self._only_do_get("list_flights")
+        raise flight_error(not_offered("ListFlights"))
 
     def get_flight_info(self, context: Any, descriptor: Any) -> flight.FlightInfo:
-        raise self._only_do_get("get_flight_info")
+        raise flight_error(not_offered("GetFlightInfo"))
 
     def get_schema(self, context: Any, descriptor: Any) -> flight.SchemaResult:
-        raise self._only_do_get("get_schema")
+        raise flight_error(not_offered("GetSchema"))
 
     def do_put(self, context: Any, descriptor: Any, reader: Any, writer: Any) -> None:
-        raise self._only_do_get("do_put")
+        raise flight_error(not_offered("DoPut"))
 
     def do_exchange(self, context: Any, descriptor: Any, reader: Any, writer: Any) -> None:
-        raise self._only_do_get("do_exchange")
+        raise flight_error(not_offered("DoExchange"))
 
     def list_actions(self, context: Any) -> list[Any]:
-        raise self._only_do_get("list_actions")
+        raise flight_error(not_offered("ListActions"))
 
     def do_action(self, context: Any, action: Any) -> Iterator[Any]:
-        raise self._only_do_get("do_action")
+        raise flight_error(not_offered("DoAction"))
 
     def _stream(self, reader: pa.ipc.RecordBatchStreamReader) -> Iterator[pa.RecordBatch]:
         # counted from the first batch pulled; a client that goes away closes the generator
@@ -162,7 +197,10 @@ class HistoryServer(flight.FlightServerBase):
             self._open += 1
         finished = False
         try:
-            yield from reader
+            try:
+                yield from reader
+            except Exception as exc:  # an answer that cannot be read back (a bug): typed, no stack trace
+                raise self._internal(exc) from None
             finished = True
         finally:
             with self._lock:

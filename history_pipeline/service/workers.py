@@ -6,17 +6,27 @@ answer. When the query exceeds its time limit, or the client has gone away, the 
 (freeing its memory, DuckDB connections and file handles with it) and a fresh one takes its
 place. Between requests a worker keeps only one open HistoryStore per database (whose catalog
 log it re-reads on every query, so new compactions are seen at once).
+
+A worker dies with its server, however the server ends (even SIGKILL, which runs no cleanup): on
+Linux the kernel sends it SIGKILL when the server goes (``PR_SET_PDEATHSIG``), and everywhere a
+thread of the worker waits on a pipe only the server holds open, and ends the process when it
+closes. Every process start goes through one long-lived thread of the server, because Linux sends
+the parent-death signal when the *thread* that started the child ends, not only the process.
 """
 
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
 import multiprocessing
 import os
 import queue
 import signal
+import sys
 import threading
 import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
 from typing import Any
@@ -50,8 +60,36 @@ class Job:
     batch_rows: int
 
 
-def worker_main(conn: Connection) -> None:
-    """The worker process: answer jobs from ``conn`` until it closes."""
+#: prctl(2) option: the signal the kernel sends this process when its parent thread ends
+_PR_SET_PDEATHSIG = 1
+
+
+def die_with_parent(parent_pid: int, lifeline: Connection) -> None:
+    """End this process as soon as the process ``parent_pid`` is gone, whatever ended it.
+
+    On Linux the kernel kills it (``PR_SET_PDEATHSIG``); everywhere a daemon thread waits on
+    ``lifeline``, a pipe whose other end only the parent holds, and exits when it closes.
+    """
+    if sys.platform.startswith("linux"):
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    if os.getppid() != parent_pid:  # the parent died before the signal was asked for
+        os._exit(1)
+
+    def watch() -> None:
+        try:
+            lifeline.recv_bytes()  # the parent never sends: this returns only by EOF
+        except (EOFError, OSError):
+            pass
+        os._exit(1)  # no cleanup: the main thread may be deep in a query
+
+    threading.Thread(target=watch, name="history-worker-lifeline", daemon=True).start()
+
+
+def worker_main(conn: Connection, parent_pid: int | None = None, lifeline: Connection | None = None) -> None:
+    """The worker process: answer jobs from ``conn`` until it closes; dies with ``parent_pid``."""
+    if parent_pid is not None and lifeline is not None:
+        die_with_parent(parent_pid, lifeline)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the server decides when workers stop
     from history_pipeline.service.execute import execute
     from history_pipeline.service.protocol import decode_request
@@ -90,6 +128,8 @@ class _Worker:
 
     process: Any
     conn: Connection
+    #: the server's end of the pipe whose closing tells the worker that its server is gone
+    lifeline: Connection
     ready: bool = False
     #: the process has taken a job and is answering it
     answering: bool = False
@@ -111,17 +151,25 @@ class WorkerPool:
         #: workers killed and restarted (timeouts, clients gone, crashes)
         self.replaced = 0
         for _ in range(size):
-            parent, process = self._start_process()
-            worker = _Worker(process, parent)
+            parent, process, lifeline = self._start_process()
+            worker = _Worker(process, parent, lifeline)
             self._workers.append(worker)
             self._idle.put(worker)
 
-    def _start_process(self) -> tuple[Connection, Any]:
+    def _start_process(self) -> tuple[Connection, Any, Connection]:
+        """A fresh worker process, its pipe and the server's end of its lifeline."""
+        return _spawner().submit(self._start_here).result()
+
+    def _start_here(self) -> tuple[Connection, Any, Connection]:
         parent, child = self._context.Pipe()
-        process = self._context.Process(target=worker_main, args=(child,), daemon=True, name="history-worker")
+        watched, held = self._context.Pipe(duplex=False)
+        process = self._context.Process(
+            target=worker_main, args=(child, os.getpid(), watched), daemon=True, name="history-worker"
+        )
         process.start()
         child.close()
-        return parent, process
+        watched.close()
+        return parent, process, held
 
     @property
     def busy(self) -> int:
@@ -228,9 +276,11 @@ class WorkerPool:
         worker.process.kill()
         worker.process.join(10)
         worker.conn.close()
-        conn, process = self._start_process()
+        worker.lifeline.close()
+        conn, process, lifeline = self._start_process()
         with self._lock:
-            worker.conn, worker.process, worker.ready, worker.answering = conn, process, False, False
+            worker.conn, worker.process, worker.lifeline = conn, process, lifeline
+            worker.ready, worker.answering = False, False
             self.replaced += 1
 
     def _stop(self, worker: _Worker) -> None:
@@ -246,6 +296,7 @@ class WorkerPool:
             worker.process.kill()
             worker.process.join(5)
         worker.conn.close()
+        worker.lifeline.close()
 
     def close(self) -> None:
         """Stop every idle worker now, and each busy one as soon as its job ends."""
@@ -256,3 +307,17 @@ class WorkerPool:
             except queue.Empty:
                 return
             self._stop(worker)
+
+
+_SPAWNER: ThreadPoolExecutor | None = None
+_SPAWNER_LOCK = threading.Lock()
+
+
+def _spawner() -> ThreadPoolExecutor:
+    """The one thread that starts every worker process: it lives as long as the server process,
+    so a worker's parent-death signal fires when the server ends, never when a request's thread does."""
+    global _SPAWNER
+    with _SPAWNER_LOCK:
+        if _SPAWNER is None:
+            _SPAWNER = ThreadPoolExecutor(max_workers=1, thread_name_prefix="history-worker-spawner")
+        return _SPAWNER
