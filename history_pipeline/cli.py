@@ -1001,8 +1001,11 @@ def _one_line(exc: BaseException | str) -> str:
 
 def _names_a_captured_database(args: argparse.Namespace) -> bool:
     """Whether the command's database exists and was captured (never raises: it only shapes a message)."""
-    try:
-        return _captured(HistoryStore.open(args.root, database=args.database))
+    from history_pipeline.store import wal_dir_of
+
+    try:  # the WAL's folder only: opening the store could create its root
+        folder = wal_dir_of(args.root, args.database) / "capture"
+        return folder.is_dir() and any(folder.glob("*.json"))
     except Exception:
         return False
 
