@@ -39,7 +39,7 @@ import tempfile
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -54,6 +54,7 @@ from bench.workload import (
     write_workload,
 )
 from history_pipeline import HistoryStore, StoreSettings
+from history_pipeline.catalog import FileKind
 from history_pipeline.wal import SegmentState
 
 #: the DataFrame compaction engine, on the session given to compact()
@@ -244,11 +245,15 @@ def bench_case(work: Path, case: Case, spark: Any, extras: bool = False) -> dict
 
 
 def warm(work: Path, spark: Any) -> None:
-    """Both engines' code loaded and the session's Python workers started, like the baseline's."""
+    """Both engines' code loaded and the session's Python workers started, like the baseline's:
+    every step a measured compaction runs, the snapshot it takes when one falls due included."""
+    snapshot_soon = {"snapshot_min_versions": 1_000, "snapshot_ratio": 0.5}
     for name, settings in (("warm_frames", FRAMES), ("warm_tasks", TASKS)):
-        store = HistoryStore.open(work / name, database="bench", settings=settings)
+        store = HistoryStore.open(work / name, database="bench", settings=replace(settings, **snapshot_soon))
         write_workload(store, Workload(tables=2, live_rows=500, versions=3_000, segment_events=1_500))
         store.compact(spark=spark)
+        if not any(f.kind is FileKind.SNAPSHOT for f in store.catalog_state().files.values()):
+            raise RuntimeError("the warm-up took no snapshot")
 
 
 def report(r: dict[str, Any]) -> str:
