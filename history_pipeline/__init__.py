@@ -6,6 +6,8 @@ transaction-log catalog says which files are live; DuckDB answers read-only
 SQL as of any past logical timestamp.
 """
 
+from typing import TYPE_CHECKING, Any
+
 from history_pipeline.errors import (
     CastError,
     CatalogError,
@@ -28,7 +30,21 @@ from history_pipeline.errors import (
     ValueTypeError,
     WriterLockedError,
 )
-from history_pipeline.store import HistoryStore, StoreSettings
+
+if TYPE_CHECKING:
+    from history_pipeline.store import HistoryStore, StoreSettings
+
+
+def __getattr__(name: str) -> Any:
+    """``HistoryStore`` and ``StoreSettings`` load the store (DuckDB, the query engine ...) on first
+    use: a Spark executor unpickling a compaction or maintenance task imports only what it runs,
+    and a fresh Python worker starts its first task that much sooner."""
+    if name in ("HistoryStore", "StoreSettings"):
+        from history_pipeline import store
+
+        return getattr(store, name)
+    raise AttributeError(f"module 'history_pipeline' has no attribute {name!r}")
+
 
 __all__ = [
     "CastError",
