@@ -1,6 +1,10 @@
-"""``map_tasks``: picklable tasks through Spark, results in the tasks' order, one job each call."""
+"""``map_tasks``: picklable tasks through Spark, results in the tasks' order, one job each call;
+what a Python worker imports to run a compaction or maintenance task."""
 
 from __future__ import annotations
+
+import subprocess
+import sys
 
 import pytest
 
@@ -28,3 +32,17 @@ def test_map_tasks_runs_one_spark_job_and_keeps_the_order(spark):
     stages = tracker.getJobInfo(jobs[0]).stageIds
     assert len(stages) == 1  # no shuffle
     assert tracker.getStageInfo(stages[0]).numTasks == 4  # one partition per task
+
+
+def test_a_task_of_compaction_or_maintenance_imports_neither_the_store_nor_duckdb():
+    # a fresh Spark Python worker unpickles a task's function by reference to its module: what that
+    # imports is paid before its first task, whenever Spark starts a worker (after a minute idle)
+    probe = ("import sys, history_pipeline.compaction.frames, history_pipeline.maintenance.snapshots; "
+             "print(sorted(m for m in ('duckdb', 'history_pipeline.store', 'history_pipeline.query.engine') "
+             "if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]"
+    public = ("import history_pipeline as hp; "
+              "print(hp.HistoryStore.__name__, hp.StoreSettings.__name__)")
+    out = subprocess.run([sys.executable, "-c", public], capture_output=True, text=True, check=True).stdout
+    assert out.split() == ["HistoryStore", "StoreSettings"]
