@@ -301,6 +301,16 @@ def _commit() -> str:
         return "unknown"
 
 
+def write_results(stamp: dict[str, Any], results: list[dict[str, Any]]) -> None:
+    """``bench/results/compaction.json`` and ``.md``: the figures with their date, commit and command."""
+    RESULTS.mkdir(exist_ok=True)
+    (RESULTS / "compaction.json").write_text(json.dumps({**stamp, "results": results}, indent=2))
+    header = [f"## Compaction throughput ({stamp['date']}, commit {stamp['commit']})", "",
+              f"`{stamp['command']}`: local[2], both sides warm, in one process and Spark session, on the same "
+              "segment files. " + stamp["note"], ""]
+    (RESULTS / "compaction.md").write_text("\n".join(header + [report(r) + "\n" for r in results]))
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--workload", choices=("update-heavy", "multi-table", "both"), default="both")
@@ -322,15 +332,10 @@ def main(argv: list[str] | None = None) -> int:
             print(report(result), flush=True)
             results.append(result)
     spark.stop()
+    command = f"python -m bench.compaction --workload {args.workload} --size {args.size}"
     stamp = {"date": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC"), "commit": _commit(),
-             "command": "python -m bench.compaction " + " ".join(argv if argv is not None else os.sys.argv[1:]),
-             "note": args.note}
-    RESULTS.mkdir(exist_ok=True)
-    (RESULTS / "compaction.json").write_text(json.dumps({**stamp, "results": results}, indent=2))
-    header = [f"## Compaction throughput ({stamp['date']}, commit {stamp['commit']})", "",
-              f"`{stamp['command'].strip()}`; local[2], both sides warm, one process and Spark session, the same "
-              "segment files. " + (args.note or ""), ""]
-    (RESULTS / "compaction.md").write_text("\n".join(header + [report(r) + "\n" for r in results]))
+             "command": command + (" --extras" if args.extras else ""), "note": args.note}
+    write_results(stamp, results)
     return 0
 
 
