@@ -279,7 +279,8 @@ def report(r: dict[str, Any]) -> str:
     if "tasks_engine_versions_per_s" in r:
         lines.append(f"| task engine | | {r['tasks_engine_versions_per_s']:,.0f} versions/s | |")
         lines.append(f"| Delta MERGE per segment | | {(r['delta_versions_per_s'] or 0):,.0f} versions/s | |")
-    lines += ["", "Where `compact()`'s time goes (wall seconds; nested phases are inside their callers):", "",
+    lines += ["", "Where `compact()`'s time goes (wall seconds summed over calls: the driver routes two segments "
+              "at once; nested phases are inside their callers):", "",
               "| phase | seconds | calls |", "|---|---:|---:|"]
     lines += [f"| {p['phase'].strip()} | {p['seconds']:.3f} | {p['calls']} |" for p in r["phases"]]
     lines += ["", f"The group tasks' own phases, from a second compaction of the same segments with the tasks "
