@@ -1,32 +1,60 @@
-"""Compaction throughput of the DataFrame path, beside its baselines in the same run and session.
+"""Compaction throughput of the DataFrame path, beside Spark's own JSON -> Parquet in the same run.
 
-    python -m bench.compaction --quick
+    python -m bench.compaction                       # both workloads below
+    python -m bench.compaction --workload update-heavy
+    python -m bench.compaction --workload multi-table --size quick --extras
 
-- ours: ``HistoryStore.compact`` (Spark DataFrame path) of a workload's sealed segments;
-- the task engine (per-event folds in ``rdd.map`` tasks) on the same segments, same session;
-- Spark's own JSON -> Parquet of the same segment files, warm (run once untimed first), with an
-  explicit schema, in the same session;
-- Delta Lake MERGE of the same changes, once per segment and table;
-- peak RSS of the driver (this Python process), the JVM (driver and executors in local mode) and
-  the executors' Python workers, sampled from /proc while compaction runs.
+Workloads:
 
-Target: ours >= 0.5x Spark's warm JSON -> Parquet.
+- ``update-heavy``: one table of six columns (two BIGINT, DOUBLE PRECISION, two TEXT,
+  NUMERIC(12,2)), transactions of ten mutations (25 % inserts, 70 % updates setting 1-3
+  columns, 5 % deletes), a close every 20 transactions, 3 sealed segments of 100,000 events;
+- ``multi-table``: ``bench.workload``'s tables of mixed types with schema changes of every kind.
+
+Measured, both sides warm (one untimed run first), in one process and one Spark session, on the
+same segment files:
+
+- ours: ``HistoryStore.compact`` (everything it does: route, fold, write, commit, and the
+  snapshot it takes when one falls due), with the split of its time by phase: the driver's
+  (timers around its functions) and, from a second compaction of the same segments with the
+  group tasks run in this process, the tasks' own (route rows, prior image, decode, fold, writes);
+- Spark's JSON -> Parquet of the same files with the typed schema a user who knows the tables
+  gives: ``values`` as a struct of the tables' columns, each of its SQL type (the baseline);
+  the same with ``values`` as ``map<string,string>`` as an extra line;
+- with ``--extras``: the task engine and Delta Lake MERGE once per segment, same session;
+- peak RSS of the driver, the JVM and the executors' Python workers while ours runs.
+
+Target: ours (versions/s) >= 0.5x the typed JSON -> Parquet (events/s).
 """
 
 from __future__ import annotations
 
 import argparse
+import datetime
 import json
 import os
 import shutil
+import subprocess
 import tempfile
 import threading
 import time
+from collections.abc import Callable
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from bench.workload import Workload, write_workload
+from bench import compaction_phases as phases
+from bench.workload import (
+    UpdateHeavy,
+    Workload,
+    events,
+    typed_wal_schema,
+    update_heavy_events,
+    write_update_heavy,
+    write_workload,
+)
 from history_pipeline import HistoryStore, StoreSettings
+from history_pipeline.catalog import FileKind
 from history_pipeline.wal import SegmentState
 
 #: the DataFrame compaction engine, on the session given to compact()
@@ -40,16 +68,18 @@ SIZES = {
     "quick": Workload(tables=2, live_rows=20_000, versions=200_000, segment_events=50_000),
     "full": Workload(tables=2, live_rows=250_000, versions=2_000_000, segment_events=100_000),
 }
-WAL_SCHEMA = "op string, t bigint, table_uuid string, key bigint, `values` map<string,string>"
+#: ``values`` read as text: a user who does not know the tables (an extra line, not the baseline)
+MAP_SCHEMA = "op string, t bigint, table_uuid string, key bigint, `values` map<string,string>"
+RESULTS = Path(__file__).parent / "results"
 
 
-def spark_json_to_parquet_s(spark: Any, paths: list[str], out: Path) -> float:
-    """Spark's own JSON -> Parquet of ``paths`` as its users run it: an explicit schema, the session
-    warm (one untimed run first); the best of two timed runs, in seconds."""
+def spark_json_to_parquet_s(spark: Any, paths: list[str], out: Path, schema: Any) -> float:
+    """Spark's own JSON -> Parquet of ``paths`` as its users run it: an explicit ``schema``, the
+    session warm (one untimed run first); the best of two timed runs, in seconds."""
 
     def once() -> float:
         began = time.perf_counter()
-        spark.read.schema(WAL_SCHEMA).json(paths).write.mode("overwrite").parquet(str(out))
+        spark.read.schema(schema).json(paths).write.mode("overwrite").parquet(str(out))
         return time.perf_counter() - began
 
     once()  # warm-up, untimed
@@ -127,93 +157,186 @@ class RssSampler:
             self._stop.wait(self.every)
 
 
-def bench_compaction_frames(work: Path, w: Workload, spark: Any) -> dict[str, Any]:
-    """Ours, Spark JSON -> Parquet (warm, explicit schema) and Delta MERGE on the same segments."""
-    from bench.run import bench_delta_merge
+@dataclass(frozen=True)
+class Case:
+    """A workload of the bench: how to write it into a store, and its typed JSON schema."""
 
-    for name, settings in (("warm_frames", FRAMES), ("warm_tasks", TASKS)):  # both engines warm, like the baseline
-        warm = HistoryStore.open(work / name, database="bench", settings=settings)
-        write_workload(warm, Workload(tables=2, live_rows=500, versions=3_000, segment_events=1_500))
-        warm.compact(spark=spark)
-    store = HistoryStore.open(work / "frames", database="bench", settings=FRAMES)
-    events = write_workload(store, w)
-    copies = work / "frame_segments"
-    copies.mkdir()
-    for ref in store.segments(SegmentState.SEALED):
-        shutil.copy(ref.path, copies / f"{ref.name}.json")
-    with RssSampler() as rss:
-        start = time.perf_counter()
-        summary = store.compact(spark=spark)
-        ours_s = time.perf_counter() - start
-    versions = summary.versions_written
-    paths = [str(p) for p in sorted(copies.iterdir())]
-    tasks_store = HistoryStore.open(work / "tasks", database="bench", settings=TASKS)
-    write_workload(tasks_store, w)
-    start = time.perf_counter()
-    tasks_versions = tasks_store.compact(spark=spark).versions_written
-    tasks_s = time.perf_counter() - start
+    name: str
+    write: Callable[[HistoryStore], int]
+    typed_schema: Callable[[], Any]
 
-    spark_s = spark_json_to_parquet_s(spark, paths, work / "spark_json_out")
-    delta = bench_delta_merge(work / "frames_delta", store)
-    ours_rate = versions / ours_s
-    spark_rate = events / spark_s
-    ratio = ours_rate / spark_rate
+
+def cases(size: str) -> dict[str, Case]:
+    """The bench's workloads (the multi-table one at ``size``)."""
+    heavy, multi = UpdateHeavy(), SIZES[size]
     return {
-        "events": events,
-        "segments": len(paths),
-        "versions": versions,
-        "ours_s": ours_s,
-        "ours_versions_per_s": ours_rate,
-        "tasks_engine_s": tasks_s,
-        "tasks_engine_versions_per_s": tasks_versions / tasks_s,
-        "ratio_to_tasks_engine": ours_rate / (tasks_versions / tasks_s),
-        "spark_json_to_parquet_warm_s": spark_s,
-        "spark_events_per_s": spark_rate,
-        "ratio_to_spark_json": ratio,
-        "target_ratio_to_spark_json": 0.5,
-        "meets_spark_target": ratio >= 0.5,
-        "delta_merge_s": delta["seconds"],
-        "delta_versions_per_s": versions / delta["seconds"] if delta["seconds"] else None,
-        "ratio_to_delta_merge": (versions / ours_s) / (versions / delta["seconds"]) if delta["seconds"] else None,
-        "peak_rss": rss.peak,
+        "update-heavy": Case("update-heavy", lambda store: write_update_heavy(store, heavy),
+                             lambda: typed_wal_schema(update_heavy_events(heavy))),
+        "multi-table": Case(f"multi-table ({size})", lambda store: write_workload(store, multi),
+                            lambda: typed_wal_schema(events(multi))),
     }
 
 
+def _timed_compact(store: HistoryStore, spark: Any, in_process: bool) -> tuple[Any, float, list[Any]]:
+    """Compact with the phases timed; (summary, wall seconds, phase split)."""
+    phases.clear()
+    phases.instrument(in_process)
+    try:
+        began = time.perf_counter()
+        summary = store.compact(spark=spark)
+        seconds = time.perf_counter() - began
+    finally:
+        phases.restore()
+    return summary, seconds, phases.split()
+
+
+def bench_case(work: Path, case: Case, spark: Any, extras: bool = False) -> dict[str, Any]:
+    """Ours (with its phase split) and Spark's JSON -> Parquet, typed and as a map, on one workload."""
+    store = HistoryStore.open(work / "ours", database="bench", settings=FRAMES)
+    written = case.write(store)
+    again = HistoryStore.open(work / "split", database="bench", settings=FRAMES)
+    case.write(again)
+    copies = work / "segments"
+    copies.mkdir()
+    for ref in store.segments(SegmentState.SEALED):
+        shutil.copy(ref.path, copies / f"{ref.name}.json")
+    paths = [str(p) for p in sorted(copies.iterdir())]
+    # warm right before the measurement, as the baseline is: Spark stops a Python worker idle for
+    # a minute, and writing the workload takes longer than that
+    warm(work / "warm", spark)
+    with RssSampler() as rss:
+        summary, ours_s, split = _timed_compact(store, spark, in_process=False)
+    versions = summary.versions_written
+    _, in_process_s, task_split = _timed_compact(again, spark, in_process=True)
+
+    typed_s = spark_json_to_parquet_s(spark, paths, work / "typed_out", case.typed_schema())
+    map_s = spark_json_to_parquet_s(spark, paths, work / "map_out", MAP_SCHEMA)
+    spark_rate = written / typed_s
+    result: dict[str, Any] = {
+        "workload": case.name,
+        "events": written,
+        "segments": len(paths),
+        "segment_bytes": sum(os.path.getsize(p) for p in paths),
+        "versions": versions,
+        "ours_s": ours_s,
+        "ours_versions_per_s": versions / ours_s,
+        "phases": [{"phase": n, "seconds": s, "calls": c} for n, s, c in split],
+        "tasks_in_process_s": in_process_s,
+        "task_phases": [{"phase": n, "seconds": s, "calls": c} for n, s, c in task_split],
+        "spark_json_typed_s": typed_s,
+        "spark_typed_events_per_s": spark_rate,
+        "spark_json_map_s": map_s,
+        "spark_map_events_per_s": written / map_s,
+        "ratio_to_spark_json_typed": versions / ours_s / spark_rate,
+        "ratio_to_spark_json_map": versions / ours_s / (written / map_s),
+        "target_ratio": 0.5,
+        "meets_target": versions / ours_s / spark_rate >= 0.5,
+        "peak_rss": rss.peak,
+    }
+    if extras:
+        from bench.run import bench_delta_merge
+
+        tasks_store = HistoryStore.open(work / "tasks", database="bench", settings=TASKS)
+        case.write(tasks_store)
+        began = time.perf_counter()
+        tasks_versions = tasks_store.compact(spark=spark).versions_written
+        tasks_s = time.perf_counter() - began
+        delta = bench_delta_merge(work / "delta", store)
+        result["tasks_engine_versions_per_s"] = tasks_versions / tasks_s
+        result["delta_versions_per_s"] = versions / delta["seconds"] if delta["seconds"] else None
+    return result
+
+
+def warm(work: Path, spark: Any) -> None:
+    """Both engines' code loaded and the session's Python workers started, like the baseline's:
+    every step a measured compaction runs, the snapshot it takes when one falls due included."""
+    work.mkdir(parents=True, exist_ok=True)
+    snapshot_soon = {"snapshot_min_versions": 1_000, "snapshot_ratio": 0.5}
+    for name, settings in (("warm_frames", FRAMES), ("warm_tasks", TASKS)):
+        store = HistoryStore.open(work / name, database="bench", settings=replace(settings, **snapshot_soon))
+        write_workload(store, Workload(tables=2, live_rows=500, versions=3_000, segment_events=1_500))
+        store.compact(spark=spark)
+        if not any(f.kind is FileKind.SNAPSHOT for f in store.catalog_state().files.values()):
+            raise RuntimeError("the warm-up took no snapshot")
+
+
 def report(r: dict[str, Any]) -> str:
-    """A short table of the figures and the verdict."""
-    verdict = "MET" if r["meets_spark_target"] else "NOT MET"
-    return "\n".join([
-        f"compaction (DataFrame path): {r['versions']:,} versions from {r['events']:,} events "
-        f"in {r['segments']} segments",
-        f"  ours                          {r['ours_s']:8.2f} s  {r['ours_versions_per_s']:>10,.0f} versions/s",
-        f"  task engine (same session)    {r['tasks_engine_s']:8.2f} s  "
-        f"{r['tasks_engine_versions_per_s']:>10,.0f} versions/s  (ours {r['ratio_to_tasks_engine']:.2f}x)",
-        f"  Spark JSON->Parquet (warm)    {r['spark_json_to_parquet_warm_s']:8.2f} s  "
-        f"{r['spark_events_per_s']:>10,.0f} events/s",
-        f"  Delta MERGE per segment       {r['delta_merge_s']:8.2f} s  "
-        f"{(r['delta_versions_per_s'] or 0):>10,.0f} versions/s",
-        f"  ratio to Spark JSON->Parquet  {r['ratio_to_spark_json']:.2f}x (target >= 0.5x: {verdict})",
-        f"  ratio to Delta MERGE          {(r['ratio_to_delta_merge'] or 0):.2f}x",
-        "  peak RSS MiB: driver python {driver_python_mb:.0f}, JVM (driver+executors) {jvm_mb:.0f}, "
-        "executor python workers {executor_python_mb:.0f}".format(**r["peak_rss"]),
-    ])
+    """One workload's figures, its phase split and the verdict (markdown)."""
+    verdict = "MET" if r["meets_target"] else "NOT MET"
+    lines = [
+        f"### {r['workload']}: {r['versions']:,} versions from {r['events']:,} records in {r['segments']} "
+        f"segments ({r['segment_bytes'] / 2**20:.0f} MiB)",
+        "",
+        "| measure | seconds | rate | ratio |",
+        "|---|---:|---:|---:|",
+        f"| ours: `compact()` | {r['ours_s']:.2f} | {r['ours_versions_per_s']:,.0f} versions/s | "
+        f"**{r['ratio_to_spark_json_typed']:.2f}x** typed (target >= 0.5x: {verdict}) |",
+        f"| Spark JSON->Parquet, typed struct schema (baseline) | {r['spark_json_typed_s']:.2f} | "
+        f"{r['spark_typed_events_per_s']:,.0f} events/s | 1.00x |",
+        f"| Spark JSON->Parquet, `values` as map<string,string> | {r['spark_json_map_s']:.2f} | "
+        f"{r['spark_map_events_per_s']:,.0f} events/s | ours {r['ratio_to_spark_json_map']:.2f}x |",
+    ]
+    if "tasks_engine_versions_per_s" in r:
+        lines.append(f"| task engine | | {r['tasks_engine_versions_per_s']:,.0f} versions/s | |")
+        lines.append(f"| Delta MERGE per segment | | {(r['delta_versions_per_s'] or 0):,.0f} versions/s | |")
+    lines += ["", "Where `compact()`'s time goes (wall seconds summed over calls: the driver routes two segments "
+              "at once; nested phases are inside their callers):", "",
+              "| phase | seconds | calls |", "|---|---:|---:|"]
+    lines += [f"| {p['phase'].strip()} | {p['seconds']:.3f} | {p['calls']} |" for p in r["phases"]]
+    lines += ["", f"The group tasks' own phases, from a second compaction of the same segments with the tasks "
+              f"in this process ({r['tasks_in_process_s']:.2f} s in all):", "",
+              "| phase | seconds | calls |", "|---|---:|---:|"]
+    lines += [f"| {p['phase'].strip()} | {p['seconds']:.3f} | {p['calls']} |" for p in r["task_phases"]
+              if p["phase"].startswith(" ") or "task" in p["phase"] or "group" in p["phase"]]
+    lines.append("")
+    lines.append("Peak RSS MiB: driver python {driver_python_mb:.0f}, JVM (driver+executors) {jvm_mb:.0f}, "
+                 "executor python workers {executor_python_mb:.0f}".format(**r["peak_rss"]))
+    return "\n".join(lines)
+
+
+def _commit() -> str:
+    try:
+        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
+                              check=True, cwd=Path(__file__).parent).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+
+
+def write_results(stamp: dict[str, Any], results: list[dict[str, Any]]) -> None:
+    """``bench/results/compaction.json`` and ``.md``: the figures with their date, commit and command."""
+    RESULTS.mkdir(exist_ok=True)
+    (RESULTS / "compaction.json").write_text(json.dumps({**stamp, "results": results}, indent=2))
+    header = [f"## Compaction throughput ({stamp['date']}, commit {stamp['commit']})", "",
+              f"`{stamp['command']}`: local[2], both sides warm, in one process and Spark session, on the same "
+              "segment files. " + stamp["note"], ""]
+    (RESULTS / "compaction.md").write_text("\n".join(header + [report(r) + "\n" for r in results]))
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="small sizes")
-    parser.add_argument("--small", action="store_true", help="smaller still (100k versions), for a shared machine")
+    parser.add_argument("--workload", choices=("update-heavy", "multi-table", "both"), default="both")
+    parser.add_argument("--size", choices=sorted(SIZES), default="quick", help="of the multi-table workload")
+    parser.add_argument("--quick", action="store_true", help="(as --size quick)")
+    parser.add_argument("--extras", action="store_true", help="also the task engine and Delta MERGE")
+    parser.add_argument("--note", default="", help="what else ran on the machine")
     args = parser.parse_args(argv)
     from history_pipeline.execution import local_spark
 
     spark = local_spark("local[2]", {"spark.ui.showConsoleProgress": "false"})
-    with tempfile.TemporaryDirectory() as tmp:
-        size = "small" if args.small else "quick" if args.quick else "full"
-        result = bench_compaction_frames(Path(tmp), SIZES[size], spark)
+    chosen = ["update-heavy", "multi-table"] if args.workload == "both" else [args.workload]
+    results = []
+    with tempfile.TemporaryDirectory(prefix="hp-bench-compaction-") as tmp:
+        for name in chosen:
+            work = Path(tmp) / name
+            work.mkdir()
+            result = bench_case(work, cases(args.size)[name], spark, args.extras)
+            print(report(result), flush=True)
+            results.append(result)
     spark.stop()
-    print(report(result))
-    out = Path(__file__).parent / "results" / "compaction_frames.json"
-    out.write_text(json.dumps(result, indent=2))
+    command = f"python -m bench.compaction --workload {args.workload} --size {args.size}"
+    stamp = {"date": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC"), "commit": _commit(),
+             "command": command + (" --extras" if args.extras else ""), "note": args.note}
+    write_results(stamp, results)
     return 0
 
 

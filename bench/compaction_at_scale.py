@@ -41,7 +41,7 @@ import pyarrow.parquet as pq
 
 from bench import provenance
 from bench.compaction import RssSampler, spark_json_to_parquet_s
-from bench.workload import COLUMNS, _value
+from bench.workload import COLUMNS, _value, typed_wal_schema
 from history_pipeline import HistoryStore, StoreSettings
 from history_pipeline.catalog.files import write_parquet
 from history_pipeline.catalog.model import AddFile, AdvanceFrontier, FileKind
@@ -52,6 +52,11 @@ from history_pipeline.wal import SegmentState
 RESULTS = Path(__file__).parent / "results"
 TABLE_UUID = "00000000-0000-4000-8000-00000000a11e"
 COLUMN_UUIDS = {f"0000a11e-{j:04d}-4000-8000-000000000000": (name, ty) for j, (name, ty) in enumerate(COLUMNS)}
+
+
+#: the held table's creation (its columns' types make the typed JSON schema of the baseline)
+CREATE = {"op": "create_table", "t": 1, "table_uuid": TABLE_UUID, "table_name": "held",
+          "columns": [{"column_uuid": c, "column_name": n, "data_type": ty} for c, (n, ty) in COLUMN_UUIDS.items()]}
 
 
 @dataclass(frozen=True)
@@ -72,9 +77,7 @@ ENGINES = ("tasks", "dataframes")
 
 def _create_table(store: HistoryStore) -> None:
     with store.wal_writer(max_segment_bytes=1 << 40) as wal:
-        wal.append({"op": "create_table", "t": 1, "table_uuid": TABLE_UUID, "table_name": "held",
-                    "columns": [{"column_uuid": c, "column_name": n, "data_type": ty}
-                                for c, (n, ty) in COLUMN_UUIDS.items()]})
+        wal.append(CREATE)
         wal.append({"op": "close", "t": 1})
         wal.seal()
     store.compact(spark=False)
@@ -236,7 +239,7 @@ def run(scale: Scale, spark: Any, work: Path) -> dict[str, Any]:
 
     paths = [str(p) for p in sorted(copies.iterdir())]
 
-    spark_s = spark_json_to_parquet_s(spark, paths, work / "spark_json_out")
+    spark_s = spark_json_to_parquet_s(spark, paths, work / "spark_json_out", typed_wal_schema(iter([CREATE])))
     delta_s = delta_merge(work, engines["tasks"]["store"], held_frontier)
     versions = engines["tasks"]["versions"]
     result: dict[str, Any] = {

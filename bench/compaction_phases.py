@@ -24,7 +24,7 @@ from typing import Any
 
 import pyarrow as pa
 
-from bench.workload import write_workload
+from bench.workload import UpdateHeavy, write_update_heavy, write_workload
 from history_pipeline import HistoryStore, StoreSettings
 from history_pipeline.compaction import compactor, frames
 
@@ -70,43 +70,72 @@ def _in_process_run_group(spark: Any, members: Any, files_per_table: Any) -> lis
         rows += [pa.RecordBatch.from_pylist([r], schema=frames.GROUP_OUT_SCHEMA).to_pylist()[0]
                  for r in frames._run_group_task(task, shared)]
         spent = time.process_time() - began
-        print(f"    task {task.table_uuid[-4:]} part {task.part}/{task.parts}: "
-              f"weight {task.weight:,}, {spent:.2f} CPU s")
         SPENT["task CPU (process time)"] += spent
         CALLS["task CPU (process time)"] += 1
     return [frames._outcome(m.plan, [r for r in rows if r["segment_id"] == m.ctx.segment_id], m.ctx.segment_id)
             for m in members]
 
 
+_ORIGINALS: list[tuple[Any, str, Any]] = []
+
+
+def _wrap(owner: Any, name: str, wrapper: Callable[..., Any]) -> None:
+    _ORIGINALS.append((owner, name, getattr(owner, name)))
+    setattr(owner, name, wrapper)
+
+
+def restore() -> None:
+    """Undo ``instrument``: the functions as they were."""
+    while _ORIGINALS:
+        owner, name, fn = _ORIGINALS.pop()
+        setattr(owner, name, fn)
+
+
 def instrument(in_process: bool) -> None:
     """Wrap the phases' functions with timers (module attributes, as the callers look them up)."""
-    frames.verify_and_route = _timed("driver: verify and route", frames.verify_and_route)
-    frames.plan_frames = _timed("driver: plan", frames.plan_frames)
-    compactor._commit = _timed("driver: commit", compactor._commit)
-    frames.sweep_routes = _timed("driver: sweep routes", frames.sweep_routes)
-    HistoryStore.refresh_snapshots = _timed("snapshot refresh after compact", HistoryStore.refresh_snapshots)
+    from history_pipeline.maintenance import snapshots
+
+    _wrap(frames, "verify_and_route", _timed("driver: verify and route", frames.verify_and_route))
+    _wrap(frames, "plan_frames", _timed("driver: plan", frames.plan_frames))
+    _wrap(compactor, "_commit", _timed("driver: commit", compactor._commit))
+    _wrap(frames, "sweep_routes", _timed("driver: sweep routes", frames.sweep_routes))
+    _wrap(HistoryStore, "refresh_snapshots",
+          _timed("snapshot refresh after compact (all)", HistoryStore.refresh_snapshots))
+    _wrap(snapshots, "write_snapshots", _timed("  snapshot: write pieces", snapshots.write_snapshots))
+    _wrap(snapshots, "close_intervals", _timed("  snapshot: close the interval", snapshots.close_intervals))
     if in_process:
-        frames.run_group = _timed("group tasks in process (wall)", _in_process_run_group)
-        frames.RouteTable.load = _timed("  task: read route file", frames.RouteTable.load)
-        frames.GroupTask.rows = _timed("  task: its rows of a step (route read incl.)", frames.GroupTask.rows)
-        frames._prior_batches = _timed_iter("  task: prior image read", frames._prior_batches)
-        frames._newest = _timed("  task: newest per key", frames._newest)
-        frames._carried_prior = _timed("  task: carried prior", frames._carried_prior)
-        frames._read_lines = _timed_iter("  task: read own lines", frames._read_lines)
+        _wrap(frames, "run_group", _timed("group tasks in process (wall)", _in_process_run_group))
+        _wrap(frames.RouteTable, "load", _timed("  task: read route file", frames.RouteTable.load))
+        _wrap(frames.GroupTask, "rows", _timed("  task: its rows of a step (route read incl.)", frames.GroupTask.rows))
+        _wrap(frames, "_prior_batches", _timed_iter("  task: prior image read", frames._prior_batches))
+        _wrap(frames, "_newest", _timed("  task: newest per key", frames._newest))
+        _wrap(frames, "_carried_prior", _timed("  task: carried prior", frames._carried_prior))
+        _wrap(frames, "_read_lines", _timed_iter("  task: read own lines", frames._read_lines))
         decoder = frames._decoder
-        frames._decoder = lambda *a, **k: _timed_iter("  task: decode (own lines incl.)", decoder(*a, **k))
-        frames.fold = _timed("  task: fold", frames.fold)
+        _wrap(frames, "_decoder", lambda *a, **k: _timed_iter("  task: decode (own lines incl.)", decoder(*a, **k)))
+        _wrap(frames, "fold", _timed("  task: fold", frames.fold))
         from history_pipeline.compaction import vector_decode as vd
 
-        frames.decode_canonical = _timed("    decode: canonical (all)", frames.decode_canonical)
-        vd._envelopes = _timed("      decode: envelopes", vd._envelopes)
-        vd._find_all = _timed("      decode: find values", vd._find_all)
-        vd._decode_epoch = _timed("      decode: epoch (typed values incl.)", vd._decode_epoch)
-        vd.decode_tokens = _timed("        decode: typed values", vd.decode_tokens)
-        frames._reference_batch = _timed("    decode: reference rows", frames._reference_batch)
-        frames._write_part = _timed("  task: write files", frames._write_part)
+        _wrap(frames, "decode_canonical", _timed("    decode: canonical (all)", frames.decode_canonical))
+        _wrap(vd, "_envelopes", _timed("      decode: envelopes", vd._envelopes))
+        _wrap(vd, "_find_all", _timed("      decode: find values", vd._find_all))
+        _wrap(vd, "_decode_epoch", _timed("      decode: epoch (typed values incl.)", vd._decode_epoch))
+        _wrap(vd, "decode_tokens", _timed("        decode: typed values", vd.decode_tokens))
+        _wrap(frames, "_reference_batch", _timed("    decode: reference rows", frames._reference_batch))
+        _wrap(frames, "_write_part", _timed("  task: write files", frames._write_part))
     else:
-        frames.run_group = _timed("group Spark job (wall)", frames.run_group)
+        _wrap(frames, "run_group", _timed("group Spark job (wall)", frames.run_group))
+
+
+def split() -> list[tuple[str, float, int]]:
+    """The phases timed since the last ``clear``: (name, seconds, calls)."""
+    return [(name, seconds, CALLS[name]) for name, seconds in SPENT.items()]
+
+
+def clear() -> None:
+    """Forget the phases timed so far."""
+    SPENT.clear()
+    CALLS.clear()
 
 
 def spark_tasks(spark: Any) -> str:
@@ -154,14 +183,15 @@ def held_store(scale_name: str, keep: Path) -> Path:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--scale", choices=("small", "quick", "full"), help="a held table (compaction_at_scale)")
-    parser.add_argument("--workload", choices=("small", "quick", "full"), help="bench.compaction's workload")
+    parser.add_argument("--workload", choices=("small", "quick", "full", "update-heavy"),
+                        help="bench.compaction's workload")
     parser.add_argument("--keep", type=Path, default=Path(tempfile.gettempdir()) / "hp-bench-phases")
     parser.add_argument("--runs", type=int, default=1)
     parser.add_argument("--in-process", action="store_true", help="run the group tasks in this process")
     args = parser.parse_args()
     from history_pipeline.execution import local_spark
 
-    ui = {} if args.in_process else {"spark.ui.enabled": "true", "spark.ui.port": "4077"}
+    ui = {} if args.in_process else {"spark.ui.enabled": "true", "spark.ui.port": "0"}
     spark = local_spark("local[2]", {"spark.ui.showConsoleProgress": "false", **ui})
     args.keep.mkdir(parents=True, exist_ok=True)
     settings = StoreSettings(spark_master=None, compaction_engine="dataframes")
@@ -180,7 +210,10 @@ def main() -> None:
             store = HistoryStore.open(work / "store", database="bench", settings=settings)
         else:
             store = HistoryStore.open(work / "store", database="bench", settings=settings)
-            write_workload(store, WORKLOADS[args.workload or "quick"])
+            if args.workload == "update-heavy":
+                write_update_heavy(store, UpdateHeavy())
+            else:
+                write_workload(store, WORKLOADS[args.workload or "quick"])
         SPENT.clear()
         CALLS.clear()
         began = time.perf_counter()

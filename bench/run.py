@@ -32,7 +32,8 @@ import pyarrow.parquet as pq
 from bench import provenance
 from bench.history import HOT_KEY, build_history
 from bench.read_path import answer_file
-from bench.workload import Workload, write_workload
+from bench.workload import Workload, typed_wal_schema, write_workload
+from bench.workload import events as events_of
 from history_pipeline import HistoryStore, StoreSettings
 from history_pipeline.catalog import AddFile, AdvanceFrontier, FileEntry, FileKind, TransactionLog
 from history_pipeline.io.store import LocalStore
@@ -109,7 +110,8 @@ def bench_compaction(work: Path, w: Workload, spark: Any) -> dict[str, Any]:
 
     pyarrow_s = median_time(pyarrow_json_to_parquet, repeat=1)
     spark_json = [str(p) for p in sorted(copies.iterdir())]
-    spark_s = spark_json_to_parquet_s(spark, spark_json, work / "spark_out")
+    # the typed schema a user who knows the tables gives (values as a struct of their columns)
+    spark_s = spark_json_to_parquet_s(spark, spark_json, work / "spark_out", typed_wal_schema(events_of(w)))
     delta = bench_delta_merge(work, store)
     # files replaced by a merge or an interval close answer nothing any more (unlike Delta's old
     # files, which are its time travel): measured after the garbage collection that removes them
@@ -451,10 +453,15 @@ def main(argv: list[str] | None = None) -> int:
         work = Path(tmp)
         print("1/6 compaction throughput ...", flush=True)
         results["compaction"] = bench_compaction(work, config["workload"], spark)
-        from bench.compaction import bench_compaction_frames
+        from bench.compaction import Case, bench_case
         from bench.compaction import report as compaction_report
 
-        results["compaction_frames"] = bench_compaction_frames(work, config["workload"], spark)
+        workload = config["workload"]
+        frames_work = work / "compaction_frames"
+        frames_work.mkdir()
+        case = Case("multi-table", lambda store: write_workload(store, workload),
+                    lambda: typed_wal_schema(events_of(workload)))
+        results["compaction_frames"] = bench_case(frames_work, case, spark)
         print(compaction_report(results["compaction_frames"]), flush=True)
         print("2-3/6 as-of load, fetch_row, row_history ...", flush=True)
         results["as_of"] = bench_as_of(work, config["live_rows"], config["histories"], config["batch"])

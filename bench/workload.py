@@ -139,3 +139,110 @@ def write_workload(store: HistoryStore, w: Workload) -> int:
             if event["op"] == "close":
                 wal.seal()
     return count
+
+
+@dataclass(frozen=True)
+class UpdateHeavy:
+    """One table of six columns; transactions of ``transaction`` mutations (25 % inserts, 70 %
+    updates setting 1-3 columns, 5 % deletes) sharing a timestamp; a close every ``close_every``
+    transactions; a segment sealed at the first close after ``segment_events`` row events."""
+
+    events: int = 300_000
+    segment_events: int = 100_000
+    transaction: int = 10
+    close_every: int = 20
+    seed: int = 42
+
+
+UPDATE_HEAVY_TABLE = "00000000-0000-4000-8000-0000000000a1"
+UPDATE_HEAVY_COLUMNS = {
+    f"0000a1a1-{j:04d}-4000-8000-000000000000": (name, ty)
+    for j, (name, ty) in enumerate([
+        ("account", "BIGINT"), ("quantity", "BIGINT"), ("score", "DOUBLE PRECISION"),
+        ("name", "TEXT"), ("note", "TEXT"), ("price", "NUMERIC(12,2)"),
+    ])
+}
+
+
+def update_heavy_events(w: UpdateHeavy) -> Iterator[dict[str, Any]]:
+    """The event stream of the update-heavy workload (its closes and segment ends included)."""
+    rng = random.Random(w.seed)
+    cols = UPDATE_HEAVY_COLUMNS
+    names = sorted(cols)
+    yield {"op": "create_table", "t": 1, "table_uuid": UPDATE_HEAVY_TABLE, "table_name": "accounts",
+           "columns": [{"column_uuid": c, "column_name": n, "data_type": ty} for c, (n, ty) in cols.items()]}
+    live: list[int] = []
+    next_key, t, written, since_seal, transactions = 1, 1, 0, 0, 0
+    while written < w.events:
+        t += 1
+        touched: set[int] = set()  # a key once per transaction: its events share the timestamp
+        for _ in range(w.transaction):
+            roll = rng.random()
+            if roll < 0.25 or len(live) < 2 * w.transaction:
+                key, next_key = next_key, next_key + 1
+                live.append(key)
+                touched.add(key)
+                yield {"op": "insert", "t": t, "table_uuid": UPDATE_HEAVY_TABLE, "key": key,
+                       "values": {c: _value(rng, ty, key) for c, (_, ty) in cols.items()}}
+            else:
+                index = rng.randrange(len(live))
+                while live[index] in touched:
+                    index = rng.randrange(len(live))
+                key = live[index]
+                touched.add(key)
+                if roll < 0.95:
+                    chosen = rng.sample(names, rng.randint(1, 3))
+                    yield {"op": "update", "t": t, "table_uuid": UPDATE_HEAVY_TABLE, "key": key,
+                           "values": {c: _value(rng, cols[c][1], written) for c in chosen}}
+                else:
+                    live[index], live[-1] = live[-1], live[index]
+                    live.pop()
+                    yield {"op": "delete", "t": t, "table_uuid": UPDATE_HEAVY_TABLE, "key": key}
+            written += 1
+            since_seal += 1
+        transactions += 1
+        if transactions % w.close_every == 0 or written >= w.events:
+            yield {"op": "close", "t": t}
+            if since_seal >= w.segment_events or written >= w.events:
+                yield {"op": "seal", "t": t}
+                since_seal = 0
+
+
+def write_update_heavy(store: HistoryStore, w: UpdateHeavy) -> int:
+    """Write the update-heavy workload into the store's WAL as sealed segments; returns the count
+    of records written."""
+    count = 0
+    with store.wal_writer(max_segment_bytes=1 << 40) as wal:
+        for event in update_heavy_events(w):
+            if event["op"] == "seal":
+                wal.seal()
+                continue
+            wal.append(event)
+            count += 1
+    return count
+
+
+_SPARK_TYPES = {"BIGINT": "bigint", "INTEGER": "int", "SMALLINT": "smallint", "DOUBLE PRECISION": "double",
+                "REAL": "float", "TEXT": "string", "BOOLEAN": "boolean", "TIMESTAMPTZ": "timestamp"}
+
+
+def typed_wal_schema(stream: Iterator[dict[str, Any]]) -> Any:
+    """The Spark schema a user who knows the tables gives to read a WAL's files: the envelope, and
+    ``values`` as a struct of every table's columns, each of its (last) SQL type."""
+    from pyspark.sql.types import StructField, StructType, _parse_datatype_string
+
+    types: dict[str, str] = {}
+    for event in stream:
+        op = event["op"]
+        if op == "create_table":
+            types |= {c["column_uuid"]: c["data_type"] for c in event["columns"]}
+        elif op == "add_column":
+            types[event["column"]["column_uuid"]] = event["column"]["data_type"]
+        elif op == "change_column_type":
+            types[event["column_uuid"]] = event["data_type"]
+
+    def spark_type(sql: str) -> str:
+        return sql.replace("NUMERIC", "decimal") if sql.startswith("NUMERIC") else _SPARK_TYPES[sql]
+
+    values = StructType([StructField(c, _parse_datatype_string(spark_type(ty))) for c, ty in sorted(types.items())])
+    return _parse_datatype_string("op string, t bigint, table_uuid string, key bigint").add("values", values)

@@ -67,33 +67,36 @@ def map_tasks(spark: Any | None, fn: Callable[[T], R], tasks: Sequence[T]) -> li
     """``fn`` over picklable tasks, results in the tasks' order: on Spark one partition per task,
     or in-process without a session.
 
-    DataFrames only (no ``sparkContext``, absent under Spark Connect): a frame of (index, pickled
-    task) rows is range-partitioned by index, and ``mapInArrow`` runs ``fn`` on each task and
-    returns its pickled result. ``fn`` itself travels as the UDF (cloudpickled by reference to its
-    module). Payloads must not hold credentials: build them with :func:`store_for_tasks`.
+    DataFrames only (no ``sparkContext``, absent under Spark Connect): the partitions of one
+    ``spark.range`` are the tasks' indexes, and ``mapInArrow`` runs ``fn`` on the pickled task of
+    each and returns its pickled result. The pickled tasks travel with the UDF (``fn`` cloudpickled
+    by reference to its module; Spark broadcasts a large one): one stage, no shuffle and no
+    sampling job, which a frame of the tasks partitioned by index would cost. Payloads must not
+    hold credentials: build them with :func:`store_for_tasks`.
     """
     if not tasks:
         return []
     if spark is None:
         return [fn(task) for task in tasks]
-    rows = [(i, pickle.dumps(task)) for i, task in enumerate(tasks)]
-    frame = spark.createDataFrame(rows, _TASKS_DDL).repartitionByRange(len(tasks), "i")
-    collected = frame.mapInArrow(_task_runner(fn), _TASKS_DDL).collect()
+    payloads = tuple(pickle.dumps(task) for task in tasks)
+    frame = spark.range(0, len(tasks), 1, len(tasks))
+    collected = frame.mapInArrow(_task_runner(fn, payloads), _TASKS_DDL).collect()
     results = {int(row["i"]): pickle.loads(row["payload"]) for row in collected}
     if sorted(results) != list(range(len(tasks))):  # cannot happen unless Spark lost or repeated a row
         raise ExecutionError(f"Spark returned results for tasks {sorted(results)} of {len(tasks)}; rerun the job")
     return [results[i] for i in range(len(tasks))]
 
 
-def _task_runner(fn: Callable[[Any], Any]) -> Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]:
-    """The Arrow UDF of :func:`map_tasks`: each (index, pickled task) row in, (index, pickled result) out."""
+def _task_runner(
+    fn: Callable[[Any], Any], payloads: Sequence[bytes]
+) -> Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]:
+    """The Arrow UDF of :func:`map_tasks`: task indexes in, (index, pickled result) out."""
 
     def run(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         for batch in batches:
-            indexes = batch.column("i").to_pylist()
-            payloads = batch.column("payload").to_pylist()
+            indexes = batch.column(0).to_pylist()
             # one Python call per task (a task is a whole file or table of work, not a row)
-            results = [pickle.dumps(fn(pickle.loads(p))) for p in payloads]
+            results = [pickle.dumps(fn(pickle.loads(payloads[i]))) for i in indexes]
             yield pa.RecordBatch.from_arrays(
                 [pa.array(indexes, pa.int64()), pa.array(results, pa.binary())], names=["i", "payload"]
             )
