@@ -25,7 +25,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from history_pipeline.casts import CastFailure, cast_value
-from history_pipeline.catalog.files import is_closed_read, live_rows, select_files
+from history_pipeline.catalog.files import is_closed_read, live_row, live_rows, select_files
 from history_pipeline.catalog.model import CatalogState
 from history_pipeline.errors import (
     FutureTimestampError,
@@ -128,8 +128,13 @@ class QueryContext:
 
     @functools.cached_property
     def _all_supercolumns(self) -> Mapping[str, tuple[Any, ...]]:
-        # replayed once per frozen state, not once per table read
-        return replay_schema_history(self.state.schema_history).supercolumns
+        # replayed once per frozen state (kept with it: a store makes a context per call), not
+        # once per table read
+        derived = self.state.derived
+        supercolumns = derived.get("supercolumns")
+        if supercolumns is None:
+            supercolumns = derived["supercolumns"] = replay_schema_history(self.state.schema_history).supercolumns
+        return supercolumns
 
     def supercolumns(self, table_uuid: str) -> tuple[Any, ...]:
         return self._all_supercolumns.get(table_uuid, ())
@@ -227,11 +232,14 @@ class QueryContext:
         key = _synthetic_key(key)
         self.check_as_of(as_of)
         descriptor = self.resolve(table, as_of)
-        rows = self._live(descriptor, as_of, keys=[key])
-        if rows.num_rows == 0:
+        if not descriptor.columns:  # a row of no columns: whether the key is live is all there is
+            return {} if self._live(descriptor, as_of, keys=[key]).num_rows else None
+        row = live_row(self.store, self.state, descriptor.table_uuid, self.supercolumns(descriptor.table_uuid),
+                       as_of, key, [c.supercolumn for c in descriptor.columns])
+        if row is None:
             return None
-        row = rows.slice(0, 1).to_pylist()[0]
-        return {c.column_name: from_arrow_value(c.data_type, row[c.supercolumn]) for c in descriptor.columns}
+        values = row.to_pylist()[0]
+        return {c.column_name: from_arrow_value(c.data_type, values[c.supercolumn]) for c in descriptor.columns}
 
     def get_catalog(self, as_of: int) -> tuple[TableDescriptor, ...]:
         """The table descriptors in force as of ``as_of``."""

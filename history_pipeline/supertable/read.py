@@ -121,6 +121,11 @@ class Footer:
             return self.blooms.may_hold(overlapping, low)
         return overlapping.tolist()
 
+    def row_groups_spanning(self, key: int) -> list[int]:
+        """The row groups whose key range (statistics alone) holds ``key``."""
+        lows, highs = self._key_bounds
+        return np.flatnonzero((lows <= key) & (highs >= key)).tolist()
+
     @functools.cached_property
     def _key_bounds(self) -> tuple[np.ndarray, np.ndarray]:
         """Each row group's key range as two arrays (the int64 extremes where statistics are missing)."""
