@@ -49,17 +49,20 @@ class RowGroupKeys:
 
     def newest(self, key: int, lower: int | None, upper: int) -> tuple[int, bool, int] | None:
         """(time, deleted, row) of ``key``'s newest version with ``lower <= t < upper``, or None."""
-        start = int(np.searchsorted(self.keys, key, "left"))
-        stop = int(np.searchsorted(self.keys, key, "right"))
-        best = None
-        for i in range(start, stop):  # a key has a version or two per row group
-            t = int(self.times[i])
-            if t < upper and (lower is None or t >= lower) and (best is None or t > best[0]):
-                best = (t, bool(self.deleted[i]), i)
-        if best is None:
+        keys = self.keys
+        start = int(keys.searchsorted(key))
+        if start == len(keys) or keys[start] != key:
             return None
-        t, deleted, i = best
-        return t, deleted, i if self.rows is None else int(self.rows[i])
+        single = start + 1 == len(keys) or keys[start + 1] != key
+        stop = start + 1 if single else int(keys.searchsorted(key, "right"))
+        times = self.times[start:stop]
+        eligible = times < upper
+        if lower is not None:
+            eligible &= times >= lower
+        if not eligible.any():
+            return None
+        i = start + int(np.argmax(np.where(eligible, times, np.iinfo(np.int64).min)))
+        return int(self.times[i]), bool(self.deleted[i]), i if self.rows is None else int(self.rows[i])
 
 
 def row_group_keys(columns: pa.Table) -> RowGroupKeys:
