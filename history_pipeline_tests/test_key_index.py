@@ -22,6 +22,9 @@ from history_pipeline_tests.test_closed_intervals import (
     _items_history,
     _snapshots,
 )
+from history_pipeline_tests.test_open_marks import MARKED
+from history_pipeline_tests.test_open_marks import _history as _marked_history
+from history_pipeline_tests.test_open_marks import _reads as read_kinds
 from history_pipeline_tests.test_query_layers import _delete, _load, _update
 
 KEYS = [*range(0, 51), HOT_KEY, 10_000]  # every key the history has, and one it never had
@@ -64,10 +67,11 @@ def fresh_indexes():
 
 
 def test_every_lookup_equals_load_table_through_closed_marked_and_open_reads(tmp_path, small_row_groups):
-    settings = replace(SMALL_SNAPSHOTS, mark_open_fraction=0.25)
-    store = HistoryStore.open(tmp_path, database="db", settings=settings)
-    _items_history(store, hot=True)
-    store.refresh_snapshots(spark=False)  # marks the open interval too
+    # in-process maintenance (no JVM): the same tasks
+    store = HistoryStore.open(tmp_path, database="db", settings=replace(MARKED, spark_master=None))
+    _marked_history(store)
+    reads = set(read_kinds(store).values())
+    assert {"closed", "marked"} <= reads, reads  # (and layered at T=2)
     assert check_lookups_equal_load_table(store, range(2, store.frontier + 2)) > 0
 
 
