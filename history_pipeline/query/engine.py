@@ -68,6 +68,9 @@ from history_pipeline.types import (
     numeric_result_array,
 )
 
+#: schema epochs whose tables a state keeps (the first asked goes first)
+_TABLES_KEPT = 64
+
 
 @dataclass(frozen=True)
 class QueryContext:
@@ -112,9 +115,32 @@ class QueryContext:
             )
         return descriptor
 
+    def tables_as_of(self, as_of: int) -> tuple[TableDescriptor, ...]:
+        """``tables_at`` of this state's schema history, kept with the state per run of schema
+        entries below ``as_of`` (a worker asks at the T of every event: replaying for each costs
+        more than the lookup's own search)."""
+        entries = self.state.schema_history
+        derived = self.state.derived
+        if ("schema_times",) not in derived:
+            times = [e.logical_timestamp for e in entries]
+            # not in timestamp order (never written so, but then): nothing to share
+            derived[("schema_times",)] = times if all(a <= b for a, b in itertools.pairwise(times)) else None
+        times = derived[("schema_times",)]
+        if times is None:
+            return tables_at(entries, as_of)
+        below = bisect.bisect_left(times, as_of)
+        memo = derived.setdefault(("tables_at",), {})
+        tables = memo.get(below)
+        if tables is None:
+            tables = tables_at(entries[:below], as_of)
+            while len(memo) >= _TABLES_KEPT:
+                memo.pop(next(iter(memo)), None)
+            memo[below] = tables
+        return tables
+
     def resolve(self, table: str, as_of: int) -> TableDescriptor:
         """A table by name (as of ``as_of``) or by uuid."""
-        tables = tables_at(self.state.schema_history, as_of)
+        tables = self.tables_as_of(as_of)
         for descriptor in tables:
             if descriptor.table_name == table:
                 return self.check_table_as_of(descriptor, as_of)

@@ -140,7 +140,7 @@ def newest_version(store: ObjectStore, f: StoredFile, key: int, lower: int | Non
     cached = footer(store, f.path)
     if SUPERSEDED not in cached.columns:
         current_at = None
-    candidates = _candidates(cached, key, lower, upper, current_at)
+    candidates = cached.row_groups_spanning(key, lower, upper, current_at)
     if not candidates:
         return None
     indexes: dict[int, RowGroupKeys] = {}
@@ -162,15 +162,6 @@ def newest_version(store: ObjectStore, f: StoredFile, key: int, lower: int | Non
         if hit is not None and (best is None or hit[0] > best.t):
             best = Version(f.path, rg, hit[2], hit[0], hit[1])
     return best
-
-
-def _candidates(cached: Footer, key: int, lower: int | None, upper: int, current_at: int | None) -> list[int]:
-    chosen = cached.row_groups_spanning(key)
-    times = cached.times
-    return [rg for rg in chosen
-            if (times[rg].min_t is None or times[rg].min_t < upper)
-            and (lower is None or times[rg].max_t is None or times[rg].max_t >= lower)
-            and (current_at is None or times[rg].may_be_current(current_at))]
 
 
 def _build(store: ObjectStore, path: str, cached: Footer, groups: Sequence[int]) -> dict[int, RowGroupKeys]:
