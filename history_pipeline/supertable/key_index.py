@@ -58,8 +58,12 @@ class RowGroupKeys:
         start = int(keys.searchsorted(key))
         if start == len(keys) or keys[start] != key:
             return None
-        single = start + 1 == len(keys) or keys[start + 1] != key
-        stop = start + 1 if single else int(keys.searchsorted(key, "right"))
+        if start + 1 == len(keys) or keys[start + 1] != key:  # one version here (the usual case): no arrays
+            t = int(self.times[start])
+            if t >= upper or (lower is not None and t < lower):
+                return None
+            return t, bool(self.deleted[start]), start if self.rows is None else int(self.rows[start])
+        stop = int(keys.searchsorted(key, "right"))
         times = self.times[start:stop]
         eligible = times < upper
         if lower is not None:
