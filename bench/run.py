@@ -370,8 +370,8 @@ def report(results: dict[str, Any]) -> str:
     lookups = next((r["lookups"] for r in results["as_of"] if "lookups" in r), None)
     if lookups:
         lines.append(f"| fetch_row p50 / p99 | {lookups['fetch_row_p50_ms']:.2f} / {lookups['fetch_row_p99_ms']:.2f} ms"
-                     f" | — | — | ≤ 5 / ≤ 10 ms | {verdict(lookups['fetch_row_p50_ms'], 5)} / "
-                     f"{verdict(lookups['fetch_row_p99_ms'], 10)} |")
+                     f" | — | — | ≤ 1 / ≤ 3 ms | {verdict(lookups['fetch_row_p50_ms'], 1)} / "
+                     f"{verdict(lookups['fetch_row_p99_ms'], 3)} |")
         lines.append(f"| row_history p50 / p99, a key with {lookups['row_history_versions']:,} versions | "
                      f"{lookups['row_history_p50_ms']:.1f} / {lookups['row_history_p99_ms']:.1f} ms | — | — | "
                      f"≤ 50 ms | {verdict(lookups['row_history_p50_ms'], 50)} |")

@@ -35,6 +35,7 @@ from history_pipeline.supertable import (
     supertable_schema,
     write_file,
 )
+from history_pipeline.supertable.key_index import Version, newest_version, read_version
 from history_pipeline.supertable.read import (
     RowGroupTimes,
     as_dictionaries,
@@ -307,6 +308,48 @@ def live_rows(
     base, changes = read_parts(store, selection, supercolumns, as_of, keys, columns, current=closed,
                                dictionaries=dictionaries)
     return overlay(base, changes, kept, supertable_schema(supercolumns) if dictionaries else None)
+
+
+def newest_of_key(store: ObjectStore, selection: FileSelection, as_of: int, key: int) -> Version | None:
+    """The version of ``key`` the state as of ``as_of`` holds, found by the files' key indexes
+    (``supertable.key_index``): its newest version with ``t < as_of`` among the snapshot's rows and
+    the versions since the snapshot, which is what the overlay of ``live_rows`` keeps for a key.
+    A delete is returned as such (the key has no row then); None when no version is there.
+
+    Files marked as of some U at or above the time their rows are read at (``as_of`` in a closed
+    read, the marks when reading above them) skip the row groups holding no row current then, as
+    ``read_parts`` does: the key's newest version below that time is in the others."""
+    marks = selection.marked_and_since
+    current_at = as_of if selection.closed else marks[0] if marks is not None else None
+    best: Version | None = None
+    for files, lower in ((selection.snapshot, None), (selection.versions, selection.snapshot_as_of)):
+        for f in files:
+            if not may_hold_keys(f, key, key):
+                continue
+            marked = current_at is not None and f.closed_until is not None and f.closed_until >= current_at
+            found = newest_version(store, f, key, lower, as_of, current_at if marked else None)
+            if found is not None and (best is None or found.t > best.t):
+                best = found
+    return best
+
+
+def live_row(
+    store: ObjectStore,
+    state: CatalogState,
+    table_uuid: str,
+    supercolumns: Sequence[Supercolumn],
+    as_of: int,
+    key: int,
+    columns: Sequence[str],
+) -> pa.Table | None:
+    """The live row of ``key`` as of ``as_of`` (``columns`` of it, cast to the supertable's types as
+    ``live_rows`` returns them), or None: ``live_rows`` of one key, reading only its row's row
+    group (``newest_of_key``)."""
+    version = newest_of_key(store, select_files(state, table_uuid, as_of, (key,)), as_of, key)
+    if version is None or version.deleted:
+        return None
+    schema = supertable_schema(supercolumns)
+    return read_version(store, version, pa.schema([schema.field(c) for c in columns]))
 
 
 def dictionary_reads(store: ObjectStore, files: Sequence[FileEntry], columns: Iterable[str]) -> list[str]:

@@ -24,7 +24,7 @@ import duckdb
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from history_pipeline.catalog.files import is_closed_read, live_rows, select_files
+from history_pipeline.catalog.files import is_closed_read, live_row, live_rows, select_files
 from history_pipeline.catalog.model import CatalogState
 from history_pipeline.errors import (
     FutureTimestampError,
@@ -66,6 +66,9 @@ from history_pipeline.types import (
     map_leaves,
     numeric_result_array,
 )
+
+#: schema epochs whose tables a state keeps (the first asked goes first)
+_TABLES_KEPT = 64
 
 
 @dataclass(frozen=True)
@@ -111,9 +114,32 @@ class QueryContext:
             )
         return descriptor
 
+    def tables_as_of(self, as_of: int) -> tuple[TableDescriptor, ...]:
+        """``tables_at`` of this state's schema history, kept with the state per run of schema
+        entries below ``as_of`` (a worker asks at the T of every event: replaying for each costs
+        more than the lookup's own search)."""
+        entries = self.state.schema_history
+        derived = self.state.derived
+        if ("schema_times",) not in derived:
+            times = [e.logical_timestamp for e in entries]
+            # not in timestamp order (never written so, but then): nothing to share
+            derived[("schema_times",)] = times if all(a <= b for a, b in itertools.pairwise(times)) else None
+        times = derived[("schema_times",)]
+        if times is None:
+            return tables_at(entries, as_of)
+        below = bisect.bisect_left(times, as_of)
+        memo = derived.setdefault(("tables_at",), {})
+        tables = memo.get(below)
+        if tables is None:
+            tables = tables_at(entries[:below], as_of)
+            while len(memo) >= _TABLES_KEPT:
+                memo.pop(next(iter(memo)), None)
+            memo[below] = tables
+        return tables
+
     def resolve(self, table: str, as_of: int) -> TableDescriptor:
         """A table by name (as of ``as_of``) or by uuid."""
-        tables = tables_at(self.state.schema_history, as_of)
+        tables = self.tables_as_of(as_of)
         for descriptor in tables:
             if descriptor.table_name == table:
                 return self.check_table_as_of(descriptor, as_of)
@@ -127,8 +153,13 @@ class QueryContext:
 
     @functools.cached_property
     def _all_supercolumns(self) -> Mapping[str, tuple[Any, ...]]:
-        # replayed once per frozen state, not once per table read
-        return replay_schema_history(self.state.schema_history).supercolumns
+        # replayed once per frozen state (kept with it: a store makes a context per call), not
+        # once per table read
+        derived = self.state.derived
+        supercolumns = derived.get("supercolumns")
+        if supercolumns is None:
+            supercolumns = derived["supercolumns"] = replay_schema_history(self.state.schema_history).supercolumns
+        return supercolumns
 
     def supercolumns(self, table_uuid: str) -> tuple[Any, ...]:
         return self._all_supercolumns.get(table_uuid, ())
@@ -226,11 +257,14 @@ class QueryContext:
         key = _synthetic_key(key)
         self.check_as_of(as_of)
         descriptor = self.resolve(table, as_of)
-        rows = self._live(descriptor, as_of, keys=[key])
-        if rows.num_rows == 0:
+        if not descriptor.columns:  # a row of no columns: whether the key is live is all there is
+            return {} if self._live(descriptor, as_of, keys=[key]).num_rows else None
+        row = live_row(self.store, self.state, descriptor.table_uuid, self.supercolumns(descriptor.table_uuid),
+                       as_of, key, [c.supercolumn for c in descriptor.columns])
+        if row is None:
             return None
-        row = rows.slice(0, 1).to_pylist()[0]
-        return {c.column_name: from_arrow_value(c.data_type, row[c.supercolumn]) for c in descriptor.columns}
+        values = row.to_pylist()[0]
+        return {c.column_name: from_arrow_value(c.data_type, values[c.supercolumn]) for c in descriptor.columns}
 
     def get_catalog(self, as_of: int) -> tuple[TableDescriptor, ...]:
         """The table descriptors in force as of ``as_of``."""

@@ -5,7 +5,9 @@ process can. Each request takes an idle worker, sends it the ticket and waits fo
 answer. When the query exceeds its time limit, or the client has gone away, the worker is killed
 (freeing its memory, DuckDB connections and file handles with it) and a fresh one takes its
 place. Between requests a worker keeps only one open HistoryStore per database (whose catalog
-log it re-reads on every query, so new compactions are seen at once).
+log it re-reads on every query, so new compactions are seen at once) and, with it, what lookups
+keep warm: the newest catalog state's file selections and the key indexes of the row groups
+asked before (``supertable.key_index``, within its byte budget per process).
 
 A worker dies with its server, however the server ends (even SIGKILL, which runs no cleanup): on
 Linux the kernel sends it SIGKILL when the server goes (``PR_SET_PDEATHSIG``), and everywhere a

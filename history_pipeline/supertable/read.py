@@ -121,6 +121,35 @@ class Footer:
             return self.blooms.may_hold(overlapping, low)
         return overlapping.tolist()
 
+    def row_groups_spanning(self, key: int, lower: int | None = None, upper: int | None = None,
+                            current_at: int | None = None) -> list[int]:
+        """The row groups whose statistics alone allow a row of ``key`` with ``lower <= t < upper``
+        (bounds None: any), current as of ``current_at`` when given (``RowGroupTimes.may_be_current``)."""
+        lows, highs = self._key_bounds
+        chosen = (lows <= key) & (highs >= key)
+        if lower is not None or upper is not None or current_at is not None:
+            min_t, max_t, max_superseded, settled = self._time_bounds
+            if upper is not None:
+                chosen &= min_t < upper
+            if lower is not None:
+                chosen &= max_t >= lower
+            if current_at is not None:
+                chosen &= (min_t < current_at) & ~(settled & (max_superseded < current_at))
+        return np.flatnonzero(chosen).tolist()
+
+    @functools.cached_property
+    def _time_bounds(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """Each row group's least and greatest t and greatest ``superseded_at`` (the int64 extremes
+        where statistics are missing, so that they rule nothing out), and whether every row of it
+        has a ``superseded_at`` (no NULL: its greatest is then every row's bound)."""
+        low, high = np.iinfo(np.int64).min, np.iinfo(np.int64).max
+        min_t = np.array([low if g.min_t is None else g.min_t for g in self.times], dtype=np.int64)
+        max_t = np.array([high if g.max_t is None else g.max_t for g in self.times], dtype=np.int64)
+        superseded = np.array([high if g.max_superseded is None else g.max_superseded for g in self.times],
+                              dtype=np.int64)
+        settled = np.array([g.superseded_nulls == 0 for g in self.times], dtype=bool)
+        return min_t, max_t, superseded, settled
+
     @functools.cached_property
     def _key_bounds(self) -> tuple[np.ndarray, np.ndarray]:
         """Each row group's key range as two arrays (the int64 extremes where statistics are missing)."""

@@ -1,0 +1,210 @@
+"""Where a key's versions are in a supertable file: a point lookup's index.
+
+A lookup as of T wants one row: the key's newest version below T. Reading the candidate row
+groups whole to find it decodes tens of thousands of rows per file. Instead each row group's keys,
+times and delete flags (three small integer columns) are read once, kept in key order, and asked
+by binary search: a lookup then knows the file, row group and row of its answer before it reads
+anything, and reads only the columns it returns of that one row group.
+
+Files are immutable and their paths never reused, so a row group's index holds as long as any
+catalog state lists its file; which files a lookup asks is the caller's (the catalog state's)
+choice. The indexes of the row groups lookups touched are kept, newest use last, within a byte
+budget (``KEY_INDEX_BYTES``); the others are read again when next asked.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import OrderedDict
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from history_pipeline.errors import DataFileError
+from history_pipeline.io.store import LocalStore, ObjectStore
+from history_pipeline.supertable import DELETED, KEY, LT, SUPERSEDED
+from history_pipeline.supertable.read import Footer, StoredFile, as_numpy, conform, footer
+
+#: rows decoded at a time when reading a row: a lookup decodes its row group up to the batch
+#: holding its row (measured at 16,384-row groups: about a fifth less than decoding the whole)
+ROW_BATCH = 4096
+
+#: the bytes the kept row-group indexes may take in one process (about 17 bytes a row: the
+#: indexes of every file of a 10M-version history fit)
+KEY_INDEX_BYTES = 256 * 1024 * 1024
+
+
+@dataclass(frozen=True)
+class RowGroupKeys:
+    """One row group's keys in ascending order, with each one's row, time and delete flag."""
+
+    keys: np.ndarray
+    times: np.ndarray
+    deleted: np.ndarray
+    #: the row (within the row group) of each key in order; None when the rows are in key order
+    rows: np.ndarray | None
+
+    @property
+    def nbytes(self) -> int:
+        return self.keys.nbytes + self.times.nbytes + self.deleted.nbytes + (0 if self.rows is None else
+                                                                                 self.rows.nbytes)
+
+    def newest(self, key: int, lower: int | None, upper: int) -> tuple[int, bool, int] | None:
+        """(time, deleted, row) of ``key``'s newest version with ``lower <= t < upper``, or None."""
+        keys = self.keys
+        start = int(keys.searchsorted(key))
+        if start == len(keys) or keys[start] != key:
+            return None
+        if start + 1 == len(keys) or keys[start + 1] != key:  # one version here (the usual case): no arrays
+            t = int(self.times[start])
+            if t >= upper or (lower is not None and t < lower):
+                return None
+            return t, bool(self.deleted[start]), start if self.rows is None else int(self.rows[start])
+        stop = int(keys.searchsorted(key, "right"))
+        times = self.times[start:stop]
+        eligible = times < upper
+        if lower is not None:
+            eligible &= times >= lower
+        if not eligible.any():
+            return None
+        i = start + int(np.argmax(np.where(eligible, times, np.iinfo(np.int64).min)))
+        return int(self.times[i]), bool(self.deleted[i]), i if self.rows is None else int(self.rows[i])
+
+
+def row_group_keys(columns: pa.Table) -> RowGroupKeys:
+    """The index of one row group from its key, time and delete columns."""
+    keys = as_numpy(columns.column(KEY)).astype(np.int64, copy=False)
+    times = as_numpy(columns.column(LT)).astype(np.int64, copy=False)
+    deleted = as_numpy(columns.column(DELETED)).astype(bool, copy=False)
+    if len(keys) < 2 or bool((keys[1:] >= keys[:-1]).all()):
+        return RowGroupKeys(keys, times, deleted, None)
+    order = np.argsort(keys, kind="stable")
+    rows = order.astype(np.int32) if len(order) < 2**31 else order
+    return RowGroupKeys(keys[order], times[order], deleted[order], rows)
+
+
+@dataclass(frozen=True)
+class Version:
+    """Where one version of a key is: its file, row group and row, its time and delete flag."""
+
+    path: str
+    row_group: int
+    row: int
+    t: int
+    deleted: bool
+
+
+_INDEXES: OrderedDict[tuple[str, str, int], RowGroupKeys] = OrderedDict()
+_index_lock = threading.Lock()
+_index_held = [0]  # the bytes in ``_INDEXES``
+
+
+def _cached(cache_key: tuple[str, str, int]) -> RowGroupKeys | None:
+    with _index_lock:
+        found = _INDEXES.get(cache_key)
+        if found is not None:
+            _INDEXES.move_to_end(cache_key)
+        return found
+
+
+def _keep(cache_key: tuple[str, str, int], index: RowGroupKeys) -> None:
+    with _index_lock:
+        if cache_key in _INDEXES:  # (another thread built it meanwhile)
+            return
+        _INDEXES[cache_key] = index
+        _index_held[0] += index.nbytes
+        while _index_held[0] > KEY_INDEX_BYTES and len(_INDEXES) > 1:
+            _index_held[0] -= _INDEXES.popitem(last=False)[1].nbytes
+
+
+def indexed_bytes() -> int:
+    """The bytes the kept row-group indexes take now (at most ``KEY_INDEX_BYTES`` and one index)."""
+    return _index_held[0]
+
+
+def forget_indexes() -> None:
+    """Drop every kept row-group index (they are read again when next asked)."""
+    with _index_lock:
+        _INDEXES.clear()
+        _index_held[0] = 0
+
+
+def newest_version(store: ObjectStore, f: StoredFile, key: int, lower: int | None, upper: int,
+                   current_at: int | None = None) -> Version | None:
+    """``key``'s newest version in ``f`` with ``lower <= t < upper``, or None.
+
+    Only row groups whose statistics (cached footer: key range, times; for one key, the Bloom
+    filters) allow such a version are asked; with ``current_at`` (a file marked as of some U >=
+    ``current_at``, holding ``superseded_at``), only those holding a row current then, as
+    ``read_key`` skips them. A row group asked for the first time has its index read (all such
+    row groups of the file in one read); later lookups read nothing to find their row."""
+    cached = footer(store, f.path)
+    if SUPERSEDED not in cached.columns:
+        current_at = None
+    candidates = cached.row_groups_spanning(key, lower, upper, current_at)
+    if not candidates:
+        return None
+    indexes: dict[int, RowGroupKeys] = {}
+    missing = []
+    for rg in candidates:
+        found = _cached((store.uri, f.path, rg))
+        if found is None:
+            missing.append(rg)
+        else:
+            indexes[rg] = found
+    if missing:
+        if cached.blooms is not None:  # a row group its filter rules out need not be indexed yet
+            missing = cached.blooms.may_hold(missing, key)
+        if missing:
+            indexes.update(_build(store, f.path, cached, missing))
+    best: Version | None = None
+    for rg, index in indexes.items():
+        hit = index.newest(key, lower, upper)
+        if hit is not None and (best is None or hit[0] > best.t):
+            best = Version(f.path, rg, hit[2], hit[0], hit[1])
+    return best
+
+
+def _build(store: ObjectStore, path: str, cached: Footer, groups: Sequence[int]) -> dict[int, RowGroupKeys]:
+    """The indexes of ``groups`` of one file, read in one go and kept."""
+    fs, _ = store.arrow_filesystem()
+    with fs.open_input_file(store.full_path(path)) as handle:
+        parquet = pq.ParquetFile(handle, metadata=cached.meta, pre_buffer=not isinstance(store, LocalStore))
+        columns = parquet.read_row_groups(list(groups), columns=[KEY, LT, DELETED], use_threads=False)
+    built = {}
+    offset = 0
+    for rg in groups:
+        rows = cached.meta.row_group(rg).num_rows
+        index = row_group_keys(columns.slice(offset, rows))
+        offset += rows
+        _keep((store.uri, path, rg), index)
+        built[rg] = index
+    return built
+
+
+def read_version(store: ObjectStore, version: Version, target: pa.Schema) -> pa.Table:
+    """The one row ``version`` points at, ``target``'s columns (those its file lacks as nulls, the
+    others cast to ``target``'s types, as every read conforms them): one row group's columns of
+    ``target`` are read, nothing else."""
+    cached = footer(store, version.path)
+    stored = [name for name in target.names if name in cached.columns]
+    if not stored:  # every column is newer than the file: the row holds none of them
+        return pa.Table.from_arrays([pa.nulls(1, f.type) for f in target], schema=target)
+    fs, _ = store.arrow_filesystem()
+    with fs.open_input_file(store.full_path(version.path)) as handle:
+        parquet = pq.ParquetFile(handle, metadata=cached.meta, pre_buffer=not isinstance(store, LocalStore),
+                                 read_dictionary=[c for c in stored if c in cached.dictionary_strings] or None)
+        # the row group's batches up to the one holding the row: the rows after it are not decoded
+        # (a page is decompressed whole either way)
+        seen = 0
+        for batch in parquet.iter_batches(batch_size=ROW_BATCH, row_groups=[version.row_group], columns=stored,
+                                          use_threads=False):
+            if seen + batch.num_rows > version.row:
+                # only the row is decoded from dictionaries and cast
+                return conform(pa.Table.from_batches([batch.slice(version.row - seen, 1)]), target)
+            seen += batch.num_rows
+    raise DataFileError(version.path, f"row group {version.row_group} holds no row {version.row}: the file changed "
+                                      "under its index")
