@@ -36,7 +36,7 @@ from history_pipeline.errors import (
     TableNotFoundError,
 )
 from history_pipeline.io.store import LocalStore, ObjectStore
-from history_pipeline.query.exact_avg import exact_average_rewrite
+from history_pipeline.query.exact_numeric import exact_numeric_rewrite
 from history_pipeline.query.sandbox import (
     AS_OF_SCHEMA,
     SandboxViews,
@@ -359,9 +359,9 @@ class QueryContext:
                 duck_types = [str(t) for t in relation.types]
                 source = relation.to_arrow_reader(batch_size)
             if exact.names is not None:
-                source = _renamed_reader(source, list(exact.names))
+                source = _renamed_reader(source, [*exact.names, *source.schema.names[len(exact.names):]])
             try:
-                schema = _restore_types(source.schema.empty_table(), duck_types).schema
+                schema = _exact_texts(_restore_types(source.schema.empty_table(), duck_types), exact.texts).schema
             except pa.ArrowNotImplementedError as exc:  # e.g. a UNION value: pyarrow cannot build one
                 names = ", ".join(f"{f.name} ({f.type})" for f in source.schema)
                 raise QueryError(f"the result's columns {names} include a type Arrow cannot hand back ({exc}); "
@@ -369,13 +369,16 @@ class QueryContext:
         except BaseException:
             con.close()
             raise
-        return pa.RecordBatchReader.from_batches(schema, self._batches(con, source, duck_types, as_of, wide))
+        return pa.RecordBatchReader.from_batches(
+            schema, self._batches(con, source, duck_types, as_of, wide, exact.texts))
 
-    def _batches(self, con: Any, source: Any, duck_types: list[str], as_of: int, wide: list[str]) -> Any:
+    def _batches(self, con: Any, source: Any, duck_types: list[str], as_of: int, wide: list[str],
+                 texts: tuple[tuple[int, int], ...]) -> Any:
         try:
             with self._sql_errors(as_of, wide):
                 for batch in source:
-                    yield from _restore_types(pa.Table.from_batches([batch]), duck_types).to_batches()
+                    table = _restore_types(pa.Table.from_batches([batch]), duck_types)
+                    yield from _exact_texts(table, texts).to_batches()
         finally:
             con.close()
 
@@ -518,17 +521,31 @@ class _TableView:
 
 @dataclass(frozen=True)
 class _Rewrite:
-    """A query as run (averages exact), the macros it calls and the user's column names when renamed."""
+    """A query as run (NUMERIC quotients and averages exact), the macros it calls, the user's column
+    names when renamed, and (column, hidden text column) of each quotient the result shows."""
 
     query: str
     macros: tuple[str, ...]
     names: tuple[str, ...] | None
+    texts: tuple[tuple[int, int], ...] = ()
 
 
 def _rewrite(con: Any, query: str) -> _Rewrite:
-    exact = exact_average_rewrite(con, query)
+    exact = exact_numeric_rewrite(con, query)
     names = tuple(con.sql(query).columns) if exact.query != query else None  # the user's column names
-    return _Rewrite(exact.query, exact.macros, names)
+    return _Rewrite(exact.query, exact.macros, names, exact.texts)
+
+
+def _exact_texts(table: pa.Table, texts: tuple[tuple[int, int], ...]) -> pa.Table:
+    """Each quotient column of the result as its exact text (PostgreSQL's digits, read back as
+    Decimal) in place of its DECIMAL(38, S), and the hidden text columns dropped."""
+    if not texts:
+        return table
+    columns = list(table.columns)
+    for shown, hidden in texts:
+        columns[shown] = numeric_result_array(table.column(hidden))
+    width = min(hidden for _, hidden in texts)
+    return pa.table(columns[:width], names=table.column_names[:width])
 
 
 #: per (store, database, transaction, T[, table]) what a query builds before it runs: catalog
