@@ -74,6 +74,7 @@ def build_wide(store: HistoryStore, live_rows: int, versions: int, seed: int = 5
     with store.wal_writer() as wal:
         wal.append({"op": "create_table", "t": t, "table_uuid": "W", "table_name": "wide",
                     "columns": [{"column_uuid": c, "column_name": c, "data_type": ty} for c, ty in WIDE_COLUMNS]})
+        wal.append({"op": "close", "t": t})
         wal.seal()
     live = list(range(live_rows))
     written = 0
@@ -108,7 +109,8 @@ def build_wide(store: HistoryStore, live_rows: int, versions: int, seed: int = 5
                     written += 1
                 if t % 20 == 0:
                     wal.append({"op": "close", "t": t})
-            wal.append({"op": "close", "t": t})
+            if t % 20:
+                wal.append({"op": "close", "t": t})
             wal.seal()
         _compact_and_maintain(store)
         as_ofs.append(t + 1)

@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 
 from history_pipeline import HistoryStore
 from history_pipeline.errors import QueryError
-from history_pipeline.query.exact_numeric import exact_numeric_rewrite, exact_type, result_scale
+from history_pipeline.query.exact_numeric import exact_numeric_rewrite, exact_type, quotient_texts, result_scale
 from history_pipeline_tests.test_compaction import write
 
 
@@ -48,17 +48,15 @@ def pg_quotient(a: Decimal, b: Decimal, scale_a: int, scale_b: int) -> Decimal:
 
 
 def run(con: duckdb.DuckDBPyConnection, query: str) -> list[tuple]:
-    """The rewritten query's rows, each quotient column as its exact text (as the engine gives it)."""
+    """The rewritten query's rows, each quotient column exact from its operands (as the engine gives it)."""
     exact = exact_numeric_rewrite(con, query)
-    rows = con.sql(exact.query).fetchall()
-    out = []
-    for row in rows:
-        values = list(row)
-        for shown, hidden in exact.texts:
-            values[shown] = None if row[hidden] is None else Decimal(row[hidden])
-        width = min((hidden for _, hidden in exact.texts), default=len(values))
-        out.append(tuple(values[:width]))
-    return out
+    table = con.sql(exact.query).to_arrow_table()
+    columns = [c.to_pylist() for c in table.columns]
+    for q in exact.quotients:
+        texts = quotient_texts(table.column(q.dividend), table.column(q.divisor), q)
+        columns[q.shown] = [None if t is None else Decimal(t) for t in texts]
+    width = min((q.dividend for q in exact.quotients), default=len(columns))
+    return list(zip(*columns[:width], strict=True)) if columns else []
 
 
 decimals = st.decimals(min_value=Decimal("-99999999.999"), max_value=Decimal("99999999.999"), places=3,
@@ -102,8 +100,8 @@ def test_average_rounds_half_away_from_zero_both_signs():
     assert [(g, str(a)) for g, a in rows] == [(1, "1.5000000000000000"), (2, "-1.5000000000000000"),
                                              (3, "-1.3333333333333333")]
     con.execute("CREATE TABLE u AS SELECT * FROM (VALUES (0.00000000000000005::DECIMAL(18,17)), (0)) v(x)")
-    # 0.000000000000000025: PostgreSQL's scale is 32, no tie to round
-    assert str(run(con, "SELECT avg(x) FROM u")[0][0]) == "0.00000000000000002500000000000000"
+    # 0.000000000000000025: PostgreSQL's scale is 36 (a weight of -5 in base 10000), no tie to round
+    assert run(con, "SELECT avg(x) FROM u")[0][0].as_tuple() == Decimal("0." + "0" * 16 + "25" + "0" * 18).as_tuple()
 
 
 def test_every_form_of_average_is_rewritten_and_other_types_keep_duckdbs():
@@ -119,7 +117,7 @@ def test_every_form_of_average_is_rewritten_and_other_types_keep_duckdbs():
     assert run(con, "WITH q AS (SELECT avg(x) AS a FROM t) SELECT a * 3 FROM q") == [(third * 3,)]
     assert run(con, "SELECT avg(x) FROM t WHERE false") == [(None,)]
     # DOUBLE and INTERVAL averages and divisions are DuckDB's own (PostgreSQL's float8 ones are float8 too)
-    unchanged = "SELECT avg(d), avg(iv), d / 2 FROM t"
+    unchanged = "SELECT avg(d), avg(iv), sum(d) / 2 FROM t"
     assert exact_numeric_rewrite(con, unchanged).query == unchanged
     assert con.sql(unchanged).types == ["DOUBLE", "INTERVAL", "DOUBLE"]
     # a query without an average or a division is not even parsed
@@ -152,10 +150,11 @@ def test_store_sql_divides_and_averages_plain_numeric_exactly(tmp_path):
     result = store.sql("SELECT avg(v), avg(n) AS mean_key, sum(v) FROM money WHERE v > 0 AND v < 1", as_of=3)
     assert result.column_names == ["avg(v)", "mean_key", "sum(v)"]  # the user's names survive the rewrite
     row = result.to_pylist()[0]
-    assert str(row["avg(v)"]) == "0.1000000333333333333333"  # scale 7 values: PostgreSQL's 22 places
+    # v is DECIMAL(p, 7) here (its widest scale): the sum 0.3000001 / 3
+    assert row["avg(v)"].as_tuple() == pg_quotient(Decimal("0.3000001"), Decimal(3), 7, 0).as_tuple()
     assert str(row["mean_key"]) == "1.6666666666666667"  # n = 0, 1, 4 (PostgreSQL: numeric)
     ratio = store.sql("SELECT 100.00 * sum(v) / sum(n) AS p FROM money", as_of=3).to_pylist()
-    assert str(ratio[0]["p"]) == "120.4000010000000000"
+    assert ratio[0]["p"].as_tuple() == pg_quotient(Decimal("1234.000010000"), Decimal(10), 9, 0).as_tuple()
     with pytest.raises(QueryError, match="needs 28 digits after the point"):
         store.sql("SELECT sum(v / 10000000) FROM money", as_of=3)
 

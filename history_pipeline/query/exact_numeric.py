@@ -26,6 +26,7 @@ SELECT statements reach this module (the engine refuses others before).
 from __future__ import annotations
 
 import copy
+import functools
 import json
 import re
 from collections.abc import Iterator
@@ -42,8 +43,8 @@ MIN_SIG_DIGITS = 16
 #: between 0.0001 and 10^16 when its operands' scales are at most 20)
 MIN_RESULT_SCALE = 20
 MAX_PRECISION = 38
-#: where the hidden text column of a quotient in the result is named (then dropped)
-TEXT_COLUMN = "__hp_exact_text_"
+#: where the hidden operand columns of a quotient in the result are named (then dropped)
+OPERAND_COLUMN = "__hp_operand_"
 
 _INTEGER_DIGITS = {"TINYINT": 3, "SMALLINT": 5, "INTEGER": 10, "BIGINT": 19, "HUGEINT": 39,
                    "UTINYINT": 3, "USMALLINT": 5, "UINTEGER": 10, "UBIGINT": 20, "UHUGEINT": 39}
@@ -51,7 +52,11 @@ _MENTIONS = re.compile(r"\b(avg|mean)\s*\(|/", re.IGNORECASE)
 _PROBE_FUNCTION = "uuid_extract_version"
 _PROBED_TYPE = re.compile(_PROBE_FUNCTION + r"\((.+?)\[\]\)'")
 _DECIMAL = re.compile(r"DECIMAL\((\d+),\s*(\d+)\)")
-_POWERS = "[" + ", ".join(f"CAST('{10 ** k}' AS HUGEINT)" for k in range(39)) + "]"
+
+
+def _power(exponent: str) -> str:
+    """10 ** exponent as HUGEINT (exponent 0 to 38): its digits, a small expression to bind."""
+    return f"CAST(rpad('1', CAST({exponent} + 1 AS INTEGER), '0') AS HUGEINT)"
 
 
 @dataclass(frozen=True)
@@ -97,83 +102,94 @@ def _unscaled(expr: str, t: Exact) -> str:
     return f"CAST(replace(CAST({expr} AS VARCHAR), '.', '') AS HUGEINT)"
 
 
-def _weight_and_digit(u: str, scale: int) -> tuple[str, str]:
+def _weight_and_digit(u: str, digits: str, scale: int) -> tuple[str, str]:
     """PostgreSQL's weight (position of the first base-10000 digit) and that digit's value, of the
-    number whose unscaled digits are ``u`` at ``scale`` (0 and 0 for zero)."""
-    digits = f"CAST(abs({u}) AS VARCHAR)"
+    number whose unscaled digits are ``u`` (``digits``: their text, unsigned) at ``scale`` (0 and 0
+    for zero)."""
     exponent = f"(length({digits}) - {1 + scale})"  # the decimal exponent of the leading digit
     weight = f"(({exponent} + 4000) // 4 - 1000)"  # floor(exponent / 4), exponent may be negative
-    width = f"({exponent} - 4 * {weight} + 1)"  # 1 to 4 decimal digits make the first base-10000 digit
-    first = f"CAST(left(rpad({digits}, CAST(greatest({width}, length({digits})) AS INTEGER), '0'), " \
-            f"CAST({width} AS INTEGER)) AS INTEGER)"
+    width = f"CAST({exponent} - 4 * {weight} + 1 AS INTEGER)"  # 1 to 4 decimal digits make the first one
+    first = (f"CAST(left(rpad({digits}, CAST(greatest({width}, length({digits})) AS INTEGER), '0'), {width}) "
+             "AS INTEGER)")
     return f"(CASE WHEN {u} = 0 THEN 0 ELSE {weight} END)", f"(CASE WHEN {u} = 0 THEN 0 ELSE {first} END)"
 
 
-def _pg_scale(ua: str, sa: int, ub: str, sb: int) -> str:
-    """PostgreSQL's select_div_scale for one row."""
-    wa, fa = _weight_and_digit(ua, sa)
-    wb, fb = _weight_and_digit(ub, sb)
-    qweight = f"({wa} - {wb} - CASE WHEN {fa} <= {fb} THEN 1 ELSE 0 END)"
-    return f"least(1000, greatest({MIN_SIG_DIGITS} - 4 * {qweight}, {sa}, {sb}, 0))"
+def _field(stage: str, name: str) -> str:
+    return f"struct_extract({stage}, '{name}')"
 
 
-def _rounded(ua: str, ub: str, shift: str) -> str:
-    """round(|ua| * 10^shift / |ub|) half away from zero, signed: quotient and remainder apart, so
-    that the scaled remainder (< |ub| * 10^shift) is all that must fit a HUGEINT."""
-    a, b, ten = f"abs({ua})", f"abs({ub})", f"{_POWERS}[{shift} + 1]"
-    magnitude = f"(({a}) // ({b}) * {ten} + (2 * ((({a}) % ({b})) * {ten}) + ({b})) // (2 * ({b})))"
-    return f"(CASE WHEN ({ua} < 0) <> ({ub} < 0) THEN -{magnitude} ELSE {magnitude} END)"
+def _let(value: str, body: str, name: str) -> str:
+    """``body`` with ``name`` bound to ``value`` computed once: a macro inlines its arguments' text,
+    so without this each use of an intermediate would repeat (and bind) its whole expression.
+    (Fields are read with struct_extract: ``name.field`` in a HAVING clause binds as a column.)"""
+    return f"list_transform([{value}], lambda {name}: {body})[1]"
 
 
-def quotient_macros(left: Exact, right: Exact, s: int, average: bool,
-                    in_result: bool = False) -> tuple[tuple[str, str], tuple[str, str]]:
-    """((name, CREATE MACRO) of the DECIMAL(38, s) quotient, (name, CREATE MACRO) of its text at
-    PostgreSQL's own scale) of ``a / b`` for operands of these types; ``average`` divides a sum by
-    a count, and no rows (a count of 0) give NULL rather than a division by zero. ``in_result``:
-    the quotient is a column of the result, whose exact value is its text, so its DECIMAL (what
-    ORDER BY sees) rounds at ``s`` a row that PostgreSQL gives more digits."""
-    ua, ub = _unscaled("a", left), _unscaled("b", right)
+def quotient_macro(left: Exact, right: Exact, s: int, average: bool) -> tuple[str, str]:
+    """(name, CREATE MACRO) of the DECIMAL(38, s) quotient ``a / b`` of operands of these types
+    inside an expression; ``average`` divides a sum by a count, and no rows (a count of 0) give
+    NULL rather than a division by zero. A row PostgreSQL gives more than ``s`` places is an error."""
     sa, sb = left.scale, right.scale
-    r = _pg_scale(ua, sa, ub, sb)
-    kind = ("avg" if average else "div") + ("_r" if in_result else "")
+    kind = "avg" if average else "div"
     tag = f"{kind}_{left.precision}_{sa}_{int(left.integer)}_{right.precision}_{sb}_{int(right.integer)}_{s}"
     zero = "NULL" if average else "error('division by zero')"
-    # the scale is never above s here: a row that needs more digits than the type holds is refused
-    too_fine = (f"error('an exact NUMERIC quotient needs ' || CAST({r} AS VARCHAR) || ' digits after the point, "
-                f"more than the {s} a DECIMAL(38) quotient keeps here; cast an operand to DOUBLE to divide "
-                "approximately')")
-    at = f"least({r}, {s})" if in_result else r
-    exact = _rounded(ua, ub, f"({at} - {sa} + {sb})")
-    scaled = f"CAST({exact} * {_POWERS}[{s} - {at} + 1] AS DECIMAL(38, 0))"
+    u, t, r, q = (functools.partial(_field, stage) for stage in ("__hp_u", "__hp_t", "__hp_r", "__hp_q"))
+    # stage 1: the unscaled digits; 2: their text; 3: PostgreSQL's scale; 4: the rounded quotient
+    summed = Exact(MAX_PRECISION, sa, left.integer) if average else left  # a sum has DuckDB's widest type
+    unscaled = f"{{'ua': {_unscaled('__hp_dividend', summed)}, 'ub': {_unscaled('__hp_divisor', right)}}}"
+    texts = (f"{{'ua': {u('ua')}, 'ub': {u('ub')}, 'da': CAST(abs({u('ua')}) AS VARCHAR), "
+             f"'db': CAST(abs({u('ub')}) AS VARCHAR)}}")
+    wa, fa = _weight_and_digit(t("ua"), t("da"), sa)
+    wb, fb = _weight_and_digit(t("ub"), t("db"), sb)
+    qweight = f"({wa} - {wb} - CASE WHEN {fa} <= {fb} THEN 1 ELSE 0 END)"
+    scale = f"CAST(least(1000, greatest({MIN_SIG_DIGITS} - 4 * {qweight}, {sa}, {sb}, 0)) AS INTEGER)"
+    with_scale = f"{{'ua': {t('ua')}, 'ub': {t('ub')}, 'r': {scale}}}"
+    # round(|a| * 10^shift / |b|) half away from zero, signed: quotient and remainder apart, so
+    # that the scaled remainder (< |b| * 10^shift) is all that must fit a HUGEINT
+    ten = _power(f"{r('r')} - {sa} + {sb}")
+    a, b = f"abs({r('ua')})", f"abs({r('ub')})"
+    magnitude = f"({a} // {b} * {ten} + (2 * (({a} % {b}) * {ten}) + {b}) // (2 * {b}))"
+    signed = f"CASE WHEN ({r('ua')} < 0) <> ({r('ub')} < 0) THEN -{magnitude} ELSE {magnitude} END"
+    quotient = f"{{'q': {signed}, 'r': {r('r')}}}"
+    too_fine = (f"error('an exact NUMERIC quotient needs ' || CAST({q('r')} AS VARCHAR) || ' digits after the "
+                f"point, more than the {s} a DECIMAL(38) quotient keeps here; cast an operand to DOUBLE to "
+                "divide approximately')")
     unit = f"CAST('1E-{s}' AS DECIMAL(38, {s}))"
-    refuse = "" if in_result else f"WHEN {r} > {s} THEN {too_fine} "
-    body = (f"CASE WHEN b = 0 THEN {zero} {refuse}"
-            f"ELSE CAST({scaled} * {unit} AS DECIMAL(38, {s})) END")
+    decimal = f"CAST(CAST({q('q')} * {_power(f'{s} - ' + q('r'))} AS DECIMAL(38, 0)) * {unit} AS DECIMAL(38, {s}))"
+    decimal = f"CASE WHEN {q('r')} > {s} THEN {too_fine} ELSE {decimal} END"
+    inner = _let(with_scale, _let(quotient, decimal, "__hp_q"), "__hp_r")
+    quotient_at = _let(unscaled, _let(texts, inner, "__hp_t"), "__hp_u")
+    body = f"CASE WHEN __hp_divisor = 0 THEN {zero} ELSE {quotient_at} END"
     name = f"__hp_{tag}"
-    text_name = f"__hp_{tag}_text"
-    q = _rounded(ua, ub, f"({r} - {sa} + {sb})")
-    plain = f"CAST(abs({q}) AS VARCHAR)"
-    padded = f"lpad({plain}, CAST(greatest(length({plain}), {r} + 1) AS INTEGER), '0')"
-    text = (f"(CASE WHEN {q} < 0 THEN '-' ELSE '' END) || CASE WHEN {r} = 0 THEN {padded} ELSE "
-            f"left({padded}, CAST(length({padded}) - {r} AS INTEGER)) || '.' || "
-            f"right({padded}, CAST({r} AS INTEGER)) END")
-    text_body = f"CASE WHEN b = 0 THEN {zero} ELSE {text} END"
-    return ((name, f"CREATE OR REPLACE TEMP MACRO {name}(a, b) AS {body}"),
-            (text_name, f"CREATE OR REPLACE TEMP MACRO {text_name}(a, b) AS {text_body}"))
+    return name, f"CREATE OR REPLACE TEMP MACRO {name}(__hp_dividend, __hp_divisor) AS {body}"
 
 
 # --- the rewrite -------------------------------------------------------------------------------------
 
 
 @dataclass(frozen=True)
+class ResultQuotient:
+    """A quotient that is a column of the result: DuckDB answers it as it would (what ORDER BY
+    sees), and hidden columns carry its operands, from which :func:`quotient_texts` gives back
+    PostgreSQL's exact digits row by row (any scale, no DuckDB type to fit)."""
+
+    shown: int
+    dividend: int
+    divisor: int
+    dividend_scale: int
+    divisor_scale: int
+    average: bool
+
+
+@dataclass(frozen=True)
 class ExactRewrite:
     """A query with its divisions and averages made exact; the TEMP macros it calls (already created
-    on the cursor that probed it: another cursor runs ``macros`` first); and for each quotient that
-    is a column of the result, (its column, the hidden text column of its exact digits)."""
+    on the cursor that probed it: another cursor runs ``macros`` first); the quotients the result
+    shows, whose operands ride along in hidden columns after the user's."""
 
     query: str
     macros: tuple[str, ...] = ()
-    texts: tuple[tuple[int, int], ...] = ()
+    quotients: tuple[ResultQuotient, ...] = ()
 
 
 def exact_numeric_rewrite(con: duckdb.DuckDBPyConnection, query: str) -> ExactRewrite:
@@ -186,63 +202,107 @@ def exact_numeric_rewrite(con: duckdb.DuckDBPyConnection, query: str) -> ExactRe
         return ExactRewrite(query)
     macros: dict[str, str] = {}
     top = _top_select(tree)
-    texts: list[tuple[int, dict[str, Any]]] = []
+    shown: list[tuple[int, list[dict[str, Any]], Exact, Exact, bool]] = []
     changed = False
     # innermost first: an outer quotient's operand is probed once the inner one is exact
     for path in list(_candidates(tree)):
         node = _at(tree, path)
         position = next((i for i, item in enumerate(top["select_list"]) if item is node), None) if top else None
-        rewritten = _rewrite_node(con, tree, path, node, macros, position is not None)
-        if rewritten is None:
+        typed = _operand_types(con, tree, path, node)
+        if typed is None:
             continue
         changed = True
-        exact_call, text_call = rewritten
-        if position is not None:
-            texts.append((position, text_call))
-        _replace_in_place(node, exact_call)
+        operands, left, right, average = typed
+        if position is not None:  # kept as DuckDB answers it; its operands go along
+            shown.append((position, operands, left, right, average))
+            continue
+        s = result_scale(left, right, average)
+        name, statement = quotient_macro(left, right, s, average)
+        if name not in macros:
+            con.execute(statement)
+            macros[name] = statement
+        _replace_in_place(node, _call(name, operands, alias=node.get("alias", "")))
     if not changed:
         return ExactRewrite(query)
-    pairs: list[tuple[int, int]] = []
-    if top is not None and texts:
+    quotients: list[ResultQuotient] = []
+    if top is not None:
         width = len(top["select_list"])
-        for n, (position, text_call) in enumerate(texts):
-            text_call["alias"] = f"{TEXT_COLUMN}{n}"
-            top["select_list"].append(text_call)
-            pairs.append((position, width + n))
+        for n, (position, operands, left, right, average) in enumerate(shown):
+            for k, operand in enumerate(operands):
+                top["select_list"].append({**copy.deepcopy(operand), "alias": f"{OPERAND_COLUMN}{n}_{k}"})
+            quotients.append(ResultQuotient(position, width + 2 * n, width + 2 * n + 1, left.scale, right.scale,
+                                            average))
     rewritten_query = _deserialize(con, tree)
     if rewritten_query is None:
         return ExactRewrite(query)
-    return ExactRewrite(rewritten_query, tuple(macros.values()), tuple(pairs))
+    return ExactRewrite(rewritten_query, tuple(macros.values()), tuple(quotients))
 
 
-def _rewrite_node(con: duckdb.DuckDBPyConnection, tree: dict[str, Any], path: tuple[Any, ...],
-                  node: dict[str, Any], macros: dict[str, str],
-                  in_result: bool) -> tuple[dict[str, Any], dict[str, Any]] | None:
-    """(the exact call, the text call) replacing ``node``, with their macros made; None to keep it."""
+def _operand_types(con: duckdb.DuckDBPyConnection, tree: dict[str, Any], path: tuple[Any, ...],
+                   node: dict[str, Any]) -> tuple[list[dict[str, Any]], Exact, Exact, bool] | None:
+    """(operands, their exact types, is an average) of a division or average to make exact; None
+    to keep DuckDB's (a DOUBLE operand, integer / integer)."""
     average = node.get("function_name", "").lower() in AVERAGES
     if average:
         argument = exact_type(_probe(con, tree, path, [_renamed(node, "any_value")]) or "")
         if argument is None:
             return None
-        left = Exact(MAX_PRECISION, argument.scale, argument.integer)  # the sum's type
-        right = Exact(19, 0, True)  # the count
-        s = result_scale(argument, right, average=True)
-        operands = [_renamed(node, "sum"), _renamed(node, "count")]
-    else:
-        operands = [a["expression"] for a in node["arguments"]]
-        left = exact_type(_probe(con, tree, path, [copy.deepcopy(operands[0])]) or "")
-        right = exact_type(_probe(con, tree, path, [copy.deepcopy(operands[1])]) or "")
-        if left is None or right is None or (left.integer and right.integer):
-            return None  # a DOUBLE keeps DuckDB's division; integer / integer is integer division
-        s = result_scale(left, right)
-    (name, statement), (text_name, text_statement) = quotient_macros(left, right, s, average, in_result)
-    made_here = ((name, statement), (text_name, text_statement)) if in_result else ((name, statement),)
-    for made, sql in made_here:
-        if made not in macros:
-            con.execute(sql)
-            macros[made] = sql
-    return (_call(name, copy.deepcopy(operands), alias=node.get("alias", "")),
-            _call(text_name, copy.deepcopy(operands)))
+        # the sum's type, and the count's; the mean never exceeds the argument
+        left = Exact(argument.precision, argument.scale, argument.integer)
+        return [_renamed(node, "sum"), _renamed(node, "count")], left, Exact(19, 0, True), True
+    operands = [a["expression"] for a in node["arguments"]]
+    left = exact_type(_probe(con, tree, path, [copy.deepcopy(operands[0])]) or "")
+    right = exact_type(_probe(con, tree, path, [copy.deepcopy(operands[1])]) or "")
+    if left is None or right is None or (left.integer and right.integer):
+        return None  # a DOUBLE keeps DuckDB's division; integer / integer is integer division
+    return [copy.deepcopy(o) for o in operands], left, right, False
+
+
+def _unscaled_int(value: Any, scale: int) -> int:
+    """The digits of a Decimal (or int) at ``scale``, exactly (no decimal context involved)."""
+    if isinstance(value, int):
+        return value * 10**scale
+    sign, digits, exponent = value.as_tuple()
+    n = int("".join(map(str, digits)) or "0") * (-1 if sign else 1)
+    shift = exponent + scale
+    return n * 10**shift if shift >= 0 else n // 10 ** (-shift)
+
+
+def _weight_first(u: int, scale: int) -> tuple[int, int]:
+    if u == 0:
+        return 0, 0
+    digits = str(abs(u))
+    exponent = len(digits) - 1 - scale
+    weight = exponent // 4
+    width = exponent - 4 * weight + 1
+    return weight, int(digits.ljust(width, "0")[:width])
+
+
+def pg_divide_text(a: Any, b: Any, scale_a: int, scale_b: int) -> str:
+    """PostgreSQL's numeric ``a / b`` as text (select_div_scale, rounded half away from zero)."""
+    ua, ub = _unscaled_int(a, scale_a), _unscaled_int(b, scale_b)
+    if ub == 0:
+        raise ZeroDivisionError("division by zero")
+    wa, fa = _weight_first(ua, scale_a)
+    wb, fb = _weight_first(ub, scale_b)
+    qweight = wa - wb - (1 if fa <= fb else 0)
+    r = min(1000, max(MIN_SIG_DIGITS - 4 * qweight, scale_a, scale_b, 0))
+    numerator, denominator = abs(ua) * 10 ** (r - scale_a + scale_b), abs(ub)
+    q = (2 * numerator + denominator) // (2 * denominator)
+    digits = str(q).rjust(r + 1, "0")
+    text = f"{digits[:len(digits) - r]}.{digits[len(digits) - r:]}" if r else digits
+    return ("-" if q and (ua < 0) != (ub < 0) else "") + text
+
+
+def quotient_texts(dividends: Any, divisors: Any, quotient: ResultQuotient) -> list[str | None]:
+    """PostgreSQL's exact text of each row's quotient (an average of no rows is NULL)."""
+    out: list[str | None] = []
+    for a, b in zip(dividends.to_pylist(), divisors.to_pylist(), strict=True):
+        if a is None or b is None or (quotient.average and b == 0):
+            out.append(None)
+        else:
+            out.append(pg_divide_text(a, b, quotient.dividend_scale, quotient.divisor_scale))
+    return out
 
 
 def _candidates(tree: Any) -> Iterator[tuple[Any, ...]]:
