@@ -63,7 +63,7 @@ decimals = st.decimals(min_value=Decimal("-99999999.999"), max_value=Decimal("99
                        allow_nan=False, allow_infinity=False)
 
 
-@settings(max_examples=25, deadline=None)
+@settings(max_examples=15, deadline=None)
 @given(st.lists(st.one_of(st.none(), decimals), min_size=0, max_size=12))
 def test_average_of_decimals_is_postgresqls_numeric_average(values):
     con = duckdb.connect()
@@ -76,7 +76,7 @@ def test_average_of_decimals_is_postgresqls_numeric_average(values):
     assert str(result) == str(expected)
 
 
-@settings(max_examples=30, deadline=None)
+@settings(max_examples=20, deadline=None)
 @given(decimals, decimals.filter(lambda d: d != 0), st.integers(min_value=-10**6, max_value=10**6).filter(bool))
 def test_division_is_postgresqls_numeric_division(a, b, n):
     con = duckdb.connect()
