@@ -275,7 +275,8 @@ TYPES = ["PROMO BRUSHED", "STANDARD POLISHED", "ECONOMY ANODIZED", "LARGE PLATED
 TPCH_QUERIES: dict[str, str] = {
     "Q1": """SELECT l_returnflag, l_linestatus, sum(l_quantity) AS sum_qty, sum(l_extendedprice) AS sum_base,
         sum(l_extendedprice * (1 - l_discount)) AS sum_disc, sum(l_extendedprice * (1 - l_discount) * (1 + l_tax))
-        AS sum_charge, count(*) AS n FROM lineitem WHERE l_shipdate <= DATE '1998-09-02'
+        AS sum_charge, avg(l_quantity) AS avg_qty, avg(l_extendedprice) AS avg_price, avg(l_discount) AS avg_disc,
+        count(*) AS n FROM lineitem WHERE l_shipdate <= DATE '1998-09-02'
         GROUP BY l_returnflag, l_linestatus ORDER BY l_returnflag, l_linestatus""",
     "Q3": """SELECT l_orderkey, sum(l_extendedprice * (1 - l_discount)) AS revenue, o_orderdate, o_shippriority
         FROM customer, orders, lineitem WHERE c_mktsegment = 'BUILDING' AND c_custkey = o_custkey

@@ -472,3 +472,44 @@ def test_diff_compares_numeric_texts_as_numbers_and_leaves_other_forms_to_python
         assert got is expected, (before, after, got)
     assert python_differs([(numeric, numeric, [Decimal("1E+2"), Decimal("1E+2")],
                             [Decimal("100"), Decimal("101")])], 2) == [False, True]
+
+
+def test_queries_of_one_state_and_time_reuse_a_set_up_cursor_and_answer_alike(tmp_path):
+    """A finished query's cursor (its schema in use, its views and registrations made) serves the next
+    query of the same state and T; a query reading another table, another T, or the schema history
+    on it answers as on a fresh one, and a reader still streaming never shares its cursor."""
+    from history_pipeline.query import sandbox
+
+    store = HistoryStore.open(tmp_path, database="db")
+    with store.wal_writer() as wal:
+        for t, uuid_, name in ((1, "A", "customers"), (2, "B", "orders")):
+            wal.append({"op": "create_table", "t": t, "table_uuid": uuid_, "table_name": name,
+                        "columns": [{"column_uuid": f"{uuid_}v", "column_name": "v", "data_type": "NUMERIC(9,2)"}]})
+        for k in range(3):
+            wal.append({"op": "insert", "t": 3, "table_uuid": "A", "key": k, "values": {"Av": f"{k}.50"}})
+            wal.append({"op": "insert", "t": 3, "table_uuid": "B", "key": k, "values": {"Bv": f"{k * 2}.25"}})
+        wal.append({"op": "update", "t": 4, "table_uuid": "A", "key": 0, "values": {"Av": "9.00"}})
+        wal.append({"op": "close", "t": 4})
+        wal.seal()
+    store.compact(spark=False)
+    assert store.sql("SELECT sum(v) AS s FROM customers", as_of=4).to_pylist() == [{"s": Decimal("4.50")}]
+    context = store.query_context()
+    views = sandbox._sandboxes[context._sandbox_key()][1]
+    (pooled,) = views.idle["__hp_asof_4"]
+    assert "use" in pooled.done
+    # the next query of T=3 takes that cursor: another table, an average, the schema history
+    assert store.sql("SELECT avg(v) AS a FROM orders", as_of=4).column("a").to_pylist() == [
+        Decimal("2.2500000000000000")]
+    assert views.idle["__hp_asof_4"] == [pooled] and "B" in pooled.done
+    assert store.sql("SELECT count(*) AS n FROM _history_catalog.schema_history", as_of=4).to_pylist() == [{"n": 2}]
+    assert store.sql("SELECT sum(v) AS s FROM customers", as_of=5).to_pylist() == [{"s": Decimal("13.00")}]
+    # two readers open at once each have their own cursor
+    first = store.query_context().sql_reader("SELECT v FROM customers ORDER BY v", 5)
+    second = store.query_context().sql_reader("SELECT v FROM orders ORDER BY v", 5)
+    assert first.read_all().column("v").to_pylist() == [Decimal("1.50"), Decimal("2.50"), Decimal("9.00")]
+    assert second.read_all().column("v").to_pylist() == [Decimal("0.25"), Decimal("2.25"), Decimal("4.25")]
+    assert len(views.idle["__hp_asof_5"]) == 2
+    # a failed query's cursor is not kept
+    with pytest.raises(Exception, match="(?i)division by zero"):
+        store.sql("SELECT v / (v - v) FROM customers", as_of=5)
+    assert len(views.idle["__hp_asof_5"]) <= 2

@@ -35,9 +35,10 @@ from history_pipeline.errors import (
     TableNotFoundError,
 )
 from history_pipeline.io.store import LocalStore, ObjectStore
-from history_pipeline.query.exact_avg import exact_average_rewrite
+from history_pipeline.query.exact_numeric import ResultQuotient, exact_numeric_rewrite, quotient_texts
 from history_pipeline.query.sandbox import (
     AS_OF_SCHEMA,
+    PooledCursor,
     SandboxViews,
     parser_cursor,
     reader_cursor,
@@ -396,26 +397,38 @@ class QueryContext:
         """
         self.check_as_of(as_of)
         _check_read_only(query)
-        con, kept = sandbox_cursor(self._sandbox_key(), self._readable_paths)
+        # a cursor a finished query of this (state, T) gave back has its schema, registrations and
+        # macros set up already: taking one costs nothing, setting them up about a millisecond each
+        schema = AS_OF_SCHEMA.format(as_of=as_of)
+        fresh, kept = sandbox_cursor(self._sandbox_key(), self._readable_paths)
+        pooled = kept.take(schema)
+        if pooled is None:
+            pooled = PooledCursor(fresh)
+        else:
+            fresh.close()
+        con = pooled.con
         try:
             referenced = _referenced_tables(query)
             tables = [
                 d for d in self.get_catalog(as_of) if referenced is None or d.table_name.lower() in referenced
             ]
-            wide = self._create_views(con, kept, tables, as_of,
+            wide = self._create_views(pooled, kept, tables, as_of,
                                       with_history=referenced is None or not referenced.isdisjoint(_HISTORY_NAMES))
             with self._sql_errors(as_of, wide):
                 exact = _cached(_REWRITES, (*self._sandbox_key(), as_of, query),
                                 lambda: _rewrite(con, query))
                 for macro in exact.macros:
-                    con.execute(macro)  # harmless where the probe already made it on this cursor
+                    if macro not in pooled.done:  # made by the probe on its cursor, or by an earlier query
+                        con.execute(macro)
+                        pooled.done.add(macro)
                 relation = con.sql(exact.query)
                 duck_types = [str(t) for t in relation.types]
                 source = relation.to_arrow_reader(batch_size)
             if exact.names is not None:
-                source = _renamed_reader(source, list(exact.names))
+                source = _renamed_reader(source, [*exact.names, *source.schema.names[len(exact.names):]])
             try:
-                schema = _restore_types(source.schema.empty_table(), duck_types).schema
+                result_schema = _exact_texts(_restore_types(source.schema.empty_table(), duck_types),
+                                             exact.texts).schema
             except pa.ArrowNotImplementedError as exc:  # e.g. a UNION value: pyarrow cannot build one
                 names = ", ".join(f"{f.name} ({f.type})" for f in source.schema)
                 raise QueryError(f"the result's columns {names} include a type Arrow cannot hand back ({exc}); "
@@ -423,15 +436,24 @@ class QueryContext:
         except BaseException:
             con.close()
             raise
-        return pa.RecordBatchReader.from_batches(schema, self._batches(con, source, duck_types, as_of, wide))
+        return pa.RecordBatchReader.from_batches(
+            result_schema, self._batches(pooled, kept, schema, source, duck_types, as_of, wide, exact.texts))
 
-    def _batches(self, con: Any, source: Any, duck_types: list[str], as_of: int, wide: list[str]) -> Any:
+    def _batches(self, pooled: PooledCursor, kept: SandboxViews, schema: str, source: Any, duck_types: list[str],
+                 as_of: int, wide: list[str], texts: tuple[ResultQuotient, ...]) -> Any:
+        finished = False
         try:
             with self._sql_errors(as_of, wide):
                 for batch in source:
-                    yield from _restore_types(pa.Table.from_batches([batch]), duck_types).to_batches()
+                    table = _restore_types(pa.Table.from_batches([batch]), duck_types)
+                    yield from _exact_texts(table, texts).to_batches()
+            finished = True
         finally:
-            con.close()
+            source.close()
+            if finished and pooled.poolable:
+                kept.give_back(schema, pooled)
+            else:
+                pooled.con.close()
 
     @contextlib.contextmanager
     def _sql_errors(self, as_of: int, wide: list[str]) -> Any:
@@ -460,8 +482,8 @@ class QueryContext:
             return None
         return [self.store.full_path(f.path) for f in self.state.files.values()]
 
-    def _create_views(self, con: Any, kept: SandboxViews, tables: Sequence[TableDescriptor], as_of: int,
-                      with_history: bool = True) -> list[str]:
+    def _create_views(self, pooled: PooledCursor, kept: SandboxViews, tables: Sequence[TableDescriptor],
+                      as_of: int, with_history: bool = True) -> list[str]:
         """Resolve the query's table names to their live rows at ``as_of``, under their names then,
         plus the schema history when the query may read it. Returns the NUMERIC columns too wide
         for DECIMAL(38, s).
@@ -471,10 +493,12 @@ class QueryContext:
         the schema of T (``AS_OF_SCHEMA``), which the cursor ``USE``s; a table with array columns
         is a TEMP view of its reconstruction, which the cursor finds first.
         """
+        con, done = pooled.con, pooled.done
         key = (*self._sandbox_key(), as_of)
-        if with_history:  # registering it costs about a millisecond, a tenth of a small query
+        if with_history and "history" not in done:  # registering it costs about a millisecond
             register_schema_history(con, _cached(_HISTORIES, key, lambda: schema_history_table(
                 [e for e in self.state.schema_history if e.logical_timestamp < as_of])))
+            done.add("history")
         _refuse_names_only_case_tells_apart(tables, as_of)
         schema = AS_OF_SCHEMA.format(as_of=as_of)
         kept.ensure(con, schema, None)
@@ -482,15 +506,21 @@ class QueryContext:
         for index, descriptor in enumerate(tables):
             self.check_table_as_of(descriptor, as_of)
             if any(c.data_type.kind is TypeKind.ARRAY for c in descriptor.columns):
+                # its TEMP view holds this query's reconstruction: the cursor is not kept for another
+                pooled.poolable = False
                 wide.extend(self._expose_materialized(con, descriptor, as_of, index))
                 continue
             view = _cached(_VIEWS, (*key, descriptor.table_uuid),
                            lambda d=descriptor: self._table_view(con, d, as_of))
-            for name, dataset in view.datasets:
-                con.register(name, dataset)
-            kept.ensure(con, schema, descriptor.table_name, view.sql, view.changes)
+            if descriptor.table_uuid not in done:
+                for name, dataset in view.datasets:
+                    con.register(name, dataset)
+                kept.ensure(con, schema, descriptor.table_name, view.sql, view.changes)
+                done.add(descriptor.table_uuid)
             wide.extend(view.wide)
-        con.execute(f"USE {_ident(schema)}")
+        if "use" not in done:  # USE costs about a millisecond
+            con.execute(f"USE {_ident(schema)}")
+            done.add("use")
         return wide
 
     def _table_view(self, con: Any, descriptor: TableDescriptor, as_of: int) -> _TableView:
@@ -574,17 +604,35 @@ class _TableView:
 
 @dataclass(frozen=True)
 class _Rewrite:
-    """A query as run (averages exact), the macros it calls and the user's column names when renamed."""
+    """A query as run (NUMERIC quotients and averages exact), the macros it calls, the user's column
+    names when renamed, and the quotients the result shows (their operands in hidden columns)."""
 
     query: str
     macros: tuple[str, ...]
     names: tuple[str, ...] | None
+    texts: tuple[ResultQuotient, ...] = ()
 
 
 def _rewrite(con: Any, query: str) -> _Rewrite:
-    exact = exact_average_rewrite(con, query)
+    exact = exact_numeric_rewrite(con, query)
     names = tuple(con.sql(query).columns) if exact.query != query else None  # the user's column names
-    return _Rewrite(exact.query, exact.macros, names)
+    return _Rewrite(exact.query, exact.macros, names, exact.quotients)
+
+
+def _exact_texts(table: pa.Table, quotients: tuple[ResultQuotient, ...]) -> pa.Table:
+    """Each quotient column of the result as PostgreSQL's exact digits (read back as Decimal),
+    computed from its operands' hidden columns, and the hidden columns dropped."""
+    if not quotients:
+        return table
+    columns = list(table.columns)
+    for q in quotients:
+        try:
+            texts = quotient_texts(table.column(q.dividend), table.column(q.divisor), q)
+        except ZeroDivisionError:
+            raise QueryError("the query failed: division by zero") from None
+        columns[q.shown] = numeric_result_array(pa.array(texts, pa.string()))
+    width = min(q.dividend for q in quotients)
+    return pa.table(columns[:width], names=table.column_names[:width])
 
 
 #: per (store, database, transaction, T[, table]) what a query builds before it runs: catalog
@@ -838,6 +886,12 @@ def _check_read_only(query: str) -> None:
     sandbox's per-T schemas (a query reads its own T only through the names it resolves)."""
     if not isinstance(query, str):
         raise QueryError(f"SQL must be a string, got {type(query).__name__}")
+    _check_read_only_text(query)
+
+
+@functools.lru_cache(maxsize=1024)
+def _check_read_only_text(query: str) -> None:
+    """``_check_read_only`` of a string; a query that passed once passes again without a parse."""
     if _INTERNAL_SCHEMA.search(query):
         raise SandboxViolationError(
             "refused by the read-only sandbox: names starting with __hp_asof_ are internal; name the tables as of T"

@@ -46,6 +46,20 @@ _SCHEMA_HISTORY_SCHEMA = pa.schema([
 _lock = threading.Lock()
 
 
+#: idle cursors kept per as-of schema of a sandbox, for the next queries of that T
+IDLE_CURSORS = 4
+
+
+class PooledCursor:
+    """A cursor of a sandbox and what was set up on it (``USE`` of its schema, registrations,
+    macros: the same for every query of its (state, T)), so that the next query skips them."""
+
+    def __init__(self, con: duckdb.DuckDBPyConnection) -> None:
+        self.con = con
+        self.done: set[str] = set()
+        self.poolable = True
+
+
 class SandboxViews:
     """The views made once in one sandbox and kept for its lifetime: one schema per T
     (``AS_OF_SCHEMA``), one view per table there (created on first use, from any cursor)."""
@@ -55,6 +69,22 @@ class SandboxViews:
         self.created: set[tuple[str, str]] = set()
         self.schemas: set[str] = set()
         self.kept_bytes = 0
+        self.idle: dict[str, list[PooledCursor]] = {}
+
+    def take(self, schema: str) -> PooledCursor | None:
+        """An idle cursor that a finished query of ``schema`` gave back (already ``USE``-ing it)."""
+        with self.lock:
+            idle = self.idle.get(schema)
+            return idle.pop() if idle else None
+
+    def give_back(self, schema: str, cursor: PooledCursor) -> None:
+        """Keep a finished query's cursor for the next query of ``schema`` (at most ``IDLE_CURSORS``)."""
+        with self.lock:
+            idle = self.idle.setdefault(schema, [])
+            if len(idle) < IDLE_CURSORS:
+                idle.append(cursor)
+                return
+        cursor.con.close()
 
     def ensure(self, cursor: duckdb.DuckDBPyConnection, schema: str, name: str | None, sql: str = "",
                changes: tuple[str, int, str] | None = None) -> None:

@@ -1,0 +1,412 @@
+"""Exact NUMERIC division and ``AVG``, as PostgreSQL computes them.
+
+DuckDB divides a DECIMAL (``/``) and averages it (``avg``) in DOUBLE: ``1.0 / 3`` is
+0.3333333333333333 and ``avg`` of 0.1 and 0.2 is 0.15000000000000002. PostgreSQL's ``numeric``
+division and ``avg(numeric)``/``avg(integer)`` are exact decimals whose scale (digits after the
+point) depends on the values (``select_div_scale``): at least 16 significant digits, at least
+either operand's scale, at most 1000. Before a query runs, each such expression is rewritten:
+
+- ``a / b`` where one operand is a DECIMAL and the other a DECIMAL or an integer (integer /
+  integer stays integer division, as in PostgreSQL; a DOUBLE operand keeps DuckDB's DOUBLE);
+- ``avg``/``mean`` (plain, DISTINCT, FILTER or window) of a DECIMAL or an integer, as
+  ``sum / count`` divided the same way (the average of no rows is NULL).
+
+The quotient is computed on the operands' unscaled digits as HUGEINT, at PostgreSQL's scale for
+that row, rounded half away from zero. Inside an expression it is a ``DECIMAL(38, S)`` (DuckDB's
+widest exact type; ``S`` from the operands' types, see :func:`result_scale`); a row whose
+PostgreSQL scale exceeds ``S`` or whose digits exceed 38 is a typed error, never a rounded value.
+A quotient that is itself a column of the result also comes back as text with PostgreSQL's own
+digits (any scale), which the engine hands back as the exact NUMERIC of each row.
+
+Operand types are known only once the query is bound, so each operand is probed first: it is
+handed to a function that accepts only UUIDs, and DuckDB's binder error names its type. Only
+SELECT statements reach this module (the engine refuses others before).
+"""
+
+from __future__ import annotations
+
+import copy
+import functools
+import json
+import re
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import duckdb
+
+AVERAGES = frozenset({"avg", "mean"})
+
+#: PostgreSQL's NUMERIC_MIN_SIG_DIGITS: a quotient keeps at least this many significant digits
+MIN_SIG_DIGITS = 16
+#: the scale a quotient inside an expression gets at least (PostgreSQL's scale of any quotient
+#: between 0.0001 and 10^16 when its operands' scales are at most 20)
+MIN_RESULT_SCALE = 20
+MAX_PRECISION = 38
+#: where the hidden operand columns of a quotient in the result are named (then dropped)
+OPERAND_COLUMN = "__hp_operand_"
+
+_INTEGER_DIGITS = {"TINYINT": 3, "SMALLINT": 5, "INTEGER": 10, "BIGINT": 19, "HUGEINT": 39,
+                   "UTINYINT": 3, "USMALLINT": 5, "UINTEGER": 10, "UBIGINT": 20, "UHUGEINT": 39}
+_MENTIONS = re.compile(r"\b(avg|mean)\s*\(|/", re.IGNORECASE)
+_PROBE_FUNCTION = "uuid_extract_version"
+_PROBED_TYPE = re.compile(_PROBE_FUNCTION + r"\((.+?)\[\]\)'")
+_DECIMAL = re.compile(r"DECIMAL\((\d+),\s*(\d+)\)")
+
+
+def _power(exponent: str) -> str:
+    """10 ** exponent as HUGEINT (exponent 0 to 38): its digits, a small expression to bind."""
+    return f"CAST(rpad('1', CAST({exponent} + 1 AS INTEGER), '0') AS HUGEINT)"
+
+
+@dataclass(frozen=True)
+class Exact:
+    """A DuckDB type as an exact number: its precision and scale (an integer has scale 0)."""
+
+    precision: int
+    scale: int
+    integer: bool
+
+
+def exact_type(type_name: str) -> Exact | None:
+    """The precision and scale of a DuckDB DECIMAL or integer type; None for any other type."""
+    if type_name in _INTEGER_DIGITS:
+        return Exact(_INTEGER_DIGITS[type_name], 0, True)
+    match = _DECIMAL.fullmatch(type_name)
+    return Exact(int(match.group(1)), int(match.group(2)), False) if match else None
+
+
+def result_scale(left: Exact, right: Exact, average: bool = False) -> int:
+    """``S``, the scale of the DECIMAL(38, S) a quotient is inside an expression.
+
+    At least either operand's scale and ``MIN_RESULT_SCALE``; an average keeps room for the integer
+    digits of its argument (``left`` is the argument: the mean never exceeds it).
+    """
+    wanted = max(MIN_RESULT_SCALE, left.scale, right.scale)
+    if average:
+        wanted = max(left.scale, min(wanted, MAX_PRECISION - (left.precision - left.scale)))
+    return min(MAX_PRECISION, wanted)
+
+
+# --- the SQL of an exact quotient ------------------------------------------------------------------
+
+
+def _unscaled(expr: str, t: Exact) -> str:
+    """The operand's unscaled digits as HUGEINT (``1.50`` of scale 2 is 150)."""
+    if t.integer or t.scale == 0:
+        return f"CAST({expr} AS HUGEINT)"
+    if t.precision + t.scale + 1 <= MAX_PRECISION:  # an exact DECIMAL product, no text
+        # widened first: DuckDB may type a product of DECIMALs narrower than its digits need
+        return (f"CAST(CAST({expr} AS DECIMAL(38, {t.scale})) * CAST({10 ** t.scale} AS DECIMAL({t.scale + 1}, 0)) "
+                "AS HUGEINT)")
+    return f"CAST(replace(CAST({expr} AS VARCHAR), '.', '') AS HUGEINT)"
+
+
+def _weight_and_digit(u: str, digits: str, scale: int) -> tuple[str, str]:
+    """PostgreSQL's weight (position of the first base-10000 digit) and that digit's value, of the
+    number whose unscaled digits are ``u`` (``digits``: their text, unsigned) at ``scale`` (0 and 0
+    for zero)."""
+    exponent = f"(length({digits}) - {1 + scale})"  # the decimal exponent of the leading digit
+    weight = f"(({exponent} + 4000) // 4 - 1000)"  # floor(exponent / 4), exponent may be negative
+    width = f"CAST({exponent} - 4 * {weight} + 1 AS INTEGER)"  # 1 to 4 decimal digits make the first one
+    first = (f"CAST(left(rpad({digits}, CAST(greatest({width}, length({digits})) AS INTEGER), '0'), {width}) "
+             "AS INTEGER)")
+    return f"(CASE WHEN {u} = 0 THEN 0 ELSE {weight} END)", f"(CASE WHEN {u} = 0 THEN 0 ELSE {first} END)"
+
+
+def _field(stage: str, name: str) -> str:
+    return f"struct_extract({stage}, '{name}')"
+
+
+def _let(value: str, body: str, name: str) -> str:
+    """``body`` with ``name`` bound to ``value`` computed once: a macro inlines its arguments' text,
+    so without this each use of an intermediate would repeat (and bind) its whole expression.
+    (Fields are read with struct_extract: ``name.field`` in a HAVING clause binds as a column.)"""
+    return f"list_transform([{value}], lambda {name}: {body})[1]"
+
+
+def quotient_macro(left: Exact, right: Exact, s: int, average: bool) -> tuple[str, str]:
+    """(name, CREATE MACRO) of the DECIMAL(38, s) quotient ``a / b`` of operands of these types
+    inside an expression; ``average`` divides a sum by a count, and no rows (a count of 0) give
+    NULL rather than a division by zero. A row PostgreSQL gives more than ``s`` places is an error."""
+    sa, sb = left.scale, right.scale
+    kind = "avg" if average else "div"
+    tag = f"{kind}_{left.precision}_{sa}_{int(left.integer)}_{right.precision}_{sb}_{int(right.integer)}_{s}"
+    zero = "NULL" if average else "error('division by zero')"
+    u, t, r, q = (functools.partial(_field, stage) for stage in ("__hp_u", "__hp_t", "__hp_r", "__hp_q"))
+    # stage 1: the unscaled digits; 2: their text; 3: PostgreSQL's scale; 4: the rounded quotient
+    summed = Exact(MAX_PRECISION, sa, left.integer) if average else left  # a sum has DuckDB's widest type
+    unscaled = f"{{'ua': {_unscaled('__hp_dividend', summed)}, 'ub': {_unscaled('__hp_divisor', right)}}}"
+    texts = (f"{{'ua': {u('ua')}, 'ub': {u('ub')}, 'da': CAST(abs({u('ua')}) AS VARCHAR), "
+             f"'db': CAST(abs({u('ub')}) AS VARCHAR)}}")
+    wa, fa = _weight_and_digit(t("ua"), t("da"), sa)
+    wb, fb = _weight_and_digit(t("ub"), t("db"), sb)
+    qweight = f"({wa} - {wb} - CASE WHEN {fa} <= {fb} THEN 1 ELSE 0 END)"
+    scale = f"CAST(least(1000, greatest({MIN_SIG_DIGITS} - 4 * {qweight}, {sa}, {sb}, 0)) AS INTEGER)"
+    with_scale = f"{{'ua': {t('ua')}, 'ub': {t('ub')}, 'r': {scale}}}"
+    # round(|a| * 10^shift / |b|) half away from zero, signed: quotient and remainder apart, so
+    # that the scaled remainder (< |b| * 10^shift) is all that must fit a HUGEINT
+    ten = _power(f"{r('r')} - {sa} + {sb}")
+    a, b = f"abs({r('ua')})", f"abs({r('ub')})"
+    magnitude = f"({a} // {b} * {ten} + (2 * (({a} % {b}) * {ten}) + {b}) // (2 * {b}))"
+    signed = f"CASE WHEN ({r('ua')} < 0) <> ({r('ub')} < 0) THEN -{magnitude} ELSE {magnitude} END"
+    quotient = f"{{'q': {signed}, 'r': {r('r')}}}"
+    too_fine = (f"error('an exact NUMERIC quotient needs ' || CAST({q('r')} AS VARCHAR) || ' digits after the "
+                f"point, more than the {s} a DECIMAL(38) quotient keeps here; cast an operand to DOUBLE to "
+                "divide approximately')")
+    unit = f"CAST('1E-{s}' AS DECIMAL(38, {s}))"
+    decimal = f"CAST(CAST({q('q')} * {_power(f'{s} - ' + q('r'))} AS DECIMAL(38, 0)) * {unit} AS DECIMAL(38, {s}))"
+    decimal = f"CASE WHEN {q('r')} > {s} THEN {too_fine} ELSE {decimal} END"
+    inner = _let(with_scale, _let(quotient, decimal, "__hp_q"), "__hp_r")
+    quotient_at = _let(unscaled, _let(texts, inner, "__hp_t"), "__hp_u")
+    body = f"CASE WHEN __hp_divisor = 0 THEN {zero} ELSE {quotient_at} END"
+    name = f"__hp_{tag}"
+    return name, f"CREATE OR REPLACE TEMP MACRO {name}(__hp_dividend, __hp_divisor) AS {body}"
+
+
+# --- the rewrite -------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ResultQuotient:
+    """A quotient that is a column of the result: DuckDB answers it as it would (what ORDER BY
+    sees), and hidden columns carry its operands, from which :func:`quotient_texts` gives back
+    PostgreSQL's exact digits row by row (any scale, no DuckDB type to fit)."""
+
+    shown: int
+    dividend: int
+    divisor: int
+    dividend_scale: int
+    divisor_scale: int
+    average: bool
+
+
+@dataclass(frozen=True)
+class ExactRewrite:
+    """A query with its divisions and averages made exact; the TEMP macros it calls (already created
+    on the cursor that probed it: another cursor runs ``macros`` first); the quotients the result
+    shows, whose operands ride along in hidden columns after the user's."""
+
+    query: str
+    macros: tuple[str, ...] = ()
+    quotients: tuple[ResultQuotient, ...] = ()
+
+
+def exact_numeric_rewrite(con: duckdb.DuckDBPyConnection, query: str) -> ExactRewrite:
+    """Probe and rewrite ``query``'s NUMERIC divisions and averages on ``con``; a query with no
+    ``/``, avg or mean costs nothing."""
+    if not _MENTIONS.search(query):
+        return ExactRewrite(query)
+    tree = _serialize(con, query)
+    if tree is None:
+        return ExactRewrite(query)
+    macros: dict[str, str] = {}
+    top = _top_select(tree)
+    shown: list[tuple[int, list[dict[str, Any]], Exact, Exact, bool]] = []
+    changed = False
+    # innermost first: an outer quotient's operand is probed once the inner one is exact
+    for path in list(_candidates(tree)):
+        node = _at(tree, path)
+        position = next((i for i, item in enumerate(top["select_list"]) if item is node), None) if top else None
+        typed = _operand_types(con, tree, path, node)
+        if typed is None:
+            continue
+        changed = True
+        operands, left, right, average = typed
+        if position is not None:  # kept as DuckDB answers it; its operands go along
+            shown.append((position, operands, left, right, average))
+            continue
+        s = result_scale(left, right, average)
+        name, statement = quotient_macro(left, right, s, average)
+        if name not in macros:
+            con.execute(statement)
+            macros[name] = statement
+        _replace_in_place(node, _call(name, operands, alias=node.get("alias", "")))
+    if not changed:
+        return ExactRewrite(query)
+    quotients: list[ResultQuotient] = []
+    if top is not None:
+        width = len(top["select_list"])
+        for n, (position, operands, left, right, average) in enumerate(shown):
+            for k, operand in enumerate(operands):
+                top["select_list"].append({**copy.deepcopy(operand), "alias": f"{OPERAND_COLUMN}{n}_{k}"})
+            quotients.append(ResultQuotient(position, width + 2 * n, width + 2 * n + 1, left.scale, right.scale,
+                                            average))
+    rewritten_query = _deserialize(con, tree)
+    if rewritten_query is None:
+        return ExactRewrite(query)
+    return ExactRewrite(rewritten_query, tuple(macros.values()), tuple(quotients))
+
+
+def _operand_types(con: duckdb.DuckDBPyConnection, tree: dict[str, Any], path: tuple[Any, ...],
+                   node: dict[str, Any]) -> tuple[list[dict[str, Any]], Exact, Exact, bool] | None:
+    """(operands, their exact types, is an average) of a division or average to make exact; None
+    to keep DuckDB's (a DOUBLE operand, integer / integer)."""
+    average = node.get("function_name", "").lower() in AVERAGES
+    if average:
+        argument = exact_type(_probe(con, tree, path, [_renamed(node, "any_value")]) or "")
+        if argument is None:
+            return None
+        # the sum's type, and the count's; the mean never exceeds the argument
+        left = Exact(argument.precision, argument.scale, argument.integer)
+        return [_renamed(node, "sum"), _renamed(node, "count")], left, Exact(19, 0, True), True
+    operands = [a["expression"] for a in node["arguments"]]
+    left = exact_type(_probe(con, tree, path, [copy.deepcopy(operands[0])]) or "")
+    right = exact_type(_probe(con, tree, path, [copy.deepcopy(operands[1])]) or "")
+    if left is None or right is None or (left.integer and right.integer):
+        return None  # a DOUBLE keeps DuckDB's division; integer / integer is integer division
+    return [copy.deepcopy(o) for o in operands], left, right, False
+
+
+def _unscaled_int(value: Any, scale: int) -> int:
+    """The digits of a Decimal (or int) at ``scale``, exactly (no decimal context involved)."""
+    if isinstance(value, int):
+        return value * 10**scale
+    sign, digits, exponent = value.as_tuple()
+    n = int("".join(map(str, digits)) or "0") * (-1 if sign else 1)
+    shift = exponent + scale
+    return n * 10**shift if shift >= 0 else n // 10 ** (-shift)
+
+
+def _weight_first(u: int, scale: int) -> tuple[int, int]:
+    if u == 0:
+        return 0, 0
+    digits = str(abs(u))
+    exponent = len(digits) - 1 - scale
+    weight = exponent // 4
+    width = exponent - 4 * weight + 1
+    return weight, int(digits.ljust(width, "0")[:width])
+
+
+def pg_divide_text(a: Any, b: Any, scale_a: int, scale_b: int) -> str:
+    """PostgreSQL's numeric ``a / b`` as text (select_div_scale, rounded half away from zero)."""
+    ua, ub = _unscaled_int(a, scale_a), _unscaled_int(b, scale_b)
+    if ub == 0:
+        raise ZeroDivisionError("division by zero")
+    wa, fa = _weight_first(ua, scale_a)
+    wb, fb = _weight_first(ub, scale_b)
+    qweight = wa - wb - (1 if fa <= fb else 0)
+    r = min(1000, max(MIN_SIG_DIGITS - 4 * qweight, scale_a, scale_b, 0))
+    numerator, denominator = abs(ua) * 10 ** (r - scale_a + scale_b), abs(ub)
+    q = (2 * numerator + denominator) // (2 * denominator)
+    digits = str(q).rjust(r + 1, "0")
+    text = f"{digits[:len(digits) - r]}.{digits[len(digits) - r:]}" if r else digits
+    return ("-" if q and (ua < 0) != (ub < 0) else "") + text
+
+
+def quotient_texts(dividends: Any, divisors: Any, quotient: ResultQuotient) -> list[str | None]:
+    """PostgreSQL's exact text of each row's quotient (an average of no rows is NULL)."""
+    out: list[str | None] = []
+    for a, b in zip(dividends.to_pylist(), divisors.to_pylist(), strict=True):
+        if a is None or b is None or (quotient.average and b == 0):
+            out.append(None)
+        else:
+            out.append(pg_divide_text(a, b, quotient.dividend_scale, quotient.divisor_scale))
+    return out
+
+
+def _candidates(tree: Any) -> Iterator[tuple[Any, ...]]:
+    """Paths of every division and one-argument avg/mean call, innermost first."""
+    def walk(node: Any, path: tuple[Any, ...]) -> Iterator[tuple[Any, ...]]:
+        if isinstance(node, dict):
+            for key, value in node.items():
+                yield from walk(value, (*path, key))
+            if _is_division(node) or _is_average(node):
+                yield path
+        elif isinstance(node, list):
+            for index, item in enumerate(node):
+                yield from walk(item, (*path, index))
+    yield from walk(tree, ())
+
+
+def _is_division(node: dict[str, Any]) -> bool:
+    return (node.get("class") == "FUNCTION" and node.get("function_name") in ("/", "//") and not node.get("schema")
+            and len(node.get("arguments") or []) == 2)
+
+
+def _is_average(node: dict[str, Any]) -> bool:
+    return (node.get("class") in ("FUNCTION", "WINDOW") and str(node.get("function_name", "")).lower() in AVERAGES
+            and not node.get("schema") and len(node.get("arguments") or node.get("children") or []) == 1)
+
+
+def _top_select(tree: dict[str, Any]) -> dict[str, Any] | None:
+    """The outermost SELECT whose list maps one to one onto the result's columns (no ``*``, no
+    DISTINCT, no GROUP BY ALL): where a quotient's exact text can ride along as a hidden column."""
+    statements = tree.get("statements") or []
+    if len(statements) != 1:
+        return None
+    node = statements[0].get("node") or {}
+    if node.get("type") != "SELECT_NODE" or node.get("aggregate_handling", "STANDARD_HANDLING") != "STANDARD_HANDLING":
+        return None
+    if any(m.get("type") == "DISTINCT_MODIFIER" for m in node.get("modifiers") or []):
+        return None
+    if any(item.get("class") == "STAR" or item.get("type") == "STAR" for item in node.get("select_list") or []):
+        return None
+    return node
+
+
+def _at(tree: Any, path: tuple[Any, ...]) -> Any:
+    for step in path:
+        tree = tree[step]
+    return tree
+
+
+def _serialize(con: duckdb.DuckDBPyConnection, query: str) -> dict[str, Any] | None:
+    try:
+        row = con.execute("SELECT json_serialize_sql(?)", [query]).fetchall()[0][0]
+    except duckdb.Error:
+        return None
+    tree = json.loads(row)
+    return None if tree.get("error") else tree
+
+
+def _deserialize(con: duckdb.DuckDBPyConnection, tree: dict[str, Any]) -> str | None:
+    try:
+        return con.execute("SELECT json_deserialize_sql(?)", [json.dumps(tree)]).fetchall()[0][0]
+    except duckdb.Error:
+        return None
+
+
+def _renamed(node: dict[str, Any], function: str) -> dict[str, Any]:
+    other = copy.deepcopy(node)
+    other["function_name"] = function
+    if "qualified_name" in other:
+        other["qualified_name"] = {"path": [function]}
+    other["alias"] = ""
+    return other
+
+
+def _call(function: str, arguments: list[dict[str, Any]], alias: str = "") -> dict[str, Any]:
+    return {
+        "class": "FUNCTION", "type": "FUNCTION", "alias": alias, "query_location": 18446744073709551615,
+        "function_name": function, "schema": "", "filter": None,
+        "order_bys": {"type": "ORDER_MODIFIER", "orders": []}, "distinct": False, "is_operator": False,
+        "export_state": False, "catalog": "",
+        "arguments": [{"name": "", "expression": a} for a in arguments],
+        "qualified_name": {"path": [function]},
+    }
+
+
+def _probe(con: duckdb.DuckDBPyConnection, tree: dict[str, Any], path: tuple[Any, ...],
+           arguments: list[dict[str, Any]]) -> str | None:
+    """DuckDB's type of an expression put where the node at ``path`` is: bound inside a UUID-only
+    function (in a one-element list), whose binder error names it (no error: a UUID or NULL, nothing to make exact)."""
+    probe = copy.deepcopy(tree)
+    # inside a list: a bare literal binds as INTEGER_LITERAL, a list of it as INTEGER[]
+    _replace_in_place(_at(probe, path), _call(_PROBE_FUNCTION, [_call("list_value", arguments)]))
+    text = _deserialize(con, probe)
+    if text is None:
+        return None
+    try:
+        con.sql(text).types  # noqa: B018 (binding is the point)
+    except duckdb.BinderException as exc:
+        match = _PROBED_TYPE.search(str(exc))
+        return match.group(1) if match else None
+    except duckdb.Error:
+        return None
+    return None
+
+
+def _replace_in_place(node: dict[str, Any], replacement: dict[str, Any]) -> None:
+    node.clear()
+    node.update(replacement)
