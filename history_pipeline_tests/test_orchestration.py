@@ -91,6 +91,20 @@ def test_materialize_a_segment_partition_on_spark(root, resources):
     assert again.asset_materializations_for_node("compacted_batches")[0].metadata["versions_written"].value == 0
 
 
+def test_a_run_compacts_on_the_spark_resource_session(root, resources, spark):
+    """The resource hands back a real session, and a run's compaction runs jobs on it."""
+    assert SparkResource(master="local[2]").session() is spark
+    _sealed_rfc(root)
+    tracker = spark.sparkContext.statusTracker()
+    jobs_before = len(tracker.getJobIdsForGroup(None))
+    instance = dg.DagsterInstance.ephemeral()
+    instance.add_dynamic_partitions(segment_partitions.name, ["db.00000000000000000001"])
+    result = dg.materialize([wal_segments, compacted_batches], resources=resources, instance=instance,
+                            partition_key="db.00000000000000000001")
+    assert result.success
+    assert len(tracker.getJobIdsForGroup(None)) > jobs_before
+
+
 def test_supertables_schema_history_and_checks(root, resources):
     store = _sealed_rfc(root)
     store.compact()
