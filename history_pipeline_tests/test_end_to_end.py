@@ -2,6 +2,7 @@
 temporary DAGSTER_HOME; a sealed segment becomes queryable through the sensor's run, and the
 materializations are visible through the webserver's GraphQL API."""
 
+import contextlib
 import json
 import os
 import shutil
@@ -46,9 +47,11 @@ def _wait(predicate, timeout, what):
     raise AssertionError(f"timed out after {timeout}s waiting for {what}")
 
 
-@pytest.fixture
-def dagster_dev(tmp_path):
-    home = tmp_path / "dagster_home"
+@contextlib.contextmanager
+def running_dagster_dev(workdir, env=None):
+    """`dagster dev` in ``workdir`` with a temporary DAGSTER_HOME (``env``: extra variables);
+    yields its webserver port once it answers, and stops every process it started."""
+    home = workdir / "dagster_home"
     home.mkdir()
     shutil.copy(REPO / "dagster.yaml", home / "dagster.yaml")
     port = _free_port()
@@ -57,16 +60,17 @@ def dagster_dev(tmp_path):
         "import os, signal, sys; signal.signal(signal.SIGINT, signal.SIG_DFL); "
         "os.execv(sys.argv[1], sys.argv[1:])"
     )
-    env = {**os.environ, "DAGSTER_HOME": str(home), "SPARK_LOCAL_IP": "127.0.0.1", "PYSPARK_PYTHON": sys.executable}
-    log = open(tmp_path / "dagster_dev.log", "wb")
+    env = {**os.environ, "DAGSTER_HOME": str(home), "SPARK_LOCAL_IP": "127.0.0.1", "PYSPARK_PYTHON": sys.executable,
+           **(env or {})}
+    log = open(workdir / "dagster_dev.log", "wb")
     proc = subprocess.Popen(
         [sys.executable, "-c", launcher, dagster, "dev", "-w", str(REPO / "workspace.yaml"),
          "-h", "127.0.0.1", "-p", str(port)],
-        cwd=tmp_path, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+        cwd=workdir, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
     )
     try:
         _wait(lambda: _get(f"http://127.0.0.1:{port}/server_info"), 120, "the webserver")
-        yield tmp_path, port
+        yield port
     finally:
         os.killpg(proc.pid, signal.SIGTERM)
         try:
@@ -75,6 +79,12 @@ def dagster_dev(tmp_path):
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait(10)
         log.close()
+
+
+@pytest.fixture
+def dagster_dev(tmp_path):
+    with running_dagster_dev(tmp_path) as port:
+        yield tmp_path, port
 
 
 QUERY = """

@@ -87,10 +87,12 @@ class HistoryRootResource(dg.ConfigurableResource):
         return [db for db, wal in self.wal_dirs().items() if segments_dir(Path(wal)).is_dir()]
 
     def open(self, database: str) -> HistoryStore:
+        # absolute local paths: the Spark engine (a server of its own) has another working directory
+        root = self.root if self.root.startswith("s3://") else str(Path(self.root).absolute())
         return HistoryStore.open(
-            self.root,
+            root,
             database=database,
-            wal_dir=self.wal_dir(database),
+            wal_dir=self.wal_dir(database).absolute(),
             s3=self.s3_options(),
             # no Spark of its own: work that needs Spark gets the session of the Spark resource
             settings=StoreSettings(snapshot_min_versions=self.snapshot_min_versions, spark_master=None),
