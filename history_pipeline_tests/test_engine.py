@@ -28,7 +28,7 @@ RUNS = """
 """
 FAILURES = """
 query($id: ID!) { logsForRun(runId: $id) { ... on EventConnection { events {
-    __typename ... on ExecutionStepFailureEvent { stepKey error { message } } } } } }
+    __typename ... on ExecutionStepFailureEvent { stepKey error { message causes { message } } } } } } }
 """
 
 
@@ -83,7 +83,11 @@ def test_runs_compact_on_the_engine_and_survive_losing_it(tmp_path):
             failures = [e for e in _graphql(web, FAILURES, id=failed["runId"])["logsForRun"]["events"]
                         if e["__typename"] == "ExecutionStepFailureEvent"]
             assert len(failures) == 1 and failures[0]["stepKey"] == "compacted_batches"
-            assert "the Spark engine at " + url + " stopped answering" in failures[0]["error"]["message"]
+            # Dagster's step error wraps exactly one cause: ours, naming the engine (no gRPC chain)
+            causes = failures[0]["error"]["causes"]
+            assert len(causes) == 1, causes
+            assert causes[0]["message"].startswith(
+                f"history_pipeline.execution.EngineUnavailableError: the Spark engine at {url} stopped answering")
             # nothing of it is visible: the frontier, the answers and the segment are as before
             assert store.frontier == 5
             assert store.load_table("my_table", 6).to_pylist() == [{"synthetic_key": 2, "column1": "value2_prime"}]
