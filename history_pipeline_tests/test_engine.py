@@ -21,8 +21,6 @@ from history_pipeline.wal import SegmentState
 from history_pipeline_tests.test_compaction import rfc_events, write
 from history_pipeline_tests.test_end_to_end import _free_port, _get, _wait, running_dagster_dev
 
-pytestmark = [pytest.mark.daemon, pytest.mark.jvm]
-
 RUNS = """
 { runsOrError { ... on Runs { results { runId status tags { key value } } } } }
 """
@@ -54,6 +52,26 @@ def _bulk(first_t: int, rows: int) -> list[dict]:
              "values": {"col1": f"v{i}"}} for i in range(rows)]
 
 
+def test_engine_commands_without_an_engine(tmp_path, capsys):
+    from history_pipeline.cli import main
+
+    root = str(tmp_path / "data")
+    assert main(["--root", root, "engine", "status"]) == 3
+    assert "no engine running" in capsys.readouterr().out
+    assert main(["--root", root, "engine", "stop"]) == 0
+    assert "no engine was running" in capsys.readouterr().out
+    # a record left by an engine that died is not taken for a running one
+    folder = engine_dir(tmp_path / "data")
+    folder.mkdir(parents=True)
+    (folder / "engine.json").write_text(json.dumps({
+        "url": f"sc://127.0.0.1:{_free_port()}", "pid": os.getpid(), "master": "local[2]", "driver_memory": "2g",
+        "log": "x", "started_at": 0.0}))
+    assert running_engine(folder) is None
+    assert main(["--root", root, "engine", "status"]) == 3
+
+
+@pytest.mark.daemon
+@pytest.mark.jvm
 def test_runs_compact_on_the_engine_and_survive_losing_it(tmp_path):
     folder = engine_dir(tmp_path / "engine")
     events = tmp_path / "events"
@@ -67,6 +85,7 @@ def test_runs_compact_on_the_engine_and_survive_losing_it(tmp_path):
             store = HistoryStore.open(tmp_path / "data", database="tenant_engine")
             write(store, rfc_events())
             _wait(lambda: store.frontier == 5, 120, "the sensor's run to compact the segment")
+            _wait(lambda: any(r["status"] == "SUCCESS" for r in _runs(web)), 60, "the run to finish")
             first = [r for r in _runs(web) if r["status"] == "SUCCESS"]
             assert len(first) == 1
             # the run's work reached the engine: its jobs carry the run's tag
@@ -98,9 +117,9 @@ def test_runs_compact_on_the_engine_and_survive_losing_it(tmp_path):
             # back on the same address: the sensor requests the segment again, and it applies
             start_engine(folder, port=port, conf=conf, driver_memory="1g")
             _wait(lambda: store.frontier == 6 + 30_000 - 1, 180, "the sensor's retry to compact the segment")
+            _wait(lambda: sum(r["status"] == "SUCCESS" for r in _runs(web)) == 2, 60, "the retry to finish")
             assert store.sql("SELECT count(*) AS n FROM my_table", as_of=store.frontier + 1).to_pylist() == [
                 {"n": 30_001}]
             assert not store.verify()
-            assert sum(r["status"] == "SUCCESS" for r in _runs(web)) == 2
     finally:
         stop_engine(folder)
