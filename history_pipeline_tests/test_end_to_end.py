@@ -1,6 +1,8 @@
 """End to end through the real Dagster daemon: `dagster dev` (webserver + daemon) on 127.0.0.1 with a
 temporary DAGSTER_HOME; a sealed segment becomes queryable through the sensor's run, and the
-materializations are visible through the webserver's GraphQL API."""
+materializations are visible through the webserver's GraphQL API. No engine is named here, so
+each run compacts on a classic local session of its own (a JVM start per run: long waits on a
+loaded machine); test_engine.py runs the same path on a long-lived Spark Connect engine."""
 
 import contextlib
 import json
@@ -119,13 +121,13 @@ def test_sealed_segment_becomes_queryable_through_the_daemon(dagster_dev):
     # a segment the daemon quarantines, repaired by an operator, then applied by the daemon
     write(store, [{"op": "delete", "t": 9, "table_uuid": "tbl-rfc", "key": 99},
                   {"op": "insert", "t": 9, "table_uuid": "tbl-rfc", "key": 3, "values": {"col1": "three"}}])
-    _wait(lambda: store.segments(SegmentState.QUARANTINED), 120, "the daemon to quarantine the bad segment")
+    _wait(lambda: store.segments(SegmentState.QUARANTINED), 300, "the daemon to quarantine the bad segment")
     quarantined = store.segments(SegmentState.QUARANTINED)[0]
     fixed = workdir / "fixed.jsonl"
     fixed.write_text("".join(line for line in quarantined.path.read_text().splitlines(keepends=True)
                              if '"key":99' not in line))
     store.repair_segment(quarantined.segment_id, fixed, reason="no such key")
-    _wait(lambda: store.frontier == 9, 120, "the daemon to apply the repaired segment")
+    _wait(lambda: store.frontier == 9, 300, "the daemon to apply the repaired segment")
     assert store.fetch_row("my_table", 3, 10) == {"column1": "three"}
     _wait(lambda: any(e["partition"] == "tenant_e2e.00000000000000000002" for e in materialized()), 60,
           "the repaired partition's materialization")
