@@ -410,6 +410,9 @@ def main(argv: list[str] | None = None) -> int:
                     results["load"] = summarize(timings + unfinished)
                     results["load"]["sealed"] = len(timings) + len(unfinished)
                     results["load"]["not_queryable_at_end"] = len(unfinished)
+                    # a backlog left at the end is a lag that grew, whatever the thirds' medians
+                    # (the later segments' lags so far are lower bounds)
+                    results["load"]["grows"] = results["load"].get("grows", False) or bool(unfinished)
                     results["load_raw"] = [asdict(t) for t in timings]
                     print(json.dumps(results["load"], indent=2), file=sys.stderr)
         finally:
