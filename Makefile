@@ -11,11 +11,14 @@ $(PY):
 setup: $(PY)
 	$(PY) -m pip install -q -e '.[dev]'
 
-# The main job on the embedded default: sample segments into data/, then the Dagster UI and daemon,
-# whose sensor compacts every sealed segment (open http://127.0.0.1:3000 to watch).
+# The main job on the embedded default: sample segments into data/, the Spark engine (a local Spark
+# Connect server, left running: `history-pipeline engine stop`), then the Dagster UI and daemon,
+# whose sensor compacts every sealed segment on the engine (open http://127.0.0.1:3000 to watch).
 demo: setup
 	$(VENV)/bin/history-pipeline --root data sample
-	mkdir -p $(DAGSTER_HOME) && cp -n dagster.yaml $(DAGSTER_HOME)/ || true
+	$(VENV)/bin/history-pipeline --root data engine start
+	mkdir -p $(DAGSTER_HOME) && cp dagster.yaml $(DAGSTER_HOME)/
+	HISTORY_PIPELINE_SPARK=$$($(PY) -c "from history_pipeline.engine import engine_dir, running_engine; print(running_engine(engine_dir('data')).url)") \
 	$(PY) -c "import os, signal, sys; signal.signal(signal.SIGINT, signal.SIG_DFL); os.execv(sys.argv[1], sys.argv[1:])" \
 		$(VENV)/bin/dagster dev -w workspace.yaml -h 127.0.0.1 -p 3000
 

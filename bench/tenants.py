@@ -122,9 +122,10 @@ class Ticker:
         import dagster as dg
         from dagster_aws.s3 import S3Resource
 
-        from history_pipeline.orchestration.resources import HistoryRootResource
+        from history_pipeline.orchestration.resources import HistoryRootResource, SparkResource
 
         self.dg = dg
+        self.spark = SparkResource()
         self.instance = dg.DagsterInstance.ephemeral()
         self.history = HistoryRootResource(root=str(root), s3=S3Resource())
         # the same root with a full scan on every tick, as every FULL_SCAN_EVERY-th tick is
@@ -136,7 +137,7 @@ class Ticker:
 
         history = self.scanning if full_scan else self.history
         with self.dg.build_sensor_context(instance=self.instance, cursor=self.cursor,
-                                          resources={"history": history}) as context:
+                                          resources={"history": history, "spark": self.spark}) as context:
             gc.disable()  # as timeit does: a collection of unrelated garbage is not the tick's cost
             try:
                 start = time.perf_counter()

@@ -24,7 +24,7 @@ from history_pipeline.capture.cli import register_capture
 from history_pipeline.errors import HistoryError, InputFileError
 from history_pipeline.lsn import as_of_argument, format_lsn
 from history_pipeline.service.cli import register_serve
-from history_pipeline.store import HistoryStore
+from history_pipeline.store import HistoryStore, StoreSettings, default_wal_base, wal_dir_of
 from history_pipeline.types import interval_storage
 
 FORMATS = ["table", "csv", "json", "parquet"]
@@ -36,8 +36,18 @@ SUMMARY_FORMATS = ["text", "json"]
 
 
 def _store(args: argparse.Namespace, create: bool = False) -> HistoryStore:
-    """The store of ``--root``/``--database``: readers need it to exist, writers create it."""
-    return HistoryStore.open(args.root, database=args.database, create=create)
+    """The store of ``--root``/``--database``: readers need it to exist, writers create it. Its
+    Spark work runs on the root's engine when one is up (``engine start``), else on a local session."""
+    from history_pipeline.engine import engine_dir, running_engine
+
+    engine = running_engine(engine_dir(default_wal_base(args.root)))
+    if engine is None:
+        return HistoryStore.open(args.root, database=args.database, create=create)
+    # absolute local paths: the engine is a server with a working directory of its own
+    root = args.root if str(args.root).startswith("s3://") else str(Path(args.root).absolute())
+    return HistoryStore.open(root, database=args.database, create=create,
+                             wal_dir=wal_dir_of(args.root, args.database).absolute(),
+                             settings=StoreSettings(spark_master=engine.url))
 
 
 def _captured(store: HistoryStore) -> bool:
@@ -686,6 +696,33 @@ def _write_sample(store: HistoryStore) -> None:
         print(f"  segment {ref.name}  {ref.state.value:8s} {ref.path.stat().st_size:>8d} bytes")
 
 
+def cmd_engine(args: argparse.Namespace) -> int:
+    """Start, show or stop the root's Spark engine (a local Spark Connect server)."""
+    from history_pipeline.engine import engine_dir, running_engine, start_engine, stop_engine
+
+    folder = engine_dir(default_wal_base(args.root))
+    if args.action == "start":
+        up = running_engine(folder)
+        if up is None:
+            print(f"starting the Spark engine ({args.master}, driver memory {args.driver_memory}) ...",
+                  file=sys.stderr)
+        info = up or start_engine(folder, port=args.port, master=args.master, driver_memory=args.driver_memory)
+        print(f"engine up at {info.url} (pid {info.pid}{', already running' if up else ''}); log: {info.log}")
+        print(f"Dagster runs use it with: export HISTORY_PIPELINE_SPARK={info.url}")
+        return 0
+    if args.action == "stop":
+        stopped = stop_engine(folder)
+        print(f"engine at {stopped.url} (pid {stopped.pid}) stopped" if stopped else "no engine was running")
+        return 0
+    info = running_engine(folder)
+    if info is None:
+        print(f"no engine running for {args.root} (history-pipeline engine start starts one)")
+        return 3
+    print(f"engine up at {info.url} (pid {info.pid}, {info.master}, driver memory {info.driver_memory}, "
+          f"since {_when(info.started_at)}); log: {info.log}")
+    return 0
+
+
 def cmd_sample(args: argparse.Namespace) -> int:
     """Write the sample workload into the WAL (sealed segments) and show what was written."""
     _write_sample(_store(args, create=True))
@@ -988,6 +1025,15 @@ def build_parser() -> argparse.ArgumentParser:
     p = _command(sub, "release", cmd_release, "release a quarantined segment unchanged (its cause was elsewhere)")
     p.add_argument("segment_id", type=int, help="the quarantined segment's id")
 
+    p = _command(sub, "engine", cmd_engine, "start, show or stop the Spark engine the CLI and Dagster runs use",
+                 "A local Spark Connect server, long-lived: compaction, merge and retention from this CLI "
+                 "and from Dagster runs (HISTORY_PIPELINE_SPARK=its URL) attach to it instead of starting "
+                 "a JVM each. Its record and log are under <WAL base>/_engine/. status exits 3 when none "
+                 "is running.")
+    p.add_argument("action", choices=["start", "status", "stop"], help="what to do")
+    p.add_argument("--port", type=int, default=0, help="port on 127.0.0.1 (0: a free one)")
+    p.add_argument("--master", default="local[2]", help="the engine's Spark master")
+    p.add_argument("--driver-memory", default="2g", help="the engine's JVM heap")
     _command(sub, "sample", cmd_sample, "write the sample workload into the WAL (creates the database)")
     _command(sub, "demo", cmd_demo, "write the sample workload, compact it, query it")
     register_capture(sub)
@@ -1074,10 +1120,15 @@ def _run(args: argparse.Namespace) -> int:
     except Exception as exc:
         if args.debug:
             raise
+        from history_pipeline.execution import engine_failure
+
         if isinstance(exc, HistoryError):
             message = _one_line(exc)
             if _names_a_captured_database(args):
                 message = _lsns_in(message)
+        elif engine_failure(exc):
+            message = ("the Spark engine stopped answering; nothing of this work was committed: "
+                       "start it again (history-pipeline engine start) and rerun")
         elif isinstance(exc, OSError):
             where = f" ({exc.filename})" if getattr(exc, "filename", None) else ""
             message = f"{exc.strerror or _one_line(exc)}{where}"

@@ -50,6 +50,75 @@ def spark_config(master: str = "local[*]", conf: dict[str, str] | None = None) -
     return settings
 
 
+#: how long a Connect client keeps retrying an engine that does not answer before the work fails
+#: (pyspark's default policy waits up to 10 minutes: a run would hang on a stopped engine)
+CONNECT_RETRIES = 4
+CONNECT_MAX_BACKOFF_MS = 2000
+
+
+class EngineUnavailableError(ExecutionError):
+    """The Spark engine stopped answering while work ran on it: nothing of that work was committed."""
+
+
+def is_connect_url(master: str) -> bool:
+    """True for a Spark Connect URL (``sc://host:port``)."""
+    return master.startswith("sc://")
+
+
+def spark_session(master: str = "local[*]", conf: dict[str, str] | None = None) -> Any:
+    """A session on ``master``: a Spark Connect client for ``sc://host:port`` (no JVM in this
+    process; it fails fast when the engine stops answering), else a classic session
+    (:func:`local_spark`: ``local[N]`` or a ``spark://`` master)."""
+    if not is_connect_url(master):
+        return local_spark(master, conf)
+    from pyspark.sql.connect.client.retries import DefaultPolicy
+    from pyspark.sql.connect.session import SparkSession as ConnectSession
+
+    builder = ConnectSession.builder.remote(master)
+    for key, value in (conf or {}).items():
+        builder = builder.config(key, value)
+    session = builder.getOrCreate()
+    session.client.set_retry_policies([DefaultPolicy(max_retries=CONNECT_RETRIES,
+                                                     max_backoff=CONNECT_MAX_BACKOFF_MS)])
+    return session
+
+
+def engine_failure(exc: BaseException) -> bool:
+    """True when ``exc`` says the Spark Connect engine is gone (not that the work itself failed)."""
+    try:
+        import grpc
+        from pyspark.errors.exceptions.connect import SparkConnectGrpcException
+    except ImportError:  # no Connect client installed: no Connect failure either
+        return False
+    for cause in _chain(exc):
+        if isinstance(cause, grpc.RpcError) and cause.code() in (grpc.StatusCode.UNAVAILABLE,
+                                                                 grpc.StatusCode.CANCELLED):
+            return True
+        if isinstance(cause, SparkConnectGrpcException) and any(
+                word in str(cause) for word in ("UNAVAILABLE", "Connection refused", "Socket closed",
+                                                "failed to connect", "connection reset")):
+            return True
+    return False
+
+
+def _chain(exc: BaseException) -> Iterator[BaseException]:
+    seen: set[int] = set()
+    current: BaseException | None = exc
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        yield current
+        current = current.__cause__ or current.__context__
+
+
+def raise_engine_failure(exc: BaseException, master: str) -> None:
+    """Re-raise a lost engine as one :class:`EngineUnavailableError` naming it; other errors pass."""
+    if engine_failure(exc):
+        raise EngineUnavailableError(
+            f"the Spark engine at {master} stopped answering ({type(exc).__name__}); nothing of this work was "
+            "committed: start it again (history-pipeline engine start) and rerun; the sensor retries by itself"
+        ) from None
+
+
 def local_spark(master: str = "local[*]", conf: dict[str, str] | None = None) -> Any:
     """Create (or reuse) a SparkSession: bound to loopback, executors on this interpreter when local."""
     from pyspark.sql import SparkSession

@@ -80,8 +80,9 @@ class StoreSettings:
     #: keep a read as of any T in the longer interval within 2x of reading its answer (1.1-1.9x)
     snapshot_min_versions: int = 200_000
     snapshot_ratio: float = 2.0
-    #: where compaction, merge and retention run when no session is passed: a Spark master
-    #: (a local session is created once per process), or None to run the same tasks in-process
+    #: where compaction, merge and retention run when no session is passed: a Spark master (a
+    #: local session is created once per process), a Spark Connect URL ``sc://host:port`` (the
+    #: process is a client of a long-lived engine), or None to run the same tasks in-process
     spark_master: str | None = "local[*]"
     #: the storage root (when local) and the WAL directory are at the same path on every Spark
     #: executor (a shared mount); without it a non-local master is refused at start-up
@@ -379,9 +380,9 @@ class HistoryStore:
             return spark
         if self.settings.spark_master is None:
             return None
-        from history_pipeline.execution import local_spark
+        from history_pipeline.execution import spark_session
 
-        return local_spark(self.settings.spark_master)
+        return spark_session(self.settings.spark_master)
 
     def compact(
         self, spark: Any | None = None, on_step: Any = None, only_segment: int | None = None

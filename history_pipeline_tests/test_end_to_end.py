@@ -1,7 +1,10 @@
 """End to end through the real Dagster daemon: `dagster dev` (webserver + daemon) on 127.0.0.1 with a
 temporary DAGSTER_HOME; a sealed segment becomes queryable through the sensor's run, and the
-materializations are visible through the webserver's GraphQL API."""
+materializations are visible through the webserver's GraphQL API. No engine is named here, so
+each run compacts on a classic local session of its own (a JVM start per run: long waits on a
+loaded machine); test_engine.py runs the same path on a long-lived Spark Connect engine."""
 
+import contextlib
 import json
 import os
 import shutil
@@ -46,9 +49,11 @@ def _wait(predicate, timeout, what):
     raise AssertionError(f"timed out after {timeout}s waiting for {what}")
 
 
-@pytest.fixture
-def dagster_dev(tmp_path):
-    home = tmp_path / "dagster_home"
+@contextlib.contextmanager
+def running_dagster_dev(workdir, env=None):
+    """`dagster dev` in ``workdir`` with a temporary DAGSTER_HOME (``env``: extra variables);
+    yields its webserver port once it answers, and stops every process it started."""
+    home = workdir / "dagster_home"
     home.mkdir()
     shutil.copy(REPO / "dagster.yaml", home / "dagster.yaml")
     port = _free_port()
@@ -57,16 +62,17 @@ def dagster_dev(tmp_path):
         "import os, signal, sys; signal.signal(signal.SIGINT, signal.SIG_DFL); "
         "os.execv(sys.argv[1], sys.argv[1:])"
     )
-    env = {**os.environ, "DAGSTER_HOME": str(home), "SPARK_LOCAL_IP": "127.0.0.1", "PYSPARK_PYTHON": sys.executable}
-    log = open(tmp_path / "dagster_dev.log", "wb")
+    env = {**os.environ, "DAGSTER_HOME": str(home), "SPARK_LOCAL_IP": "127.0.0.1", "PYSPARK_PYTHON": sys.executable,
+           **(env or {})}
+    log = open(workdir / "dagster_dev.log", "wb")
     proc = subprocess.Popen(
         [sys.executable, "-c", launcher, dagster, "dev", "-w", str(REPO / "workspace.yaml"),
          "-h", "127.0.0.1", "-p", str(port)],
-        cwd=tmp_path, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+        cwd=workdir, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
     )
     try:
         _wait(lambda: _get(f"http://127.0.0.1:{port}/server_info"), 120, "the webserver")
-        yield tmp_path, port
+        yield port
     finally:
         os.killpg(proc.pid, signal.SIGTERM)
         try:
@@ -75,6 +81,12 @@ def dagster_dev(tmp_path):
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait(10)
         log.close()
+
+
+@pytest.fixture
+def dagster_dev(tmp_path):
+    with running_dagster_dev(tmp_path) as port:
+        yield tmp_path, port
 
 
 QUERY = """
@@ -110,13 +122,13 @@ def test_sealed_segment_becomes_queryable_through_the_daemon(dagster_dev):
     # a segment the daemon quarantines, repaired by an operator, then applied by the daemon
     write(store, [{"op": "delete", "t": 9, "table_uuid": "tbl-example", "key": 99},
                   {"op": "insert", "t": 9, "table_uuid": "tbl-example", "key": 3, "values": {"col1": "three"}}])
-    _wait(lambda: store.segments(SegmentState.QUARANTINED), 120, "the daemon to quarantine the bad segment")
+    _wait(lambda: store.segments(SegmentState.QUARANTINED), 300, "the daemon to quarantine the bad segment")
     quarantined = store.segments(SegmentState.QUARANTINED)[0]
     fixed = workdir / "fixed.jsonl"
     fixed.write_text("".join(line for line in quarantined.path.read_text().splitlines(keepends=True)
                              if '"key":99' not in line))
     store.repair_segment(quarantined.segment_id, fixed, reason="no such key")
-    _wait(lambda: store.frontier == 9, 120, "the daemon to apply the repaired segment")
+    _wait(lambda: store.frontier == 9, 300, "the daemon to apply the repaired segment")
     assert store.fetch_row("my_table", 3, 10) == {"column1": "three"}
     _wait(lambda: any(e["partition"] == "tenant_e2e.00000000000000000002" for e in materialized()), 60,
           "the repaired partition's materialization")

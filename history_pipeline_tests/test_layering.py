@@ -34,6 +34,7 @@ LAYERS: dict[str, tuple[str, int]] = {
     "history_pipeline.wal": ("wal", 3),
     "history_pipeline.supertable": ("supertable", 4),
     "history_pipeline.execution": ("execution", 4),
+    "history_pipeline.engine": ("execution", 4),
     "history_pipeline.catalog": ("catalog", 5),
     "history_pipeline.compaction": ("compaction", 6),
     "history_pipeline.query": ("query", 6),

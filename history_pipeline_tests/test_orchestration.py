@@ -91,6 +91,20 @@ def test_materialize_a_segment_partition_on_spark(root, resources):
     assert again.asset_materializations_for_node("compacted_batches")[0].metadata["versions_written"].value == 0
 
 
+def test_a_run_compacts_on_the_spark_resource_session(root, resources, spark):
+    """The resource hands back a real session, and a run's compaction runs jobs on it."""
+    assert SparkResource(master="local[2]").session() is spark
+    _sealed_example(root)
+    tracker = spark.sparkContext.statusTracker()
+    jobs_before = len(tracker.getJobIdsForGroup(None))
+    instance = dg.DagsterInstance.ephemeral()
+    instance.add_dynamic_partitions(segment_partitions.name, ["db.00000000000000000001"])
+    result = dg.materialize([wal_segments, compacted_batches], resources=resources, instance=instance,
+                            partition_key="db.00000000000000000001")
+    assert result.success
+    assert len(tracker.getJobIdsForGroup(None)) > jobs_before
+
+
 def test_supertables_schema_history_and_checks(root, resources):
     store = _sealed_example(root)
     store.compact()
@@ -117,14 +131,15 @@ class Daemon:
     """Evaluates the sensor as the daemon does: keeps its cursor between ticks and applies its
     partition requests to the instance."""
 
-    def __init__(self, root, instance=None):
+    def __init__(self, root, instance=None, spark=None):
         self.root = root
         self.instance = instance or dg.DagsterInstance.ephemeral()
         self.cursor = None
+        self.spark = spark or SparkResource()
 
     def tick(self):
-        with dg.build_sensor_context(instance=self.instance, cursor=self.cursor,
-                                     resources={"history": history_root(str(self.root))}) as context:
+        resources = {"history": history_root(str(self.root)), "spark": self.spark}
+        with dg.build_sensor_context(instance=self.instance, cursor=self.cursor, resources=resources) as context:
             result = finished_wal_segments_sensor(context)
         self.cursor = result.cursor
         for request in result.dynamic_partitions_requests or []:
@@ -268,6 +283,66 @@ def test_sensor_reports_quarantine_waits_behind_it_and_runs_the_repaired_segment
         assert result.success
     assert store.frontier == 10 and store.fetch_row("my_table", 7, 11) == {"column1": "x"}
     assert daemon.tick().skip_reason.skip_message.startswith("no sealed segment is waiting to be requested (1 database")
+
+
+def _closed_port():
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]  # nothing listens there once the socket is closed
+
+
+def test_sensor_waits_for_the_engine_and_requests_the_segment_once_it_answers(root):
+    _sealed_example(root)
+    away = Daemon(root, spark=SparkResource(master=f"sc://127.0.0.1:{_closed_port()}"))
+    first = away.tick()
+    assert first.run_requests == []
+    assert "does not answer" in first.skip_reason.skip_message
+    assert away.tick().run_requests == []  # still away: still nothing
+    away.spark = SparkResource(master="local[2]")  # back (a local master always answers)
+    back = away.tick()
+    assert [r.partition_key for r in back.run_requests] == ["db.00000000000000000001", "db.00000000000000000002"]
+    assert away.tick().run_requests == []  # requested once
+
+
+def test_a_segment_whose_run_lost_the_engine_is_requested_again(root):
+    from history_pipeline.orchestration.assets import _retry_when_engine_is_back
+
+    store = _sealed_example(root)
+    daemon = Daemon(root)
+    first = daemon.tick()
+    assert len(first.run_requests) == 2
+    assert daemon.tick().run_requests == []
+    # the run of segment 1 lost the engine: it asks for the segment to be requested again
+    _retry_when_engine_is_back(store, store.segments(SegmentState.SEALED)[0])
+    again = daemon.tick()
+    assert [r.partition_key for r in again.run_requests] == ["db.00000000000000000001"]
+    assert again.run_requests[0].run_key != first.run_requests[0].run_key  # a new run, not a duplicate key
+
+
+def test_a_lost_engine_is_one_clear_error():
+    import grpc
+    from pyspark.errors.exceptions.connect import SparkConnectGrpcException
+
+    from history_pipeline.execution import EngineUnavailableError, engine_failure, raise_engine_failure
+
+    class Unavailable(grpc.RpcError):
+        def code(self):
+            return grpc.StatusCode.UNAVAILABLE
+
+    try:
+        try:
+            raise Unavailable()
+        except Unavailable as rpc:
+            raise SparkConnectGrpcException("retries exceeded") from rpc
+    except SparkConnectGrpcException as exc:
+        lost = exc
+    assert engine_failure(lost)
+    with pytest.raises(EngineUnavailableError, match="the Spark engine at sc://h:1 stopped answering"):
+        raise_engine_failure(lost, "sc://h:1")
+    assert not engine_failure(ValueError("a bug in the work"))
+    raise_engine_failure(ValueError("a bug in the work"), "sc://h:1")  # other errors pass through
 
 
 def test_sensor_removes_partitions_of_segments_gone_from_the_wal(root):

@@ -51,7 +51,8 @@ def test_dagster_on_s3_sensor_runs_query_and_maintenance(tmp_path, s3_bucket, s3
         write(store, events[:cut], events[cut:])
     sensor = defs.resolve_sensor_def("finished_wal_segments_sensor")
     with tempfile.TemporaryDirectory() as home, dg.DagsterInstance.local_temp(home) as instance:
-        with dg.build_sensor_context(instance=instance, resources={"history": defs.resources["history"]}) as context:
+        resources = {"history": defs.resources["history"], "spark": defs.resources["spark"]}
+        with dg.build_sensor_context(instance=instance, resources=resources) as context:
             tick = sensor(context)
         assert [r.partition_key for r in tick.run_requests] == [
             f"{db}.{segment_name(i)}" for db in ("tenant_a", "tenant_b") for i in (1, 2)]

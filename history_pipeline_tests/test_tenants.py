@@ -14,7 +14,7 @@ from dagster_aws.s3 import S3Resource
 from bench.tenants import age, fake_wal, seal_next, segment_file
 from history_pipeline.errors import HistoryError
 from history_pipeline.orchestration import sensors
-from history_pipeline.orchestration.resources import HistoryRootResource, history_root
+from history_pipeline.orchestration.resources import HistoryRootResource, SparkResource, history_root
 from history_pipeline.orchestration.sensor_marks import BlockedSummary, MarksStore, marks_path, summarize_blocked
 from history_pipeline.orchestration.sensors import (
     COMPACTION_TAG,
@@ -237,7 +237,7 @@ def resource(root, every=FULL_SCAN_EVERY):
 
 def tick(instance, root, cursor, every=FULL_SCAN_EVERY):
     with dg.build_sensor_context(instance=instance, cursor=cursor,
-                                 resources={"history": resource(root, every)}) as context:
+                                 resources={"history": resource(root, every), "spark": SparkResource()}) as context:
         return finished_wal_segments_sensor(context)
 
 
@@ -387,13 +387,13 @@ def test_the_sensors_wal_folders_are_those_the_store_uses(tmp_path, monkeypatch,
     assert history.databases() == ["a", "b.c"]
     # a WAL's markers land in the journal the sensor reads, naming its database
     with dg.build_sensor_context(instance=dg.DagsterInstance.ephemeral(),
-                                 resources={"history": history}) as context:
+                                 resources={"history": history, "spark": SparkResource()}) as context:
         first = finished_wal_segments_sensor(context)  # (creates the journal)
     for database in ("a", "b.c"):
         assert note_change(history.wal_dir(database))
     assert [m.database for m in read_journal(journal_dir(history.wal_base()))] == ["a", "b.c"]
     with dg.build_sensor_context(instance=dg.DagsterInstance.ephemeral(), cursor=first.cursor,
-                                 resources={"history": history}) as context:
+                                 resources={"history": history, "spark": SparkResource()}) as context:
         second = finished_wal_segments_sensor(context)
     assert "2 listed this tick" in second.skip_reason.skip_message
     assert read_journal(journal_dir(history.wal_base())) == ()
@@ -587,7 +587,8 @@ def test_the_resource_field_sets_the_full_scan_interval_through_an_env_var(tmp_p
     instance = dg.DagsterInstance.ephemeral()
 
     def scans(cursor):
-        with dg.build_sensor_context(instance=instance, cursor=cursor, resources={"history": history}) as context:
+        resources = {"history": history, "spark": SparkResource()}
+        with dg.build_sensor_context(instance=instance, cursor=cursor, resources=resources) as context:
             result = finished_wal_segments_sensor(context)
         return SensorCursor.from_json(result.cursor).since_full_scan == 0, result.cursor
 

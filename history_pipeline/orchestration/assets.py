@@ -3,6 +3,7 @@ history and the cold tier. Bodies stay thin: open the store, call the core, repo
 
 
 import json
+import os
 from collections.abc import Iterable
 from typing import Any
 
@@ -10,6 +11,7 @@ import dagster as dg
 
 from history_pipeline.errors import SegmentNotFoundError, SegmentQuarantinedError
 from history_pipeline.events import OP_NAMES
+from history_pipeline.execution import engine_failure, raise_engine_failure
 from history_pipeline.io.store import open_store
 from history_pipeline.maintenance.export import export_database
 from history_pipeline.orchestration.metadata import md_table
@@ -17,6 +19,7 @@ from history_pipeline.orchestration.partitions import parse_segment_partition_ke
 from history_pipeline.orchestration.resources import HistoryRootResource, SparkResource
 from history_pipeline.store import HistoryStore
 from history_pipeline.wal import SegmentState
+from history_pipeline.wal.journal import note_change
 from history_pipeline.wal.segments import (
     SegmentRef,
     public_reason,
@@ -118,6 +121,11 @@ def compacted_batches(
         shown = _value_free(store, exc)
         _report_quarantine(context, shown)
         raise shown from None
+    except Exception as exc:
+        if engine_failure(exc):
+            _retry_when_engine_is_back(store, ref)
+        raise_engine_failure(exc, spark.master)
+        raise
     if not summary.segments_applied:
         context.log.info(f"segment {ref.name} was already applied")
     state = store.catalog_state()
@@ -138,6 +146,17 @@ def compacted_batches(
             "preview": dg.MetadataValue.md(preview),
         }
     )
+
+
+def _retry_when_engine_is_back(store: HistoryStore, ref: SegmentRef) -> None:
+    """Make the sensor request this segment again: a new change time is a new version of the
+    segment (a new run key), and the journal marker has the sensor look at its database. The
+    sensor requests the run once the engine answers again."""
+    try:
+        os.utime(ref.path)
+    except FileNotFoundError:  # applied before the engine went away: nothing to retry
+        return
+    note_change(store.wal_dir)
 
 
 def _table_names(store: HistoryStore, table_uuids: Iterable[str]) -> list[str]:

@@ -18,7 +18,7 @@ from history_pipeline.orchestration.checks import (
     reconstruction_invariant_check,
 )
 from history_pipeline.orchestration.erasure import erasure_job
-from history_pipeline.orchestration.resources import HistoryRootResource, SparkResource
+from history_pipeline.orchestration.resources import HistoryRootResource, SparkResource, spark_engine
 from history_pipeline.orchestration.schedules import (
     cleanup_job,
     cleanup_schedule,
@@ -40,7 +40,7 @@ def build_definitions(history: HistoryRootResource, spark: SparkResource | None 
         jobs=[compact_segment_job, supertables_job, retention_job, cleanup_job, cold_tier_export_job, erasure_job],
         sensors=[finished_wal_segments_sensor],
         schedules=[supertables_schedule, retention_schedule, cold_tier_export_schedule, cleanup_schedule],
-        resources={"history": history, "spark": spark or SparkResource()},
+        resources={"history": history, "spark": spark or spark_engine()},
     )
 
 

@@ -8,9 +8,10 @@ from typing import TYPE_CHECKING, Literal
 
 import dagster as dg
 from dagster_aws.s3 import S3Resource
-from dagster_pyspark import PySparkResource
+from pydantic import PrivateAttr
 
-from history_pipeline.execution import spark_config
+from history_pipeline.engine import reachable
+from history_pipeline.execution import is_connect_url, spark_session
 from history_pipeline.io.store import S3Options
 from history_pipeline.store import _DATABASE_RE, HistoryStore, StoreSettings, default_wal_base, wal_dir_of
 from history_pipeline.wal.segments import segments_dir
@@ -86,10 +87,12 @@ class HistoryRootResource(dg.ConfigurableResource):
         return [db for db, wal in self.wal_dirs().items() if segments_dir(Path(wal)).is_dir()]
 
     def open(self, database: str) -> HistoryStore:
+        # absolute local paths: the Spark engine (a server of its own) has another working directory
+        root = self.root if self.root.startswith("s3://") else str(Path(self.root).absolute())
         return HistoryStore.open(
-            self.root,
+            root,
             database=database,
-            wal_dir=self.wal_dir(database),
+            wal_dir=self.wal_dir(database).absolute(),
             s3=self.s3_options(),
             # no Spark of its own: work that needs Spark gets the session of the Spark resource
             settings=StoreSettings(snapshot_min_versions=self.snapshot_min_versions, spark_master=None),
@@ -101,16 +104,51 @@ def history_root(root: str = "data", wal_root: str | None = None, **s3: str) -> 
     return HistoryRootResource(root=root, wal_root=wal_root, s3=S3Resource(**s3))
 
 
+#: the environment variable naming the Spark engine of the code location (``make demo`` sets it to
+#: the local Connect server's URL); unset: a classic local session in each run
+ENGINE_ENV = "HISTORY_PIPELINE_SPARK"
+
+
 class SparkResource(dg.ConfigurableResource):
-    """Spark for compaction, merge and retention, through dagster-pyspark: ``local[*]`` by
-    default, any master and Spark conf by configuration."""
+    """The Spark engine that compaction, merge, retention and erasure run on: a Spark Connect URL
+    (``sc://host:port``: a long-lived server; the run is a client and starts no JVM), a
+    standalone master (``spark://host:port``) or ``local[N]`` (a classic session in the run's
+    process). Configure it with ``dg.EnvVar`` (:data:`ENGINE_ENV`); the same code runs on each.
+
+    Under Connect every operation of a run carries the tag ``dagster-run-<run id>``, so the
+    engine's job history tells which run did what."""
 
     master: str = "local[*]"
     spark_conf: dict[str, str] = {}
     enabled: bool = True
+    _run_id: str | None = PrivateAttr(default=None)
+
+    def setup_for_execution(self, context: dg.InitResourceContext) -> None:
+        self._run_id = context.run.run_id if context.run else None
 
     def session(self) -> SparkSession | Literal[False]:
         """The session for compaction, merge and retention; False runs their tasks in-process."""
         if not self.enabled:
             return False
-        return PySparkResource(spark_config=spark_config(self.master, self.spark_conf)).spark_session
+        session = spark_session(self.master, self.spark_conf)
+        if self._run_id and is_connect_url(self.master):
+            session.addTag(run_tag(self._run_id))
+        return session
+
+    def reachable(self) -> bool:
+        """Whether the engine answers (a Connect server or standalone master accepts connections;
+        a local master always does): the sensor requests no run while it does not."""
+        return not self.enabled or reachable(self.master)
+
+
+def run_tag(run_id: str) -> str:
+    """The Spark job tag of a Dagster run's operations on a Connect engine."""
+    return f"dagster-run-{run_id}"
+
+
+def spark_engine() -> SparkResource:
+    """The code location's engine: ``dg.EnvVar(ENGINE_ENV)`` when that variable is set where the
+    code location loads (resolved by Dagster in every run), else a classic local session."""
+    if os.environ.get(ENGINE_ENV):
+        return SparkResource(master=dg.EnvVar(ENGINE_ENV))
+    return SparkResource()

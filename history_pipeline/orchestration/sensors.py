@@ -34,7 +34,12 @@ from history_pipeline.orchestration.partitions import (
     segment_partition_key,
     segment_partitions,
 )
-from history_pipeline.orchestration.resources import FULL_SCAN_EVERY, HistoryRootResource, folder_stamp
+from history_pipeline.orchestration.resources import (
+    FULL_SCAN_EVERY,
+    HistoryRootResource,
+    SparkResource,
+    folder_stamp,
+)
 from history_pipeline.orchestration.sensor_marks import (
     BlockedSummary,
     DatabaseMark,
@@ -53,6 +58,9 @@ compact_segment_job = dg.define_asset_job(
     "compact_segment_job",
     selection=[wal_segments, compacted_batches],
     description="Verify one sealed segment and compact exactly it (earlier segments of its database first).",
+    # both steps in the run's own process: a process per step costs ~2 s each and buys nothing
+    # (the work runs on the Spark engine; the steps run one after the other anyway)
+    executor_def=dg.in_process_executor,
 )
 
 #: runs of one database carry its name here; ``dagster.yaml`` serializes them per database
@@ -189,6 +197,7 @@ def plan_tick(
     facts: TickFacts = TickFacts(),
     now_ns: int = 0,
     full_scan: bool = True,
+    engine_ready: bool = True,
 ) -> TickPlan:
     """Partitions to add (newly seen sealed or quarantined segments) and remove (segments that
     left the WAL other than by being applied, and databases that left it), runs to request (sealed
@@ -197,6 +206,8 @@ def plan_tick(
     of the databases listed, and the new cursor. ``marks`` holds the marks of every database looked
     at this tick (all of them on a full scan), ``stamps`` those of them still present: a database
     with a mark and no stamp left the WAL base. ``full_scan`` says whether this tick scanned every WAL.
+    While the Spark engine does not answer (``engine_ready`` False) no run is requested: the
+    segments stay due and their databases pending, so a later tick requests them.
     """
     adds: list[str] = []
     deletes: list[str] = list(facts.partitions_of_gone)
@@ -229,8 +240,12 @@ def plan_tick(
             else:
                 done = same and old is not None and old.done
                 if not done and not blocked:
-                    runs.append(v)
-                    done = True
+                    if engine_ready:
+                        runs.append(v)
+                        done = True
+                    else:  # listed again next tick, whatever its folder times
+                        settled = False
+                        reasons.setdefault(db, f"{v.key} waits for the Spark engine")
                 segments.append(SegmentMark(v.segment_id, v.changed_ns, False, done))
         seen = {v.segment_id for v in views}
         deletes += [segment_partition_key(db, segment_name(i)) for i in sorted(before)
@@ -392,8 +407,15 @@ def _begin(store: MarksStore, cursor: SensorCursor) -> SensorCursor:
     return fresh
 
 
-@dg.sensor(job=compact_segment_job, minimum_interval_seconds=5, default_status=dg.DefaultSensorStatus.RUNNING)
-def finished_wal_segments_sensor(context: dg.SensorEvaluationContext, history: HistoryRootResource) -> dg.SensorResult:
+#: seconds between the sensor's ticks: a steady tick reads one folder, so ticking often is cheap and
+#: a sealed segment waits at most this long for its run to be requested
+SENSOR_INTERVAL_S = 1
+
+
+@dg.sensor(job=compact_segment_job, minimum_interval_seconds=SENSOR_INTERVAL_S,
+           default_status=dg.DefaultSensorStatus.RUNNING)
+def finished_wal_segments_sensor(context: dg.SensorEvaluationContext, history: HistoryRootResource,
+                                 spark: SparkResource) -> dg.SensorResult:
     """Register every sealed segment as a partition and request one run per segment, in id order.
 
     Per database, the marks store remembers its folder times and its pending segments, and a tick
@@ -406,10 +428,12 @@ def finished_wal_segments_sensor(context: dg.SensorEvaluationContext, history: H
     """
     now_ns = time.time_ns()
     every = full_scan_every(history)
+    engine_ready = spark.reachable()  # a socket connect to a Connect server or master, no session
     with MarksStore.open(marks_path(history.wal_base())) as store:
         cursor = _begin(store, SensorCursor.from_json(context.cursor))
         got = _gather(context, history, store, cursor, every)
-        plan = plan_tick(cursor, got.marks, got.stamps, got.listings, got.facts, now_ns, got.full_scan)
+        plan = plan_tick(cursor, got.marks, got.stamps, got.listings, got.facts, now_ns, got.full_scan,
+                         engine_ready)
         epoch = cursor.epoch or ""
         if got.full_scan:
             store.purge_gone(epoch, cursor.generation)
@@ -418,6 +442,8 @@ def finished_wal_segments_sensor(context: dg.SensorEvaluationContext, history: H
         skip = None if plan.runs else skip_reason(plan, store.blocked(epoch, NAMED_IN_SKIP))
     context.log.info(f"{plan.cursor.databases} database(s), {'full scan' if got.full_scan else 'journal read'}, "
                      f"{len(plan.listed)} listed, {len(plan.runs)} run(s) requested")
+    if not engine_ready:
+        skip = f"the Spark engine at {spark.master} does not answer: sealed segments wait for it; {skip}"
     if skip:
         context.log.info(skip)  # in the tick's logs too, beside the tick's skip reason
     requests = [

@@ -1,0 +1,125 @@
+"""The long-lived Spark engine through the real daemon: `dagster dev` with HISTORY_PIPELINE_SPARK
+naming a local Spark Connect server. The runs' work shows in the server's own job history
+(its event log, every job tagged with the Dagster run that asked for it); the server killed
+mid-compaction fails that run with one clear error and applies nothing, and once it is back the
+sensor compacts the segment again. Every process started here is stopped by its pid."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import time
+
+import pytest
+
+from history_pipeline import HistoryStore
+from history_pipeline.engine import engine_dir, running_engine, start_engine, stop_engine
+from history_pipeline.orchestration.resources import ENGINE_ENV, run_tag
+from history_pipeline.wal import SegmentState
+from history_pipeline_tests.test_compaction import example_events, write
+from history_pipeline_tests.test_end_to_end import _free_port, _get, _wait, running_dagster_dev
+
+RUNS = """
+{ runsOrError { ... on Runs { results { runId status tags { key value } } } } }
+"""
+FAILURES = """
+query($id: ID!) { logsForRun(runId: $id) { ... on EventConnection { events {
+    __typename ... on ExecutionStepFailureEvent { stepKey error { message causes { message } } } } } } }
+"""
+
+
+def _graphql(port: int, query: str, **variables) -> dict:
+    body = json.dumps({"query": query, "variables": variables}).encode()
+    return json.loads(_get(f"http://127.0.0.1:{port}/graphql", body, timeout=10))["data"]
+
+
+def _runs(port: int) -> list[dict]:
+    return _graphql(port, RUNS)["runsOrError"]["results"]
+
+
+def _tagged_runs(events) -> set[str]:
+    """Dagster run ids named by the tags of the jobs in the engine's event log."""
+    text = "".join(p.read_text(errors="replace") for p in events.rglob("*") if p.is_file())
+    return set(re.findall(re.escape(run_tag("")) + r"([0-9a-f-]{36})", text))
+
+
+def _bulk(first_t: int, rows: int) -> list[dict]:
+    """Inserts of ``rows`` keys into the RFC table, one timestamp each (a segment that takes the
+    engine a few seconds, so that it can be killed while working on it)."""
+    return [{"op": "insert", "t": first_t + i, "table_uuid": "tbl-example", "key": 1000 + i,
+             "values": {"col1": f"v{i}"}} for i in range(rows)]
+
+
+def test_engine_commands_without_an_engine(tmp_path, capsys):
+    from history_pipeline.cli import main
+
+    root = str(tmp_path / "data")
+    assert main(["--root", root, "engine", "status"]) == 3
+    assert "no engine running" in capsys.readouterr().out
+    assert main(["--root", root, "engine", "stop"]) == 0
+    assert "no engine was running" in capsys.readouterr().out
+    # a record left by an engine that died is not taken for a running one
+    folder = engine_dir(tmp_path / "data")
+    folder.mkdir(parents=True)
+    (folder / "engine.json").write_text(json.dumps({
+        "url": f"sc://127.0.0.1:{_free_port()}", "pid": os.getpid(), "master": "local[2]", "driver_memory": "2g",
+        "log": "x", "started_at": 0.0}))
+    assert running_engine(folder) is None
+    assert main(["--root", root, "engine", "status"]) == 3
+
+
+@pytest.mark.daemon
+@pytest.mark.jvm
+def test_runs_compact_on_the_engine_and_survive_losing_it(tmp_path):
+    folder = engine_dir(tmp_path / "engine")
+    events = tmp_path / "events"
+    events.mkdir()
+    port = _free_port()
+    conf = {"spark.eventLog.enabled": "true", "spark.eventLog.dir": events.as_uri(), "spark.eventLog.compress": "false"}
+    url = f"sc://127.0.0.1:{port}"
+    try:
+        with running_dagster_dev(tmp_path, {ENGINE_ENV: url}) as web:
+            start_engine(folder, port=port, conf=conf, driver_memory="1g")
+            store = HistoryStore.open(tmp_path / "data", database="tenant_engine")
+            write(store, example_events())
+            _wait(lambda: store.frontier == 5, 120, "the sensor's run to compact the segment")
+            _wait(lambda: any(r["status"] == "SUCCESS" for r in _runs(web)), 60, "the run to finish")
+            first = [r for r in _runs(web) if r["status"] == "SUCCESS"]
+            assert len(first) == 1
+            # the run's work reached the engine: its jobs carry the run's tag
+            _wait(lambda: first[0]["runId"] in _tagged_runs(events), 30, "the run's jobs in the engine's log")
+
+            # the engine is killed while the next segment is on it
+            write(store, _bulk(6, 30_000))
+            _wait(lambda: _tagged_runs(events) - {first[0]["runId"]}, 120, "the second run's first job")
+            engine = running_engine(folder)
+            assert engine is not None
+            os.kill(engine.pid, signal.SIGKILL)
+            _wait(lambda: any(r["status"] == "FAILURE" for r in _runs(web)), 120, "the run to fail")
+            failed = next(r for r in _runs(web) if r["status"] == "FAILURE")
+            failures = [e for e in _graphql(web, FAILURES, id=failed["runId"])["logsForRun"]["events"]
+                        if e["__typename"] == "ExecutionStepFailureEvent"]
+            assert len(failures) == 1 and failures[0]["stepKey"] == "compacted_batches"
+            # Dagster's step error wraps exactly one cause: ours, naming the engine (no gRPC chain)
+            causes = failures[0]["error"]["causes"]
+            assert len(causes) == 1, causes
+            assert causes[0]["message"].startswith(
+                f"history_pipeline.execution.EngineUnavailableError: the Spark engine at {url} stopped answering")
+            # nothing of it is visible: the frontier, the answers and the segment are as before
+            assert store.frontier == 5
+            assert store.load_table("my_table", 6).to_pylist() == [{"synthetic_key": 2, "column1": "value2_prime"}]
+            assert [r.segment_id for r in store.segments(SegmentState.SEALED)] == [2]
+            time.sleep(3)  # the sensor ticks meanwhile: no run is requested while the engine is away
+            assert sum(r["status"] in ("QUEUED", "STARTED", "STARTING") for r in _runs(web)) == 0
+
+            # back on the same address: the sensor requests the segment again, and it applies
+            start_engine(folder, port=port, conf=conf, driver_memory="1g")
+            _wait(lambda: store.frontier == 6 + 30_000 - 1, 180, "the sensor's retry to compact the segment")
+            _wait(lambda: sum(r["status"] == "SUCCESS" for r in _runs(web)) == 2, 60, "the retry to finish")
+            assert store.sql("SELECT count(*) AS n FROM my_table", as_of=store.frontier + 1).to_pylist() == [
+                {"n": 30_001}]
+            assert not store.verify()
+    finally:
+        stop_engine(folder)
