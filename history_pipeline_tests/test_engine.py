@@ -46,7 +46,7 @@ def _tagged_runs(events) -> set[str]:
 
 
 def _bulk(first_t: int, rows: int) -> list[dict]:
-    """Inserts of ``rows`` keys into the RFC table, one timestamp each (a segment that takes the
+    """Inserts of ``rows`` keys into the example table, one timestamp each (a segment that takes the
     engine a few seconds, so that it can be killed while working on it)."""
     return [{"op": "insert", "t": first_t + i, "table_uuid": "tbl-example", "key": 1000 + i,
              "values": {"col1": f"v{i}"}} for i in range(rows)]
