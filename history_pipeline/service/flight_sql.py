@@ -1,0 +1,257 @@
+"""Arrow Flight SQL: the standard's messages, the as-of forms of a statement, and the catalog
+answers' Arrow forms. Pure: no I/O, no server state.
+
+Flight SQL requests are protobuf messages of Apache Arrow's ``FlightSql.proto`` (package
+``arrow.flight.protocol.sql``) packed in a ``google.protobuf.Any``, carried by a FlightDescriptor's
+``cmd``, a Ticket or an Action's body. The messages this server reads or writes are declared
+here with the standard's field numbers, so any Flight SQL client (ADBC, JDBC, ODBC) is understood.
+
+A statement runs as of T given, in order of precedence, by a leading ``SET as_of = '<T>';`` of the
+statement itself (stripped before it runs), by the connection's ``x-history-as-of`` call header,
+or else as of the newest answerable state.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import pyarrow as pa
+from google.protobuf import any_pb2, descriptor_pb2, descriptor_pool, message_factory
+from google.protobuf.message import DecodeError, Message
+
+from history_pipeline.service.errors import InvalidRequestError
+
+PACKAGE = "arrow.flight.protocol.sql"
+TYPE_URL_PREFIX = "type.googleapis.com/"
+#: the call header a connection sets (ADBC: ``adbc.flight.sql.rpc.call_header.x-history-as-of``)
+AS_OF_HEADER = "x-history-as-of"
+#: the one catalog and schema the tenant's tables live in
+CATALOG = "history"
+DB_SCHEMA = "main"
+
+_F = descriptor_pb2.FieldDescriptorProto
+_STRING, _BYTES, _BOOL, _INT32, _UINT32, _INT64 = (
+    _F.TYPE_STRING, _F.TYPE_BYTES, _F.TYPE_BOOL, _F.TYPE_INT32, _F.TYPE_UINT32, _F.TYPE_INT64,
+)
+_REPEATED, _OPTIONAL = "repeated", "optional"
+
+#: message name -> its fields (name, number, type, label): FlightSql.proto's numbering
+_MESSAGES: Mapping[str, tuple[tuple[str, int, int, str], ...]] = {
+    "CommandGetSqlInfo": (("info", 1, _UINT32, _REPEATED),),
+    "CommandGetXdbcTypeInfo": (("data_type", 1, _INT32, _OPTIONAL),),
+    "CommandGetCatalogs": (),
+    "CommandGetDbSchemas": (
+        ("catalog", 1, _STRING, _OPTIONAL), ("db_schema_filter_pattern", 2, _STRING, _OPTIONAL),
+    ),
+    "CommandGetTables": (
+        ("catalog", 1, _STRING, _OPTIONAL), ("db_schema_filter_pattern", 2, _STRING, _OPTIONAL),
+        ("table_name_filter_pattern", 3, _STRING, _OPTIONAL), ("table_types", 4, _STRING, _REPEATED),
+        ("include_schema", 5, _BOOL, ""),
+    ),
+    "CommandGetTableTypes": (),
+    "CommandGetPrimaryKeys": (
+        ("catalog", 1, _STRING, _OPTIONAL), ("db_schema", 2, _STRING, _OPTIONAL), ("table", 3, _STRING, ""),
+    ),
+    "CommandGetExportedKeys": (
+        ("catalog", 1, _STRING, _OPTIONAL), ("db_schema", 2, _STRING, _OPTIONAL), ("table", 3, _STRING, ""),
+    ),
+    "CommandGetImportedKeys": (
+        ("catalog", 1, _STRING, _OPTIONAL), ("db_schema", 2, _STRING, _OPTIONAL), ("table", 3, _STRING, ""),
+    ),
+    "CommandStatementQuery": (("query", 1, _STRING, ""), ("transaction_id", 2, _BYTES, _OPTIONAL)),
+    "CommandStatementUpdate": (("query", 1, _STRING, ""), ("transaction_id", 2, _BYTES, _OPTIONAL)),
+    "TicketStatementQuery": (("statement_handle", 1, _BYTES, ""),),
+    "CommandPreparedStatementQuery": (("prepared_statement_handle", 1, _BYTES, ""),),
+    "CommandPreparedStatementUpdate": (("prepared_statement_handle", 1, _BYTES, ""),),
+    "ActionCreatePreparedStatementRequest": (("query", 1, _STRING, ""), ("transaction_id", 2, _BYTES, _OPTIONAL)),
+    "ActionCreatePreparedStatementResult": (
+        ("prepared_statement_handle", 1, _BYTES, ""), ("dataset_schema", 2, _BYTES, ""),
+        ("parameter_schema", 3, _BYTES, ""),
+    ),
+    "ActionClosePreparedStatementRequest": (("prepared_statement_handle", 1, _BYTES, ""),),
+    "DoPutUpdateResult": (("record_count", 1, _INT64, ""),),
+}
+
+
+def _build_messages() -> dict[str, type[Message]]:
+    """The message classes, from a file descriptor declared in code (no generated module)."""
+    proto = descriptor_pb2.FileDescriptorProto(name="history_pipeline_flight_sql.proto", package=PACKAGE,
+                                               syntax="proto3")
+    for name, message_fields in _MESSAGES.items():
+        message = proto.message_type.add(name=name)
+        for field_name, number, kind, label in message_fields:
+            field = message.field.add(name=field_name, number=number, type=kind)
+            field.label = _F.LABEL_REPEATED if label == _REPEATED else _F.LABEL_OPTIONAL
+            if label == _OPTIONAL:  # proto3 `optional`: a synthetic oneof of its own
+                field.proto3_optional = True
+                field.oneof_index = len(message.oneof_decl)
+                message.oneof_decl.add(name=f"_{field_name}")
+    pool = descriptor_pool.DescriptorPool()
+    pool.Add(proto)
+    return {
+        name: message_factory.GetMessageClass(pool.FindMessageTypeByName(f"{PACKAGE}.{name}"))
+        for name in _MESSAGES
+    }
+
+
+MESSAGES: Mapping[str, type[Message]] = _build_messages()
+
+
+def message(name: str, **values: Any) -> Message:
+    """A Flight SQL message by its name in FlightSql.proto."""
+    return MESSAGES[name](**values)
+
+
+def pack(msg: Message) -> bytes:
+    """A message packed in a ``google.protobuf.Any``, serialized (a descriptor's cmd, a ticket)."""
+    wrapper = any_pb2.Any(type_url=TYPE_URL_PREFIX + msg.DESCRIPTOR.full_name, value=msg.SerializeToString())
+    return wrapper.SerializeToString()
+
+
+def unpack(data: bytes) -> Message | None:
+    """The Flight SQL message packed in ``data``; None when ``data`` is not a Flight SQL Any
+    (the service's own JSON tickets are not); InvalidRequestError for one this server does not know."""
+    if not data or data[:1] != b"\x0a":  # an Any starts with its type_url (field 1, length-delimited)
+        return None
+    wrapper = any_pb2.Any()
+    try:
+        wrapper.ParseFromString(data)
+    except DecodeError:
+        return None
+    prefix = TYPE_URL_PREFIX + PACKAGE + "."
+    if not wrapper.type_url.startswith(prefix):
+        return None
+    name = wrapper.type_url[len(prefix):]
+    cls = MESSAGES.get(name)
+    if cls is None:
+        raise InvalidRequestError(f"the Flight SQL command {name} is not offered by this server")
+    msg = cls()
+    try:
+        msg.ParseFromString(wrapper.value)
+    except DecodeError as exc:
+        raise InvalidRequestError(f"a malformed Flight SQL {name}: {exc}") from None
+    return msg
+
+
+def name_of(msg: Message) -> str:
+    """The message's name in FlightSql.proto."""
+    return msg.DESCRIPTOR.name
+
+
+# --- as of ------------------------------------------------------------------------------------
+
+_SET_AS_OF = re.compile(
+    r"^\s*SET\s+as_of\s*(?:=|TO)\s*(?:'(?P<quoted>[^']*)'|(?P<bare>[0-9A-Fa-f/]+))\s*;(?P<rest>.*)$",
+    re.IGNORECASE | re.DOTALL,
+)
+_SET_ONLY = re.compile(r"^\s*SET\s+as_of\b", re.IGNORECASE)
+
+
+@dataclass(frozen=True)
+class Statement:
+    """A statement as it will run: its SQL and the as-of it names (None: the connection's, else the newest)."""
+
+    query: str
+    as_of: str | None
+
+
+def split_as_of(sql: str) -> Statement:
+    """A statement with its leading ``SET as_of = '<T>';`` taken off (T: an integer or an X/Y LSN)."""
+    match = _SET_AS_OF.match(sql)
+    if match is None:
+        if _SET_ONLY.match(sql):
+            raise InvalidRequestError(
+                "SET as_of applies to the statement it precedes: send "
+                "\"SET as_of = '<timestamp or X/Y LSN>'; SELECT ...\" as one statement, or set the "
+                f"connection's {AS_OF_HEADER} call header"
+            )
+        return Statement(sql, None)
+    value = match.group("quoted") if match.group("quoted") is not None else match.group("bare")
+    rest = match.group("rest")
+    if not rest.strip():
+        raise InvalidRequestError(f"SET as_of = '{value}'; must be followed by the statement to run as of it")
+    return Statement(rest, value.strip())
+
+
+# --- catalog answers ------------------------------------------------------------------------
+
+CATALOGS_SCHEMA = pa.schema([pa.field("catalog_name", pa.utf8(), nullable=False)])
+DB_SCHEMAS_SCHEMA = pa.schema([
+    pa.field("catalog_name", pa.utf8()), pa.field("db_schema_name", pa.utf8(), nullable=False),
+])
+TABLES_SCHEMA = pa.schema([
+    pa.field("catalog_name", pa.utf8()), pa.field("db_schema_name", pa.utf8()),
+    pa.field("table_name", pa.utf8(), nullable=False), pa.field("table_type", pa.utf8(), nullable=False),
+])
+TABLES_WITH_SCHEMA_SCHEMA = TABLES_SCHEMA.append(pa.field("table_schema", pa.binary(), nullable=False))
+TABLE_TYPES_SCHEMA = pa.schema([pa.field("table_type", pa.utf8(), nullable=False)])
+PRIMARY_KEYS_SCHEMA = pa.schema([
+    pa.field("catalog_name", pa.utf8()), pa.field("db_schema_name", pa.utf8()),
+    pa.field("table_name", pa.utf8(), nullable=False), pa.field("column_name", pa.utf8(), nullable=False),
+    pa.field("key_sequence", pa.int32(), nullable=False), pa.field("key_name", pa.utf8()),
+])
+TABLE_TYPE = "TABLE"
+#: the synthetic key every table is keyed by
+KEY_COLUMN = "synthetic_key"
+
+
+def like_matches(pattern: str | None, value: str) -> bool:
+    """Whether ``value`` matches a Flight SQL filter pattern (SQL LIKE: ``%`` any, ``_`` one)."""
+    if pattern is None:
+        return True
+    regex = "".join(".*" if c == "%" else "." if c == "_" else re.escape(c) for c in pattern)
+    return re.fullmatch(regex, value, re.DOTALL) is not None
+
+
+def catalogs_table() -> pa.Table:
+    """GetCatalogs: the one catalog."""
+    return pa.table({"catalog_name": [CATALOG]}, schema=CATALOGS_SCHEMA)
+
+
+def db_schemas_table(catalog: str | None, pattern: str | None) -> pa.Table:
+    """GetDbSchemas: the one schema, when the filters admit it."""
+    keep = (catalog is None or catalog == CATALOG) and like_matches(pattern, DB_SCHEMA)
+    rows = [CATALOG] if keep else []
+    return pa.table({"catalog_name": rows, "db_schema_name": [DB_SCHEMA] * len(rows)}, schema=DB_SCHEMAS_SCHEMA)
+
+
+def tables_table(command: Message, schemas: Mapping[str, pa.Schema]) -> pa.Table:
+    """GetTables over the tables (name -> Arrow schema as a query returns them) as of T."""
+    admitted = (
+        (not command.HasField("catalog") or command.catalog == CATALOG)
+        and like_matches(command.db_schema_filter_pattern if command.HasField("db_schema_filter_pattern") else None,
+                         DB_SCHEMA)
+        and (not command.table_types or TABLE_TYPE in command.table_types)
+    )
+    pattern = command.table_name_filter_pattern if command.HasField("table_name_filter_pattern") else None
+    names = sorted(n for n in schemas if admitted and like_matches(pattern, n))
+    columns: dict[str, list[Any]] = {
+        "catalog_name": [CATALOG] * len(names), "db_schema_name": [DB_SCHEMA] * len(names),
+        "table_name": names, "table_type": [TABLE_TYPE] * len(names),
+    }
+    if command.include_schema:
+        columns["table_schema"] = [schemas[n].serialize().to_pybytes() for n in names]
+        return pa.table(columns, schema=TABLES_WITH_SCHEMA_SCHEMA)
+    return pa.table(columns, schema=TABLES_SCHEMA)
+
+
+def table_types_table() -> pa.Table:
+    """GetTableTypes: tables only."""
+    return pa.table({"table_type": [TABLE_TYPE]}, schema=TABLE_TYPES_SCHEMA)
+
+
+def primary_keys_table(command: Message, tables: set[str]) -> pa.Table:
+    """GetPrimaryKeys: the synthetic key of the named table (none when it does not exist as of T)."""
+    admitted = (
+        (not command.HasField("catalog") or command.catalog == CATALOG)
+        and (not command.HasField("db_schema") or command.db_schema == DB_SCHEMA)
+        and command.table in tables
+    )
+    n = 1 if admitted else 0
+    return pa.table({
+        "catalog_name": [CATALOG] * n, "db_schema_name": [DB_SCHEMA] * n, "table_name": [command.table] * n,
+        "column_name": [KEY_COLUMN] * n, "key_sequence": [1] * n, "key_name": [None] * n,
+    }, schema=PRIMARY_KEYS_SCHEMA)

@@ -1,0 +1,140 @@
+"""The HistoryService answers Arrow Flight SQL: the real ADBC Flight SQL driver gets the answers
+of ``HistoryStore.sql`` as of the newest state or as of T, through the same tokens, tenants,
+limits and sandbox; the standard's messages keep their field numbers and type URLs.
+
+Servers run in-process on 127.0.0.1 (port 0) with real worker processes over stores built by
+in-process compaction.
+"""
+
+from __future__ import annotations
+
+import adbc_driver_flightsql.dbapi as flight_sql_dbapi
+import pyarrow as pa
+import pyarrow.flight as flight
+import pytest
+from adbc_driver_manager import Error as AdbcError
+
+from history_pipeline.lsn import format_lsn
+from history_pipeline.service import InvalidRequestError
+from history_pipeline.service import flight_sql as fsql
+from history_pipeline.service.limits import Limits
+from history_pipeline.service.server import HistoryServer
+from history_pipeline_tests.test_service import TOKEN_A, TOKEN_B, build_sample, build_typed, config_for, same
+
+AUTH = "adbc.flight.sql.authorization_header"
+AS_OF = f"adbc.flight.sql.rpc.call_header.{fsql.AS_OF_HEADER}"
+
+
+@pytest.fixture(scope="module")
+def stores(tmp_path_factory):
+    root = tmp_path_factory.mktemp("flight-sql-root")
+    return {"a": build_sample(root), "b": build_typed(root)}
+
+
+@pytest.fixture(scope="module")
+def server(stores):
+    config = config_for(stores, workers=2, batch_rows=500, limits=Limits(max_concurrent_queries=8))
+    with HistoryServer(config) as running:
+        yield running
+
+
+def adbc(server: HistoryServer, token: str, **options: str):
+    """A DB-API connection of the ADBC Flight SQL driver, with the bearer token as ADBC sends it."""
+    return flight_sql_dbapi.connect(server.url, db_kwargs={AUTH: f"Bearer {token}", **options})
+
+
+def query(server: HistoryServer, token: str, sql: str, **options: str) -> pa.Table:
+    with adbc(server, token, **options) as conn, conn.cursor() as cursor:
+        cursor.execute(sql)
+        return cursor.fetch_arrow_table()
+
+
+SQL = "SELECT customer_id, count(*) AS n, sum(amount) AS total FROM orders GROUP BY customer_id ORDER BY customer_id"
+
+
+@pytest.mark.daemon
+def test_a_statement_answers_as_the_store_does_newest_or_as_of_t(server, stores):
+    local = stores["a"]
+    newest = local.frontier + 1
+    assert query(server, TOKEN_A, SQL).equals(local.sql(SQL, newest))
+    earlier = newest // 2
+    expected = local.sql(SQL, earlier)
+    assert not expected.equals(local.sql(SQL, newest))  # the as-of below is not the newest state in disguise
+    # per statement, as an integer or an X/Y LSN
+    assert query(server, TOKEN_A, f"SET as_of = '{earlier}'; {SQL}").equals(expected)
+    assert query(server, TOKEN_A, f"set AS_OF = '{format_lsn(earlier)}';\n{SQL}").equals(expected)
+    # per connection, by its call header; a statement's own SET as_of takes precedence
+    assert query(server, TOKEN_A, SQL, **{AS_OF: str(earlier)}).equals(expected)
+    assert query(server, TOKEN_A, f"SET as_of = {newest}; {SQL}", **{AS_OF: str(earlier)}).equals(
+        local.sql(SQL, newest))
+
+
+@pytest.mark.daemon
+def test_every_type_comes_back_as_the_store_gives_it(server, stores):
+    local = stores["b"]
+    for t in (3, local.frontier + 1):
+        got = query(server, TOKEN_B, f"SET as_of = '{t}'; SELECT * FROM typed ORDER BY synthetic_key")
+        want = local.sql("SELECT * FROM typed ORDER BY synthetic_key", t)
+        assert same(got, want)  # schema (field metadata too) and values, NaN equal to NaN
+
+
+@pytest.mark.daemon
+def test_writes_bad_tokens_and_other_tenants_are_refused(server, stores):
+    with pytest.raises(AdbcError, match="(?i)read-only|not allowed|only"):
+        query(server, TOKEN_A, "DELETE FROM orders")
+    with adbc(server, TOKEN_A) as conn, conn.cursor() as cursor, pytest.raises(AdbcError, match="read-only"):
+        cursor.adbc_statement.set_sql_query("DELETE FROM orders")
+        cursor.adbc_statement.execute_update()
+    with pytest.raises(AdbcError, match="unknown bearer token"):
+        query(server, "not-a-token", "SELECT 1")
+    # tenant b's token reads tenant b's database: tenant a's tables are not there
+    with pytest.raises(AdbcError, match="orders"):
+        query(server, TOKEN_B, "SELECT count(*) FROM orders")
+    with pytest.raises(AdbcError, match="LSN"):
+        query(server, TOKEN_A, "SET as_of = 'yesterday'; SELECT 1")
+    with pytest.raises(AdbcError, match="SET as_of applies"):
+        query(server, TOKEN_A, "SET as_of = '0/10'")
+
+
+@pytest.mark.daemon
+@pytest.mark.daemon
+def test_an_answer_is_fetched_once_and_only_by_its_tenant(server, stores):
+    raw = flight.FlightClient(server.url)
+    as_a = flight.FlightCallOptions(headers=[(b"authorization", f"Bearer {TOKEN_A}".encode())])
+    as_b = flight.FlightCallOptions(headers=[(b"authorization", f"Bearer {TOKEN_B}".encode())])
+    command = fsql.pack(fsql.message("CommandStatementQuery", query="SELECT count(*) AS n FROM orders"))
+    info = raw.get_flight_info(flight.FlightDescriptor.for_command(command), as_a)
+    ticket = info.endpoints[0].ticket
+    assert server.stats().pending_answers == 1
+    with pytest.raises(flight.FlightServerError, match="unknown or already fetched"):
+        raw.do_get(ticket, as_b).read_all()
+    assert server.stats().pending_answers == 1  # another tenant's attempt takes nothing
+    local = stores["a"]
+    assert raw.do_get(ticket, as_a).read_all().equals(local.sql("SELECT count(*) AS n FROM orders", local.frontier + 1))
+    assert server.stats().pending_answers == 0
+    with pytest.raises(flight.FlightServerError, match="unknown or already fetched"):
+        raw.do_get(ticket, as_a).read_all()
+    raw.close()
+
+
+def test_messages_keep_the_standards_numbers_and_type_urls():
+    packed = fsql.pack(fsql.message("CommandStatementQuery", query="SELECT 1"))
+    # Any{type_url=1, value=2}; CommandStatementQuery{query=1}: the bytes a Flight SQL client sends
+    url = b"type.googleapis.com/arrow.flight.protocol.sql.CommandStatementQuery"
+    assert packed == b"\x0a" + bytes([len(url)]) + url + b"\x12\x0a" + b"\x0a\x08SELECT 1"
+    tables = fsql.unpack(fsql.pack(fsql.message("CommandGetTables", include_schema=True, table_types=["TABLE"])))
+    assert fsql.name_of(tables) == "CommandGetTables" and tables.include_schema
+    assert not tables.HasField("catalog")  # proto3 optional: absent is not ""
+    assert fsql.unpack(b'{"op": "Status"}') is None  # the service's own tickets are not Flight SQL
+    with pytest.raises(InvalidRequestError, match="CommandStatementSubstraitPlan"):
+        fsql.unpack(fsql.any_pb2.Any(
+            type_url="type.googleapis.com/arrow.flight.protocol.sql.CommandStatementSubstraitPlan").SerializeToString())
+
+
+def test_a_leading_set_as_of_is_taken_off_the_statement():
+    assert fsql.split_as_of("SELECT 1") == fsql.Statement("SELECT 1", None)
+    assert fsql.split_as_of("  SET as_of = '0/1A2B3C8';  SELECT 1") == fsql.Statement("  SELECT 1", "0/1A2B3C8")
+    assert fsql.split_as_of("set as_of to 42; SELECT ';'") == fsql.Statement(" SELECT ';'", "42")
+    for bad in ("SET as_of = '0/1'", "SET as_of = '0/1';  ", "SET as_of 7; SELECT 1"):
+        with pytest.raises(InvalidRequestError, match="as_of"):
+            fsql.split_as_of(bad)
