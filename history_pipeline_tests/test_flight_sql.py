@@ -138,3 +138,66 @@ def test_a_leading_set_as_of_is_taken_off_the_statement():
     for bad in ("SET as_of = '0/1'", "SET as_of = '0/1';  ", "SET as_of 7; SELECT 1"):
         with pytest.raises(InvalidRequestError, match="as_of"):
             fsql.split_as_of(bad)
+
+
+def raw_call(server: HistoryServer, token: str, name: str, headers: tuple = (), **fields) -> pa.Table:
+    """A Flight SQL command as a bare Flight client sends it: GetFlightInfo, then DoGet of its ticket."""
+    raw = flight.FlightClient(server.url)
+    try:
+        options = flight.FlightCallOptions(headers=[(b"authorization", f"Bearer {token}".encode()), *headers])
+        command = fsql.pack(fsql.message(name, **fields))
+        info = raw.get_flight_info(flight.FlightDescriptor.for_command(command), options)
+        table = raw.do_get(info.endpoints[0].ticket, options).read_all()
+        assert table.schema.equals(info.schema)
+        return table
+    finally:
+        raw.close()
+
+
+@pytest.mark.daemon
+def test_catalog_calls_answer_for_the_tenants_tables_as_of_t(server, stores):
+    local = stores["a"]
+    newest = local.frontier + 1
+    names = sorted(d.table_name for d in local.get_catalog(newest))
+    with adbc(server, TOKEN_A) as conn:
+        objects = conn.adbc_get_objects().read_all().to_pylist()
+        assert [(c["catalog_name"], [s["db_schema_name"] for s in c["catalog_db_schemas"]]) for c in objects] == [
+            (fsql.CATALOG, [fsql.DB_SCHEMA])]
+        tables = objects[0]["catalog_db_schemas"][0]["db_schema_tables"]
+        assert sorted(t["table_name"] for t in tables) == names
+        for table in tables:  # every column, in the order SELECT * gives them
+            expected = local.sql(f'SELECT * FROM "{table["table_name"]}" LIMIT 0', newest).schema
+            assert [c["column_name"] for c in table["table_columns"]] == expected.names
+        for name in names:
+            expected = local.sql(f'SELECT * FROM "{name}" LIMIT 0', newest).schema
+            assert conn.adbc_get_table_schema(name).equals(expected, check_metadata=True)
+        assert conn.adbc_get_table_types() == [fsql.TABLE_TYPE]
+        info = conn.adbc_get_info()
+        assert info["vendor_name"] == "history_pipeline" and info["vendor_arrow_version"] == pa.__version__
+    # raw calls: filters, the schema as of an earlier T, the synthetic key, and another tenant's tables
+    orders = raw_call(server, TOKEN_A, "CommandGetTables", table_name_filter_pattern="ord%", include_schema=True)
+    assert orders.column("table_name").to_pylist() == ["orders"]
+    assert pa.ipc.read_schema(pa.py_buffer(orders.column("table_schema")[0].as_py())).equals(
+        local.sql("SELECT * FROM orders LIMIT 0", newest).schema, check_metadata=True)
+    first = min(t for t in range(newest + 1) if local.get_catalog(t))  # the first state with a table
+    early = raw_call(server, TOKEN_A, "CommandGetTables", headers=((fsql.AS_OF_HEADER.encode(), str(first).encode()),))
+    assert sorted(early.column("table_name").to_pylist()) == sorted(d.table_name for d in local.get_catalog(first))
+    assert early.num_rows < len(names)  # as of T is not the newest state in disguise
+    assert raw_call(server, TOKEN_A, "CommandGetTables", catalog="elsewhere").num_rows == 0
+    assert raw_call(server, TOKEN_B, "CommandGetTables").column("table_name").to_pylist() == ["typed"]
+    keys = raw_call(server, TOKEN_A, "CommandGetPrimaryKeys", table="orders")
+    assert keys.to_pylist() == [{"catalog_name": fsql.CATALOG, "db_schema_name": fsql.DB_SCHEMA,
+                                 "table_name": "orders", "column_name": "synthetic_key", "key_sequence": 1,
+                                 "key_name": None}]
+    assert raw_call(server, TOKEN_B, "CommandGetPrimaryKeys", table="orders").num_rows == 0
+    assert raw_call(server, TOKEN_A, "CommandGetCatalogs").to_pylist() == [{"catalog_name": fsql.CATALOG}]
+    assert raw_call(server, TOKEN_A, "CommandGetDbSchemas", db_schema_filter_pattern="x%").num_rows == 0
+    infos = raw_call(server, TOKEN_A, "CommandGetSqlInfo", info=[3, 0, 12345]).to_pylist()
+    assert infos == [{"info_name": 3, "value": True}, {"info_name": 0, "value": "history_pipeline"}]
+    assert server.stats().pending_answers == 0
+
+
+def test_filter_patterns_follow_sql_like():
+    assert fsql.like_matches("ord%", "orders") and fsql.like_matches("o_ders", "orders")
+    assert not fsql.like_matches("ord", "orders") and not fsql.like_matches("o.ders", "orders")
+    assert fsql.like_matches(None, "anything") and fsql.like_matches("%", "")

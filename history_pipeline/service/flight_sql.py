@@ -255,3 +255,42 @@ def primary_keys_table(command: Message, tables: set[str]) -> pa.Table:
         "catalog_name": [CATALOG] * n, "db_schema_name": [DB_SCHEMA] * n, "table_name": [command.table] * n,
         "column_name": [KEY_COLUMN] * n, "key_sequence": [1] * n, "key_name": [None] * n,
     }, schema=PRIMARY_KEYS_SCHEMA)
+
+
+# --- GetSqlInfo -------------------------------------------------------------------------------
+
+_INFO_VALUE = pa.dense_union([
+    pa.field("string_value", pa.utf8()), pa.field("bool_value", pa.bool_()),
+    pa.field("bigint_value", pa.int64()), pa.field("int32_bitmask", pa.int32()),
+    pa.field("string_list", pa.list_(pa.field("item", pa.utf8()))),
+    pa.field("int32_to_int32_list_map", pa.map_(pa.int32(), pa.list_(pa.field("item", pa.int32())))),
+])
+SQL_INFO_SCHEMA = pa.schema([
+    pa.field("info_name", pa.uint32(), nullable=False), pa.field("value", _INFO_VALUE, nullable=False),
+])
+#: SqlInfo ids of FlightSql.proto -> the value this server gives (str: string_value, bool: bool_value)
+SQL_INFO: Mapping[int, str | bool] = {
+    0: "history_pipeline",         # FLIGHT_SQL_SERVER_NAME
+    1: "0.1.0",                    # FLIGHT_SQL_SERVER_VERSION
+    2: pa.__version__,             # FLIGHT_SQL_SERVER_ARROW_VERSION
+    3: True,                       # FLIGHT_SQL_SERVER_READ_ONLY
+    4: True,                       # FLIGHT_SQL_SERVER_SQL
+    5: False,                      # FLIGHT_SQL_SERVER_SUBSTRAIT
+    504: '"',                      # SQL_IDENTIFIER_QUOTE_CHAR
+}
+
+
+def sql_info_table(ids: list[int]) -> pa.Table:
+    """GetSqlInfo: the infos asked for that this server knows (every one when none is named)."""
+    wanted = [i for i in (ids or sorted(SQL_INFO)) if i in SQL_INFO]
+    strings = [i for i in wanted if isinstance(SQL_INFO[i], str)]
+    bools = [i for i in wanted if isinstance(SQL_INFO[i], bool)]
+    codes = pa.array([0 if i in strings else 1 for i in wanted], pa.int8())
+    offsets = pa.array([strings.index(i) if i in strings else bools.index(i) for i in wanted], pa.int32())
+    children = [
+        pa.array([SQL_INFO[i] for i in strings], pa.utf8()), pa.array([SQL_INFO[i] for i in bools], pa.bool_()),
+        pa.array([], pa.int64()), pa.array([], pa.int32()), pa.array([], _INFO_VALUE.field(4).type),
+        pa.array([], _INFO_VALUE.field(5).type),
+    ]
+    value = pa.UnionArray.from_dense(codes, offsets, children, [f.name for f in _INFO_VALUE])
+    return pa.Table.from_arrays([pa.array(wanted, pa.uint32()), value], schema=SQL_INFO_SCHEMA)

@@ -37,9 +37,11 @@ from history_pipeline.service.protocol import (
     OPERATIONS,
     SqlRequest,
     StatusRequest,
+    TableSchemasRequest,
     decode_request,
     encode_request,
     status_from_arrow,
+    table_schemas_from_arrow,
 )
 from history_pipeline.service.workers import Job, WorkerPool
 
@@ -87,6 +89,26 @@ _ACTIONS = {
 }
 #: how long a Flight SQL answer waits for its DoGet before it is dropped
 _ANSWER_TTL_S = 120.0
+
+
+def _ipc(table: pa.Table) -> pa.Buffer:
+    """A table as an Arrow IPC stream (the form every answer is kept in)."""
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_stream(sink, table.schema) as writer:
+        writer.write_table(table)
+    return sink.getvalue()
+
+
+#: Flight SQL's catalog calls answered without reading the tenant's database
+_PLAIN_CATALOG_CALLS: Mapping[str, Any] = {
+    "CommandGetCatalogs": lambda command: fsql.catalogs_table(),
+    "CommandGetDbSchemas": lambda command: fsql.db_schemas_table(
+        command.catalog if command.HasField("catalog") else None,
+        command.db_schema_filter_pattern if command.HasField("db_schema_filter_pattern") else None,
+    ),
+    "CommandGetTableTypes": lambda command: fsql.table_types_table(),
+    "CommandGetSqlInfo": lambda command: fsql.sql_info_table(list(command.info)),
+}
 
 
 class _BearerAuth(flight.ServerMiddlewareFactory):
@@ -245,6 +267,16 @@ class HistoryServer(flight.FlightServerBase):
             statement = fsql.split_as_of(text)
             timestamp = self._as_of(tenant, statement.as_of or as_of, context)
             return self._run(tenant, encode_request(SqlRequest(statement.query, timestamp)), context)
+        if name in _PLAIN_CATALOG_CALLS:
+            return _ipc(_PLAIN_CATALOG_CALLS[name](command))
+        if name in ("CommandGetTables", "CommandGetPrimaryKeys"):
+            timestamp = self._as_of(tenant, as_of, context)
+            request = TableSchemasRequest(timestamp)
+            schemas = table_schemas_from_arrow(pa.ipc.open_stream(
+                self._run(tenant, encode_request(request), context)).read_all())
+            if name == "CommandGetTables":
+                return _ipc(fsql.tables_table(command, schemas))
+            return _ipc(fsql.primary_keys_table(command, set(schemas)))
         raise InvalidRequestError(f"the Flight SQL command {name} is not offered by this server")
 
     @staticmethod
