@@ -194,6 +194,10 @@ def test_catalog_calls_answer_for_the_tenants_tables_as_of_t(server, stores):
     assert raw_call(server, TOKEN_A, "CommandGetDbSchemas", db_schema_filter_pattern="x%").num_rows == 0
     infos = raw_call(server, TOKEN_A, "CommandGetSqlInfo", info=[3, 0, 12345]).to_pylist()
     assert infos == [{"info_name": 3, "value": True}, {"info_name": 0, "value": "history_pipeline"}]
+    types = raw_call(server, TOKEN_A, "CommandGetXdbcTypeInfo")
+    assert types.schema.equals(fsql.XDBC_TYPE_INFO_SCHEMA) and "numeric" in types.column("type_name").to_pylist()
+    assert raw_call(server, TOKEN_A, "CommandGetXdbcTypeInfo", data_type=93).column("type_name").to_pylist() == [
+        "timestamp", "timestamp with time zone"]
     assert server.stats().pending_answers == 0
 
 

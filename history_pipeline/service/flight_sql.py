@@ -294,3 +294,68 @@ def sql_info_table(ids: list[int]) -> pa.Table:
     ]
     value = pa.UnionArray.from_dense(codes, offsets, children, [f.name for f in _INFO_VALUE])
     return pa.Table.from_arrays([pa.array(wanted, pa.uint32()), value], schema=SQL_INFO_SCHEMA)
+
+
+# --- GetXdbcTypeInfo --------------------------------------------------------------------------
+
+XDBC_TYPE_INFO_SCHEMA = pa.schema([
+    pa.field("type_name", pa.utf8(), nullable=False), pa.field("data_type", pa.int32(), nullable=False),
+    pa.field("column_size", pa.int32()), pa.field("literal_prefix", pa.utf8()),
+    pa.field("literal_suffix", pa.utf8()),
+    pa.field("create_params", pa.list_(pa.field("item", pa.utf8(), nullable=False))),
+    pa.field("nullable", pa.int32(), nullable=False), pa.field("case_sensitive", pa.bool_(), nullable=False),
+    pa.field("searchable", pa.int32(), nullable=False), pa.field("unsigned_attribute", pa.bool_()),
+    pa.field("fixed_prec_scale", pa.bool_(), nullable=False), pa.field("auto_increment", pa.bool_()),
+    pa.field("local_type_name", pa.utf8()), pa.field("minimum_scale", pa.int32()),
+    pa.field("maximum_scale", pa.int32()), pa.field("sql_data_type", pa.int32(), nullable=False),
+    pa.field("datetime_subcode", pa.int32()), pa.field("num_prec_radix", pa.int32()),
+    pa.field("interval_precision", pa.int32()),
+])
+#: the column types of the store (PostgreSQL's names) with their XDBC codes (FlightSql.proto's
+#: XdbcDataType; dates and times: sql_data_type 9 with their subcode) and literal quotes
+_XDBC_TYPES: tuple[tuple[str, int, int, int | None, str | None, bool], ...] = (
+    # (type_name, data_type, sql_data_type, datetime_subcode, literal quote, fixed_prec_scale)
+    ("boolean", -7, -7, None, None, False),
+    ("bigint", -5, -5, None, None, False),
+    ("bytea", -3, -3, None, "'", False),
+    ("character", 1, 1, None, "'", False),
+    ("numeric", 2, 2, None, None, True),
+    ("integer", 4, 4, None, None, False),
+    ("smallint", 5, 5, None, None, False),
+    ("real", 7, 7, None, None, False),
+    ("double precision", 8, 8, None, None, False),
+    ("interval", 10, 10, None, "'", False),
+    ("character varying", 12, 12, None, "'", False),
+    ("jsonb", 12, 12, None, "'", False),
+    ("text", 12, 12, None, "'", False),
+    ("uuid", 12, 12, None, "'", False),
+    ("date", 91, 9, 1, "'", False),
+    ("time", 92, 9, 2, "'", False),
+    ("timestamp", 93, 9, 3, "'", False),
+    ("timestamp with time zone", 93, 9, 3, "'", False),
+)
+_CREATE_PARAMS = {"numeric": ["precision", "scale"], "character": ["length"], "character varying": ["length"]}
+
+
+def xdbc_type_info_table(data_type: int | None) -> pa.Table:
+    """GetXdbcTypeInfo: the store's column types (those of ``data_type`` only, when given)."""
+    rows = [r for r in _XDBC_TYPES if data_type is None or r[1] == data_type]
+    text = {"character", "character varying", "text", "jsonb"}
+    columns = {
+        "type_name": [r[0] for r in rows], "data_type": [r[1] for r in rows],
+        "column_size": [38 if r[0] == "numeric" else None for r in rows],
+        "literal_prefix": [r[4] for r in rows], "literal_suffix": [r[4] for r in rows],
+        "create_params": [_CREATE_PARAMS.get(r[0]) for r in rows],
+        "nullable": [1] * len(rows),  # NULLABILITY_NULLABLE
+        "case_sensitive": [r[0] in text for r in rows],
+        "searchable": [3] * len(rows),  # SEARCHABLE_FULL
+        "unsigned_attribute": [False if r[1] in (-5, 2, 4, 5, 7, 8) else None for r in rows],
+        "fixed_prec_scale": [r[5] for r in rows], "auto_increment": [False] * len(rows),
+        "local_type_name": [r[0] for r in rows],
+        "minimum_scale": [0 if r[0] == "numeric" else None for r in rows],
+        "maximum_scale": [38 if r[0] == "numeric" else None for r in rows],
+        "sql_data_type": [r[2] for r in rows], "datetime_subcode": [r[3] for r in rows],
+        "num_prec_radix": [10 if r[0] == "numeric" else None for r in rows],
+        "interval_precision": [None] * len(rows),
+    }
+    return pa.table(columns, schema=XDBC_TYPE_INFO_SCHEMA)

@@ -108,6 +108,9 @@ _PLAIN_CATALOG_CALLS: Mapping[str, Any] = {
     ),
     "CommandGetTableTypes": lambda command: fsql.table_types_table(),
     "CommandGetSqlInfo": lambda command: fsql.sql_info_table(list(command.info)),
+    "CommandGetXdbcTypeInfo": lambda command: fsql.xdbc_type_info_table(
+        command.data_type if command.HasField("data_type") else None
+    ),
 }
 
 
