@@ -205,3 +205,48 @@ def test_filter_patterns_follow_sql_like():
     assert fsql.like_matches("ord%", "orders") and fsql.like_matches("o_ders", "orders")
     assert not fsql.like_matches("ord", "orders") and not fsql.like_matches("o.ders", "orders")
     assert fsql.like_matches(None, "anything") and fsql.like_matches("%", "")
+
+
+@pytest.mark.daemon
+def test_prepared_statements_bind_parameters_of_their_exact_types(server, stores):
+    import datetime as dt
+    from decimal import Decimal
+
+    local = stores["a"]
+    newest = local.frontier + 1
+    sql = "SELECT customer_id, count(*) AS n FROM orders WHERE customer_id = ? AND ? GROUP BY customer_id"
+    expected = local.sql(sql.replace("?", "7", 1).replace("?", "TRUE"), newest)
+    assert expected.num_rows == 1
+    with adbc(server, TOKEN_A) as conn, conn.cursor() as cursor:
+        cursor.execute(sql, (7, True))
+        assert cursor.fetch_arrow_table().equals(expected)
+        cursor.execute(sql, (8, False))  # the same statement again, other values
+        assert cursor.fetch_arrow_table().num_rows == 0
+        # each parameter keeps its type: NUMERIC at its precision and scale, text with quotes, dates
+        cursor.execute("SELECT ? AS d, ? AS s, ? AS day, $1 AS again",
+                       (Decimal("12.340"), "it's -- not a comment ?", dt.date(2024, 2, 29)))
+        row = cursor.fetch_arrow_table()
+        assert row.schema.field("d").type == pa.decimal128(5, 3) and row.column("d")[0].as_py() == Decimal("12.340")
+        assert row.column("s")[0].as_py() == "it's -- not a comment ?"
+        assert row.column("day").type == pa.date32() and row.column("again").type == pa.decimal128(5, 3)
+        with pytest.raises(AdbcError, match="placeholders"):
+            cursor.execute("SELECT ? AS a", (1, 2))
+        cursor.execute("SET as_of = '1'; SELECT count(*) AS n FROM range(?)", (3,))  # as of, and bound
+        assert cursor.fetch_arrow_table().column("n").to_pylist() == [3]
+    assert server.stats().pending_answers == 0
+
+
+def test_placeholders_are_bound_outside_quotes_and_comments():
+    literals = ["CAST(1 AS BIGINT)", "'x'"]
+    assert fsql.bind_placeholders("SELECT ?, '?', \"?\" -- ?\n, ? /* ? */", literals) == (
+        "SELECT CAST(1 AS BIGINT), '?', \"?\" -- ?\n, 'x' /* ? */")
+    assert fsql.bind_placeholders("SELECT $2, $1, $2", literals) == "SELECT 'x', CAST(1 AS BIGINT), 'x'"
+    with pytest.raises(InvalidRequestError, match="no parameter"):
+        fsql.bind_placeholders("SELECT ?, ?, ?", literals)
+    field = pa.field("p", pa.string())
+    assert fsql.sql_literal(pa.scalar("o'clock"), field) == "'o''clock'"
+    assert fsql.sql_literal(pa.scalar(None, pa.int64()), field) == "NULL"
+    prepared = fsql.Prepared("SELECT 1")
+    assert fsql.Prepared.of(prepared.handle()) == prepared
+    with pytest.raises(InvalidRequestError, match="did not make"):
+        fsql.Prepared.of(b"SELECT 1")

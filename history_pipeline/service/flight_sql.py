@@ -13,6 +13,8 @@ or else as of the newest answerable state.
 
 from __future__ import annotations
 
+import base64
+import json
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -73,6 +75,7 @@ _MESSAGES: Mapping[str, tuple[tuple[str, int, int, str], ...]] = {
     ),
     "ActionClosePreparedStatementRequest": (("prepared_statement_handle", 1, _BYTES, ""),),
     "DoPutUpdateResult": (("record_count", 1, _INT64, ""),),
+    "DoPutPreparedStatementResult": (("prepared_statement_handle", 1, _BYTES, _OPTIONAL),),
 }
 
 
@@ -359,3 +362,112 @@ def xdbc_type_info_table(data_type: int | None) -> pa.Table:
         "interval_precision": [None] * len(rows),
     }
     return pa.table(columns, schema=XDBC_TYPE_INFO_SCHEMA)
+
+
+# --- prepared statements and their parameters -----------------------------------------------
+
+
+@dataclass(frozen=True)
+class Prepared:
+    """A prepared statement as its handle carries it: the SQL and its bound parameters (one row, as
+    an Arrow IPC stream), so that the server holds nothing for it."""
+
+    query: str
+    parameters: bytes | None = None
+
+    def handle(self) -> bytes:
+        """The handle a client keeps and sends back."""
+        body = {"query": self.query, "parameters": None if self.parameters is None
+                else base64.b64encode(self.parameters).decode("ascii")}
+        return json.dumps(body).encode("utf-8")
+
+    @staticmethod
+    def of(handle: bytes) -> Prepared:
+        """The prepared statement a handle names (InvalidRequestError for one this server did not make)."""
+        try:
+            body = json.loads(handle)
+            parameters = body["parameters"]
+            return Prepared(str(body["query"]), None if parameters is None else base64.b64decode(parameters))
+        except (ValueError, KeyError, TypeError):
+            raise InvalidRequestError("a prepared statement handle this server did not make") from None
+
+    def bound_query(self) -> str:
+        """The SQL with each placeholder (``?`` in order, or ``$n``) replaced by its parameter's literal."""
+        if self.parameters is None:
+            return self.query
+        table = pa.ipc.open_stream(self.parameters).read_all()
+        if table.num_rows != 1:
+            raise InvalidRequestError(
+                f"a prepared statement runs with one row of parameters, got {table.num_rows}"
+            )
+        literals = [sql_literal(column[0], field) for column, field in zip(table.columns, table.schema, strict=True)]
+        return bind_placeholders(self.query, literals)
+
+
+_DUCKDB_INTS = {
+    pa.int8(): "TINYINT", pa.int16(): "SMALLINT", pa.int32(): "INTEGER", pa.int64(): "BIGINT",
+    pa.uint8(): "UTINYINT", pa.uint16(): "USMALLINT", pa.uint32(): "UINTEGER", pa.uint64(): "UBIGINT",
+}
+
+
+def _quote(text: str) -> str:
+    return "'" + text.replace("'", "''") + "'"
+
+
+def sql_literal(value: pa.Scalar, field: pa.Field) -> str:
+    """A parameter as a SQL literal of its exact type (InvalidRequestError for a type not bindable)."""
+    kind = value.type
+    if not value.is_valid:
+        return "NULL"
+    python = value.as_py()
+    if pa.types.is_boolean(kind):
+        return "TRUE" if python else "FALSE"
+    if kind in _DUCKDB_INTS:
+        return f"CAST({int(python)} AS {_DUCKDB_INTS[kind]})"
+    if pa.types.is_floating(kind):
+        return f"CAST({_quote(repr(float(python)))} AS {'FLOAT' if kind == pa.float32() else 'DOUBLE'})"
+    if pa.types.is_decimal(kind):
+        return f"CAST({_quote(str(python))} AS DECIMAL({kind.precision}, {kind.scale}))"
+    if pa.types.is_string(kind) or pa.types.is_large_string(kind):
+        return _quote(python)
+    if pa.types.is_binary(kind) or pa.types.is_large_binary(kind):
+        return "'" + "".join(f"\\x{b:02X}" for b in python) + "'::BLOB"
+    if pa.types.is_date32(kind) or pa.types.is_date64(kind):
+        return f"DATE {_quote(python.isoformat())}"
+    if pa.types.is_time(kind):
+        return f"TIME {_quote(python.isoformat())}"
+    if pa.types.is_timestamp(kind):
+        if kind.tz is None:
+            return f"TIMESTAMP {_quote(python.isoformat())}"
+        return f"TIMESTAMPTZ {_quote(python.isoformat())}"
+    raise InvalidRequestError(f"parameter {field.name!r} has the type {kind}, which cannot be bound here")
+
+
+_TOKEN = re.compile(r"'(?:[^']|'')*'|\"(?:[^\"]|\"\")*\"|--[^\n]*|/\*.*?\*/|\$(\d+)|\?", re.DOTALL)
+
+
+def bind_placeholders(query: str, literals: list[str]) -> str:
+    """``query`` with ``?`` (in order) or ``$n`` placeholders replaced; quoted text and comments are
+    left alone. Refuses a count of placeholders that differs from the parameters'."""
+    used: set[int] = set()
+    position = 0
+
+    def replace(match: re.Match[str]) -> str:
+        nonlocal position
+        token = match.group(0)
+        if token == "?":
+            position += 1
+            index = position
+        elif match.group(1) is not None:
+            index = int(match.group(1))
+        else:
+            return token  # a string, a quoted name or a comment
+        if not 1 <= index <= len(literals):
+            raise InvalidRequestError(f"placeholder {token} has no parameter: {len(literals)} given")
+        used.add(index)
+        return literals[index - 1]
+
+    bound = _TOKEN.sub(replace, query)
+    if len(used) != len(literals):
+        raise InvalidRequestError(f"{len(literals)} parameters given for {len(used)} placeholders")
+    return bound

@@ -80,7 +80,7 @@ def not_offered(call: str) -> InvalidRequestError:
 #: the calls answered: the service's own DoGet and Flight SQL's read-only calls
 _OFFERED = {
     flight.FlightMethod.DO_GET, flight.FlightMethod.GET_FLIGHT_INFO, flight.FlightMethod.DO_ACTION,
-    flight.FlightMethod.LIST_ACTIONS,
+    flight.FlightMethod.LIST_ACTIONS, flight.FlightMethod.DO_PUT,
 }
 #: Flight SQL's actions this server answers, with what they do
 _ACTIONS = {
@@ -128,11 +128,6 @@ class _BearerAuth(flight.ServerMiddlewareFactory):
             tenant = self.directory.authenticate(values[0] if values else None)
         except AuthenticationError as exc:
             raise flight.FlightUnauthenticatedError(str(exc), extra_info=error_payload(exc)) from None
-        if info.method == flight.FlightMethod.DO_PUT:
-            raise flight_error(InvalidRequestError(
-                "this service is read-only: DoPut (updates, ingestion) is not offered; "
-                "run a SELECT (executed as a query, not as an update)"
-            ))
         if info.method not in _OFFERED:
             raise flight_error(not_offered(_CALL_NAMES.get(info.method, str(info.method))))
         as_of = headers.get(fsql.AS_OF_HEADER) or []
@@ -266,7 +261,8 @@ class HistoryServer(flight.FlightServerBase):
         """The Arrow IPC answer of a Flight SQL command (run now; its DoGet fetches it)."""
         name = fsql.name_of(command)
         if name in ("CommandStatementQuery", "CommandPreparedStatementQuery"):
-            text = command.query if name == "CommandStatementQuery" else self._prepared(command)
+            text = (command.query if name == "CommandStatementQuery"
+                    else fsql.Prepared.of(command.prepared_statement_handle).bound_query())
             statement = fsql.split_as_of(text)
             timestamp = self._as_of(tenant, statement.as_of or as_of, context)
             return self._run(tenant, encode_request(SqlRequest(statement.query, timestamp)), context)
@@ -282,13 +278,29 @@ class HistoryServer(flight.FlightServerBase):
             return _ipc(fsql.primary_keys_table(command, set(schemas)))
         raise InvalidRequestError(f"the Flight SQL command {name} is not offered by this server")
 
-    @staticmethod
-    def _prepared(command: Any) -> str:
-        """The statement a prepared statement's handle names."""
+    def do_put(self, context: flight.ServerCallContext, descriptor: flight.FlightDescriptor,
+               reader: flight.MetadataRecordBatchReader, writer: flight.FlightMetadataWriter) -> None:
         try:
-            return bytes(command.prepared_statement_handle).decode("utf-8")
-        except UnicodeDecodeError:
-            raise InvalidRequestError("a prepared statement handle this server did not make") from None
+            command = fsql.unpack(descriptor.command) if descriptor.command else None
+            if command is None or fsql.name_of(command) != "CommandPreparedStatementQuery":
+                raise InvalidRequestError(
+                    "this service is read-only: DoPut is not offered but to bind a prepared query's "
+                    "parameters (no updates, no ingestion)"
+                )
+            prepared = fsql.Prepared.of(command.prepared_statement_handle)
+            parameters = reader.read_all()
+            sink = pa.BufferOutputStream()
+            with pa.ipc.new_stream(sink, parameters.schema) as stream:
+                stream.write_table(parameters)
+            bound = fsql.Prepared(prepared.query, sink.getvalue().to_pybytes())
+            bound.bound_query()  # parameters that do not fit are refused now
+            # the parameters travel in the handle the client gets back: nothing is held here
+            result = fsql.message("DoPutPreparedStatementResult", prepared_statement_handle=bound.handle())
+            writer.write(pa.py_buffer(result.SerializeToString()))
+        except HistoryError as exc:
+            raise flight_error(exc, self._roots) from None
+        except Exception as exc:  # a bug: typed, without the server's stack trace
+            raise self._internal(exc) from None
 
     def do_action(self, context: flight.ServerCallContext, action: flight.Action) -> Iterator[bytes]:
         try:
@@ -304,7 +316,7 @@ class HistoryServer(flight.FlightServerBase):
             fsql.split_as_of(command.query)  # a malformed SET as_of is refused at once
             # the handle is the statement's text: a prepared statement holds nothing on the server
             result = fsql.message("ActionCreatePreparedStatementResult",
-                                  prepared_statement_handle=command.query.encode("utf-8"))
+                                  prepared_statement_handle=fsql.Prepared(command.query).handle())
             return iter([fsql.pack(result)])
         except HistoryError as exc:
             raise flight_error(exc, self._roots) from None
@@ -356,9 +368,6 @@ class HistoryServer(flight.FlightServerBase):
 
     def get_schema(self, context: Any, descriptor: Any) -> flight.SchemaResult:
         raise flight_error(not_offered("GetSchema"))
-
-    def do_put(self, context: Any, descriptor: Any, reader: Any, writer: Any) -> None:
-        raise flight_error(not_offered("DoPut"))
 
     def do_exchange(self, context: Any, descriptor: Any, reader: Any, writer: Any) -> None:
         raise flight_error(not_offered("DoExchange"))
