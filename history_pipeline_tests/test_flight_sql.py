@@ -8,6 +8,8 @@ in-process compaction.
 
 from __future__ import annotations
 
+import threading
+
 import adbc_driver_flightsql.dbapi as flight_sql_dbapi
 import pyarrow as pa
 import pyarrow.flight as flight
@@ -19,7 +21,16 @@ from history_pipeline.service import InvalidRequestError
 from history_pipeline.service import flight_sql as fsql
 from history_pipeline.service.limits import Limits
 from history_pipeline.service.server import HistoryServer
-from history_pipeline_tests.test_service import TOKEN_A, TOKEN_B, build_sample, build_typed, config_for, same
+from history_pipeline_tests.test_service import (
+    ENDLESS_SQL,
+    TOKEN_A,
+    TOKEN_B,
+    build_sample,
+    build_typed,
+    config_for,
+    same,
+    wait_until,
+)
 
 AUTH = "adbc.flight.sql.authorization_header"
 AS_OF = f"adbc.flight.sql.rpc.call_header.{fsql.AS_OF_HEADER}"
@@ -250,3 +261,63 @@ def test_placeholders_are_bound_outside_quotes_and_comments():
     assert fsql.Prepared.of(prepared.handle()) == prepared
     with pytest.raises(InvalidRequestError, match="did not make"):
         fsql.Prepared.of(b"SELECT 1")
+
+
+@pytest.mark.daemon
+def test_a_cancelled_query_frees_its_worker_and_slot(server):
+    before = server.stats().replaced_workers
+    with adbc(server, TOKEN_A) as conn, conn.cursor() as cursor:
+        failure: list[BaseException] = []
+
+        def run() -> None:
+            try:
+                cursor.execute(ENDLESS_SQL)
+            except BaseException as exc:  # the cancelled call's error, checked below
+                failure.append(exc)
+
+        thread = threading.Thread(target=run)
+        thread.start()
+        wait_until(lambda: server.stats().running_queries.get("a"), "the query runs")
+        cursor.adbc_cancel()
+        thread.join(60)
+        assert not thread.is_alive() and failure and isinstance(failure[0], AdbcError), failure
+    # the server notices the cancelled call and kills the worker, well before its own time limit
+    wait_until(lambda: server.stats().replaced_workers == before + 1, "the worker is replaced")
+    wait_until(lambda: not server.stats().running_queries, "the query slot is free")
+    assert server.stats().pending_answers == 0
+
+
+@pytest.mark.daemon
+def test_a_client_gone_mid_stream_leaves_nothing_behind(server):
+    before = server.stats()
+    # without gRPC's bandwidth probing the client's receive window stays at its initial 64 KiB, so
+    # the server cannot have pushed the whole answer (about 20 MB in 500-row batches) ahead
+    raw = flight.FlightClient(server.url, generic_options=[("grpc.http2.bdp_probe", 0)])
+    options = flight.FlightCallOptions(headers=[(b"authorization", f"Bearer {TOKEN_A}".encode())])
+    command = fsql.pack(fsql.message(
+        "CommandStatementQuery", query="SELECT range AS i, repeat('x', 1000) AS pad FROM range(20000)"))
+    info = raw.get_flight_info(flight.FlightDescriptor.for_command(command), options)
+    reader = raw.do_get(info.endpoints[0].ticket, options)
+    assert reader.read_chunk().data.num_rows == 500
+    assert server.stats().open_streams == before.open_streams + 1  # the server is in the middle of it
+    reader.cancel()
+    raw.close()
+    wait_until(lambda: server.stats().abandoned_streams == before.abandoned_streams + 1, "the stream is abandoned")
+    after = server.stats()
+    assert after.open_streams == 0 and not after.running_queries and after.busy_workers == 0
+    assert after.pending_answers == 0
+    # an answer asked for and never fetched is dropped once it is stale
+    assert raw_call_info(server, TOKEN_A, "SELECT 1 AS one").schema.names == ["one"]
+    assert server.stats().pending_answers == 1
+    server.drop_stale_answers(now=float("inf"))
+    assert server.stats().pending_answers == 0
+
+
+def raw_call_info(server: HistoryServer, token: str, sql: str) -> flight.FlightInfo:
+    raw = flight.FlightClient(server.url)
+    options = flight.FlightCallOptions(headers=[(b"authorization", f"Bearer {token}".encode())])
+    try:
+        command = fsql.pack(fsql.message("CommandStatementQuery", query=sql))
+        return raw.get_flight_info(flight.FlightDescriptor.for_command(command), options)
+    finally:
+        raw.close()

@@ -338,11 +338,17 @@ class HistoryServer(flight.FlightServerBase):
         """Keep an answer for its DoGet; answers never fetched are dropped after a while."""
         handle = secrets.token_bytes(16)
         now = time.monotonic()
+        self.drop_stale_answers(now)
+        with self._lock:
+            self._answers[handle] = _Answer(tenant.name, answer, now)
+        return handle
+
+    def drop_stale_answers(self, now: float | None = None) -> None:
+        """Drop the Flight SQL answers no DoGet fetched within their time (``now``: monotonic seconds)."""
+        now = time.monotonic() if now is None else now
         with self._lock:
             for stale in [h for h, a in self._answers.items() if now - a.made > _ANSWER_TTL_S]:
                 del self._answers[stale]
-            self._answers[handle] = _Answer(tenant.name, answer, now)
-        return handle
 
     def _take_answer(self, tenant: Tenant, command: Any) -> pa.Buffer:
         """The kept answer a Flight SQL ticket names, once, and only to its own tenant."""
