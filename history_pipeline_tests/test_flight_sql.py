@@ -68,6 +68,9 @@ def test_a_statement_answers_as_the_store_does_newest_or_as_of_t(server, stores)
     local = stores["a"]
     newest = local.frontier + 1
     assert query(server, TOKEN_A, SQL).equals(local.sql(SQL, newest))
+    with adbc(server, TOKEN_A) as conn, conn.cursor() as cursor:  # pandas through ADBC
+        cursor.execute(SQL)
+        assert cursor.fetch_df().equals(local.sql(SQL, newest).to_pandas())
     earlier = newest // 2
     expected = local.sql(SQL, earlier)
     assert not expected.equals(local.sql(SQL, newest))  # the as-of below is not the newest state in disguise
