@@ -1,7 +1,11 @@
-"""The HistoryService over Arrow Flight.
+"""The HistoryService over Arrow Flight, and Arrow Flight SQL on the same port.
 
-Every operation is a ``do_get``: the ticket is a request message (``protocol.py``), the answer
-an Arrow stream. A request is authenticated by its bearer token (middleware), which fixes the
+Every operation of the service's own protocol is a ``do_get``: the ticket is a request message
+(``protocol.py``), the answer an Arrow stream. Flight SQL clients send protobuf commands
+(``flight_sql.py``): a statement or catalog call runs at GetFlightInfo and its answer is kept for
+the one DoGet of its ticket; prepared statements are DoActions and a DoPut of their parameters.
+
+A request is authenticated by its bearer token (middleware), which fixes the
 tenant and so the only database it can read; it then takes one of the tenant's query slots,
 runs on a worker process under the time limit, and its answer is streamed in record batches.
 """
@@ -84,7 +88,7 @@ _OFFERED = {
 }
 #: Flight SQL's actions this server answers, with what they do
 _ACTIONS = {
-    "CreatePreparedStatement": "prepare a read-only statement (its handle is the statement itself)",
+    "CreatePreparedStatement": "prepare a read-only statement (its handle carries the statement)",
     "ClosePreparedStatement": "close a prepared statement (nothing is held for it)",
 }
 #: how long a Flight SQL answer waits for its DoGet before it is dropped
@@ -116,7 +120,8 @@ _PLAIN_CATALOG_CALLS: Mapping[str, Any] = {
 
 class _BearerAuth(flight.ServerMiddlewareFactory):
     """Authenticates every call by its ``authorization: Bearer <token>`` header, and refuses every
-    call but DoGet here, before pyarrow runs a handler: some of its handlers (GetSchema) turn any
+    call not offered (ListFlights, GetSchema, DoExchange, Handshake) here, before pyarrow runs a
+    handler: some of its handlers (GetSchema) turn any
     Python exception into an error that quotes the server's stack trace."""
 
     def __init__(self, directory: TenantDirectory):
