@@ -51,6 +51,11 @@ def execute(store: HistoryStore, request: p.Request, limits: Limits) -> pa.Table
         table = p.changes_to_arrow(store.changes(tables, since=request.since, until=request.until))
         check_result_size(table, limits, f"the changes from {request.since}")
         return table
+    if isinstance(request, p.TableSchemasRequest):
+        t = request.query_timestamp
+        names = [d.table_name for d in store.get_catalog(t)]
+        quoted = {n: '"' + n.replace('"', '""') + '"' for n in names}
+        return p.table_schemas_to_arrow({n: store.sql(f"SELECT * FROM {quoted[n]} LIMIT 0", t).schema for n in names})
     if isinstance(request, p.StatusRequest):
         return p.status_to_arrow(store.frontier, store.earliest)
     raise TypeError(f"not a request message: {request!r}")

@@ -161,13 +161,24 @@ class ChangesRequest:
 
 
 @dataclass(frozen=True)
+class TableSchemasRequest:
+    """The name and the Arrow schema of a ``SELECT *`` of every table as of ``query_timestamp``
+    (Flight SQL's GetTables)."""
+
+    query_timestamp: int
+
+    def __post_init__(self) -> None:
+        _check_int("TableSchemasRequest", "query_timestamp", self.query_timestamp)
+
+
+@dataclass(frozen=True)
 class StatusRequest:
     """The frontier and the earliest answerable timestamp of the tenant's database."""
 
 
 Request = (
     FetchRowRequest | LoadTableRequest | GetCatalogRequest | SqlRequest | RowHistoryRequest | DiffRequest
-    | StatusRequest | ChangesRequest
+    | StatusRequest | ChangesRequest | TableSchemasRequest
 )
 
 OPERATIONS: Mapping[str, type] = {
@@ -179,6 +190,7 @@ OPERATIONS: Mapping[str, type] = {
     "Diff": DiffRequest,
     "Status": StatusRequest,
     "Changes": ChangesRequest,
+    "TableSchemas": TableSchemasRequest,
 }
 _OP_OF = {cls: op for op, cls in OPERATIONS.items()}
 
@@ -476,6 +488,21 @@ def changes_from_arrow(table: pa.Table) -> list[dict[str, Any]]:
     """The changes of :func:`changes_to_arrow` rows, one dict each (before and after decoded)."""
     return [{**row, "before": _from_json_or_null(row["before"]), "after": _from_json_or_null(row["after"])}
             for row in table.to_pylist()]
+
+
+def table_schemas_to_arrow(schemas: Mapping[str, pa.Schema]) -> pa.Table:
+    """Tables' names and their Arrow schemas (IPC-serialized), as rows."""
+    return pa.table({
+        "table_name": pa.array(list(schemas), pa.string()),
+        "table_schema": pa.array([s.serialize().to_pybytes() for s in schemas.values()], pa.binary()),
+    })
+
+
+def table_schemas_from_arrow(table: pa.Table) -> dict[str, pa.Schema]:
+    """The names and schemas of :func:`table_schemas_to_arrow` rows."""
+    names = table.column("table_name").to_pylist()
+    return {n: pa.ipc.read_schema(pa.py_buffer(b)) for n, b in zip(names, table.column("table_schema").to_pylist(),
+                                                                     strict=True)}
 
 
 def status_to_arrow(frontier: int, earliest: int) -> pa.Table:

@@ -1,14 +1,20 @@
-"""The HistoryService over Arrow Flight.
+"""The HistoryService over Arrow Flight, and Arrow Flight SQL on the same port.
 
-Every operation is a ``do_get``: the ticket is a request message (``protocol.py``), the answer
-an Arrow stream. A request is authenticated by its bearer token (middleware), which fixes the
+Every operation of the service's own protocol is a ``do_get``: the ticket is a request message
+(``protocol.py``), the answer an Arrow stream. Flight SQL clients send protobuf commands
+(``flight_sql.py``): a statement or catalog call runs at GetFlightInfo and its answer is kept for
+the one DoGet of its ticket; prepared statements are DoActions and a DoPut of their parameters.
+
+A request is authenticated by its bearer token (middleware), which fixes the
 tenant and so the only database it can read; it then takes one of the tenant's query slots,
 runs on a worker process under the time limit, and its answer is streamed in record batches.
 """
 
 from __future__ import annotations
 
+import secrets
 import threading
+import time
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -17,6 +23,8 @@ import pyarrow as pa
 import pyarrow.flight as flight
 
 from history_pipeline.errors import HistoryError
+from history_pipeline.lsn import to_timestamp
+from history_pipeline.service import flight_sql as fsql
 from history_pipeline.service.auth import Tenant, TenantDirectory
 from history_pipeline.service.config import ServerConfig
 from history_pipeline.service.errors import (
@@ -28,16 +36,26 @@ from history_pipeline.service.errors import (
     error_payload,
     redact,
 )
-from history_pipeline.service.limits import ConcurrencyGate
-from history_pipeline.service.protocol import OPERATIONS, decode_request
+from history_pipeline.service.limits import ConcurrencyGate, Limits
+from history_pipeline.service.protocol import (
+    OPERATIONS,
+    SqlRequest,
+    StatusRequest,
+    TableSchemasRequest,
+    decode_request,
+    encode_request,
+    status_from_arrow,
+    table_schemas_from_arrow,
+)
 from history_pipeline.service.workers import Job, WorkerPool
 
 
 class _TenantMiddleware(flight.ServerMiddleware):
-    """Carries the authenticated tenant of one call."""
+    """Carries the authenticated tenant of one call and the as-of its connection asks for."""
 
-    def __init__(self, tenant: Tenant):
+    def __init__(self, tenant: Tenant, as_of: str | None = None):
         self.tenant = tenant
+        self.as_of = as_of
 
 
 #: Flight's calls by the names its protocol gives them
@@ -57,14 +75,53 @@ _CALL_NAMES = {
 def not_offered(call: str) -> InvalidRequestError:
     """The error for a Flight call this service does not answer."""
     return InvalidRequestError(
-        f"{call} is not offered: this service answers DoGet only, with a ticket naming one of "
-        f"{', '.join(OPERATIONS)} (history_pipeline.client.connect(url, token) sends them)"
+        f"{call} is not offered: this service answers DoGet with a ticket naming one of "
+        f"{', '.join(OPERATIONS)} (history_pipeline.client.connect(url, token) sends them), and "
+        "Arrow Flight SQL queries (GetFlightInfo, DoGet, DoAction) of a Flight SQL client"
     )
+
+
+#: the calls answered: the service's own DoGet and Flight SQL's read-only calls
+_OFFERED = {
+    flight.FlightMethod.DO_GET, flight.FlightMethod.GET_FLIGHT_INFO, flight.FlightMethod.DO_ACTION,
+    flight.FlightMethod.LIST_ACTIONS, flight.FlightMethod.DO_PUT,
+}
+#: Flight SQL's actions this server answers, with what they do
+_ACTIONS = {
+    "CreatePreparedStatement": "prepare a read-only statement (its handle carries the statement)",
+    "ClosePreparedStatement": "close a prepared statement (nothing is held for it)",
+}
+#: how long a Flight SQL answer waits for its DoGet before it is dropped
+_ANSWER_TTL_S = 120.0
+
+
+def _ipc(table: pa.Table) -> pa.Buffer:
+    """A table as an Arrow IPC stream (the form every answer is kept in)."""
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_stream(sink, table.schema) as writer:
+        writer.write_table(table)
+    return sink.getvalue()
+
+
+#: Flight SQL's catalog calls answered without reading the tenant's database
+_PLAIN_CATALOG_CALLS: Mapping[str, Any] = {
+    "CommandGetCatalogs": lambda command: fsql.catalogs_table(),
+    "CommandGetDbSchemas": lambda command: fsql.db_schemas_table(
+        command.catalog if command.HasField("catalog") else None,
+        command.db_schema_filter_pattern if command.HasField("db_schema_filter_pattern") else None,
+    ),
+    "CommandGetTableTypes": lambda command: fsql.table_types_table(),
+    "CommandGetSqlInfo": lambda command: fsql.sql_info_table(list(command.info)),
+    "CommandGetXdbcTypeInfo": lambda command: fsql.xdbc_type_info_table(
+        command.data_type if command.HasField("data_type") else None
+    ),
+}
 
 
 class _BearerAuth(flight.ServerMiddlewareFactory):
     """Authenticates every call by its ``authorization: Bearer <token>`` header, and refuses every
-    call but DoGet here, before pyarrow runs a handler: some of its handlers (GetSchema) turn any
+    call not offered (ListFlights, GetSchema, DoExchange, Handshake) here, before pyarrow runs a
+    handler: some of its handlers (GetSchema) turn any
     Python exception into an error that quotes the server's stack trace."""
 
     def __init__(self, directory: TenantDirectory):
@@ -76,9 +133,10 @@ class _BearerAuth(flight.ServerMiddlewareFactory):
             tenant = self.directory.authenticate(values[0] if values else None)
         except AuthenticationError as exc:
             raise flight.FlightUnauthenticatedError(str(exc), extra_info=error_payload(exc)) from None
-        if info.method != flight.FlightMethod.DO_GET:
+        if info.method not in _OFFERED:
             raise flight_error(not_offered(_CALL_NAMES.get(info.method, str(info.method))))
-        return _TenantMiddleware(tenant)
+        as_of = headers.get(fsql.AS_OF_HEADER) or []
+        return _TenantMiddleware(tenant, as_of[0] if as_of else None)
 
 
 def flight_error(exc: HistoryError, roots: tuple[str, ...] = ()) -> flight.FlightError:
@@ -110,6 +168,17 @@ class ServerStats:
     replaced_workers: int
     #: process ids of the worker processes: "idle", "busy" (taken by a request), "answering" (running it)
     worker_pids: Mapping[str, list[int]]
+    #: Flight SQL answers computed and not yet fetched by their DoGet
+    pending_answers: int = 0
+
+
+@dataclass(frozen=True)
+class _Answer:
+    """A Flight SQL answer waiting for its DoGet: whose it is, the Arrow IPC stream, when made."""
+
+    tenant: str
+    payload: pa.Buffer
+    made: float
 
 
 class HistoryServer(flight.FlightServerBase):
@@ -122,6 +191,7 @@ class HistoryServer(flight.FlightServerBase):
         self._lock = threading.Lock()
         self._open = self._finished = self._abandoned = 0
         self._roots = (config.root,)
+        self._answers: dict[bytes, _Answer] = {}
         tls = []
         if config.tls_cert is not None and config.tls_key is not None:
             tls = [flight.CertKeyPair(cert=config.tls_cert, key=config.tls_key)]
@@ -145,23 +215,158 @@ class HistoryServer(flight.FlightServerBase):
         with self._lock:
             return ServerStats(
                 self._open, self._finished, self._abandoned, self._gate.running, self._pool.busy,
-                self._pool.replaced, self._pool.pids(),
+                self._pool.replaced, self._pool.pids(), len(self._answers),
             )
 
     def do_get(self, context: flight.ServerCallContext, ticket: flight.Ticket) -> flight.FlightDataStream:
         tenant: Tenant = context.get_middleware("auth").tenant
         try:
-            decode_request(ticket.ticket)  # a malformed request costs no slot and no worker
-            limits = self.config.limits_of(tenant)
-            with self._gate.slot(tenant.name, limits.max_concurrent_queries):
-                job = Job(self.config.root, tenant.database, ticket.ticket, limits, self.config.batch_rows)
-                answer = self._pool.run(job, cancelled=context.is_cancelled)
+            command = fsql.unpack(ticket.ticket)
+            if command is not None:
+                answer = self._take_answer(tenant, command)
+            else:
+                decode_request(ticket.ticket)  # a malformed request costs no slot and no worker
+                answer = self._run(tenant, ticket.ticket, context)
             reader = pa.ipc.open_stream(answer)
         except HistoryError as exc:
             raise flight_error(exc, self._roots) from None
         except Exception as exc:  # a bug: a typed ServiceError for the client, not the server's stack trace
             raise self._internal(exc) from None
         return flight.GeneratorStream(reader.schema, self._stream(reader))
+
+    def _run(self, tenant: Tenant, request: bytes, context: Any) -> pa.Buffer:
+        """The Arrow IPC answer of one request of the tenant, in one of its slots on a worker."""
+        limits: Limits = self.config.limits_of(tenant)
+        with self._gate.slot(tenant.name, limits.max_concurrent_queries):
+            job = Job(self.config.root, tenant.database, request, limits, self.config.batch_rows)
+            return self._pool.run(job, cancelled=context.is_cancelled)
+
+    # --- Arrow Flight SQL -------------------------------------------------------------------
+
+    def get_flight_info(
+        self, context: flight.ServerCallContext, descriptor: flight.FlightDescriptor
+    ) -> flight.FlightInfo:
+        middleware = context.get_middleware("auth")
+        tenant: Tenant = middleware.tenant
+        try:
+            command = fsql.unpack(descriptor.command or b"") if descriptor.command else None
+            if command is None:
+                raise not_offered("GetFlightInfo without a Flight SQL command")
+            answer = self._flight_sql_answer(tenant, middleware.as_of, command, context)
+            schema = pa.ipc.open_stream(answer).schema
+            handle = self._keep_answer(tenant, answer)
+        except HistoryError as exc:
+            raise flight_error(exc, self._roots) from None
+        except Exception as exc:  # a bug: typed, without the server's stack trace
+            raise self._internal(exc) from None
+        ticket = flight.Ticket(fsql.pack(fsql.message("TicketStatementQuery", statement_handle=handle)))
+        return flight.FlightInfo(schema, descriptor, [flight.FlightEndpoint(ticket, [])], -1, -1)
+
+    def _flight_sql_answer(self, tenant: Tenant, as_of: str | None, command: Any, context: Any) -> pa.Buffer:
+        """The Arrow IPC answer of a Flight SQL command (run now; its DoGet fetches it)."""
+        name = fsql.name_of(command)
+        if name in ("CommandStatementQuery", "CommandPreparedStatementQuery"):
+            text = (command.query if name == "CommandStatementQuery"
+                    else fsql.Prepared.of(command.prepared_statement_handle).bound_query())
+            statement = fsql.split_as_of(text)
+            timestamp = self._as_of(tenant, statement.as_of or as_of, context)
+            return self._run(tenant, encode_request(SqlRequest(statement.query, timestamp)), context)
+        if name in _PLAIN_CATALOG_CALLS:
+            return _ipc(_PLAIN_CATALOG_CALLS[name](command))
+        if name in ("CommandGetTables", "CommandGetPrimaryKeys"):
+            timestamp = self._as_of(tenant, as_of, context)
+            request = TableSchemasRequest(timestamp)
+            schemas = table_schemas_from_arrow(pa.ipc.open_stream(
+                self._run(tenant, encode_request(request), context)).read_all())
+            if name == "CommandGetTables":
+                return _ipc(fsql.tables_table(command, schemas))
+            return _ipc(fsql.primary_keys_table(command, set(schemas)))
+        raise InvalidRequestError(f"the Flight SQL command {name} is not offered by this server")
+
+    def do_put(self, context: flight.ServerCallContext, descriptor: flight.FlightDescriptor,
+               reader: flight.MetadataRecordBatchReader, writer: flight.FlightMetadataWriter) -> None:
+        try:
+            command = fsql.unpack(descriptor.command) if descriptor.command else None
+            if command is None or fsql.name_of(command) != "CommandPreparedStatementQuery":
+                raise InvalidRequestError(
+                    "this service is read-only: DoPut is not offered but to bind a prepared query's "
+                    "parameters (no updates, no ingestion)"
+                )
+            prepared = fsql.Prepared.of(command.prepared_statement_handle)
+            parameters = reader.read_all()
+            sink = pa.BufferOutputStream()
+            with pa.ipc.new_stream(sink, parameters.schema) as stream:
+                stream.write_table(parameters)
+            bound = fsql.Prepared(prepared.query, sink.getvalue().to_pybytes())
+            bound.bound_query()  # parameters that do not fit are refused now
+            # the parameters travel in the handle the client gets back: nothing is held here
+            result = fsql.message("DoPutPreparedStatementResult", prepared_statement_handle=bound.handle())
+            writer.write(pa.py_buffer(result.SerializeToString()))
+        except HistoryError as exc:
+            raise flight_error(exc, self._roots) from None
+        except Exception as exc:  # a bug: typed, without the server's stack trace
+            raise self._internal(exc) from None
+
+    def do_action(self, context: flight.ServerCallContext, action: flight.Action) -> Iterator[bytes]:
+        try:
+            if action.type not in _ACTIONS:
+                raise InvalidRequestError(
+                    f"DoAction {action.type!r} is not offered; offered: {', '.join(_ACTIONS)}"
+                )
+            command = fsql.unpack(action.body.to_pybytes() if action.body is not None else b"")
+            if action.type == "ClosePreparedStatement":
+                return iter(())
+            if command is None or fsql.name_of(command) != "ActionCreatePreparedStatementRequest":
+                raise InvalidRequestError("CreatePreparedStatement takes an ActionCreatePreparedStatementRequest")
+            fsql.split_as_of(command.query)  # a malformed SET as_of is refused at once
+            # the handle is the statement's text: a prepared statement holds nothing on the server
+            result = fsql.message("ActionCreatePreparedStatementResult",
+                                  prepared_statement_handle=fsql.Prepared(command.query).handle())
+            return iter([fsql.pack(result)])
+        except HistoryError as exc:
+            raise flight_error(exc, self._roots) from None
+        except Exception as exc:  # a bug: typed, without the server's stack trace
+            raise self._internal(exc) from None
+
+    def list_actions(self, context: Any) -> list[tuple[str, str]]:
+        return list(_ACTIONS.items())
+
+    def _as_of(self, tenant: Tenant, as_of: str | None, context: Any) -> int:
+        """The timestamp a statement runs as of: the one given, else the newest answerable state."""
+        if as_of is not None:
+            return to_timestamp(as_of)
+        status = pa.ipc.open_stream(self._run(tenant, encode_request(StatusRequest()), context)).read_all()
+        frontier, _ = status_from_arrow(status)
+        return frontier + 1
+
+    def _keep_answer(self, tenant: Tenant, answer: pa.Buffer) -> bytes:
+        """Keep an answer for its DoGet; answers never fetched are dropped after a while."""
+        handle = secrets.token_bytes(16)
+        now = time.monotonic()
+        self.drop_stale_answers(now)
+        with self._lock:
+            self._answers[handle] = _Answer(tenant.name, answer, now)
+        return handle
+
+    def drop_stale_answers(self, now: float | None = None) -> None:
+        """Drop the Flight SQL answers no DoGet fetched within their time (``now``: monotonic seconds)."""
+        now = time.monotonic() if now is None else now
+        with self._lock:
+            for stale in [h for h, a in self._answers.items() if now - a.made > _ANSWER_TTL_S]:
+                del self._answers[stale]
+
+    def _take_answer(self, tenant: Tenant, command: Any) -> pa.Buffer:
+        """The kept answer a Flight SQL ticket names, once, and only to its own tenant."""
+        if fsql.name_of(command) != "TicketStatementQuery":
+            raise InvalidRequestError(f"a DoGet ticket carries a TicketStatementQuery, not {fsql.name_of(command)}")
+        with self._lock:
+            kept = self._answers.get(command.statement_handle)
+            if kept is None or kept.tenant != tenant.name:  # another tenant's handle: as if unknown
+                raise InvalidRequestError(
+                    "unknown or already fetched statement handle: run the statement again (GetFlightInfo)"
+                )
+            del self._answers[command.statement_handle]
+        return kept.payload
 
     def _internal(self, exc: Exception) -> flight.FlightError:
         """A bug's exception as a typed ServiceError, without the server's stack trace or paths."""
@@ -172,23 +377,11 @@ class HistoryServer(flight.FlightServerBase):
     def list_flights(self, context: Any, criteria: Any) -> Iterator[flight.FlightInfo]:
         raise flight_error(not_offered("ListFlights"))
 
-    def get_flight_info(self, context: Any, descriptor: Any) -> flight.FlightInfo:
-        raise flight_error(not_offered("GetFlightInfo"))
-
     def get_schema(self, context: Any, descriptor: Any) -> flight.SchemaResult:
         raise flight_error(not_offered("GetSchema"))
 
-    def do_put(self, context: Any, descriptor: Any, reader: Any, writer: Any) -> None:
-        raise flight_error(not_offered("DoPut"))
-
     def do_exchange(self, context: Any, descriptor: Any, reader: Any, writer: Any) -> None:
         raise flight_error(not_offered("DoExchange"))
-
-    def list_actions(self, context: Any) -> list[Any]:
-        raise flight_error(not_offered("ListActions"))
-
-    def do_action(self, context: Any, action: Any) -> Iterator[Any]:
-        raise flight_error(not_offered("DoAction"))
 
     def _stream(self, reader: pa.ipc.RecordBatchStreamReader) -> Iterator[pa.RecordBatch]:
         # counted from the first batch pulled; a client that goes away closes the generator
