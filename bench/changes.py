@@ -15,10 +15,8 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import sys
 import tempfile
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -29,18 +27,10 @@ import pyarrow.parquet as pq
 
 from bench import provenance
 from bench.history import build_history
+from bench.read_path import median_time
 from history_pipeline import HistoryStore, StoreSettings
 
 RESULTS = Path(__file__).parent / "results"
-
-
-def median_time(fn: Callable[[], Any], repeat: int = 3) -> float:
-    samples = []
-    for _ in range(repeat):
-        start = time.perf_counter()
-        fn()
-        samples.append(time.perf_counter() - start)
-    return statistics.median(samples)
 
 
 def delivered(store: HistoryStore, since: int, until: int) -> pa.Table:
