@@ -285,17 +285,22 @@ def decode_canonical(
     fast: list[pa.RecordBatch] = []
     decoded = np.zeros(n, bool)
     found: dict[str, tuple[np.ndarray, pa.Array]] = {}  # per column uuid, over the whole batch
+    names: np.ndarray | None = None  # how many keys each canonical body holds
     for e, epoch in enumerate(epochs):
         rows = np.nonzero(canonical & (epoch_of == e))[0]
         if not len(rows) or epoch.table is None:  # an unknown table: the reference says so
             continue
         index = pa.array(rows)
         missing = [c.column_uuid for c, _ in epoch.by_uuid.values() if c.column_uuid not in found]
-        if missing:
-            found.update(_find_all(body, canonical, missing))
-        given = {u: (counts[rows], pc.take(tokens, index)) for u, (counts, tokens) in found.items()}
+        if missing or names is None:
+            names, more = _find_all(body, canonical, missing)
+            found.update(more)
+        whole = len(rows) == n  # every row of the batch (the usual case): no copies
+        given = {u: (counts[rows], tokens if whole else pc.take(tokens, index))
+                 for u, (counts, tokens) in found.items()}
         batch, ok = _decode_epoch(
-            pc.take(lines, index), pc.take(parts, index), is_delete[rows], epoch, supercolumns, given
+            lines if whole else pc.take(lines, index), parts if whole else pc.take(parts, index), is_delete[rows],
+            names[rows], epoch, supercolumns, given
         )
         if batch is not None:
             fast.append(batch)
@@ -318,26 +323,32 @@ def _envelopes(text: pa.Array, canonical: np.ndarray) -> tuple[pa.StructArray, n
     """
     n = len(text)
     at = np.nonzero(canonical)[0]
-    pieces = pc.split_pattern(pc.take(text, pa.array(at)), '"', max_splits=13)
-    with_values = _np(pc.list_value_length(pieces)) == 14
-    bodies = pc.utf8_slice_codeunits(pc.list_flatten(pc.list_slice(pieces, 13, 14)), 9, -2)
+    every = len(at) == n
+    pieces = pc.split_pattern(text if every else pc.take(text, pa.array(at)), '"', max_splits=13)
+    starts = _np(pieces.offsets)
+    with_values = (starts[1:] - starts[:-1]) == 14
+    bodies = pc.utf8_slice_codeunits(pc.take(pieces.values, pa.array(starts[:-1][with_values] + 13)), 9, -2)
     body_at = np.full(len(at), -1, np.int64)
     body_at[with_values] = np.arange(int(with_values.sum()))
     fields = [pc.list_element(pieces, 3), pc.utf8_slice_codeunits(pc.list_element(pieces, 6), 1, -1),
               pc.list_element(pieces, 9), pc.utf8_slice_codeunits(pc.list_element(pieces, 12), 1, -1),
               pc.take(bodies, pa.array(body_at, mask=body_at < 0))]
-    spread = np.full(n, -1, np.int64)
-    spread[at] = np.arange(len(at))
-    index = pa.array(spread, mask=spread < 0)
-    parts = pa.StructArray.from_arrays([pc.take(f, index) for f in fields], names=["op", "t", "table", "key", "body"])
+    if not every:
+        spread = np.full(n, -1, np.int64)
+        spread[at] = np.arange(len(at))
+        index = pa.array(spread, mask=spread < 0)
+        fields = [pc.take(f, index) for f in fields]
+    parts = pa.StructArray.from_arrays(fields, names=["op", "t", "table", "key", "body"])
     has_values = np.zeros(n, bool)
     has_values[at] = with_values
     return parts, has_values
 
 
-def _find_all(body: pa.Array, canonical: np.ndarray, uuids: Sequence[str]) -> dict[str, tuple[np.ndarray, pa.Array]]:
-    """Per column uuid, how often each canonical body names it and its value's JSON token (NULL
-    unless named once), with no regular expression. In a
+def _find_all(
+    body: pa.Array, canonical: np.ndarray, uuids: Sequence[str]
+) -> tuple[np.ndarray, dict[str, tuple[np.ndarray, pa.Array]]]:
+    """How many keys each canonical body holds, and per column uuid how often it names it and its
+    value's JSON token (NULL unless named once), with no regular expression. In a
     canonical body no string holds a '"', so cutting it at every '"' leaves quoted text at the odd
     places and the text between strings at the even ones; a quoted piece is a key exactly when the
     piece after it starts with ':' (after a string value comes ',' or the end). A key's value is
@@ -346,7 +357,7 @@ def _find_all(body: pa.Array, canonical: np.ndarray, uuids: Sequence[str]) -> di
     the table's width (an update names one column of many)."""
     n = len(body)
     rows = np.nonzero(canonical & (_np(pc.utf8_length(body)) > 0))[0]
-    pieces = pc.split_pattern(pc.take(body, pa.array(rows)), '"')
+    pieces = pc.split_pattern(body if len(rows) == n else pc.take(body, pa.array(rows)), '"')
     flat = pc.list_flatten(pieces)
     sizes = _np(pc.list_value_length(pieces)).astype(np.int64)
     owner = np.repeat(np.arange(len(rows)), sizes)
@@ -364,6 +375,7 @@ def _find_all(body: pa.Array, canonical: np.ndarray, uuids: Sequence[str]) -> di
     )
     pair_keys = pc.take(flat, pa.array(keys_at))
     pair_rows = rows[owner[keys_at]]
+    names = np.bincount(pair_rows, minlength=n).astype(np.int64)
     out = {}
     for uuid in uuids:
         named = _flags(pc.equal(pair_keys, uuid)) if _SAFE_KEY.match(uuid) else np.zeros(len(keys_at), bool)
@@ -372,20 +384,20 @@ def _find_all(body: pa.Array, canonical: np.ndarray, uuids: Sequence[str]) -> di
         pick[pair_rows[named]] = np.nonzero(named)[0]
         pick[counts != 1] = -1
         out[uuid] = (counts, pc.take(pair_values, pa.array(pick, mask=pick < 0)))
-    return out
+    return names, out
 
 
 def _decode_epoch(
     lines: pa.Array,
     parts: pa.StructArray,
     is_delete: np.ndarray,
+    names: np.ndarray,
     epoch: Epoch,
     supercolumns: Sequence[Supercolumn],
     found: dict[str, tuple[np.ndarray, pa.Array]],
 ) -> tuple[pa.RecordBatch | None, np.ndarray]:
     """One epoch's canonical rows: (the rows decoded exactly, which of them those are)."""
     m = len(lines)
-    body = pc.fill_null(parts.field("body"), "")
     is_insert = _flags(pc.equal(parts.field("op"), "insert"))
     ok = np.ones(m, bool)
     known = np.zeros(m, np.int64)  # values naming a column of the epoch
@@ -426,7 +438,7 @@ def _decode_epoch(
         sets[i] = present | is_insert
         if not column.is_nullable:  # an insert must leave it set
             ok &= ~(is_insert & (pick < 0))
-    ok &= known == _np(pc.count_substring(body, '":'))  # every value names a column of the epoch
+    ok &= known == names  # every value names a column of the epoch
     if not ok.any():
         return None, ok
     keep = pa.array(np.nonzero(ok)[0])
