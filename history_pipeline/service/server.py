@@ -9,8 +9,10 @@ runs on a worker process under the time limit, and its answer is streamed in rec
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterator, Mapping
+import time
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from typing import Any
 
 import pyarrow as pa
@@ -29,7 +31,7 @@ from history_pipeline.service.errors import (
     redact,
 )
 from history_pipeline.service.limits import ConcurrencyGate
-from history_pipeline.service.protocol import OPERATIONS, decode_request
+from history_pipeline.service.protocol import OPERATIONS, decode_request, operation
 from history_pipeline.service.workers import Job, WorkerPool
 
 
@@ -99,6 +101,27 @@ def flight_error(exc: HistoryError, roots: tuple[str, ...] = ()) -> flight.Fligh
 
 
 @dataclass(frozen=True)
+class RequestRecord:
+    """What the request log says of one request: never a value of the tenant's data."""
+
+    at: datetime
+    tenant: str
+    call: str
+    ms: float
+    rows: int = 0
+    bytes: int = 0
+    #: the error's class name, or "abandoned" for an answer its client stopped reading
+    error: str | None = None
+
+
+def request_line(record: RequestRecord) -> str:
+    """One request as one line of the log: time, tenant, call, rows and bytes or the error, ms."""
+    at = record.at.astimezone(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+    outcome = f"error={record.error}" if record.error else f"rows={record.rows} bytes={record.bytes}"
+    return f"{at} tenant={record.tenant} call={record.call} {outcome} ms={record.ms:.0f}"
+
+
+@dataclass(frozen=True)
 class ServerStats:
     """What the server holds now (for operators and for the leak tests)."""
 
@@ -112,11 +135,23 @@ class ServerStats:
     worker_pids: Mapping[str, list[int]]
 
 
+@dataclass(frozen=True)
+class _Logged:
+    """What the log line of a streamed answer needs from the call that started it."""
+
+    tenant: str
+    call: str
+    started: float
+    size: int
+
+
 class HistoryServer(flight.FlightServerBase):
     """The HistoryService for the tenants of one configuration; listens once constructed."""
 
-    def __init__(self, config: ServerConfig):
+    def __init__(self, config: ServerConfig, log: Callable[[str], None] | None = None):
+        """``log`` receives one line per request (``serve`` writes them to stderr)."""
         self.config = config
+        self._log = log
         self._gate = ConcurrencyGate()
         self._pool = WorkerPool(config.workers)
         self._lock = threading.Lock()
@@ -150,18 +185,29 @@ class HistoryServer(flight.FlightServerBase):
 
     def do_get(self, context: flight.ServerCallContext, ticket: flight.Ticket) -> flight.FlightDataStream:
         tenant: Tenant = context.get_middleware("auth").tenant
+        started = time.monotonic()
+        call = "DoGet"
         try:
-            decode_request(ticket.ticket)  # a malformed request costs no slot and no worker
+            call = operation(decode_request(ticket.ticket))  # a malformed request costs no slot and no worker
             limits = self.config.limits_of(tenant)
             with self._gate.slot(tenant.name, limits.max_concurrent_queries):
                 job = Job(self.config.root, tenant.database, ticket.ticket, limits, self.config.batch_rows)
                 answer = self._pool.run(job, cancelled=context.is_cancelled)
             reader = pa.ipc.open_stream(answer)
         except HistoryError as exc:
+            self._record(tenant.name, call, started, error=type(exc).__name__)
             raise flight_error(exc, self._roots) from None
         except Exception as exc:  # a bug: a typed ServiceError for the client, not the server's stack trace
+            self._record(tenant.name, call, started, error=type(exc).__name__)
             raise self._internal(exc) from None
-        return flight.GeneratorStream(reader.schema, self._stream(reader))
+        logged = _Logged(tenant.name, call, started, answer.size)
+        return flight.GeneratorStream(reader.schema, self._stream(reader, logged))
+
+    def _record(self, tenant: str, call: str, started: float, rows: int = 0, size: int = 0,
+                error: str | None = None) -> None:
+        if self._log is not None:
+            ms = (time.monotonic() - started) * 1000
+            self._log(request_line(RequestRecord(datetime.now(UTC), tenant, call, ms, rows, size, error)))
 
     def _internal(self, exc: Exception) -> flight.FlightError:
         """A bug's exception as a typed ServiceError, without the server's stack trace or paths."""
@@ -190,19 +236,26 @@ class HistoryServer(flight.FlightServerBase):
     def do_action(self, context: Any, action: Any) -> Iterator[Any]:
         raise flight_error(not_offered("DoAction"))
 
-    def _stream(self, reader: pa.ipc.RecordBatchStreamReader) -> Iterator[pa.RecordBatch]:
+    def _stream(self, reader: pa.ipc.RecordBatchStreamReader, logged: _Logged) -> Iterator[pa.RecordBatch]:
         # counted from the first batch pulled; a client that goes away closes the generator
         # (GeneratorExit), which releases the answer's buffers with it
         with self._lock:
             self._open += 1
         finished = False
+        rows = 0
+        error: str | None = "abandoned"
         try:
             try:
-                yield from reader
+                for batch in reader:
+                    rows += batch.num_rows
+                    yield batch
             except Exception as exc:  # an answer that cannot be read back (a bug): typed, no stack trace
+                error = type(exc).__name__
                 raise self._internal(exc) from None
             finished = True
+            error = None
         finally:
+            self._record(logged.tenant, logged.call, logged.started, rows, logged.size, error)
             with self._lock:
                 self._open -= 1
                 if finished:
