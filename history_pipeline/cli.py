@@ -276,7 +276,10 @@ def _print_compaction(store: HistoryStore, summary: Any) -> None:
     """A compaction's summary as aligned lines, its tables by name."""
     result = summary.as_dict()
     names = {d.table_uuid: d.table_name for d in store.get_catalog(store.frontier + 1)}
-    result["tables_touched"] = [names.get(u, u) for u in result["tables_touched"]]
+    history = sorted(store.catalog_state().schema_history, key=lambda e: e.logical_timestamp)
+    # a table dropped since: by the last name it had
+    dropped = {e.table_uuid: f"{e.table_name} (dropped)" for e in history if e.descriptor is not None}
+    result["tables_touched"] = [names.get(u) or dropped.get(u, u) for u in result["tables_touched"]]
     applied = result["segments_applied"]
     title = f"compacted {len(applied)} segment{'s' if len(applied) != 1 else ''}" if applied else "nothing compacted"
     _print_summary(result, "text", title)

@@ -399,6 +399,7 @@ def test_demo_prints_aligned_lines_and_no_warning(tmp_path, spark):
     assert lines[0].endswith(": 13 segments")  # the WAL in one line, not a line per segment
     assert lines[1] == "compacted 13 segments"
     assert "  versions written  4,501" in lines
+    assert "  tables touched    clients, orders, audit_tmp (dropped)" in lines  # names, not identifiers
     assert not any(line.lstrip().startswith(("{", "compaction:")) for line in lines)  # no JSON
     tables = lines.index("tables now")
     assert lines[tables + 1:tables + 3] == [
