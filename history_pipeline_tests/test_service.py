@@ -882,6 +882,10 @@ def test_every_request_logs_one_line_without_values(stores):
             row = remote.fetch_row("orders", 1, end)
             with pytest.raises(HistoryError):
                 remote.sql("SELECT * FROM nowhere", end)
+        with pytest.raises(AuthenticationError):
+            connect(running.url, "not-a-token").get_catalog(0)
+        refused = lines.pop()
+    assert refused.split(" ")[1:4] == ["tenant=-", "call=DoGet", "error=AuthenticationError"], refused
     assert len(lines) == 3, lines
     sql, fetch, failed = (line.split(" ") for line in lines)
     assert sql[1:4] == ["tenant=a", "call=Sql", f"rows={answer.num_rows}"]

@@ -69,17 +69,23 @@ class _BearerAuth(flight.ServerMiddlewareFactory):
     call but DoGet here, before pyarrow runs a handler: some of its handlers (GetSchema) turn any
     Python exception into an error that quotes the server's stack trace."""
 
-    def __init__(self, directory: TenantDirectory):
+    def __init__(self, directory: TenantDirectory, refused: Callable[[str, str, str], None]):
+        """``refused(tenant, call, error class)`` is told of every call refused here."""
         self.directory = directory
+        self.refused = refused
 
     def start_call(self, info: Any, headers: Mapping[str, list[str]]) -> _TenantMiddleware:
         values = headers.get("authorization") or []
+        call = _CALL_NAMES.get(info.method, str(info.method))
         try:
             tenant = self.directory.authenticate(values[0] if values else None)
         except AuthenticationError as exc:
+            self.refused("-", call, type(exc).__name__)  # no tenant: the token named none
             raise flight.FlightUnauthenticatedError(str(exc), extra_info=error_payload(exc)) from None
         if info.method != flight.FlightMethod.DO_GET:
-            raise flight_error(not_offered(_CALL_NAMES.get(info.method, str(info.method))))
+            error = not_offered(call)
+            self.refused(tenant.name, call, type(error).__name__)
+            raise flight_error(error)
         return _TenantMiddleware(tenant)
 
 
@@ -164,7 +170,10 @@ class HistoryServer(flight.FlightServerBase):
             super().__init__(
                 f"{config.scheme}://{config.host}:{config.port}",
                 tls_certificates=tls,
-                middleware={"auth": _BearerAuth(TenantDirectory.of(config.tenants))},
+                middleware={"auth": _BearerAuth(
+                    TenantDirectory.of(config.tenants),
+                    lambda tenant, call, error: self._record(tenant, call, time.monotonic(), error=error),
+                )},
             )
         except BaseException:
             self._pool.close()
