@@ -14,12 +14,15 @@ setup: $(PY)
 # The main job on the embedded default: sample segments into data/, the Spark engine (a local Spark
 # Connect server, left running: `history-pipeline engine stop`), then the Dagster UI and daemon,
 # whose sensor compacts every sealed segment on the engine (open http://127.0.0.1:3000 to watch).
+# `dagster dev` warns on every start that `dg dev` supersedes it (which needs a dg project and
+# the dagster-dg-cli package): that one warning is set aside by its text, in dagster dev's process only
 demo: setup
 	$(VENV)/bin/history-pipeline --root data sample
 	$(VENV)/bin/history-pipeline --root data engine start
 	mkdir -p $(DAGSTER_HOME) && cp dagster.yaml $(DAGSTER_HOME)/
 	HISTORY_PIPELINE_SPARK=$$($(PY) -c "from history_pipeline.engine import engine_dir, running_engine; print(running_engine(engine_dir('data')).url)") \
 	$(PY) -c "import os, signal, sys; signal.signal(signal.SIGINT, signal.SIG_DFL); os.execv(sys.argv[1], sys.argv[1:])" \
+		$(PY) -W 'ignore:Function `dev_command` is superseded' \
 		$(VENV)/bin/dagster dev -w workspace.yaml -h 127.0.0.1 -p 3000
 
 # The fast tier for every edit: unit and property tests, no JVM, daemon, PostgreSQL or S3.

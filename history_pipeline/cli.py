@@ -275,17 +275,24 @@ def cmd_compact(args: argparse.Namespace) -> int:
             on_step=lambda step: bar.update(1) if step == "committed" else None,
             only_segment=args.segment,
         )
-    result = summary.as_dict()
     if args.format == "text":
-        names = {d.table_uuid: d.table_name for d in store.get_catalog(store.frontier + 1)}
-        result["tables_touched"] = [names.get(u, u) for u in result["tables_touched"]]
-        applied = result["segments_applied"]
-        title = (f"compacted {len(applied)} segment{'s' if len(applied) != 1 else ''}" if applied
-                 else "nothing compacted")
+        _print_compaction(store, summary)
     else:
-        title = None
-    _print_summary(result, args.format, title)
+        _print_summary(summary.as_dict(), args.format)
     return 0
+
+
+def _print_compaction(store: HistoryStore, summary: Any) -> None:
+    """A compaction's summary as aligned lines, its tables by name."""
+    result = summary.as_dict()
+    names = {d.table_uuid: d.table_name for d in store.get_catalog(store.frontier + 1)}
+    history = sorted(store.catalog_state().schema_history, key=lambda e: e.logical_timestamp)
+    # a table dropped since: by the last name it had
+    dropped = {e.table_uuid: f"{e.table_name} (dropped)" for e in history if e.descriptor is not None}
+    result["tables_touched"] = [names.get(u) or dropped.get(u, u) for u in result["tables_touched"]]
+    applied = result["segments_applied"]
+    title = f"compacted {len(applied)} segment{'s' if len(applied) != 1 else ''}" if applied else "nothing compacted"
+    _print_summary(result, "text", title)
 
 
 def cmd_sql(args: argparse.Namespace) -> int:
@@ -682,7 +689,7 @@ def cmd_rebuild(args: argparse.Namespace) -> int:
     return 0
 
 
-def _write_sample(store: HistoryStore) -> None:
+def _write_sample(store: HistoryStore, *, list_segments: bool = True) -> None:
     from history_pipeline.sample import sample_events
 
     if not store.segments() and store.frontier < 0:
@@ -691,9 +698,11 @@ def _write_sample(store: HistoryStore) -> None:
                 wal.append(event)
                 if event["op"] == "close":
                     wal.seal()
-    print(f"WAL of {store.database} under {store.wal_dir}:")
-    for ref in store.segments():
-        print(f"  segment {ref.name}  {ref.state.value:8s} {ref.path.stat().st_size:>8d} bytes")
+    segments = store.segments()
+    print(f"WAL of {store.database} under {store.wal_dir}: {len(segments)} segments")
+    if list_segments:
+        for ref in segments:
+            print(f"  segment {ref.name}  {ref.state.value:8s} {ref.path.stat().st_size:>8d} bytes")
 
 
 def cmd_engine(args: argparse.Namespace) -> int:
@@ -732,22 +741,24 @@ def cmd_sample(args: argparse.Namespace) -> int:
 def cmd_demo(args: argparse.Namespace) -> int:
     """Write the sample workload into the WAL, compact it, and show some answers."""
     store = _store(args, create=True)
-    _write_sample(store)
-    summary = store.compact()
-    print("compaction:", json.dumps(summary.as_dict()))
+    _write_sample(store, list_segments=False)
+    _print_compaction(store, store.compact())
     frontier = store.frontier
-    print(f"frontier = {frontier}")
-    for table in store.get_catalog(frontier + 1):
-        print(f"  table {table.table_name}: {[c.column_name for c in table.columns]}")
-    print("orders by state, as of now:")
+    catalog = store.get_catalog(frontier + 1)
+    print("tables now")
+    width = max((len(t.table_name) for t in catalog), default=0) + 2
+    for table in catalog:
+        print(f"  {table.table_name:{width}s}{', '.join(c.column_name for c in table.columns)}")
+    print("orders by state, as of now")
     _print_table(
         store.sql('SELECT state, count(*) AS n, sum(amount) AS total FROM orders GROUP BY state ORDER BY state',
                   as_of=frontier + 1),
         "table",
     )
-    print("history of order 10000:")
+    print("history of order 10000 (t: the version's logical timestamp)")
     for version in store.row_history("orders", 10_000)[:5]:
-        print("  ", json.dumps(version, default=str))
+        values = "deleted" if version["is_deleted"] else _readable(version["values"])
+        print(f"  t {version['logical_timestamp']:<6d}{values}")
     return 0
 
 

@@ -389,3 +389,25 @@ def test_a_server_without_logical_decoding_is_a_clear_error(tmp_path):
     with postgres_server() as server:  # the default wal_level=replica
         with pytest.raises(CaptureSetupError, match="wal_level=logical"):
             run_capture(HistoryStore.open(tmp_path, database="x"), CaptureConfig(dsn=server.dsn()), once=True)
+
+
+def test_progress_counts_transactions_row_changes_and_schema_changes(tmp_path, database):
+    dsn, conn = database
+    store = HistoryStore.open(tmp_path, database="shop")
+    config = CaptureConfig(dsn=dsn, slot="counts")
+    run_capture(store, config, once=True)  # set up before the changes
+    conn.execute("CREATE TABLE items (id int PRIMARY KEY, name text)")
+    with conn.transaction():  # one transaction of three inserts
+        for i in range(3):
+            conn.execute("INSERT INTO items VALUES (%s, 'x')", (i,))
+    conn.execute("UPDATE items SET name = 'y' WHERE id < 2")  # one transaction, two rows
+    conn.execute("DELETE FROM items WHERE id = 2")
+    conn.execute("ALTER TABLE items ADD COLUMN price numeric")
+    reports = []
+    progress = run_capture(store, config, once=True, on_progress=reports.append)
+    assert (progress.inserts, progress.updates, progress.deletes) == (3, 2, 1)
+    assert progress.schema_changes == 2  # the table's creation and its new column
+    assert progress.transactions == 5
+    assert reports and reports[-1].line().startswith(
+        "captured 5 transactions (3 inserts, 2 updates, 1 delete, 2 schema changes) in "
+    )

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import struct
+from dataclasses import replace
 
 import pytest
 
@@ -322,3 +323,18 @@ def test_split_transactions_keeps_the_unfinished_tail():
     messages = [Begin(1, 0, 1), T, Commit(1, 9, 0), Begin(20, 0, 2)]
     done, rest = split_transactions(messages)
     assert [t.commit_lsn for t in done] == [1] and rest == [Begin(20, 0, 2)]
+
+
+def test_the_progress_line_counts_row_and_schema_changes_not_wal_records():
+    from history_pipeline.capture.postgres import CaptureProgress
+
+    progress = CaptureProgress().counting(
+        [{"op": "create_table"}, {"op": "insert"}, {"op": "insert"}, {"op": "close"}]
+    ).counting([{"op": "update"}, {"op": "delete"}, {"op": "rename_column"}, {"op": "close"}])
+    progress = progress.counting([{"op": "close"}])  # a transaction of no change: the capture's heartbeat
+    assert (progress.transactions, progress.inserts, progress.updates, progress.deletes) == (2, 2, 1, 1)
+    assert progress.schema_changes == 2
+    line = replace(progress, batches=1, last_t=300, lag_bytes=0, lag_seconds=0.25).line()
+    assert line == ("captured 2 transactions (2 inserts, 1 update, 1 delete, 2 schema changes) in 1 batch;"
+                    " last commit 0/12C; lag 0 bytes, 0.2 s")
+    assert "\n" not in line

@@ -382,3 +382,30 @@ def test_a_captured_database_shows_its_timestamps_as_lsns(tmp_path):
     assert diff.splitlines()[-1].endswith("between as_of 16/B374D803 and 16/B374D804")
     beyond = run(tmp_path, "sql", "SELECT 1", "--as-of", "16/B374D900")
     assert beyond.returncode == 1 and "(16/B374D900)" in beyond.stderr and "(16/B374D803)" in beyond.stderr
+
+
+@pytest.mark.spark
+def test_demo_prints_aligned_lines_and_no_warning(tmp_path, spark):
+    import warnings
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        result = run_command(["--root", str(tmp_path), "demo"])
+    assert result.returncode == 0, result.stderr
+    assert result.stderr == ""
+    ours = [w for w in caught if "history_pipeline" in w.filename]
+    assert not ours, [str(w.message) for w in ours]
+    lines = result.stdout.splitlines()
+    assert lines[0].endswith(": 13 segments")  # the WAL in one line, not a line per segment
+    assert lines[1] == "compacted 13 segments"
+    assert "  versions written  4,501" in lines
+    assert "  tables touched    clients, orders, audit_tmp (dropped)" in lines  # names, not identifiers
+    assert not any(line.lstrip().startswith(("{", "compaction:")) for line in lines)  # no JSON
+    tables = lines.index("tables now")
+    assert lines[tables + 1:tables + 3] == [
+        "  clients  name, email",
+        "  orders   priority, customer_id, amount, state, tags",
+    ]
+    history = lines[lines.index("history of order 10000 (t: the version's logical timestamp)") + 1:]
+    assert history[0] == "  t 503   customer_id 78, amount 518.50, status new, tags gift, bulk"
+    assert history[-1] == "  t 510   deleted"

@@ -239,3 +239,31 @@ def test_the_readme_server_answers_the_readme_client(tmp_path, capsys):
         except subprocess.TimeoutExpired:
             server.kill()
             server.wait()
+
+
+def test_make_demo_sets_aside_only_dagster_devs_supersession_warning():
+    import warnings
+
+    from dagster._symbol_annotations.lifecycle import superseded
+
+    makefile = (REPO / "Makefile").read_text()
+    recipe = makefile[makefile.index("\ndemo:"):makefile.index("\n\n", makefile.index("\ndemo:"))]
+    (text,) = re.findall(r"-W 'ignore:([^']+)'", recipe)
+    assert recipe.index("-W") < recipe.index("dagster dev")  # the filter is dagster dev's own
+
+    def command() -> None:
+        return None
+
+    command.__qualname__ = "dev_command"  # declared as dagster declares its `dagster dev` command
+    dev_command = superseded(additional_warn_text="Use 'dg dev' instead.", emit_runtime_warning=True)(command)
+
+    for set_aside in (False, True):
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            if set_aside:  # what `python -W 'ignore:TEXT'` installs: TEXT matched literally at the start
+                warnings.filterwarnings("ignore", message=re.escape(text))
+            dev_command()
+            warnings.warn("another warning still shows", UserWarning, stacklevel=1)
+        messages = [str(w.message) for w in caught]
+        assert "another warning still shows" in messages
+        assert any("dg dev" in m for m in messages) is not set_aside, messages

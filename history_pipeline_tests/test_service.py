@@ -869,3 +869,67 @@ def test_no_error_shows_where_the_server_keeps_its_files(tmp_path):
     assert redact(bug, [root], any_path=True) == "internal error (OSError): [Errno 2] No such file: '<path>', line 3"
     assert redact("3/4 of 1/2", [root], any_path=True) == "3/4 of 1/2"
     assert redact("s3://bucket/prefix/x.parquet is gone", ["s3://bucket/prefix"]) == "<root>/x.parquet is gone"
+
+
+# --- the request log and the configuration's help -------------------------------------------------
+
+
+@pytest.mark.daemon
+def test_every_request_logs_one_line_without_values(stores):
+    lines: list[str] = []
+    local = stores["a"]
+    end = local.frontier + 1
+    with HistoryServer(config_for(stores, workers=1), log=lines.append) as running:
+        with connect(running.url, TOKEN_A) as remote:
+            answer = remote.sql("SELECT * FROM orders", end)
+            row = remote.fetch_row("orders", 1, end)
+            with pytest.raises(HistoryError):
+                remote.sql("SELECT * FROM nowhere", end)
+        with pytest.raises(AuthenticationError):
+            connect(running.url, "not-a-token").get_catalog(0)
+        refused = lines.pop()
+    assert refused.split(" ")[1:4] == ["tenant=-", "call=DoGet", "error=AuthenticationError"], refused
+    assert len(lines) == 3, lines
+    sql, fetch, failed = (line.split(" ") for line in lines)
+    assert sql[1:4] == ["tenant=a", "call=Sql", f"rows={answer.num_rows}"]
+    assert sql[4].startswith("bytes=") and int(sql[4].removeprefix("bytes=")) > 0
+    assert fetch[1:4] == ["tenant=a", "call=FetchRow", f"rows={0 if row is None else 1}"]
+    assert failed[1:3] == ["tenant=a", "call=Sql"] and failed[3].startswith("error=")
+    assert len(failed) == 5 and "nowhere" not in lines[2]  # the class only, not the message
+    for line in lines:
+        dt.datetime.fromisoformat(line.split(" ")[0])
+        assert line.split(" ")[-1].startswith("ms=")
+
+
+def test_a_request_line_holds_time_tenant_call_size_or_error_and_ms():
+    from history_pipeline.service.server import RequestRecord, request_line
+
+    at = dt.datetime(2026, 1, 2, 3, 4, 5, 678000, tzinfo=dt.UTC)
+    assert request_line(RequestRecord(at, "a", "LoadTable", 12.4, rows=3, bytes=900)) == (
+        "2026-01-02T03:04:05.678Z tenant=a call=LoadTable rows=3 bytes=900 ms=12"
+    )
+    assert request_line(RequestRecord(at, "b", "Diff", 7.0, error="QueryTimeoutError")) == (
+        "2026-01-02T03:04:05.678Z tenant=b call=Diff error=QueryTimeoutError ms=7"
+    )
+
+
+def test_serve_help_lists_every_configuration_key_with_its_default():
+    from dataclasses import fields
+
+    from history_pipeline.service.config import _TENANT_KEYS, _TOP_KEYS, CONFIG_KEYS
+    from history_pipeline_tests.cli_support import run_command
+
+    result = run_command(["serve", "--help"])
+    assert result.returncode == 0
+    listed = {line.split()[0]: line for line in result.stdout.splitlines() if line.startswith("  ")}
+    accepted = (
+        set(_TOP_KEYS) | {f"tenants.<name>.{key}" for key in _TENANT_KEYS}
+        | {f"limits.{f.name}" for f in fields(Limits)}
+    )
+    assert accepted <= set(listed)
+    for key in CONFIG_KEYS:
+        assert key.meaning in listed[key.key]
+    assert "65536" in listed["batch_rows"] and str(Limits().max_result_rows) in listed["limits.max_result_rows"]
+    digest = token_digest("t")
+    for key in _TOP_KEYS - {"tenants", "tls_cert", "tls_key", "limits"}:  # each listed key is accepted
+        config_from_mapping({key: 1 if key != "host" else "h", "tenants": {"a": {"token_sha256": digest}}})

@@ -16,9 +16,10 @@ import json
 import os
 import re
 import time
-from collections.abc import Callable, Iterator
+from collections import Counter
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -212,17 +213,35 @@ class CaptureConfig:
     heartbeat_interval_s: float = 10.0
 
 
+#: the WAL's row changes; every other operation but ``close`` changes a table's schema
+_ROW_OPS = ("insert", "update", "delete")
+
+
 @dataclass(frozen=True)
 class CaptureProgress:
-    """Where a capture run stands."""
+    """Where a capture run stands: what it captured, counted as the database's changes."""
 
     batches: int = 0
     transactions: int = 0
-    records: int = 0
+    inserts: int = 0
+    updates: int = 0
+    deletes: int = 0
+    schema_changes: int = 0
     last_t: int = -1
     lag_bytes: int | None = None
     #: how old the newest captured commit was when captured (0 when nothing was waiting)
     lag_seconds: float | None = None
+
+    def counting(self, records: Iterable[Mapping[str, Any]]) -> CaptureProgress:
+        """This progress with one more transaction: its WAL ``records``' row and schema changes (a
+        transaction of no change, such as the capture's own heartbeat, is not counted)."""
+        ops = Counter(record["op"] for record in records if record["op"] != "close")
+        schema = sum(n for op, n in ops.items() if op not in _ROW_OPS)
+        return replace(
+            self, transactions=self.transactions + (1 if ops else 0), inserts=self.inserts + ops["insert"],
+            updates=self.updates + ops["update"], deletes=self.deletes + ops["delete"],
+            schema_changes=self.schema_changes + schema,
+        )
 
     def line(self) -> str:
         """One line for a terminal."""
@@ -230,8 +249,18 @@ class CaptureProgress:
         lag = "?" if self.lag_bytes is None else f"{self.lag_bytes} bytes"
         if self.lag_seconds is not None:
             lag += f", {self.lag_seconds:.1f} s"
-        return (f"captured {self.transactions} transactions ({self.records} WAL records) in {self.batches} batches;"
-                f" last commit {last}; lag {lag}")
+        counts = ", ".join(
+            _counted(n, noun) for n, noun in (
+                (self.inserts, "insert"), (self.updates, "update"), (self.deletes, "delete"),
+                (self.schema_changes, "schema change"),
+            )
+        )
+        return (f"captured {_counted(self.transactions, 'transaction')} ({counts}) in "
+                f"{_counted(self.batches, 'batch')}; last commit {last}; lag {lag}")
+
+
+def _counted(n: int, noun: str) -> str:
+    return f"{n:,} {noun}{'' if n == 1 else 'es' if noun.endswith('ch') else 's'}"
 
 
 def default_slot_name(database: str) -> str:
@@ -413,7 +442,7 @@ def run_capture(
                 messages = _peek(conn, config)
                 transactions, _ = split_transactions(messages)
                 relations: dict[int, Relation] = {}
-                written = records = 0
+                counted = progress
                 for txn in transactions:
                     if txn.commit_lsn <= state.last_t:  # in the saved state already; the slot was not advanced
                         relations.update({m.relid: m for m in txn.messages if isinstance(m, Relation)})
@@ -425,8 +454,7 @@ def run_capture(
                     for record in decoded.records:
                         wal.append(record)
                         step("appended")
-                    written += 1
-                    records += len(decoded.records)
+                    counted = counted.counting(decoded.records)
                 if transactions:
                     wal.flush()
                     step("written")
@@ -440,13 +468,9 @@ def run_capture(
                 lag_bytes = _lag_bytes(conn, config.slot)
                 newest = transactions[-1].commit_time / 1e6 + _PG_EPOCH if transactions else time.time()
                 lag_seconds = max(time.time() - newest, 0.0)  # 0 when the peek found nothing waiting
-                progress = CaptureProgress(
-                    progress.batches + (1 if transactions else 0),
-                    progress.transactions + written,
-                    progress.records + records,
-                    state.last_t,
-                    lag_bytes,
-                    lag_seconds,
+                progress = replace(
+                    counted, batches=progress.batches + (1 if transactions else 0), last_t=state.last_t,
+                    lag_bytes=lag_bytes, lag_seconds=lag_seconds,
                 )
                 if transactions and on_progress:
                     on_progress(progress)

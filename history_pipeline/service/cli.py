@@ -12,6 +12,7 @@ from typing import Any
 import pyarrow as pa
 
 from history_pipeline.service.auth import new_token, token_digest
+from history_pipeline.service.config import config_help
 
 
 def register_serve(subparsers: Any) -> None:
@@ -19,8 +20,10 @@ def register_serve(subparsers: Any) -> None:
     p = subparsers.add_parser(
         "serve",
         help="serve FetchRow, LoadTable, GetCatalog, SQL, row history and diff over Arrow Flight",
-        description="Run the HistoryService for the tenants of a TOML configuration "
-        "(see history_pipeline/service/config.py for its keys).",
+        description="Run the HistoryService for the tenants of a TOML configuration; "
+        "one line per request goes to stderr (time, tenant, call, rows, bytes or error, ms).",
+        epilog=config_help(),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument("--config", help="the server's TOML configuration (tenants, token digests, limits, TLS)")
     p.add_argument("--host", default=None, help="override the configured host")
@@ -59,7 +62,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
             tls_cert=Path(args.tls_cert).read_bytes() if args.tls_cert else None,
             tls_key=Path(args.tls_key).read_bytes() if args.tls_key else None,
         )
-        server = HistoryServer(config)
+        server = HistoryServer(config, log=lambda line: print(line, file=sys.stderr, flush=True))
     except (ValueError, OSError, pa.ArrowException) as exc:
         # a configuration mistake, an unreadable file or a port in use: one line, not a trace
         print(f"error: cannot serve with {args.config}: {exc}", file=sys.stderr)

@@ -71,6 +71,54 @@ class ServerConfig:
         return replace(self, **{k: v for k, v in changes.items() if v is not None})
 
 
+@dataclass(frozen=True)
+class ConfigKey:
+    """One key of the configuration file, as ``serve --help`` lists it."""
+
+    key: str
+    default: str
+    meaning: str
+
+
+#: every key the configuration file accepts: config_from_mapping reads these and ``serve --help``
+#: lists them, so the two cannot drift apart
+CONFIG_KEYS: tuple[ConfigKey, ...] = (
+    ConfigKey("root", '"data"', "the storage root every tenant's database lives under"),
+    ConfigKey("host", f'"{ServerConfig.host}"', "the address to listen on"),
+    ConfigKey("port", f"{ServerConfig.port}", "the port to listen on (0: any free port)"),
+    ConfigKey("workers", f"{ServerConfig.workers}", "worker processes answering queries (server-wide)"),
+    ConfigKey("batch_rows", f"{ServerConfig.batch_rows}", "rows per streamed Arrow record batch"),
+    ConfigKey("tls_cert", "none", "PEM certificate chain (with tls_key; relative to the file)"),
+    ConfigKey("tls_key", "none", "PEM private key (with tls_cert)"),
+    ConfigKey("limits", "", "[limits] table: every tenant's limits, unless its own section overrides them"),
+    ConfigKey("limits.max_result_rows", f"{Limits.max_result_rows}", "most rows one answer may have"),
+    ConfigKey("limits.max_result_bytes", f"{Limits.max_result_bytes}", "most bytes one answer may have"),
+    ConfigKey("limits.query_timeout_s", f"{Limits.query_timeout_s:g}", "seconds a query may run"),
+    ConfigKey("limits.max_concurrent_queries", f"{Limits.max_concurrent_queries}",
+              "queries one tenant may run at once"),
+    ConfigKey("tenants", "", "[tenants.<name>] tables, one per tenant (at least one)"),
+    ConfigKey("tenants.<name>.database", "<name>", "the tenant's database under root"),
+    ConfigKey("tenants.<name>.token_sha256", "required",
+              "SHA-256 of the tenant's token (`serve --hash-token` prints it)"),
+    ConfigKey("tenants.<name>.<limit>", "[limits]'s", "any limits key, for this tenant only"),
+)
+
+_TOP_KEYS = frozenset(k.key for k in CONFIG_KEYS if "." not in k.key)
+_TENANT_KEYS = frozenset(
+    k.key.rsplit(".", 1)[1] for k in CONFIG_KEYS if k.key.startswith("tenants.<name>.") and "<limit>" not in k.key
+)
+
+
+def config_help() -> str:
+    """The configuration file's keys, defaults and meanings, one aligned line each."""
+    width = max(len(k.key) for k in CONFIG_KEYS)
+    dwidth = max(len(k.default) for k in CONFIG_KEYS)
+    lines = ["configuration file (TOML) keys:"]
+    lines += [f"  {k.key:<{width}}  {k.default:<{dwidth}}  {k.meaning}" for k in CONFIG_KEYS]
+    return "\n".join(lines)
+
+
+
 def _read_pem(base: Path, value: Any, key: str) -> bytes | None:
     if value is None:
         return None
@@ -82,7 +130,7 @@ def _read_pem(base: Path, value: Any, key: str) -> bytes | None:
 
 def config_from_mapping(data: Mapping[str, Any], base: Path = Path(".")) -> ServerConfig:
     """A ServerConfig from parsed TOML (relative PEM paths are resolved against ``base``)."""
-    known = {"root", "host", "port", "workers", "batch_rows", "tls_cert", "tls_key", "limits", "tenants"}
+    known = _TOP_KEYS
     unknown = set(data) - known
     if unknown:
         raise ValueError(f"unknown server settings {sorted(unknown)}; known: {sorted(known)}")
@@ -98,7 +146,7 @@ def config_from_mapping(data: Mapping[str, Any], base: Path = Path(".")) -> Serv
         for key in ("token_sha256", "database"):
             if not isinstance(section.get(key, ""), str):
                 raise ValueError(f"tenant {name!r}: {key} must be a string, got {section[key]!r}")
-        extra = set(section) - {"database", "token_sha256"} - _LIMIT_KEYS
+        extra = set(section) - _TENANT_KEYS - _LIMIT_KEYS
         if extra:
             raise ValueError(f"tenant {name!r}: unknown settings {sorted(extra)}")
         tenants.append(
@@ -112,11 +160,11 @@ def config_from_mapping(data: Mapping[str, Any], base: Path = Path(".")) -> Serv
     return ServerConfig(
         root=str(data.get("root", "data")),
         tenants=tuple(tenants),
-        host=data.get("host", "127.0.0.1"),
-        port=_integer(data, "port", 8815),
+        host=data.get("host", ServerConfig.host),
+        port=_integer(data, "port", ServerConfig.port),
         limits=Limits().with_overrides(data.get("limits") or {}),
-        workers=_integer(data, "workers", 4, least=1),
-        batch_rows=_integer(data, "batch_rows", 65_536, least=1),
+        workers=_integer(data, "workers", ServerConfig.workers, least=1),
+        batch_rows=_integer(data, "batch_rows", ServerConfig.batch_rows, least=1),
         tls_cert=_read_pem(base, data.get("tls_cert"), "tls_cert"),
         tls_key=_read_pem(base, data.get("tls_key"), "tls_key"),
     )

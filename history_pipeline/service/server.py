@@ -15,8 +15,9 @@ from __future__ import annotations
 import secrets
 import threading
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from typing import Any
 
 import pyarrow as pa
@@ -44,6 +45,7 @@ from history_pipeline.service.protocol import (
     TableSchemasRequest,
     decode_request,
     encode_request,
+    operation,
     status_from_arrow,
     table_schemas_from_arrow,
 )
@@ -124,17 +126,23 @@ class _BearerAuth(flight.ServerMiddlewareFactory):
     handler: some of its handlers (GetSchema) turn any
     Python exception into an error that quotes the server's stack trace."""
 
-    def __init__(self, directory: TenantDirectory):
+    def __init__(self, directory: TenantDirectory, refused: Callable[[str, str, str], None]):
+        """``refused(tenant, call, error class)`` is told of every call refused here."""
         self.directory = directory
+        self.refused = refused
 
     def start_call(self, info: Any, headers: Mapping[str, list[str]]) -> _TenantMiddleware:
         values = headers.get("authorization") or []
+        call = _CALL_NAMES.get(info.method, str(info.method))
         try:
             tenant = self.directory.authenticate(values[0] if values else None)
         except AuthenticationError as exc:
+            self.refused("-", call, type(exc).__name__)  # no tenant: the token named none
             raise flight.FlightUnauthenticatedError(str(exc), extra_info=error_payload(exc)) from None
         if info.method not in _OFFERED:
-            raise flight_error(not_offered(_CALL_NAMES.get(info.method, str(info.method))))
+            error = not_offered(call)
+            self.refused(tenant.name, call, type(error).__name__)
+            raise flight_error(error)
         as_of = headers.get(fsql.AS_OF_HEADER) or []
         return _TenantMiddleware(tenant, as_of[0] if as_of else None)
 
@@ -154,6 +162,27 @@ def flight_error(exc: HistoryError, roots: tuple[str, ...] = ()) -> flight.Fligh
     elif isinstance(exc, ConcurrencyLimitError):
         kind = flight.FlightUnavailableError
     return kind(str(exc), extra_info=error_payload(exc))
+
+
+@dataclass(frozen=True)
+class RequestRecord:
+    """What the request log says of one request: never a value of the tenant's data."""
+
+    at: datetime
+    tenant: str
+    call: str
+    ms: float
+    rows: int = 0
+    bytes: int = 0
+    #: the error's class name, or "abandoned" for an answer its client stopped reading
+    error: str | None = None
+
+
+def request_line(record: RequestRecord) -> str:
+    """One request as one line of the log: time, tenant, call, rows and bytes or the error, ms."""
+    at = record.at.astimezone(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+    outcome = f"error={record.error}" if record.error else f"rows={record.rows} bytes={record.bytes}"
+    return f"{at} tenant={record.tenant} call={record.call} {outcome} ms={record.ms:.0f}"
 
 
 @dataclass(frozen=True)
@@ -181,11 +210,23 @@ class _Answer:
     made: float
 
 
+@dataclass(frozen=True)
+class _Logged:
+    """What the log line of a streamed answer needs from the call that started it."""
+
+    tenant: str
+    call: str
+    started: float
+    size: int
+
+
 class HistoryServer(flight.FlightServerBase):
     """The HistoryService for the tenants of one configuration; listens once constructed."""
 
-    def __init__(self, config: ServerConfig):
+    def __init__(self, config: ServerConfig, log: Callable[[str], None] | None = None):
+        """``log`` receives one line per request (``serve`` writes them to stderr)."""
         self.config = config
+        self._log = log
         self._gate = ConcurrencyGate()
         self._pool = WorkerPool(config.workers)
         self._lock = threading.Lock()
@@ -199,7 +240,10 @@ class HistoryServer(flight.FlightServerBase):
             super().__init__(
                 f"{config.scheme}://{config.host}:{config.port}",
                 tls_certificates=tls,
-                middleware={"auth": _BearerAuth(TenantDirectory.of(config.tenants))},
+                middleware={"auth": _BearerAuth(
+                    TenantDirectory.of(config.tenants),
+                    lambda tenant, call, error: self._record(tenant, call, time.monotonic(), error=error),
+                )},
             )
         except BaseException:
             self._pool.close()
@@ -220,19 +264,31 @@ class HistoryServer(flight.FlightServerBase):
 
     def do_get(self, context: flight.ServerCallContext, ticket: flight.Ticket) -> flight.FlightDataStream:
         tenant: Tenant = context.get_middleware("auth").tenant
+        started = time.monotonic()
+        call = "DoGet"
         try:
             command = fsql.unpack(ticket.ticket)
             if command is not None:
+                call = "FlightSQL"
                 answer = self._take_answer(tenant, command)
             else:
-                decode_request(ticket.ticket)  # a malformed request costs no slot and no worker
+                call = operation(decode_request(ticket.ticket))  # a malformed request costs no slot and no worker
                 answer = self._run(tenant, ticket.ticket, context)
             reader = pa.ipc.open_stream(answer)
         except HistoryError as exc:
+            self._record(tenant.name, call, started, error=type(exc).__name__)
             raise flight_error(exc, self._roots) from None
         except Exception as exc:  # a bug: a typed ServiceError for the client, not the server's stack trace
+            self._record(tenant.name, call, started, error=type(exc).__name__)
             raise self._internal(exc) from None
-        return flight.GeneratorStream(reader.schema, self._stream(reader))
+        logged = _Logged(tenant.name, call, started, answer.size)
+        return flight.GeneratorStream(reader.schema, self._stream(reader, logged))
+
+    def _record(self, tenant: str, call: str, started: float, rows: int = 0, size: int = 0,
+                error: str | None = None) -> None:
+        if self._log is not None:
+            ms = (time.monotonic() - started) * 1000
+            self._log(request_line(RequestRecord(datetime.now(UTC), tenant, call, ms, rows, size, error)))
 
     def _run(self, tenant: Tenant, request: bytes, context: Any) -> pa.Buffer:
         """The Arrow IPC answer of one request of the tenant, in one of its slots on a worker."""
@@ -383,19 +439,26 @@ class HistoryServer(flight.FlightServerBase):
     def do_exchange(self, context: Any, descriptor: Any, reader: Any, writer: Any) -> None:
         raise flight_error(not_offered("DoExchange"))
 
-    def _stream(self, reader: pa.ipc.RecordBatchStreamReader) -> Iterator[pa.RecordBatch]:
+    def _stream(self, reader: pa.ipc.RecordBatchStreamReader, logged: _Logged) -> Iterator[pa.RecordBatch]:
         # counted from the first batch pulled; a client that goes away closes the generator
         # (GeneratorExit), which releases the answer's buffers with it
         with self._lock:
             self._open += 1
         finished = False
+        rows = 0
+        error: str | None = "abandoned"
         try:
             try:
-                yield from reader
+                for batch in reader:
+                    rows += batch.num_rows
+                    yield batch
             except Exception as exc:  # an answer that cannot be read back (a bug): typed, no stack trace
+                error = type(exc).__name__
                 raise self._internal(exc) from None
             finished = True
+            error = None
         finally:
+            self._record(logged.tenant, logged.call, logged.started, rows, logged.size, error)
             with self._lock:
                 self._open -= 1
                 if finished:
