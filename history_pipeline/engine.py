@@ -113,7 +113,7 @@ def read_engine(folder: str | Path) -> EngineInfo | None:
     try:
         body = json.loads((Path(folder) / "engine.json").read_text())
         return EngineInfo(**body)
-    except (FileNotFoundError, json.JSONDecodeError, TypeError):
+    except (OSError, json.JSONDecodeError, TypeError):  # absent, or a root that is a file: no engine
         return None
 
 

@@ -474,7 +474,7 @@ def test_the_service_refuses_malformed_tickets_and_other_flight_calls_without_a_
             "an object as op": lambda: client.do_get(flight.Ticket(b'{"op": {"a": 1}}'), options).read_all(),
             "list_flights": lambda: list(client.list_flights(options=options)),
             "get_flight_info": lambda: client.get_flight_info(flight.FlightDescriptor.for_path("x"), options),
-            "list_actions": lambda: client.list_actions(options),
+            # ListActions answers (Flight SQL's actions); an action it does not offer is refused
             "do_action": lambda: list(client.do_action(flight.Action("drop", b""), options)),
         }
         for name, call in calls.items():
@@ -608,7 +608,7 @@ def test_a_repair_interrupted_before_the_quarantined_original_is_removed_is_fini
                    "history-pipeline repair")
     assert store.frontier == 2
     assert run(tmp_path, "repair", "2", "--events", str(fixed)).returncode == 0
-    assert json.loads(run(tmp_path, "compact", "--in-process").stdout)["segments_applied"] == [2]
+    assert json.loads(run(tmp_path, "compact", "--in-process", "--format", "json").stdout)["segments_applied"] == [2]
     assert store.verify() == [] and store.fetch_row("orders", 1, as_of=4) == {
         "amount": __import__("decimal").Decimal("1.50"), "note": "fixed"}
     assert [v["logical_timestamp"] for v in store.row_history("orders", 1)] == [2, 3]
