@@ -890,10 +890,6 @@ def test_captured_edge_values_equal_postgresql(tmp_path, logical_pg):
         conn.close()
 
 
-@pytest.mark.xfail(strict=True, reason="capture sees a type change only as the column's new type, so the store casts "
-                   "the old values; PostgreSQL's rewrite applied the USING expression (length(c): 2, the cast: 12). "
-                   "Logical decoding does not carry the rewritten rows; capturing them needs a snapshot of the column "
-                   "after each rewriting ALTER")
 def test_captured_type_change_with_a_using_expression_equals_postgresql(tmp_path, logical_pg):
     from history_pipeline.capture.postgres import CaptureConfig, current_lsn, run_capture
 
