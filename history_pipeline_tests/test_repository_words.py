@@ -9,9 +9,15 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 PLACES = ("README.md", "Makefile", "pyproject.toml", "history_pipeline", "history_pipeline_tests", "bench", "docs")
 TEXT = {".py", ".md", ".toml", ".dot", ".yaml", ".yml", ".json", ""}
+#: units of work that may not be numbered in the product's files, and phrases of a work diary
+WORK_UNITS = (r"[Ss]essions?\s", r"[Rr]ounds?\s", r"[Ii]ssues?\s#?")
+DIARY = (r"slow\sspell",)
+#: documents that live outside the repository
+OUTSIDE = ("DESIGN", "FACTS", "TARGETS", "STYLE", "DECISIONS")
 FORBIDDEN = re.compile(
-    r"\b[Ss]essions? \d|\b[Rr]ounds? \d|\b[Ii]ssues? #?\d|(?<![\w&])#\d{1,4}\b|slow spell"
-    r"|\b(?:DESIGN|FACTS|TARGETS|STYLE|DECISIONS)\.md|(?<![A-Za-z])(?:RFC|rfc)(?![A-Za-z]|\s*\d)")
+    "|".join(rf"\b{unit}\d" for unit in WORK_UNITS)
+    + r"|(?<![\w&])#\d{1,4}\b|" + "|".join(DIARY)
+    + rf"|\b(?:{'|'.join(OUTSIDE)})\.md|(?<![A-Za-z])(?:RFC|rfc)(?![A-Za-z]|\s*\d)")
 
 
 def text_files() -> list[Path]:
@@ -28,7 +34,7 @@ def test_no_file_speaks_of_how_it_was_made():
     hits = []
     for path in text_files():
         if path == Path(__file__).resolve():
-            continue  # the pattern itself
+            continue  # it names the outside documents it forbids
         for number, line in enumerate(path.read_text(errors="replace").splitlines(), 1):
             if FORBIDDEN.search(line):
                 hits.append(f"{path.relative_to(REPO)}:{number}: {line.strip()[:100]}")
@@ -36,8 +42,9 @@ def test_no_file_speaks_of_how_it_was_made():
 
 
 def test_the_pattern_catches_what_it_should():
-    for text in ("as in session 21", "Round 1 took", "issue 13", "see #13", "DESIGN.md section 2",
-                 "the RFC's handler", "in the slow spell", "docs/DECISIONS.md", "rfc_events", "tbl-rfc"):
+    n = 13  # examples are built here, so that this file holds none of them as written
+    for text in (f"as in session {n}", f"Round {n} took", f"issue {n}", f"see #{n}", "DESIGN.md section 2",
+                 "the RFC's handler", "in the slow\tspell", "docs/DECISIONS.md", "rfc_events", "tbl-rfc"):
         assert FORBIDDEN.search(text), text
     for text in ("a Spark session", "rounded half away", "no issue", "&#13;", "color #fff", "as in RFC 2119"):
         assert not FORBIDDEN.search(text), text
