@@ -51,8 +51,13 @@ def _store(args: argparse.Namespace, create: bool = False) -> HistoryStore:
 
 
 def _captured(store: HistoryStore) -> bool:
-    """A database captured from PostgreSQL (its capture state lies beside the WAL): its timestamps are LSNs."""
-    folder = store.wal_dir / "capture"
+    """A database captured from PostgreSQL: its timestamps are LSNs."""
+    return _has_capture_state(store.wal_dir)
+
+
+def _has_capture_state(wal_dir: Path) -> bool:
+    """Whether a capture keeps its state beside this WAL (``<wal>/capture/<slot>.json``)."""
+    folder = wal_dir / "capture"
     return folder.is_dir() and any(folder.glob("*.json"))
 
 
@@ -254,21 +259,19 @@ def cmd_append(args: argparse.Namespace) -> int:
 
 
 def cmd_compact(args: argparse.Namespace) -> int:
-    spark = False if args.in_process else None  # None: the store's Spark (local[*] by default)
     from tqdm import tqdm
 
     from history_pipeline.wal import SegmentState
 
     store = _store(args)
     pending = 1 if args.segment is not None else len(store.segments(SegmentState.SEALED))
-    if pending == 0:
+    if pending == 0 and args.format == "text":
         quarantined = store.segments(SegmentState.QUARANTINED)
         waiting = f" ({len(quarantined)} quarantined: see `segments`)" if quarantined else ""
-        if args.format == "json":
-            print(json.dumps(store.compact(spark=False).as_dict(), indent=2))
-        else:
-            print(f"nothing to compact: no sealed segment is waiting{waiting}; frontier {store.frontier}")
+        print(f"nothing to compact: no sealed segment is waiting{waiting}; frontier {store.frontier}")
         return 0
+    # None: the store's Spark (local[*] by default); nothing pending needs no session
+    spark = False if args.in_process or pending == 0 else None
     with tqdm(total=pending, desc="compacting", unit=" segments", disable=not sys.stderr.isatty()) as bar:
         summary = store.compact(
             spark=spark,
@@ -1058,11 +1061,8 @@ def _one_line(exc: BaseException | str) -> str:
 
 def _names_a_captured_database(args: argparse.Namespace) -> bool:
     """Whether the command's database exists and was captured (never raises: it only shapes a message)."""
-    from history_pipeline.store import wal_dir_of
-
     try:  # the WAL's folder only: opening the store could create its root
-        folder = wal_dir_of(args.root, args.database) / "capture"
-        return folder.is_dir() and any(folder.glob("*.json"))
+        return _has_capture_state(wal_dir_of(args.root, args.database))
     except Exception:
         return False
 
