@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
+
+RESULTS = Path(__file__).parent / "results"
 
 
 def provenance() -> str:
@@ -22,3 +26,10 @@ def provenance() -> str:
     command = " ".join(["python -m bench." + Path(sys.argv[0]).stem, *sys.argv[1:]])
     when = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
     return f"Measured {when} on commit {commit}{'+' if dirty else ''}: `{command}`."
+
+
+def write_results(name: str, results: Any, table: str) -> None:
+    """``bench/results/<name>.json`` (the figures) and ``<name>.md`` (the table under its provenance line)."""
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    (RESULTS / f"{name}.json").write_text(json.dumps(results, indent=2, default=str))
+    (RESULTS / f"{name}.md").write_text(provenance() + "\n\n" + table)

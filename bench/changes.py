@@ -14,7 +14,6 @@ cost should follow the changes delivered, not the history's length.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import tempfile
 from collections.abc import Callable
@@ -25,12 +24,10 @@ import duckdb
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from bench import provenance
+from bench import write_results
 from bench.history import build_history
 from bench.read_path import median_time
 from history_pipeline import HistoryStore, StoreSettings
-
-RESULTS = Path(__file__).parent / "results"
 
 
 def delivered(store: HistoryStore, since: int, until: int) -> pa.Table:
@@ -98,13 +95,11 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.quick:
         args.live_rows, args.versions, args.batch, args.windows = 50_000, 500_000, 50_000, [1_000, 100_000]
-    RESULTS.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory() as tmp:
         results = run(Path(tmp), args.live_rows, args.versions, args.batch, args.windows, args.repeat)
     table = report(results)
     print(table)
-    (RESULTS / f"{args.out}.json").write_text(json.dumps(results, indent=2, default=str))
-    (RESULTS / f"{args.out}.md").write_text(provenance() + "\n\n" + table)
+    write_results(args.out, results, table)
     return 0
 
 

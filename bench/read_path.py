@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import argparse
 import datetime as dt
-import json
 import math
 import random
 import statistics
@@ -34,14 +33,12 @@ from typing import Any
 import duckdb
 import pyarrow.parquet as pq
 
-from bench import provenance
+from bench import write_results
 from bench.history import TABLE_UUID, append_open_versions, build_history, default_segment_events
 from history_pipeline import HistoryStore, StoreSettings
 from history_pipeline.catalog import FileKind
 from history_pipeline.catalog.files import is_closed_read, is_marked_read, select_files
 from history_pipeline.maintenance.snapshots import due_tables, marking_share
-
-RESULTS = Path(__file__).parent / "results"
 
 
 def median_time(fn: Callable[[], Any], repeat: int = 3) -> float:
@@ -594,14 +591,12 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.quick:
         args.live_rows, args.histories, args.batch, args.tpch_orders, args.cycles = 50_000, [500_000], 50_000, 3000, 3
-    RESULTS.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory() as tmp:
         results = run(Path(tmp), args.live_rows, args.histories, args.batch, args.tpch_orders, args.cycles,
                       args.delta, args.snapshot_ratio)
     table = report(results)
     print(table)
-    (RESULTS / f"{args.out}.json").write_text(json.dumps(results, indent=2, default=str))
-    (RESULTS / f"{args.out}.md").write_text(provenance() + "\n\n" + table)
+    write_results(args.out, results, table)
     return 0
 
 

@@ -9,7 +9,6 @@ Prints a table and writes bench/results/results.json, results.md and PNG plots.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import platform
 import shutil
@@ -29,7 +28,7 @@ import pyarrow.compute as pc
 import pyarrow.json as pajson
 import pyarrow.parquet as pq
 
-from bench import provenance
+from bench import write_results
 from bench.history import HOT_KEY, build_history
 from bench.read_path import answer_file
 from bench.workload import Workload, typed_wal_schema, write_workload
@@ -497,8 +496,7 @@ def main(argv: list[str] | None = None) -> int:
 
         table += "\n" + service_report(results["service"])
     print(table)
-    (RESULTS / "results.json").write_text(json.dumps(results, indent=2, default=str))
-    (RESULTS / "results.md").write_text(provenance() + "\n\n" + table)
+    write_results("results", results, table)
     plot(results)
     if args.tenants:
         from bench import tenants

@@ -44,9 +44,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bench import provenance
-
-RESULTS = Path(__file__).parent / "results"
+from bench import write_results
 
 SIZES = {
     "quick": {"databases": [10, 100], "applied": 200, "sealed": 3, "sweep_databases": 100,
@@ -328,9 +326,7 @@ def main(argv: list[str] | None = None) -> int:
         results["sweep"].append(measure_apart(size["sweep_databases"], applied, size["sealed"]))
     table = report(results)
     print(table)
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    (RESULTS / "tenants.json").write_text(json.dumps(results, indent=2))
-    (RESULTS / "tenants.md").write_text(provenance() + "\n\n" + table)
+    write_results("tenants", results, table)
     return 0
 
 
