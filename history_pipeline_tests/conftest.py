@@ -26,6 +26,8 @@ FIXTURE_MARKERS = {
     "server": "daemon",  # a HistoryService with its worker processes
     "strict_server": "daemon",
     "dagster_dev": "daemon",
+    "standalone_cluster": "jvm",  # a master and two workers
+    "connect_server": "jvm",
 }
 
 #: modules every test of which needs a component (the PostgreSQL suites start their own servers)
@@ -51,6 +53,23 @@ def pytest_collection_modifyitems(config, items):
             needed |= {value for value in callspec.params.values() if isinstance(value, str) and value in HEAVY_MARKERS}
         for marker in sorted(needed):
             item.add_marker(marker)
+    _longest_modules_first(items)
+
+
+#: the order modules run in, by the heaviest component any of their tests needs
+RUN_ORDER = ("jvm", "daemon", "s3", "spark", "postgres")
+
+
+def _longest_modules_first(items) -> None:
+    """Modules whose tests start JVMs or daemons first, pure modules last (each module's tests kept
+    together and in their own order): two workers then end on short tests, not one long one."""
+    rank: dict[str, int] = {}
+    for item in items:
+        markers = {m.name for m in item.iter_markers()}
+        heaviest = min((RUN_ORDER.index(m) for m in markers if m in RUN_ORDER), default=len(RUN_ORDER))
+        module = item.nodeid.split("::", 1)[0]
+        rank[module] = min(rank.get(module, heaviest), heaviest)
+    items.sort(key=lambda item: rank[item.nodeid.split("::", 1)[0]])  # stable: module order kept within a rank
 
 
 @pytest.fixture(autouse=True, scope="session")
