@@ -125,12 +125,14 @@ def _let(value: str, body: str, name: str) -> str:
     return f"list_transform([{value}], lambda {name}: {body})[1]"
 
 
-def quotient_macro(left: Exact, right: Exact, s: int, average: bool) -> tuple[str, str]:
+def quotient_macro(left: Exact, right: Exact, s: int, average: bool, key: bool = False) -> tuple[str, str]:
     """(name, CREATE MACRO) of the DECIMAL(38, s) quotient ``a / b`` of operands of these types
     inside an expression; ``average`` divides a sum by a count, and no rows (a count of 0) give
-    NULL rather than a division by zero. A row PostgreSQL gives more than ``s`` places is an error."""
+    NULL rather than a division by zero. A row PostgreSQL gives more than ``s`` places is an error;
+    as a sort ``key`` it is rounded to ``s`` places instead (PostgreSQL's value whenever that has at
+    most ``s`` places, and in the same order as PostgreSQL's values otherwise)."""
     sa, sb = left.scale, right.scale
-    kind = "avg" if average else "div"
+    kind = ("avgkey" if key else "avg") if average else ("divkey" if key else "div")
     tag = f"{kind}_{left.precision}_{sa}_{int(left.integer)}_{right.precision}_{sb}_{int(right.integer)}_{s}"
     zero = "NULL" if average else "error('division by zero')"
     u, t, r, q = (functools.partial(_field, stage) for stage in ("__hp_u", "__hp_t", "__hp_r", "__hp_q"))
@@ -142,7 +144,7 @@ def quotient_macro(left: Exact, right: Exact, s: int, average: bool) -> tuple[st
     wa, fa = _weight_and_digit(t("ua"), t("da"), sa)
     wb, fb = _weight_and_digit(t("ub"), t("db"), sb)
     qweight = f"({wa} - {wb} - CASE WHEN {fa} <= {fb} THEN 1 ELSE 0 END)"
-    scale = f"CAST(least(1000, greatest({MIN_SIG_DIGITS} - 4 * {qweight}, {sa}, {sb}, 0)) AS INTEGER)"
+    scale = f"CAST(least({s if key else 1000}, greatest({MIN_SIG_DIGITS} - 4 * {qweight}, {sa}, {sb}, 0)) AS INTEGER)"
     with_scale = f"{{'ua': {t('ua')}, 'ub': {t('ub')}, 'r': {scale}}}"
     # round(|a| * 10^shift / |b|) half away from zero, signed: quotient and remainder apart, so
     # that the scaled remainder (< |b| * 10^shift) is all that must fit a HUGEINT
@@ -202,12 +204,24 @@ def exact_numeric_rewrite(con: duckdb.DuckDBPyConnection, query: str) -> ExactRe
         return ExactRewrite(query)
     macros: dict[str, str] = {}
     top = _top_select(tree)
+    grouped = _grouped(top) if top else set()
     shown: list[tuple[int, list[dict[str, Any]], Exact, Exact, bool]] = []
     changed = False
+
+    def macro(left: Exact, right: Exact, average: bool, key: bool = False) -> str:
+        name, statement = quotient_macro(left, right, result_scale(left, right, average), average, key)
+        if name not in macros:
+            con.execute(statement)
+            macros[name] = statement
+        return name
+
     # innermost first: an outer quotient's operand is probed once the inner one is exact
     for path in list(_candidates(tree)):
         node = _at(tree, path)
         position = next((i for i, item in enumerate(top["select_list"]) if item is node), None) if top else None
+        # a column the result is grouped by is grouped by its exact value, not by its operands
+        if position is not None and _references(node, position) & grouped:
+            position = None
         typed = _operand_types(con, tree, path, node)
         if typed is None:
             continue
@@ -216,14 +230,12 @@ def exact_numeric_rewrite(con: duckdb.DuckDBPyConnection, query: str) -> ExactRe
         if position is not None:  # kept as DuckDB answers it; its operands go along
             shown.append((position, operands, left, right, average))
             continue
-        s = result_scale(left, right, average)
-        name, statement = quotient_macro(left, right, s, average)
-        if name not in macros:
-            con.execute(statement)
-            macros[name] = statement
-        _replace_in_place(node, _call(name, operands, alias=node.get("alias", "")))
+        _replace_in_place(node, _call(macro(left, right, average), operands, alias=node.get("alias", "")))
     if not changed:
         return ExactRewrite(query)
+    if top is not None:
+        for position, operands, left, right, average in shown:
+            _order_exactly(top, position, _call(macro(left, right, average, key=True), copy.deepcopy(operands)))
     quotients: list[ResultQuotient] = []
     if top is not None:
         width = len(top["select_list"])
@@ -236,6 +248,61 @@ def exact_numeric_rewrite(con: duckdb.DuckDBPyConnection, query: str) -> ExactRe
     if rewritten_query is None:
         return ExactRewrite(query)
     return ExactRewrite(rewritten_query, tuple(macros.values()), tuple(quotients))
+
+
+def _fingerprint(node: Any) -> str:
+    """An expression's serialized form without its place in the query text (two spellings of
+    the same expression at different places compare equal)."""
+    def strip(value: Any) -> Any:
+        if isinstance(value, dict):
+            return {k: strip(v) for k, v in value.items() if not k.startswith("query_location") and k != "alias"}
+        if isinstance(value, list):
+            return [strip(v) for v in value]
+        return value
+    return json.dumps(strip(value=node), sort_keys=True)
+
+
+def _references(node: dict[str, Any], position: int) -> set[str]:
+    """How a GROUP BY or ORDER BY can name the select item ``node`` at ``position``: by its
+    alias, its 1-based position, or the same expression."""
+    names = {f"#{position + 1}", _fingerprint(node)}
+    if node.get("alias"):
+        names.add(f"@{node['alias'].lower()}")
+    return names
+
+
+def _reference(expression: dict[str, Any]) -> str:
+    """The way ``expression`` (a GROUP BY or ORDER BY item) names a select item, in the form
+    :func:`_references` gives."""
+    if expression.get("class") == "COLUMN_REF" and len(expression.get("column_names") or []) == 1:
+        return f"@{expression['column_names'][0].lower()}"
+    literal = expression.get("literal") or {}
+    if expression.get("class") == "CONSTANT" and literal.get("kind") in ("INTEGER", "BIGINT"):
+        return f"#{literal.get('text', literal.get('value'))}"
+    return _fingerprint(expression)
+
+
+def _grouped(top: dict[str, Any]) -> set[str]:
+    return {_reference(e) for e in top.get("group_expressions") or []}
+
+
+def _order_exactly(top: dict[str, Any], position: int, key: dict[str, Any]) -> None:
+    """An ORDER BY item naming the shown quotient at ``position`` (by alias or position) sorts by
+    its exact value: the exact ``key`` first, DuckDB's own quotient after it only to order rows
+    whose PostgreSQL quotients have more places than the key keeps."""
+    item = top["select_list"][position]
+    names = _references(item, position) - {_fingerprint(item)}  # the same expression is made exact anyway
+    for modifier in top.get("modifiers") or []:
+        if modifier.get("type") != "ORDER_MODIFIER":
+            continue
+        orders = []
+        for order in modifier["orders"]:
+            if _reference(order["expression"]) in names:
+                orders.append({**order, "expression": copy.deepcopy(key)})
+                orders.append({**order, "expression": {**copy.deepcopy(item), "alias": ""}})
+            else:
+                orders.append(order)
+        modifier["orders"] = orders
 
 
 def _operand_types(con: duckdb.DuckDBPyConnection, tree: dict[str, Any], path: tuple[Any, ...],
@@ -393,7 +460,9 @@ def _probe(con: duckdb.DuckDBPyConnection, tree: dict[str, Any], path: tuple[Any
     function (in a one-element list), whose binder error names it (no error: a UUID or NULL, nothing to make exact)."""
     probe = copy.deepcopy(tree)
     # inside a list: a bare literal binds as INTEGER_LITERAL, a list of it as INTEGER[]
-    _replace_in_place(_at(probe, path), _call(_PROBE_FUNCTION, [_call("list_value", arguments)]))
+    # the probe keeps the node's alias: a GROUP BY or ORDER BY may name it
+    alias = _at(probe, path).get("alias", "")
+    _replace_in_place(_at(probe, path), _call(_PROBE_FUNCTION, [_call("list_value", arguments)], alias=alias))
     text = _deserialize(con, probe)
     if text is None:
         return None
