@@ -506,3 +506,47 @@ def test_quotient_columns_order_and_group_by_their_exact_values(tmp_path, postgr
         cur.execute(query)
         theirs = cur.fetchall()
         assert [list(r.values()) for r in rows] == [list(r) for r in theirs], (query, rows, theirs)
+
+
+FUNCTION_COLUMNS = [("a", "NUMERIC(20,2)"), ("b", "NUMERIC(24,10)"), ("e", "NUMERIC(6,3)"), ("i", "INTEGER")]
+FUNCTION_ROWS = [  # magnitudes on both sides of 1 and of the base-10000 digit boundaries PostgreSQL's scales use
+    ("2.00", "0.0000000001", "1.500", 3), ("0.01", "1.0000000001", "-2.250", -2), ("9999.99", "0.9500000000", "0.000", 0),
+    ("10000.00", "1.1000000000", "40.000", 10), ("123456789012345678.90", "123456.7890123456", "-40.125", 7),
+    ("1.00", "99999999999999.9999999999", "0.001", 1), ("0.07", "2.5000000000", "12.500", -1),
+]
+FUNCTION_QUERIES = [
+    "SELECT synthetic_key, sqrt(a) AS x, sqrt(b) AS y, exp(e) AS z, ln(a) AS w, ln(b) AS v FROM nums ORDER BY 1",
+    "SELECT synthetic_key, log(a) AS x, log10(b) AS y, log(b, a) AS z, log(2.0, a) AS w, log(e + 41, 10) AS v "
+    "FROM nums ORDER BY 1",
+    "SELECT synthetic_key, power(b, e) AS x, b ^ i AS y, pow(a, 2) AS z, power(e, 3) AS w, power(2, e) AS v, "
+    "power(a, 0.5) AS u FROM nums ORDER BY 1",
+    "SELECT synthetic_key, round(a, 5) AS x, trunc(b, 12) AS y, round(i, 3) AS z, round(e, 1) AS w, "
+    "trunc(e) AS v FROM nums ORDER BY 1",
+    "SELECT synthetic_key, sqrt(a) AS x FROM nums ORDER BY x DESC",
+    "SELECT synthetic_key, exp(e) FROM nums ORDER BY 2, 1",
+    "SELECT synthetic_key, ln(b) AS x FROM nums ORDER BY ln(b)",
+    "SELECT sqrt(sum(a)) AS x, exp(avg(e)) AS y, power(sum(b), 2) AS z FROM nums",
+    # integers alone stay double precision, in PostgreSQL too
+    "SELECT synthetic_key, sqrt(i * i) AS x, exp(i) AS y FROM nums ORDER BY 1",
+]
+
+
+def test_numeric_functions_equal_postgresql_digit_for_digit(tmp_path, postgres):
+    """sqrt, exp, ln, log (one and two arguments), log10, power, pow and ^ of NUMERIC answer PostgreSQL's
+    numeric, compared as text (the same digits and scale, which PostgreSQL chooses per value), never a
+    float; ORDER BY such a column sorts by its exact value; round/trunc to more places than the
+    argument has give PostgreSQL's scale. What cannot be exact is a typed error, as are the values
+    PostgreSQL refuses."""
+    store, cur = _numbers(tmp_path, postgres, FUNCTION_COLUMNS, FUNCTION_ROWS)
+    for query in FUNCTION_QUERIES:
+        _same_as_postgresql(store, cur, query)
+    for refused, message in (("SELECT ln(e) FROM nums", "logarithm of (zero|a negative number)"),
+                             ("SELECT sqrt(e) FROM nums", "square root of a negative number"),
+                             ("SELECT power(e, 0.5) FROM nums", "complex result"),
+                             ("SELECT exp(a) FROM nums", "overflows numeric")):
+        with pytest.raises(QueryError, match=message):
+            store.sql(refused, as_of=3)
+    for inexact in ("SELECT round(sqrt(a), 2) FROM nums", "SELECT a FROM nums WHERE ln(a) > 1",
+                    "SELECT DISTINCT exp(e) FROM nums", "SELECT power(a, e) AS p FROM nums ORDER BY p"):
+        with pytest.raises(QueryError, match="exact"):
+            store.sql(inexact, as_of=3)

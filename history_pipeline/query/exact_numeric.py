@@ -35,7 +35,24 @@ from typing import Any
 
 import duckdb
 
+from history_pipeline.errors import QueryError
+from history_pipeline.query.numeric_functions import (
+    numeric_exp,
+    numeric_ln,
+    numeric_log,
+    numeric_power,
+    numeric_sqrt,
+)
+
 AVERAGES = frozenset({"avg", "mean"})
+#: NUMERIC functions PostgreSQL answers as numeric, by DuckDB name: (what they compute, arities)
+FUNCTIONS = {"sqrt": ("sqrt", (1,)), "exp": ("exp", (1,)), "ln": ("ln", (1,)), "log10": ("log10", (1,)),
+             "log2": ("log2", (1,)), "log": ("log", (1, 2)), "pow": ("power", (2,)), "power": ("power", (2,)),
+             "^": ("power", (2,)), "**": ("power", (2,))}
+#: the ones that grow with their one argument: a column of them sorts as the argument does
+INCREASING = frozenset({"sqrt", "exp", "ln", "log10", "log2"})
+#: functions whose second argument is a number of decimal places (PostgreSQL's result has that scale)
+PLACES = frozenset({"round", "trunc"})
 
 #: PostgreSQL's NUMERIC_MIN_SIG_DIGITS: a quotient keeps at least this many significant digits
 MIN_SIG_DIGITS = 16
@@ -48,7 +65,8 @@ OPERAND_COLUMN = "__hp_operand_"
 
 _INTEGER_DIGITS = {"TINYINT": 3, "SMALLINT": 5, "INTEGER": 10, "BIGINT": 19, "HUGEINT": 39,
                    "UTINYINT": 3, "USMALLINT": 5, "UINTEGER": 10, "UBIGINT": 20, "UHUGEINT": 39}
-_MENTIONS = re.compile(r"\b(avg|mean)\s*\(|/", re.IGNORECASE)
+_MENTIONS = re.compile(r"\b(avg|mean|sqrt|exp|ln|log|log10|log2|pow|power|round|trunc)\s*\(|/|\^|\*\*",
+                       re.IGNORECASE)
 _PROBE_FUNCTION = "uuid_extract_version"
 _PROBED_TYPE = re.compile(_PROBE_FUNCTION + r"\((.+?)\[\]\)'")
 _DECIMAL = re.compile(r"DECIMAL\((\d+),\s*(\d+)\)")
@@ -171,16 +189,15 @@ def quotient_macro(left: Exact, right: Exact, s: int, average: bool, key: bool =
 
 @dataclass(frozen=True)
 class ResultQuotient:
-    """A quotient that is a column of the result: DuckDB answers it as it would (what ORDER BY
-    sees), and hidden columns carry its operands, from which :func:`quotient_texts` gives back
-    PostgreSQL's exact digits row by row (any scale, no DuckDB type to fit)."""
+    """A quotient, average or NUMERIC function that is a column of the result: DuckDB answers it
+    as it would, and hidden columns carry its operands, from which :func:`quotient_texts` gives back
+    PostgreSQL's exact digits row by row (any scale, no DuckDB type to fit). ``function`` is ``/``,
+    ``avg`` (a sum and a count) or a name of :data:`FUNCTIONS`' values."""
 
     shown: int
-    dividend: int
-    divisor: int
-    dividend_scale: int
-    divisor_scale: int
-    average: bool
+    operands: tuple[int, ...]
+    scales: tuple[int, ...]
+    function: str
 
 
 @dataclass(frozen=True)
@@ -205,7 +222,7 @@ def exact_numeric_rewrite(con: duckdb.DuckDBPyConnection, query: str) -> ExactRe
     macros: dict[str, str] = {}
     top = _top_select(tree)
     grouped = _grouped(top) if top else set()
-    shown: list[tuple[int, list[dict[str, Any]], Exact, Exact, bool]] = []
+    shown: list[tuple[int, list[dict[str, Any]], tuple[Exact, ...], str]] = []
     changed = False
 
     def macro(left: Exact, right: Exact, average: bool, key: bool = False) -> str:
@@ -222,28 +239,41 @@ def exact_numeric_rewrite(con: duckdb.DuckDBPyConnection, query: str) -> ExactRe
         # a column the result is grouped by is grouped by its exact value, not by its operands
         if position is not None and _references(node, position) & grouped:
             position = None
+        if _is_places(node):
+            changed |= _pad_places(con, tree, path, node)
+            continue
         typed = _operand_types(con, tree, path, node)
         if typed is None:
             continue
         changed = True
-        operands, left, right, average = typed
+        operands, types, function = typed
         if position is not None:  # kept as DuckDB answers it; its operands go along
-            shown.append((position, operands, left, right, average))
-            continue
-        _replace_in_place(node, _call(macro(left, right, average), operands, alias=node.get("alias", "")))
+            shown.append((position, operands, types, function))
+        elif function in ("/", "avg"):
+            left, right = types
+            _replace_in_place(node, _call(macro(left, right, function == "avg"), operands,
+                                          alias=node.get("alias", "")))
+        elif function in INCREASING and top is not None and _is_order_item(top, node):
+            _replace_in_place(node, copy.deepcopy(operands[0]))  # sorts as its argument does
+        else:
+            raise QueryError(_inexact(node, function))
     if not changed:
         return ExactRewrite(query)
     if top is not None:
-        for position, operands, left, right, average in shown:
-            _order_exactly(top, position, _call(macro(left, right, average, key=True), copy.deepcopy(operands)))
+        for position, operands, types, function in shown:
+            if function in ("/", "avg"):
+                key = _call(macro(*types, function == "avg", key=True), copy.deepcopy(operands))
+            else:
+                key = copy.deepcopy(operands[0]) if function in INCREASING else None
+            _order_exactly(top, position, key, function)
     quotients: list[ResultQuotient] = []
     if top is not None:
-        width = len(top["select_list"])
-        for n, (position, operands, left, right, average) in enumerate(shown):
+        for n, (position, operands, types, function) in enumerate(shown):
+            columns = []
             for k, operand in enumerate(operands):
+                columns.append(len(top["select_list"]))
                 top["select_list"].append({**copy.deepcopy(operand), "alias": f"{OPERAND_COLUMN}{n}_{k}"})
-            quotients.append(ResultQuotient(position, width + 2 * n, width + 2 * n + 1, left.scale, right.scale,
-                                            average))
+            quotients.append(ResultQuotient(position, tuple(columns), tuple(t.scale for t in types), function))
     rewritten_query = _deserialize(con, tree)
     if rewritten_query is None:
         return ExactRewrite(query)
@@ -286,10 +316,10 @@ def _grouped(top: dict[str, Any]) -> set[str]:
     return {_reference(e) for e in top.get("group_expressions") or []}
 
 
-def _order_exactly(top: dict[str, Any], position: int, key: dict[str, Any]) -> None:
-    """An ORDER BY item naming the shown quotient at ``position`` (by alias or position) sorts by
-    its exact value: the exact ``key`` first, DuckDB's own quotient after it only to order rows
-    whose PostgreSQL quotients have more places than the key keeps."""
+def _order_exactly(top: dict[str, Any], position: int, key: dict[str, Any] | None, function: str) -> None:
+    """An ORDER BY item naming the shown column at ``position`` (by alias or position) sorts by
+    its exact value: the exact ``key`` first, DuckDB's own value after it only to order rows whose
+    PostgreSQL quotients have more places than the key keeps. No key: such an ORDER BY is an error."""
     item = top["select_list"][position]
     names = _references(item, position) - {_fingerprint(item)}  # the same expression is made exact anyway
     for modifier in top.get("modifiers") or []:
@@ -298,6 +328,10 @@ def _order_exactly(top: dict[str, Any], position: int, key: dict[str, Any]) -> N
         orders = []
         for order in modifier["orders"]:
             if _reference(order["expression"]) in names:
+                if key is None:
+                    raise QueryError(f"ORDER BY a {function}() column of NUMERIC values cannot sort by its exact "
+                                     "value here; order by its arguments, or cast them to DOUBLE to sort "
+                                     "approximately")
                 orders.append({**order, "expression": copy.deepcopy(key)})
                 orders.append({**order, "expression": {**copy.deepcopy(item), "alias": ""}})
             else:
@@ -306,23 +340,72 @@ def _order_exactly(top: dict[str, Any], position: int, key: dict[str, Any]) -> N
 
 
 def _operand_types(con: duckdb.DuckDBPyConnection, tree: dict[str, Any], path: tuple[Any, ...],
-                   node: dict[str, Any]) -> tuple[list[dict[str, Any]], Exact, Exact, bool] | None:
-    """(operands, their exact types, is an average) of a division or average to make exact; None
-    to keep DuckDB's (a DOUBLE operand, integer / integer)."""
-    average = node.get("function_name", "").lower() in AVERAGES
-    if average:
+                   node: dict[str, Any]) -> tuple[list[dict[str, Any]], tuple[Exact, ...], str] | None:
+    """(operands, their exact types, what is computed: ``/``, ``avg`` or a function) of a division,
+    average or NUMERIC function to make exact; None to keep DuckDB's (a DOUBLE operand, integer /
+    integer, a function of integers only: PostgreSQL computes those in double precision too)."""
+    name = str(node.get("function_name", "")).lower()
+    if name in AVERAGES:
         argument = exact_type(_probe(con, tree, path, [_renamed(node, "any_value")]) or "")
         if argument is None:
             return None
         # the sum's type, and the count's; the mean never exceeds the argument
-        left = Exact(argument.precision, argument.scale, argument.integer)
-        return [_renamed(node, "sum"), _renamed(node, "count")], left, Exact(19, 0, True), True
+        return [_renamed(node, "sum"), _renamed(node, "count")], (argument, Exact(19, 0, True)), "avg"
     operands = [a["expression"] for a in node["arguments"]]
-    left = exact_type(_probe(con, tree, path, [copy.deepcopy(operands[0])]) or "")
-    right = exact_type(_probe(con, tree, path, [copy.deepcopy(operands[1])]) or "")
-    if left is None or right is None or (left.integer and right.integer):
-        return None  # a DOUBLE keeps DuckDB's division; integer / integer is integer division
-    return [copy.deepcopy(o) for o in operands], left, right, False
+    types = [exact_type(_probe(con, tree, path, [copy.deepcopy(o)]) or "") for o in operands]
+    if any(t is None for t in types) or all(t.integer for t in types if t is not None):
+        return None  # a DOUBLE keeps DuckDB's; integer / integer is integer division
+    exact = tuple(t for t in types if t is not None)
+    function = "/" if name in ("/", "//") else FUNCTIONS[name][0]
+    if function == "log" and len(operands) == 1:
+        function = "log10"
+    return [copy.deepcopy(o) for o in operands], exact, function
+
+
+def _inexact(node: dict[str, Any], function: str) -> str:
+    return (f"{node.get('function_name')}() of a NUMERIC value inside an expression (or a GROUP BY, DISTINCT or "
+            "subquery) cannot be computed exactly here; select it as a column of the outermost SELECT "
+            "(exact, with PostgreSQL's digits), or cast its argument to DOUBLE to compute approximately")
+
+
+def _is_order_item(top: dict[str, Any], node: dict[str, Any]) -> bool:
+    return any(order["expression"] is node for m in top.get("modifiers") or [] if m.get("type") == "ORDER_MODIFIER"
+               for order in m["orders"])
+
+
+def _is_places(node: dict[str, Any]) -> bool:
+    """``round(x, n)`` or ``trunc(x, n)`` with a literal ``n``."""
+    arguments = node.get("arguments") or []
+    return (node.get("class") == "FUNCTION" and str(node.get("function_name", "")).lower() in PLACES
+            and not node.get("schema") and len(arguments) == 2
+            and arguments[1]["expression"].get("class") == "CONSTANT"
+            and str((arguments[1]["expression"].get("literal") or {}).get("text", "")).isdigit())
+
+
+def _pad_places(con: duckdb.DuckDBPyConnection, tree: dict[str, Any], path: tuple[Any, ...],
+                node: dict[str, Any]) -> bool:
+    """``round(x, n)``/``trunc(x, n)`` of a NUMERIC or integer ``x`` has scale ``n`` in PostgreSQL
+    (``round(1.5, 3)`` is 1.500) where DuckDB keeps ``x``'s: the call is cast to that scale (the
+    value does not change) when its digits fit DECIMAL(38). True when rewritten."""
+    places = int(node["arguments"][1]["expression"]["literal"]["text"])
+    argument = exact_type(_probe(con, tree, path, [copy.deepcopy(node["arguments"][0]["expression"])]) or "")
+    if argument is None or places <= argument.scale or argument.precision - argument.scale + places > MAX_PRECISION:
+        return False
+    call = {**copy.deepcopy(node), "alias": ""}
+    precision = argument.precision - argument.scale + places
+    _replace_in_place(node, _cast(call, precision, places, alias=node.get("alias", "")))
+    return True
+
+
+def _cast(child: dict[str, Any], precision: int, scale: int, alias: str) -> dict[str, Any]:
+    def constant(value: int) -> dict[str, Any]:
+        return {"class": "CONSTANT", "type": "VALUE_CONSTANT", "alias": "", "query_location": 18446744073709551615,
+                "literal": {"kind": "INTEGER", "text": str(value)}}
+    return {"class": "CAST", "type": "OPERATOR_CAST", "alias": alias, "query_location": 18446744073709551615,
+            "child": child, "try_cast": False,
+            "type_expr": {"class": "TYPE", "type": "TYPE", "alias": "", "query_location": 18446744073709551615,
+                          "catalog": "", "schema": "", "type_name": "DECIMAL",
+                          "children": [constant(precision), constant(scale)], "qualified_name": {"path": ["DECIMAL"]}}}
 
 
 def _unscaled_int(value: Any, scale: int) -> int:
@@ -361,24 +444,42 @@ def pg_divide_text(a: Any, b: Any, scale_a: int, scale_b: int) -> str:
     return ("-" if q and (ua < 0) != (ub < 0) else "") + text
 
 
-def quotient_texts(dividends: Any, divisors: Any, quotient: ResultQuotient) -> list[str | None]:
-    """PostgreSQL's exact text of each row's quotient (an average of no rows is NULL)."""
+def _function_text(function: str, values: list[Any], scales: tuple[int, ...]) -> str:
+    if function == "sqrt":
+        return numeric_sqrt(values[0], scales[0])
+    if function == "exp":
+        return numeric_exp(values[0], scales[0])
+    if function == "ln":
+        return numeric_ln(values[0], scales[0])
+    if function in ("log10", "log2"):
+        return numeric_log(10 if function == "log10" else 2, 0, values[0], scales[0])
+    if function == "log":
+        return numeric_log(values[0], scales[0], values[1], scales[1])
+    return numeric_power(values[0], scales[0], values[1], scales[1])
+
+
+def quotient_texts(columns: list[Any], quotient: ResultQuotient) -> list[str | None]:
+    """PostgreSQL's exact text of each row's quotient, average or function from its operand
+    columns (NULL where an operand is NULL; an average of no rows is NULL)."""
     out: list[str | None] = []
-    for a, b in zip(dividends.to_pylist(), divisors.to_pylist(), strict=True):
-        if a is None or b is None or (quotient.average and b == 0):
+    for values in zip(*(c.to_pylist() for c in columns), strict=True):
+        if any(v is None for v in values) or (quotient.function == "avg" and values[1] == 0):
             out.append(None)
+        elif quotient.function in ("/", "avg"):
+            out.append(pg_divide_text(values[0], values[1], *quotient.scales))
         else:
-            out.append(pg_divide_text(a, b, quotient.dividend_scale, quotient.divisor_scale))
+            out.append(_function_text(quotient.function, list(values), quotient.scales))
     return out
 
 
 def _candidates(tree: Any) -> Iterator[tuple[Any, ...]]:
-    """Paths of every division and one-argument avg/mean call, innermost first."""
+    """Paths of every division, one-argument avg/mean call, NUMERIC function and round/trunc with
+    places, innermost first."""
     def walk(node: Any, path: tuple[Any, ...]) -> Iterator[tuple[Any, ...]]:
         if isinstance(node, dict):
             for key, value in node.items():
                 yield from walk(value, (*path, key))
-            if _is_division(node) or _is_average(node):
+            if _is_division(node) or _is_average(node) or _is_function(node) or _is_places(node):
                 yield path
         elif isinstance(node, list):
             for index, item in enumerate(node):
@@ -389,6 +490,12 @@ def _candidates(tree: Any) -> Iterator[tuple[Any, ...]]:
 def _is_division(node: dict[str, Any]) -> bool:
     return (node.get("class") == "FUNCTION" and node.get("function_name") in ("/", "//") and not node.get("schema")
             and len(node.get("arguments") or []) == 2)
+
+
+def _is_function(node: dict[str, Any]) -> bool:
+    name = str(node.get("function_name", "")).lower()
+    return (node.get("class") == "FUNCTION" and name in FUNCTIONS and not node.get("schema")
+            and len(node.get("arguments") or []) in FUNCTIONS[name][1])
 
 
 def _is_average(node: dict[str, Any]) -> bool:
