@@ -627,11 +627,11 @@ def _exact_texts(table: pa.Table, quotients: tuple[ResultQuotient, ...]) -> pa.T
     columns = list(table.columns)
     for q in quotients:
         try:
-            texts = quotient_texts([table.column(i) for i in q.operands], q)
+            texts = quotient_texts([table.column(i) for i in q.columns], q)
         except ArithmeticError as exc:  # PostgreSQL's own refusals: division by zero, ln(0), sqrt(-1)
             raise QueryError(f"the query failed: {exc}") from None
         columns[q.shown] = numeric_result_array(pa.array(texts, pa.string()))
-    width = min(min(q.operands) for q in quotients)
+    width = min(min(q.columns) for q in quotients)
     return pa.table(columns[:width], names=table.column_names[:width])
 
 

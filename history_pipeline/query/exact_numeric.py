@@ -31,6 +31,7 @@ import json
 import re
 from collections.abc import Iterator
 from dataclasses import dataclass
+from decimal import Decimal
 from typing import Any
 
 import duckdb
@@ -188,6 +189,17 @@ def quotient_macro(left: Exact, right: Exact, s: int, average: bool, key: bool =
 
 
 @dataclass(frozen=True)
+class Operand:
+    """Where an operand of a result column's quotient or function comes from: one hidden column
+    at a scale, or two (a dividend and a divisor at their scales) when it is itself a quotient or
+    an average, which PostgreSQL hands on at its own per-value scale (``divided``: ``/`` or ``avg``)."""
+
+    columns: tuple[int, ...]
+    scales: tuple[int, ...]
+    divided: str = ""
+
+
+@dataclass(frozen=True)
 class ResultQuotient:
     """A quotient, average or NUMERIC function that is a column of the result: DuckDB answers it
     as it would, and hidden columns carry its operands, from which :func:`quotient_texts` gives back
@@ -195,9 +207,13 @@ class ResultQuotient:
     ``avg`` (a sum and a count) or a name of :data:`FUNCTIONS`' values."""
 
     shown: int
-    operands: tuple[int, ...]
-    scales: tuple[int, ...]
+    operands: tuple[Operand, ...]
     function: str
+
+    @property
+    def columns(self) -> tuple[int, ...]:
+        """The hidden columns it reads, in order."""
+        return tuple(c for operand in self.operands for c in operand.columns)
 
 
 @dataclass(frozen=True)
@@ -225,6 +241,9 @@ def exact_numeric_rewrite(con: duckdb.DuckDBPyConnection, query: str) -> ExactRe
     shown: list[tuple[int, list[dict[str, Any]], tuple[Exact, ...], str]] = []
     changed = False
 
+    #: each exact quotient made inside the query (by its macro call): its operands' types, and ``/`` or ``avg``
+    made: dict[str, tuple[tuple[Exact, ...], str]] = {}
+
     def macro(left: Exact, right: Exact, average: bool, key: bool = False) -> str:
         name, statement = quotient_macro(left, right, result_scale(left, right, average), average, key)
         if name not in macros:
@@ -247,12 +266,16 @@ def exact_numeric_rewrite(con: duckdb.DuckDBPyConnection, query: str) -> ExactRe
             continue
         changed = True
         operands, types, function = typed
+        if function not in ("/", "avg") and any(_quotient_inside(o, made) for o in operands):
+            # PostgreSQL hands a quotient on at a scale of its own per value, which such an operand does not keep
+            raise QueryError(_inexact(node, function))
         if position is not None:  # kept as DuckDB answers it; its operands go along
             shown.append((position, operands, types, function))
         elif function in ("/", "avg"):
             left, right = types
             _replace_in_place(node, _call(macro(left, right, function == "avg"), operands,
                                           alias=node.get("alias", "")))
+            made[_fingerprint(node)] = (types, function)
         elif function in INCREASING and top is not None and _is_order_item(top, node):
             _replace_in_place(node, copy.deepcopy(operands[0]))  # sorts as its argument does
         else:
@@ -269,11 +292,20 @@ def exact_numeric_rewrite(con: duckdb.DuckDBPyConnection, query: str) -> ExactRe
     quotients: list[ResultQuotient] = []
     if top is not None:
         for n, (position, operands, types, function) in enumerate(shown):
-            columns = []
-            for k, operand in enumerate(operands):
-                columns.append(len(top["select_list"]))
-                top["select_list"].append({**copy.deepcopy(operand), "alias": f"{OPERAND_COLUMN}{n}_{k}"})
-            quotients.append(ResultQuotient(position, tuple(columns), tuple(t.scale for t in types), function))
+            specs = []
+            for operand, exact in zip(operands, types, strict=True):
+                inner = None if _quotient_inside(operand, made) else made.get(_fingerprint(operand))
+                parts = [a["expression"] for a in operand["arguments"]] if inner else [operand]
+                columns = []
+                for part in parts:
+                    columns.append(len(top["select_list"]))
+                    top["select_list"].append({**copy.deepcopy(part), "alias": f"{OPERAND_COLUMN}{n}_{len(columns)}"
+                                               f"_{len(top['select_list'])}"})
+                if inner:
+                    specs.append(Operand(tuple(columns), tuple(t.scale for t in inner[0]), inner[1]))
+                else:
+                    specs.append(Operand(tuple(columns), (exact.scale,)))
+            quotients.append(ResultQuotient(position, tuple(specs), function))
     rewritten_query = _deserialize(con, tree)
     if rewritten_query is None:
         return ExactRewrite(query)
@@ -360,6 +392,14 @@ def _operand_types(con: duckdb.DuckDBPyConnection, tree: dict[str, Any], path: t
     if function == "log" and len(operands) == 1:
         function = "log10"
     return [copy.deepcopy(o) for o in operands], exact, function
+
+
+def _quotient_inside(operand: dict[str, Any], made: dict[str, tuple[tuple[Exact, ...], str]]) -> bool:
+    """An exact quotient made inside ``operand``, other than ``operand`` itself when that is one of
+    plain operands (which the result column computes from its operands as PostgreSQL does)."""
+    if _fingerprint(operand) in made:
+        return any(_quotient_inside(a["expression"], {}) for a in operand["arguments"])
+    return '"function_name": "__hp_' in json.dumps(operand)
 
 
 def _inexact(node: dict[str, Any], function: str) -> str:
@@ -458,17 +498,34 @@ def _function_text(function: str, values: list[Any], scales: tuple[int, ...]) ->
     return numeric_power(values[0], scales[0], values[1], scales[1])
 
 
+def _operand_value(operand: Operand, values: list[Any]) -> tuple[Any, int]:
+    """An operand's value and PostgreSQL's scale of it (None: NULL) from its hidden columns' values."""
+    if not operand.divided:
+        return values[0], operand.scales[0]
+    if values[0] is None or values[1] is None or (operand.divided == "avg" and values[1] == 0):
+        return None, 0
+    text = pg_divide_text(values[0], values[1], *operand.scales)
+    return Decimal(text), len(text.partition(".")[2])
+
+
 def quotient_texts(columns: list[Any], quotient: ResultQuotient) -> list[str | None]:
-    """PostgreSQL's exact text of each row's quotient, average or function from its operand
-    columns (NULL where an operand is NULL; an average of no rows is NULL)."""
+    """PostgreSQL's exact text of each row's quotient, average or function from its operands'
+    hidden ``columns`` (in :attr:`ResultQuotient.columns` order): NULL where an operand is NULL,
+    and an average of no rows is NULL."""
     out: list[str | None] = []
-    for values in zip(*(c.to_pylist() for c in columns), strict=True):
+    for row in zip(*(c.to_pylist() for c in columns), strict=True):
+        values, scales, at = [], [], 0
+        for operand in quotient.operands:
+            value, scale = _operand_value(operand, list(row[at:at + len(operand.columns)]))
+            values.append(value)
+            scales.append(scale)
+            at += len(operand.columns)
         if any(v is None for v in values) or (quotient.function == "avg" and values[1] == 0):
             out.append(None)
         elif quotient.function in ("/", "avg"):
-            out.append(pg_divide_text(values[0], values[1], *quotient.scales))
+            out.append(pg_divide_text(values[0], values[1], *scales))
         else:
-            out.append(_function_text(quotient.function, list(values), quotient.scales))
+            out.append(_function_text(quotient.function, values, tuple(scales)))
     return out
 
 
