@@ -53,7 +53,7 @@ def test_results_are_the_exact_value_rounded_half_away_from_zero():
     rounded half away from zero, at either sign."""
     assert numeric_sqrt(*_n("2.25")) == "1.500000000000000"
     assert numeric_sqrt(*_n("2")) == "1.414213562373095"  # ...0488 exactly: rounded down
-    assert numeric_sqrt(*_n("0.0000000000000000000000000000000001")) == "0.00000000000000001000000000000000"
+    assert numeric_sqrt(*_n("0.0000000000000000000000000000000001")) == "0.0000000000000000100000000000000000"
     assert numeric_power(*_n("-1.5"), 3, 0) == "-3.3750000000000000"
     assert numeric_power(*_n("-0.5"), -1, 0) == "-2.0000000000000000"
 
