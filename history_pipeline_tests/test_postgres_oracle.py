@@ -527,13 +527,15 @@ FUNCTION_QUERIES = [
     "SELECT synthetic_key, exp(e) FROM nums ORDER BY 2, 1",
     "SELECT synthetic_key, ln(b) AS x FROM nums ORDER BY ln(b)",
     "SELECT sqrt(sum(a)) AS x, exp(avg(e)) AS y, power(sum(b), 2) AS z FROM nums",
+    "SELECT synthetic_key, div(a, b) AS x, div(b, e) AS y, div(i, 2) AS z, div(div(a, 3), b) AS w, "
+    "sqrt(div(a, 3)) AS v FROM nums WHERE e <> 0 ORDER BY 1",
     # integers alone stay double precision, in PostgreSQL too
     "SELECT synthetic_key, sqrt(i * i) AS x, exp(i) AS y FROM nums ORDER BY 1",
 ]
 
 
 def test_numeric_functions_equal_postgresql_digit_for_digit(tmp_path, postgres):
-    """sqrt, exp, ln, log (one and two arguments), log10, power, pow and ^ of NUMERIC answer PostgreSQL's
+    """sqrt, exp, ln, log (one and two arguments), log10, power, pow, ^ and div of NUMERIC answer PostgreSQL's
     numeric, compared as text (the same digits and scale, which PostgreSQL chooses per value), never a
     float; ORDER BY such a column sorts by its exact value; round/trunc to more places than the
     argument has give PostgreSQL's scale. What cannot be exact is a typed error, as are the values
@@ -551,3 +553,7 @@ def test_numeric_functions_equal_postgresql_digit_for_digit(tmp_path, postgres):
                     "SELECT DISTINCT exp(e) FROM nums", "SELECT power(a, e) AS p FROM nums ORDER BY p"):
         with pytest.raises(QueryError, match="exact"):
             store.sql(inexact, as_of=3)
+    with pytest.raises(QueryError, match="division by zero"):
+        store.sql("SELECT div(a, e) FROM nums", as_of=3)
+    with pytest.raises(QueryError, match="scale.. is PostgreSQL's and not available"):
+        store.sql("SELECT scale(a) FROM nums", as_of=3)

@@ -615,7 +615,12 @@ class _Rewrite:
 
 def _rewrite(con: Any, query: str) -> _Rewrite:
     exact = exact_numeric_rewrite(con, query)
-    names = tuple(con.sql(query).columns) if exact.query != query else None  # the user's column names
+    names = None
+    if exact.query != query:
+        try:
+            names = tuple(con.sql(query).columns)  # the user's column names
+        except duckdb.Error:  # it calls what only the rewrite defines (div): the rewritten query's names
+            names = None
     return _Rewrite(exact.query, exact.macros, names, exact.quotients)
 
 

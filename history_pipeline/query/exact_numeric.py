@@ -49,11 +49,14 @@ AVERAGES = frozenset({"avg", "mean"})
 #: NUMERIC functions PostgreSQL answers as numeric, by DuckDB name: (what they compute, arities)
 FUNCTIONS = {"sqrt": ("sqrt", (1,)), "exp": ("exp", (1,)), "ln": ("ln", (1,)), "log10": ("log10", (1,)),
              "log2": ("log2", (1,)), "log": ("log", (1, 2)), "pow": ("power", (2,)), "power": ("power", (2,)),
-             "^": ("power", (2,)), "**": ("power", (2,))}
+             "^": ("power", (2,)), "**": ("power", (2,)), "div": ("div", (2,))}
 #: the ones that grow with their one argument: a column of them sorts as the argument does
 INCREASING = frozenset({"sqrt", "exp", "ln", "log10", "log2"})
 #: functions whose second argument is a number of decimal places (PostgreSQL's result has that scale)
 PLACES = frozenset({"round", "trunc"})
+#: PostgreSQL's NUMERIC functions DuckDB has no counterpart of, and what to write instead
+MISSING = {"scale": "the column's declared scale",
+           "min_scale": "the column's declared scale", "trim_scale": "CAST(x AS VARCHAR) and trim its zeros"}
 
 #: PostgreSQL's NUMERIC_MIN_SIG_DIGITS: a quotient keeps at least this many significant digits
 MIN_SIG_DIGITS = 16
@@ -66,8 +69,8 @@ OPERAND_COLUMN = "__hp_operand_"
 
 _INTEGER_DIGITS = {"TINYINT": 3, "SMALLINT": 5, "INTEGER": 10, "BIGINT": 19, "HUGEINT": 39,
                    "UTINYINT": 3, "USMALLINT": 5, "UINTEGER": 10, "UBIGINT": 20, "UHUGEINT": 39}
-_MENTIONS = re.compile(r"\b(avg|mean|sqrt|exp|ln|log|log10|log2|pow|power|round|trunc)\s*\(|/|\^|\*\*",
-                       re.IGNORECASE)
+_MENTIONS = re.compile(r"\b(avg|mean|sqrt|exp|ln|log|log10|log2|pow|power|round|trunc|div|scale|min_scale|"
+                       r"trim_scale)\s*\(|/|\^|\*\*", re.IGNORECASE)
 _PROBE_FUNCTION = "uuid_extract_version"
 _PROBED_TYPE = re.compile(_PROBE_FUNCTION + r"\((.+?)\[\]\)'")
 _DECIMAL = re.compile(r"DECIMAL\((\d+),\s*(\d+)\)")
@@ -185,6 +188,18 @@ def quotient_macro(left: Exact, right: Exact, s: int, average: bool, key: bool =
     return name, f"CREATE OR REPLACE TEMP MACRO {name}(__hp_dividend, __hp_divisor) AS {body}"
 
 
+def integer_quotient_macro(left: Exact, right: Exact) -> tuple[str, str]:
+    """(name, CREATE MACRO) of PostgreSQL's ``div(a, b)``: the quotient truncated toward zero, a
+    NUMERIC of scale 0, from the operands' digits at their common scale."""
+    common = max(left.scale, right.scale)
+    a = f"({_unscaled('__hp_dividend', left)} * {10 ** (common - left.scale)})"
+    b = f"({_unscaled('__hp_divisor', right)} * {10 ** (common - right.scale)})"
+    quotient = f"(CASE WHEN ({a} < 0) <> ({b} < 0) THEN -1 ELSE 1 END) * (abs({a}) // abs({b}))"
+    name = "__hp_intdiv_" + "_".join(f"{t.precision}_{t.scale}_{int(t.integer)}" for t in (left, right))
+    body = f"CASE WHEN __hp_divisor = 0 THEN error('division by zero') ELSE CAST({quotient} AS DECIMAL(38, 0)) END"
+    return name, f"CREATE OR REPLACE TEMP MACRO {name}(__hp_dividend, __hp_divisor) AS {body}"
+
+
 # --- the rewrite -------------------------------------------------------------------------------------
 
 
@@ -235,6 +250,7 @@ def exact_numeric_rewrite(con: duckdb.DuckDBPyConnection, query: str) -> ExactRe
     tree = _serialize(con, query)
     if tree is None:
         return ExactRewrite(query)
+    _refuse_missing(tree)
     macros: dict[str, str] = {}
     top = _top_select(tree)
     grouped = _grouped(top) if top else set()
@@ -266,10 +282,17 @@ def exact_numeric_rewrite(con: duckdb.DuckDBPyConnection, query: str) -> ExactRe
             continue
         changed = True
         operands, types, function = typed
-        if function not in ("/", "avg") and any(_quotient_inside(o, made) for o in operands):
+        if function not in ("/", "avg", "div") and any(_quotient_inside(o, made) for o in operands):
             # PostgreSQL hands a quotient on at a scale of its own per value, which such an operand does not keep
             raise QueryError(_inexact(node, function))
-        if position is not None:  # kept as DuckDB answers it; its operands go along
+        if function == "div":  # exact in SQL wherever it is
+            name, statement = integer_quotient_macro(*types)
+            if name not in macros:
+                con.execute(statement)
+                macros[name] = statement
+            # unnamed, it is named as PostgreSQL names it (the original call does not bind in DuckDB)
+            _replace_in_place(node, _call(name, operands, alias=node.get("alias") or "div"))
+        elif position is not None:  # kept as DuckDB answers it; its operands go along
             shown.append((position, operands, types, function))
         elif function in ("/", "avg"):
             left, right = types
@@ -310,6 +333,20 @@ def exact_numeric_rewrite(con: duckdb.DuckDBPyConnection, query: str) -> ExactRe
     if rewritten_query is None:
         return ExactRewrite(query)
     return ExactRewrite(rewritten_query, tuple(macros.values()), tuple(quotients))
+
+
+def _refuse_missing(tree: Any) -> None:
+    """A typed error for a call of a PostgreSQL NUMERIC function DuckDB does not have (rather than
+    DuckDB's "does not exist", which reads as a missing table)."""
+    if isinstance(tree, list):
+        for item in tree:
+            _refuse_missing(item)
+    elif isinstance(tree, dict):
+        name = str(tree.get("function_name", "")).lower()
+        if tree.get("class") == "FUNCTION" and name in MISSING and not tree.get("schema"):
+            raise QueryError(f"{name}() is PostgreSQL's and not available in this SQL; use {MISSING[name]}")
+        for value in tree.values():
+            _refuse_missing(value)
 
 
 def _fingerprint(node: Any) -> str:
@@ -385,7 +422,7 @@ def _operand_types(con: duckdb.DuckDBPyConnection, tree: dict[str, Any], path: t
         return [_renamed(node, "sum"), _renamed(node, "count")], (argument, Exact(19, 0, True)), "avg"
     operands = [a["expression"] for a in node["arguments"]]
     types = [exact_type(_probe(con, tree, path, [copy.deepcopy(o)]) or "") for o in operands]
-    if any(t is None for t in types) or all(t.integer for t in types if t is not None):
+    if any(t is None for t in types) or (all(t.integer for t in types if t is not None) and name != "div"):
         return None  # a DOUBLE keeps DuckDB's; integer / integer is integer division
     exact = tuple(t for t in types if t is not None)
     function = "/" if name in ("/", "//") else FUNCTIONS[name][0]
@@ -399,7 +436,8 @@ def _quotient_inside(operand: dict[str, Any], made: dict[str, tuple[tuple[Exact,
     plain operands (which the result column computes from its operands as PostgreSQL does)."""
     if _fingerprint(operand) in made:
         return any(_quotient_inside(a["expression"], {}) for a in operand["arguments"])
-    return '"function_name": "__hp_' in json.dumps(operand)
+    text = json.dumps(operand)
+    return '"function_name": "__hp_div_' in text or '"function_name": "__hp_avg_' in text
 
 
 def _inexact(node: dict[str, Any], function: str) -> str:
@@ -627,6 +665,7 @@ def _probe(con: duckdb.DuckDBPyConnection, tree: dict[str, Any], path: tuple[Any
     # the probe keeps the node's alias: a GROUP BY or ORDER BY may name it
     alias = _at(probe, path).get("alias", "")
     _replace_in_place(_at(probe, path), _call(_PROBE_FUNCTION, [_call("list_value", arguments)], alias=alias))
+    _stand_in_for_div(probe)
     text = _deserialize(con, probe)
     if text is None:
         return None
@@ -638,6 +677,21 @@ def _probe(con: duckdb.DuckDBPyConnection, tree: dict[str, Any], path: tuple[Any
     except duckdb.Error:
         return None
     return None
+
+
+def _stand_in_for_div(tree: Any) -> None:
+    """Calls of ``div`` not yet made exact, renamed to a function DuckDB binds (``greatest`` of two
+    numbers), so that a probe elsewhere in the query binds as far as the probed node."""
+    if isinstance(tree, list):
+        for item in tree:
+            _stand_in_for_div(item)
+    elif isinstance(tree, dict):
+        if tree.get("class") == "FUNCTION" and str(tree.get("function_name", "")).lower() == "div" \
+                and not tree.get("schema"):
+            tree["function_name"] = "greatest"
+            tree["qualified_name"] = {"path": ["greatest"]}
+        for value in tree.values():
+            _stand_in_for_div(value)
 
 
 def _replace_in_place(node: dict[str, Any], replacement: dict[str, Any]) -> None:
