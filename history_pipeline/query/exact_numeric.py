@@ -1,4 +1,4 @@
-"""Exact NUMERIC division and ``AVG``, as PostgreSQL computes them.
+"""Exact NUMERIC division, ``AVG`` and functions, as PostgreSQL computes them.
 
 DuckDB divides a DECIMAL (``/``) and averages it (``avg``) in DOUBLE: ``1.0 / 3`` is
 0.3333333333333333 and ``avg`` of 0.1 and 0.2 is 0.15000000000000002. PostgreSQL's ``numeric``
@@ -17,6 +17,12 @@ widest exact type; ``S`` from the operands' types, see :func:`result_scale`); a 
 PostgreSQL scale exceeds ``S`` or whose digits exceed 38 is a typed error, never a rounded value.
 A quotient that is itself a column of the result also comes back as text with PostgreSQL's own
 digits (any scale), which the engine hands back as the exact NUMERIC of each row.
+
+The same holds for PostgreSQL's NUMERIC functions (``sqrt``, ``exp``, ``ln``, ``log``, ``power``):
+a column of the result is computed from its operands' hidden columns by
+:mod:`history_pipeline.query.numeric_functions`; inside an expression it has no exact DuckDB type
+and is a typed error. ``ORDER BY`` such a column sorts by an exact key, ``GROUP BY`` it groups by
+the exact quotient. ``div`` and ``round``/``trunc`` to more places are exact in SQL.
 
 Operand types are known only once the query is bound, so each operand is probed first: it is
 handed to a function that accepts only UUIDs, and DuckDB's binder error names its type. Only
