@@ -459,3 +459,29 @@ def test_truncate_is_captured_as_deletes_of_the_live_keys(tmp_path, database):
     conn.execute("TRUNCATE keyless")
     with pytest.raises(CaptureError, match="TRUNCATE of 'keyless' cannot be captured: the table has no key"):
         run_capture(store, config, once=True)
+
+
+def test_pgbench_initialised_while_captured(tmp_path, pg, database):
+    """``pgbench -i`` run while the capture is set up: it creates its tables, TRUNCATEs them and loads
+    100,000 accounts in one transaction, and adds their primary keys only after loading (so their keys
+    are declared); the history equals the database afterwards."""
+    from history_pipeline.capture.model import CaptureOptions
+    from history_pipeline_tests.pg_support import pg_bin
+
+    dsn, conn = database
+    dbname = conn.info.dbname
+    client = ["-h", "127.0.0.1", "-p", str(pg.port), "-U", "postgres"]
+    store = HistoryStore.open(tmp_path, database="bench")
+    keys = {"pgbench_accounts": "aid", "pgbench_branches": "bid", "pgbench_tellers": "tid"}
+    config = CaptureConfig(dsn=dsn, slot="bench", options=CaptureOptions(keys=keys, exclude=("pgbench_history",)))
+    run_capture(store, config, once=True)
+    # vacuum is left out (-I dtgp): it would only make the test slower
+    subprocess.run([pg_bin("pgbench"), "-i", "-I", "dtgp", "-s", "1", "-q", *client, dbname], check=True,
+                   capture_output=True)
+    conn.execute("UPDATE pgbench_accounts SET abalance = aid WHERE aid % 1000 = 0")
+    lsn, expected = current_lsn(conn), _tables(conn)
+    expected.pop("pgbench_history")
+    run_capture(store, config, once=True)
+    store.compact(spark=False)
+    _same(expected, _answer(store, lsn))
+    assert len(expected["pgbench_accounts"]) == 100_000
