@@ -529,6 +529,7 @@ FUNCTION_QUERIES = [
     "SELECT sqrt(sum(a)) AS x, exp(avg(e)) AS y, power(sum(b), 2) AS z FROM nums",
     "SELECT synthetic_key, div(a, b) AS x, div(b, e) AS y, div(i, 2) AS z, div(div(a, 3), b) AS w, "
     "sqrt(div(a, 3)) AS v FROM nums WHERE e <> 0 ORDER BY 1",
+    "SELECT synthetic_key, sign(e) AS x, sign(b - 1) AS y FROM nums ORDER BY 1",
     # integers alone stay double precision, in PostgreSQL too
     "SELECT synthetic_key, sqrt(i * i) AS x, exp(i) AS y FROM nums ORDER BY 1",
 ]
@@ -538,11 +539,13 @@ def test_numeric_functions_equal_postgresql_digit_for_digit(tmp_path, postgres):
     """sqrt, exp, ln, log (one and two arguments), log10, power, pow, ^ and div of NUMERIC answer PostgreSQL's
     numeric, compared as text (the same digits and scale, which PostgreSQL chooses per value), never a
     float; ORDER BY such a column sorts by its exact value; round/trunc to more places than the
-    argument has give PostgreSQL's scale. What cannot be exact is a typed error, as are the values
-    PostgreSQL refuses."""
+    argument has give PostgreSQL's scale; sign of a NUMERIC is a NUMERIC. What cannot be exact is a
+    typed error, as are the values PostgreSQL refuses."""
     store, cur = _numbers(tmp_path, postgres, FUNCTION_COLUMNS, FUNCTION_ROWS)
     for query in FUNCTION_QUERIES:
         _same_as_postgresql(store, cur, query)
+    signs = store.sql("SELECT sign(e) AS s FROM nums", as_of=3).column("s").to_pylist()
+    assert sorted(signs) == [-1, -1, 0, 1, 1, 1, 1] and all(isinstance(v, Decimal) for v in signs)  # numeric
     for refused, message in (("SELECT ln(e) FROM nums", "logarithm of (zero|a negative number)"),
                              ("SELECT sqrt(e) FROM nums", "square root of a negative number"),
                              ("SELECT power(e, 0.5) FROM nums", "complex result"),

@@ -75,7 +75,7 @@ OPERAND_COLUMN = "__hp_operand_"
 
 _INTEGER_DIGITS = {"TINYINT": 3, "SMALLINT": 5, "INTEGER": 10, "BIGINT": 19, "HUGEINT": 39,
                    "UTINYINT": 3, "USMALLINT": 5, "UINTEGER": 10, "UBIGINT": 20, "UHUGEINT": 39}
-_MENTIONS = re.compile(r"\b(avg|mean|sqrt|exp|ln|log|log10|log2|pow|power|round|trunc|div|scale|min_scale|"
+_MENTIONS = re.compile(r"\b(avg|mean|sqrt|exp|ln|log|log10|log2|pow|power|round|trunc|sign|div|scale|min_scale|"
                        r"trim_scale)\s*\(|/|\^|\*\*", re.IGNORECASE)
 _PROBE_FUNCTION = "uuid_extract_version"
 _PROBED_TYPE = re.compile(_PROBE_FUNCTION + r"\((.+?)\[\]\)'")
@@ -283,6 +283,9 @@ def exact_numeric_rewrite(con: duckdb.DuckDBPyConnection, query: str) -> ExactRe
         if _is_places(node):
             changed |= _pad_places(con, tree, path, node)
             continue
+        if _is_sign(node):
+            changed |= _numeric_sign(con, tree, path, node)
+            continue
         typed = _operand_types(con, tree, path, node)
         if typed is None:
             continue
@@ -481,6 +484,21 @@ def _pad_places(con: duckdb.DuckDBPyConnection, tree: dict[str, Any], path: tupl
     return True
 
 
+def _is_sign(node: dict[str, Any]) -> bool:
+    return (node.get("class") == "FUNCTION" and str(node.get("function_name", "")).lower() == "sign"
+            and not node.get("schema") and len(node.get("arguments") or []) == 1)
+
+
+def _numeric_sign(con: duckdb.DuckDBPyConnection, tree: dict[str, Any], path: tuple[Any, ...],
+                  node: dict[str, Any]) -> bool:
+    """``sign`` of a NUMERIC is a NUMERIC in PostgreSQL (DuckDB answers a TINYINT): cast to one."""
+    argument = exact_type(_probe(con, tree, path, [copy.deepcopy(node["arguments"][0]["expression"])]) or "")
+    if argument is None or argument.integer:
+        return False
+    _replace_in_place(node, _cast({**copy.deepcopy(node), "alias": ""}, 1, 0, alias=node.get("alias", "")))
+    return True
+
+
 def _cast(child: dict[str, Any], precision: int, scale: int, alias: str) -> dict[str, Any]:
     def constant(value: int) -> dict[str, Any]:
         return {"class": "CONSTANT", "type": "VALUE_CONSTANT", "alias": "", "query_location": 18446744073709551615,
@@ -580,7 +598,7 @@ def _candidates(tree: Any) -> Iterator[tuple[Any, ...]]:
         if isinstance(node, dict):
             for key, value in node.items():
                 yield from walk(value, (*path, key))
-            if _is_division(node) or _is_average(node) or _is_function(node) or _is_places(node):
+            if _is_division(node) or _is_average(node) or _is_function(node) or _is_places(node) or _is_sign(node):
                 yield path
         elif isinstance(node, list):
             for index, item in enumerate(node):
