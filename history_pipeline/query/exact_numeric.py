@@ -331,8 +331,8 @@ def exact_numeric_rewrite(con: duckdb.DuckDBPyConnection, query: str) -> ExactRe
                 columns = []
                 for part in parts:
                     columns.append(len(top["select_list"]))
-                    top["select_list"].append({**copy.deepcopy(part), "alias": f"{OPERAND_COLUMN}{n}_{len(columns)}"
-                                               f"_{len(top['select_list'])}"})
+                    top["select_list"].append({**copy.deepcopy(part),
+                                               "alias": f"{OPERAND_COLUMN}{n}_{len(top['select_list'])}"})
                 if inner:
                     specs.append(Operand(tuple(columns), tuple(t.scale for t in inner[0]), inner[1]))
                 else:
@@ -441,8 +441,9 @@ def _operand_types(con: duckdb.DuckDBPyConnection, tree: dict[str, Any], path: t
 
 
 def _quotient_inside(operand: dict[str, Any], made: dict[str, tuple[tuple[Exact, ...], str]]) -> bool:
-    """An exact quotient made inside ``operand``, other than ``operand`` itself when that is one of
-    plain operands (which the result column computes from its operands as PostgreSQL does)."""
+    """``operand`` holds an exact quotient made by this rewrite whose PostgreSQL scale it does not
+    keep: anywhere inside it, except when ``operand`` is itself such a quotient of plain operands
+    (a result column then computes it from those operands, at PostgreSQL's scale)."""
     if _fingerprint(operand) in made:
         return any(_quotient_inside(a["expression"], {}) for a in operand["arguments"])
     text = json.dumps(operand)
