@@ -220,12 +220,12 @@ def _txn(commit, *messages, end=None):
     return Transaction(commit, end, (Begin(commit, 0, 1), *messages, Commit(commit, end, 0)))
 
 
-def _run(*transactions, state=None, options=None):
+def _run(*transactions, state=None, options=None, live_keys=None):
     state = state or CaptureState()
     out = []
     relations = {}
     for txn in transactions:
-        decoded = transaction_events(state, txn, relations, options or CaptureOptions())
+        decoded = transaction_events(state, txn, relations, options or CaptureOptions(), live_keys)
         state, relations = decoded.state, decoded.relations
         out.extend(decoded.records)
     for record in out:
@@ -298,6 +298,32 @@ def test_key_changes_unknown_tables_truncate_and_keyless_tables():
     assert records[0]["key"] == 1
     _, records = _run(_txn(3000, DDL, _ddl(dropped=True)), state=state)
     assert records[0] == {"op": "drop_table", "table_uuid": "T1", "t": 3000}
+
+
+def test_truncate_deletes_every_key_live_at_that_point():
+    """The history's live keys before the transaction, changed by the transaction's own earlier rows,
+    become deletes where the TRUNCATE is; rows inserted after it live on. A keyless table's TRUNCATE is
+    an error naming the way out."""
+    state, _ = _run(_txn(1000, DDL, _ddl(_describe())))
+    asked = []
+
+    def live_keys(table_uuid, up_to):
+        asked.append((table_uuid, up_to))
+        return [1, 2, 3]
+
+    _, records = _run(_txn(2000, T, InsertMessage(100, ("4", "d")), DeleteMessage(100, ("2", None)),
+                           TruncateMessage((100, 555)), InsertMessage(100, ("1", "again"))),
+                      state=state, live_keys=live_keys)
+    assert asked == [("T1", 1000)]
+    assert [(r["op"], r["key"]) for r in records[:-1]] == [
+        ("insert", 4), ("delete", 2), ("delete", 1), ("delete", 3), ("delete", 4), ("insert", 1)]
+    assert {r["t"] for r in records} == {2000}
+    keyless, _ = _run(_txn(1000, DDL, _ddl(_describe(key=None))))
+    with pytest.raises(CaptureError, match="TRUNCATE of 't' cannot be captured: the table has no key"):
+        _run(_txn(2000, TruncateMessage((100,))), state=keyless, live_keys=live_keys)
+    _, records = _run(_txn(2000, TruncateMessage((100,))), state=keyless, live_keys=live_keys,
+                      options=CaptureOptions(keys={"t": "id"}))
+    assert [(r["op"], r["key"]) for r in records[:-1]] == [("delete", 1), ("delete", 2), ("delete", 3)]
 
 
 def test_a_snapshot_describes_the_table_then_inserts_its_rows():

@@ -53,9 +53,9 @@ def run(con: duckdb.DuckDBPyConnection, query: str) -> list[tuple]:
     table = con.sql(exact.query).to_arrow_table()
     columns = [c.to_pylist() for c in table.columns]
     for q in exact.quotients:
-        texts = quotient_texts(table.column(q.dividend), table.column(q.divisor), q)
+        texts = quotient_texts([table.column(i) for i in q.columns], q)
         columns[q.shown] = [None if t is None else Decimal(t) for t in texts]
-    width = min((q.dividend for q in exact.quotients), default=len(columns))
+    width = min((min(q.columns) for q in exact.quotients), default=len(columns))
     return list(zip(*columns[:width], strict=True)) if columns else []
 
 

@@ -465,3 +465,98 @@ def test_numeric_arithmetic_equals_postgresql_digit_for_digit(tmp_path, postgres
     assert cur.fetchone()[0] != 0
     with pytest.raises(QueryError, match="needs 24 digits after the point"):
         store.sql("SELECT round(a / b, 30) FROM nums WHERE synthetic_key = 2", as_of=3)
+
+
+def _numbers(tmp_path, postgres, columns: list[tuple[str, str]], rows: list[tuple]) -> tuple[HistoryStore, object]:
+    """A table ``nums`` of these columns and rows, in a store (compacted) and in PostgreSQL."""
+    postgres.cursor().execute("DROP SCHEMA public CASCADE; CREATE SCHEMA public")
+    events = [{"op": "create_table", "t": 1, "table_uuid": "N", "table_name": "nums",
+               "columns": [{"column_uuid": c, "column_name": c, "data_type": ty} for c, ty in columns]}]
+    events += [{"op": "insert", "t": 2, "table_uuid": "N", "key": k,
+                "values": dict(zip([c for c, _ in columns], row, strict=True))} for k, row in enumerate(rows)]
+    store = HistoryStore.open(tmp_path, database="db")
+    write(store, events)
+    store.compact(spark=False)
+    replayer = Replayer(postgres)
+    for e in events:
+        replayer.apply(e)
+    return store, postgres.cursor()
+
+
+def _same_as_postgresql(store: HistoryStore, cur, query: str) -> None:
+    """``query`` answers what PostgreSQL answers, compared as text (the same digits and scale)."""
+    cur.execute(query)
+    theirs = [[_exact_text(v) for v in row] for row in cur.fetchall()]
+    ours = [[_exact_text(v) for v in row.values()] for row in store.sql(query, as_of=3).to_pylist()]
+    assert ours == theirs, (query, ours, theirs)
+
+
+def test_quotient_columns_order_and_group_by_their_exact_values(tmp_path, postgres):
+    """Quotients equal as DOUBLEs but not as PostgreSQL's numerics: ORDER BY the column (by name or
+    position, either direction) orders them by the exact value, and GROUP BY the column keeps them
+    apart, as PostgreSQL does. The rows are stored in the opposite of the order asked for."""
+    store, cur = _numbers(tmp_path, postgres, [("a", "NUMERIC(19,18)"), ("d", "NUMERIC(2,0)"), ("i", "INTEGER")],
+                          [("1.000000000000000009", "3", 1), ("1.000000000000000006", "3", 2),
+                           ("1.000000000000000003", "3", 3), ("1.000000000000000000", "3", 4)])
+    for query in ("SELECT i, a / d AS x FROM nums ORDER BY x", "SELECT i, a / d AS x FROM nums ORDER BY 2, i",
+                  "SELECT i, a / d FROM nums ORDER BY 2 DESC", "SELECT a / d AS x, count(*) AS n FROM nums "
+                  "GROUP BY x ORDER BY x", "SELECT a / d AS x, count(*) AS n FROM nums GROUP BY 1 ORDER BY 1 DESC",
+                  "SELECT i, avg(a) AS x FROM nums GROUP BY i ORDER BY x DESC"):
+        rows = store.sql(query, as_of=3).to_pylist()
+        cur.execute(query)
+        theirs = cur.fetchall()
+        assert [list(r.values()) for r in rows] == [list(r) for r in theirs], (query, rows, theirs)
+
+
+FUNCTION_COLUMNS = [("a", "NUMERIC(20,2)"), ("b", "NUMERIC(24,10)"), ("e", "NUMERIC(6,3)"), ("i", "INTEGER")]
+FUNCTION_ROWS = [  # magnitudes on both sides of 1 and of the base-10000 digit boundaries PostgreSQL's scales use
+    ("2.00", "0.0000000001", "1.500", 3), ("0.01", "1.0000000001", "-2.250", -2),
+    ("9999.99", "0.9500000000", "0.000", 0),
+    ("10000.00", "1.1000000000", "40.000", 10), ("123456789012345678.90", "123456.7890123456", "-40.125", 7),
+    ("1.00", "99999999999999.9999999999", "0.001", 1), ("0.07", "2.5000000000", "12.500", -1),
+]
+FUNCTION_QUERIES = [
+    "SELECT synthetic_key, sqrt(a) AS x, sqrt(b) AS y, exp(e) AS z, ln(a) AS w, ln(b) AS v FROM nums ORDER BY 1",
+    "SELECT synthetic_key, log(a) AS x, log10(b) AS y, log(b, a) AS z, log(2.0, a) AS w, log(e + 41, 10) AS v "
+    "FROM nums ORDER BY 1",
+    "SELECT synthetic_key, power(b, e) AS x, b ^ i AS y, pow(a, 2) AS z, power(e, 3) AS w, power(2, e) AS v, "
+    "power(a, 0.5) AS u FROM nums ORDER BY 1",
+    "SELECT synthetic_key, round(a, 5) AS x, trunc(b, 12) AS y, round(i, 3) AS z, round(e, 1) AS w, "
+    "trunc(e) AS v FROM nums ORDER BY 1",
+    "SELECT synthetic_key, sqrt(a) AS x FROM nums ORDER BY x DESC",
+    "SELECT synthetic_key, exp(e) FROM nums ORDER BY 2, 1",
+    "SELECT synthetic_key, ln(b) AS x FROM nums ORDER BY ln(b)",
+    "SELECT sqrt(sum(a)) AS x, exp(avg(e)) AS y, power(sum(b), 2) AS z FROM nums",
+    "SELECT synthetic_key, div(a, b) AS x, div(b, e) AS y, div(i, 2) AS z, div(div(a, 3), b) AS w, "
+    "sqrt(div(a, 3)) AS v FROM nums WHERE e <> 0 ORDER BY 1",
+    "SELECT synthetic_key, sign(e) AS x, sign(b - 1) AS y FROM nums ORDER BY 1",
+    # integers alone stay double precision, in PostgreSQL too
+    "SELECT synthetic_key, sqrt(i * i) AS x, exp(i) AS y FROM nums ORDER BY 1",
+]
+
+
+def test_numeric_functions_equal_postgresql_digit_for_digit(tmp_path, postgres):
+    """sqrt, exp, ln, log (one and two arguments), log10, power, pow, ^ and div of NUMERIC answer PostgreSQL's
+    numeric, compared as text (the same digits and scale, which PostgreSQL chooses per value), never a
+    float; ORDER BY such a column sorts by its exact value; round/trunc to more places than the
+    argument has give PostgreSQL's scale; sign of a NUMERIC is a NUMERIC. What cannot be exact is a
+    typed error, as are the values PostgreSQL refuses."""
+    store, cur = _numbers(tmp_path, postgres, FUNCTION_COLUMNS, FUNCTION_ROWS)
+    for query in FUNCTION_QUERIES:
+        _same_as_postgresql(store, cur, query)
+    signs = store.sql("SELECT sign(e) AS s FROM nums", as_of=3).column("s").to_pylist()
+    assert sorted(signs) == [-1, -1, 0, 1, 1, 1, 1] and all(isinstance(v, Decimal) for v in signs)  # numeric
+    for refused, message in (("SELECT ln(e) FROM nums", "logarithm of (zero|a negative number)"),
+                             ("SELECT sqrt(e) FROM nums", "square root of a negative number"),
+                             ("SELECT power(e, 0.5) FROM nums", "complex result"),
+                             ("SELECT exp(a) FROM nums", "overflows numeric")):
+        with pytest.raises(QueryError, match=message):
+            store.sql(refused, as_of=3)
+    for inexact in ("SELECT round(sqrt(a), 2) FROM nums", "SELECT a FROM nums WHERE ln(a) > 1",
+                    "SELECT DISTINCT exp(e) FROM nums", "SELECT power(a, e) AS p FROM nums ORDER BY p"):
+        with pytest.raises(QueryError, match="exact"):
+            store.sql(inexact, as_of=3)
+    with pytest.raises(QueryError, match="division by zero"):
+        store.sql("SELECT div(a, e) FROM nums", as_of=3)
+    with pytest.raises(QueryError, match="scale.. is PostgreSQL's and not available"):
+        store.sql("SELECT scale(a) FROM nums", as_of=3)

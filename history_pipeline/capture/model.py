@@ -20,7 +20,7 @@ change events are the difference from the previous description.
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -311,13 +311,23 @@ class Decoded:
     relations: Mapping[int, Relation]
 
 
+#: the keys of a table (by uuid) live in the history as of a timestamp (every event at or below it)
+LiveKeys = Callable[[str, int], Iterable[int]]
+
+
 def transaction_events(
     state: CaptureState,
     transaction: Transaction,
     relations: Mapping[int, Relation],
     options: CaptureOptions,
+    live_keys: LiveKeys | None = None,
 ) -> Decoded:
-    """The WAL records of one transaction and the capture state after it."""
+    """The WAL records of one transaction and the capture state after it.
+
+    A ``TRUNCATE`` of a captured table becomes a delete of every key live in it at that point:
+    ``live_keys`` gives those the history holds before the transaction, and the transaction's own
+    earlier changes of the table are applied to them.
+    """
     relations = dict(relations)
     tables = dict(state.tables)
     items: list[tuple[str, dict[str, Any]]] = []  # ("schema" | "row", record without t)
@@ -329,11 +339,10 @@ def transaction_events(
         if isinstance(message, (Begin, Commit, Ignored)):
             continue
         if isinstance(message, TruncateMessage):
-            named = [tables[r].name for r in message.relids if r in tables]
-            if named:
-                raise CaptureError(
-                    f"TRUNCATE of {named} cannot be captured (the WAL has no truncate); delete the rows instead"
-                )
+            for relid in message.relids:
+                if relid in tables:
+                    items.extend(("row", r) for r in _truncated(tables[relid], items, state.last_t, options,
+                                                                live_keys))
             continue
         relid = message.relid
         relation = relations.get(relid)
@@ -358,6 +367,30 @@ def transaction_events(
     records = _stamp(items, transaction.commit_lsn, state.last_t)
     next_state = CaptureState(tables, transaction.commit_lsn, transaction.end_lsn)
     return Decoded(next_state, tuple(records), relations)
+
+
+def _truncated(table: TableState, items: Sequence[tuple[str, dict[str, Any]]], before: int,
+               options: CaptureOptions, live_keys: LiveKeys | None) -> list[dict[str, Any]]:
+    """The deletes a TRUNCATE of ``table`` means: the keys live in the history as of ``before`` (the
+    previous transaction's commit), then changed by this transaction's records so far."""
+    if options.keys.get(table.name) is None and len(table.key_attnums) != 1:
+        raise CaptureError(
+            f"TRUNCATE of {table.name!r} cannot be captured: the table has no key, so its rows cannot be named "
+            f"as deletes; --exclude it, or declare an integer key column (--key {table.name}=COLUMN)"
+        )
+    if live_keys is None:
+        raise CaptureError(f"TRUNCATE of {table.name!r} needs the history's keys of the table, which are not at hand")
+    keys = set(live_keys(table.table_uuid, before))
+    for _, record in items:
+        if record.get("table_uuid") != table.table_uuid:
+            continue
+        if record["op"] == "insert":
+            keys.add(record["key"])
+        elif record["op"] == "delete":
+            keys.discard(record["key"])
+        elif record["op"] in ("create_table", "drop_table"):
+            keys.clear()
+    return [{"op": "delete", "table_uuid": table.table_uuid, "key": key} for key in sorted(keys)]
 
 
 def _apply_ddl(

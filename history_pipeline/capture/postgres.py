@@ -23,6 +23,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from history_pipeline.capture.live_keys import history_keys
 from history_pipeline.capture.model import (
     CAPTURE_SCHEMA,
     CaptureOptions,
@@ -437,6 +438,11 @@ def run_capture(
         with _capture_lock(path.with_suffix(".lock")), _opened_writer(store) as wal:
             last_seal = time.monotonic()
             last_heartbeat = -float("inf")
+
+            def live_keys(table_uuid: str, up_to: int) -> set[int]:
+                wal.flush()  # the records of this batch's earlier transactions are history too
+                return history_keys(store, table_uuid, up_to)
+
             heartbeat_pending = False
             while True:
                 messages = _peek(conn, config)
@@ -447,7 +453,7 @@ def run_capture(
                     if txn.commit_lsn <= state.last_t:  # in the saved state already; the slot was not advanced
                         relations.update({m.relid: m for m in txn.messages if isinstance(m, Relation)})
                         continue
-                    decoded = transaction_events(state, txn, relations, config.options)
+                    decoded = transaction_events(state, txn, relations, config.options, live_keys)
                     state, relations = decoded.state, dict(decoded.relations)
                     if txn.commit_lsn <= wal.closed_t:  # written before a crash: the WAL has it
                         continue

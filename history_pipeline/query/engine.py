@@ -615,7 +615,12 @@ class _Rewrite:
 
 def _rewrite(con: Any, query: str) -> _Rewrite:
     exact = exact_numeric_rewrite(con, query)
-    names = tuple(con.sql(query).columns) if exact.query != query else None  # the user's column names
+    names = None
+    if exact.query != query:
+        try:
+            names = tuple(con.sql(query).columns)  # the user's column names
+        except duckdb.Error:  # it calls what only the rewrite defines (div): the rewritten query's names
+            names = None
     return _Rewrite(exact.query, exact.macros, names, exact.quotients)
 
 
@@ -627,11 +632,11 @@ def _exact_texts(table: pa.Table, quotients: tuple[ResultQuotient, ...]) -> pa.T
     columns = list(table.columns)
     for q in quotients:
         try:
-            texts = quotient_texts(table.column(q.dividend), table.column(q.divisor), q)
-        except ZeroDivisionError:
-            raise QueryError("the query failed: division by zero") from None
+            texts = quotient_texts([table.column(i) for i in q.columns], q)
+        except ArithmeticError as exc:  # PostgreSQL's own refusals: division by zero, ln(0), sqrt(-1)
+            raise QueryError(f"the query failed: {exc}") from None
         columns[q.shown] = numeric_result_array(pa.array(texts, pa.string()))
-    width = min(q.dividend for q in quotients)
+    width = min(min(q.columns) for q in quotients)
     return pa.table(columns[:width], names=table.column_names[:width])
 
 
