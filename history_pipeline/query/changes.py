@@ -10,8 +10,8 @@ t and ``superseded_at`` statistics, so its cost follows the changes, not the his
 open interval not marked yet) it is the key's row as of the window's start (the reconstruction
 ``fetch_row`` does). The window is cut at each schema change of the table, so that within a part
 every version and the row before it are images under one schema, and at each snapshot, so that a
-part's files are one interval's; DuckDB orders the part's versions and pairs each with the one
-before it (``LAG`` over the key ordered by t). A long window is read in pieces, and the newest row
+part's files are one interval's; each version is paired with the one before it by sorting the
+part's keys and times. A long window is read in pieces, and the newest row
 of each key a piece delivered is carried to the next, which then looks up only the keys it has
 not seen.
 """
@@ -38,7 +38,6 @@ from history_pipeline.errors import (
 )
 from history_pipeline.io.store import ObjectStore
 from history_pipeline.query.engine import project
-from history_pipeline.query.sandbox import reader_cursor
 from history_pipeline.schema import SchemaHistoryEntry, Supercolumn, TableDescriptor, replay_schema_history
 from history_pipeline.supertable import DELETED, KEY, LT, SUPERSEDED, column_chunks, supertable_schema
 from history_pipeline.supertable.read import Footer, footer, read_row_groups
@@ -181,10 +180,10 @@ def _text(descriptor: TableDescriptor | None) -> str | None:
 
 @dataclass(frozen=True)
 class Carried:
-    """The newest version of each key a window's earlier parts delivered, for one table under one
-    schema: ``rows`` (the key, ``is_deleted``, t and the part's supercolumns) holds every key with
-    a version in [``since``, the next part's start). The next part takes the row before a key's
-    first version from here, and from the files only for keys it does not hold."""
+    """The versions a window's earlier parts delivered, for one table under one schema: ``rows``
+    (the key, ``is_deleted``, t and the part's supercolumns) holds, for every key with a version in
+    [``since``, the next part's start), at least its newest. The next part takes the row before a
+    key's first version from here, and from the files only for keys it does not hold."""
 
     since: int
     rows: pa.Table
@@ -218,53 +217,66 @@ def _row_records(store: ObjectStore, state: CatalogState, uuid: str, descriptor:
     versions = rows_below(store, files, target, end, start)
     if versions.num_rows == 0:
         return None, carried
+    versions = versions.cast(target)
     keys = pc.unique(versions.column(KEY))
-    known = carried.rows.filter(pc.is_in(carried.rows.column(KEY), keys))
+    known = _newest_of(carried.rows.filter(pc.is_in(carried.rows.column(KEY), keys)))
     base = superseded_in(store, state, uuid, target, carried.since, start, end)
     if base is None:  # files not marked as of the part's end: the keys' rows as of its start
         unknown = pc.filter(keys, pc.invert(pc.is_in(keys, known.column(KEY)))).to_pylist()
         base = _as_of(store, state, uuid, supercolumns, target, start, unknown)
-    rows = pa.concat_tables([known, base, versions.cast(target)]).combine_chunks()
-    index = pa.table({"k": rows.column(KEY), "t": rows.column(LT), "d": rows.column(DELETED),
-                      "i": pa.array(np.arange(rows.num_rows, dtype=np.int64))})
-    con = reader_cursor()
-    try:
-        con.register("__rows", index)
-        # each version paired with the row before it: the key's previous version, or its row before
-        # the part (booleans as integers: the cursor hands booleans to Arrow as its one-byte extension type)
-        pairs = con.sql("SELECT i, p, CAST(p IS NULL OR pd AS INTEGER) AS nb FROM (SELECT t, k, i, "
-                        "lag(i) OVER w AS p, lag(d) OVER w AS pd FROM __rows "
-                        f"WINDOW w AS (PARTITION BY k ORDER BY t)) WHERE t >= {int(start)} ORDER BY t, k"
-                        ).to_arrow_table()
-    finally:
-        con.close()
-    after_index, before_index = pairs.column("i"), pairs.column("p")
+    rows = pa.concat_tables([known, base, versions]).combine_chunks()
+    after_index, before_index = pair_versions(rows.column(KEY).to_numpy(), rows.column(LT).to_numpy(), start)
+    has_before = before_index >= 0
+    # the row before is none for a key's first row ever, and after a delete
+    has_before[has_before] = ~rows.column(DELETED).to_numpy(zero_copy_only=False)[before_index[has_before]]
+    no_before = pa.array(~has_before)
     deleted = pc.take(rows.column(DELETED), after_index)
-    no_before = pc.equal(pairs.column("nb"), 1)
     op = pc.if_else(deleted, "delete", pc.if_else(no_before, "insert", "update"))
     after = _images(project(rows.take(after_index), descriptor), deleted)
-    before = _images(project(rows.take(pc.fill_null(before_index, 0)), descriptor), no_before)
-    n = pairs.num_rows
+    before = _images(project(rows.take(np.where(has_before, before_index, 0)), descriptor), no_before)
+    n = len(after_index)
     records = pa.RecordBatch.from_arrays(
         [pc.take(rows.column(LT), after_index).combine_chunks(), pa.array([descriptor.table_name] * n, pa.string()),
          pa.array([uuid] * n, pa.string()), pc.take(rows.column(KEY), after_index).combine_chunks(),
          op.combine_chunks() if isinstance(op, pa.ChunkedArray) else op, before, after],
         names=list(RECORD_NAMES))
-    return records, _carry(carried, versions.cast(target))
+    return records, _carry(carried, versions)
 
 
-def _carry(carried: Carried, versions: pa.Table) -> Carried:
-    """``carried`` with each key's newest row among it and ``versions`` (none past ``CARRY_ROWS``:
-    the next part starts afresh)."""
-    rows = pa.concat_tables([carried.rows, versions]).combine_chunks()
+def pair_versions(keys: np.ndarray, times: np.ndarray, start: int) -> tuple[np.ndarray, np.ndarray]:
+    """(the rows with t >= ``start`` in (t, key) order, the row before each: the same key's row of
+    the greatest smaller t, -1 when none). A key has one row per t."""
+    by_key = np.lexsort((times, keys))
+    previous = np.full(len(keys), -1, dtype=np.int64)
+    same = keys[by_key][1:] == keys[by_key][:-1]
+    previous[by_key[1:][same]] = by_key[:-1][same]
+    delivered = np.flatnonzero(times >= start)
+    delivered = delivered[np.lexsort((keys[delivered], times[delivered]))]
+    return delivered, previous[delivered]
+
+
+def _newest_of(rows: pa.Table) -> pa.Table:
+    """Each key's row of the greatest t."""
+    if rows.num_rows == 0:
+        return rows
     keys, times = rows.column(KEY).to_numpy(), rows.column(LT).to_numpy()
     order = np.lexsort((times, keys))
     last = np.ones(len(order), dtype=bool)
     last[:-1] = keys[order][1:] != keys[order][:-1]
-    newest = order[last]
-    if len(newest) > CARRY_ROWS:
-        return Carried(int(versions.column(LT).to_numpy().max()) + 1, rows.schema.empty_table())
-    return Carried(carried.since, rows.take(pa.array(newest)))
+    return rows.take(order[last])
+
+
+def _carry(carried: Carried, versions: pa.Table) -> Carried:
+    """``carried`` and ``versions`` for the next part (each key's newest row is taken when it is
+    asked for); past ``CARRY_ROWS`` only the newest row of each key is kept, and when even those
+    are more, nothing: the next part starts afresh."""
+    rows = pa.concat_tables([carried.rows, versions])
+    if rows.num_rows <= CARRY_ROWS:
+        return Carried(carried.since, rows)
+    rows = _newest_of(rows.combine_chunks())
+    if rows.num_rows <= CARRY_ROWS:
+        return Carried(carried.since, rows)
+    return Carried(int(pc.max(versions.column(LT)).as_py()) + 1, rows.schema.empty_table())
 
 
 def superseded_in(store: ObjectStore, state: CatalogState, uuid: str, target: pa.Schema, below: int,
