@@ -236,8 +236,9 @@ def _row_records(store: ObjectStore, state: CatalogState, uuid: str, descriptor:
     before = _images(project(rows.take(np.where(has_before, before_index, 0)), descriptor), no_before)
     n = len(after_index)
     records = pa.RecordBatch.from_arrays(
-        [pc.take(rows.column(LT), after_index).combine_chunks(), pa.array([descriptor.table_name] * n, pa.string()),
-         pa.array([uuid] * n, pa.string()), pc.take(rows.column(KEY), after_index).combine_chunks(),
+        [pc.take(rows.column(LT), after_index).combine_chunks(),
+         pa.repeat(pa.scalar(descriptor.table_name, pa.string()), n), pa.repeat(pa.scalar(uuid, pa.string()), n),
+         pc.take(rows.column(KEY), after_index).combine_chunks(),
          op.combine_chunks() if isinstance(op, pa.ChunkedArray) else op, before, after],
         names=list(RECORD_NAMES))
     return records, _carry(carried, versions)
