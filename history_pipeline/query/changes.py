@@ -345,8 +345,8 @@ def _as_of(store: ObjectStore, state: CatalogState, uuid: str, supercolumns: Seq
         return target.empty_table()
     wanted = target.names[3:]
     base = live_rows(store, state, uuid, supercolumns, as_of, keys=keys, columns=wanted, reserved=False)
-    return pa.table([base.column(KEY).cast(pa.int64()), pa.array([False] * base.num_rows, pa.bool_()),
-                     pa.array([-1] * base.num_rows, pa.int64()),
+    return pa.table([base.column(KEY).cast(pa.int64()), pa.array(np.zeros(base.num_rows, dtype=bool)),
+                     pa.array(np.full(base.num_rows, -1, dtype=np.int64)),
                      *(base.column(c).cast(target.field(c).type) for c in wanted)], schema=target)
 
 
