@@ -57,6 +57,7 @@ def test_a_marked_history_gives_every_row_before_from_the_version_it_supersedes(
     assert delivered(store.changes(since=0)) == expected_changes(model, events, 0, store.frontier + 1)
 
 
+@pytest.mark.slow
 def test_marked_rows_before_hold_after_a_merge_and_an_erasure(tmp_path, monkeypatch):
     events = random_history(3, n_events=90)
     store, model = _compacted(tmp_path, events, 3)
