@@ -30,6 +30,7 @@ def provenance() -> str:
 
 def write_results(name: str, results: Any, table: str) -> None:
     """``bench/results/<name>.json`` (the figures) and ``<name>.md`` (the table under its provenance line)."""
+    line = provenance()  # before writing: the results files themselves do not make the tree changed
     RESULTS.mkdir(parents=True, exist_ok=True)
     (RESULTS / f"{name}.json").write_text(json.dumps(results, indent=2, default=str))
-    (RESULTS / f"{name}.md").write_text(provenance() + "\n\n" + table)
+    (RESULTS / f"{name}.md").write_text(line + "\n\n" + table)

@@ -9,11 +9,14 @@ cost should follow the changes delivered, not the history's length.
 
     python -m bench.changes --quick
     python -m bench.changes --live-rows 1000000 --versions 10000000
+    python -m bench.changes --root DIR        # keeps the history in DIR and reuses it next time
 """
 
 from __future__ import annotations
 
 import argparse
+import json
+import os
 import sys
 import tempfile
 from collections.abc import Callable
@@ -57,18 +60,32 @@ def measure(store: HistoryStore, work: Path, label: str, since: int, until: int,
             "changes_per_s": rows.num_rows / ours if ours else None}
 
 
-def run(work: Path, live_rows: int, versions: int, batch: int, windows: list[int], repeat: int) -> dict[str, Any]:
-    store = HistoryStore.open(work / "history", database="bench",
-                              settings=StoreSettings(snapshot_min_versions=live_rows, spark_master=None))
-    print(f"changes: building {versions:,} versions over {live_rows:,} keys ...", flush=True)
-    history = build_history(store, live_rows, versions, batch)
-    end = history.frontier + 1
+def run(work: Path, live_rows: int, versions: int, batch: int, windows: list[int], repeat: int,
+        root: Path | None = None) -> dict[str, Any]:
+    """Build the history (under ``root`` unless one is kept there, else in ``work``), then measure."""
+    home = root or work / "history"
+    spec = home / "history.json"
+    if spec.exists():
+        kept = json.loads(spec.read_text())
+        store = HistoryStore.open(home, database="bench", create=False, settings=StoreSettings(spark_master=None))
+        live_rows, versions, frontier = kept["live_rows"], kept["versions"], kept["frontier"]
+    else:
+        store = HistoryStore.open(home, database="bench",
+                                  settings=StoreSettings(snapshot_min_versions=live_rows, spark_master=None))
+        print(f"changes: building {versions:,} versions over {live_rows:,} keys ...", flush=True)
+        frontier = build_history(store, live_rows, versions, batch).frontier
+        if root is not None:
+            spec.write_text(json.dumps({"live_rows": live_rows, "versions": versions, "batch": batch,
+                                        "frontier": frontier}))
+    end = frontier + 1
     middle = end // 2
-    results: dict[str, Any] = {"live_rows": live_rows, "versions": versions, "measures": []}
+    results: dict[str, Any] = {"live_rows": live_rows, "versions": versions, "measures": [],
+                               "load": " ".join(f"{x:.1f}" for x in os.getloadavg())}
     for window in windows:
         for label, at in (("latest", end - window), ("middle", middle)):
             print(f"changes: {window:,} changes from the {label} cursor ...", flush=True)
             results["measures"].append(measure(store, work, label, max(2, at), min(end, at + window), repeat))
+    results["load_after"] = " ".join(f"{x:.1f}" for x in os.getloadavg())
     return results
 
 
@@ -80,7 +97,8 @@ def report(results: dict[str, Any]) -> str:
             f"{m['label']} point of {results['versions']:,} versions over {results['live_rows']:,} keys | "
             f"{m['ours_s'] * 1000:.1f} ms | DuckDB reading the answer file in (t, key) order "
             f"{m['baseline_s'] * 1000:.1f} ms | {m['ratio']:.2f}× | {m['changes_per_s']:,.0f} |")
-    return "\n".join(lines) + "\n"
+    loads = f"Load average (1, 5, 15 min) before: {results.get('load', '?')}; after: {results.get('load_after', '?')}."
+    return "\n".join(lines) + "\n\n" + loads + "\n"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -92,11 +110,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--windows", type=int, nargs="*", default=[1_000, 100_000, 1_000_000])
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--out", default="changes", help="results file name (under bench/results/)")
+    parser.add_argument("--root", help="where the history is kept (built there when absent); default: a temp dir")
     args = parser.parse_args(argv)
     if args.quick:
         args.live_rows, args.versions, args.batch, args.windows = 50_000, 500_000, 50_000, [1_000, 100_000]
     with tempfile.TemporaryDirectory() as tmp:
-        results = run(Path(tmp), args.live_rows, args.versions, args.batch, args.windows, args.repeat)
+        results = run(Path(tmp), args.live_rows, args.versions, args.batch, args.windows, args.repeat,
+                      Path(args.root) if args.root else None)
     table = report(results)
     print(table)
     write_results(args.out, results, table)
