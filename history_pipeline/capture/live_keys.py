@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from history_pipeline.capture.model import apply_key_changes
 from history_pipeline.store import HistoryStore
 from history_pipeline.wal import SegmentState, list_segments
 
@@ -38,15 +39,6 @@ def _compacted_keys(store: HistoryStore, table_uuid: str, as_of: int) -> set[int
 def _apply(keys: set[int], path: Path, table_uuid: str, above: int, up_to: int) -> None:
     """Apply the inserts and deletes of one segment's events in (above, up_to] to ``keys``."""
     marker = table_uuid.encode()
-    for line in path.read_bytes().splitlines():
-        if marker not in line:  # most lines are other tables': skip them unparsed
-            continue
-        record = json.loads(line)
-        if record.get("table_uuid") != table_uuid or not above < record["t"] <= up_to:
-            continue
-        if record["op"] == "insert":
-            keys.add(record["key"])
-        elif record["op"] == "delete":
-            keys.discard(record["key"])
-        elif record["op"] in ("create_table", "drop_table"):
-            keys.clear()
+    # most lines are other tables': those are skipped unparsed
+    records = (json.loads(line) for line in path.read_bytes().splitlines() if marker in line)
+    apply_key_changes(keys, (r for r in records if above < r["t"] <= up_to), table_uuid)

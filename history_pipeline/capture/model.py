@@ -369,6 +369,20 @@ def transaction_events(
     return Decoded(next_state, tuple(records), relations)
 
 
+def apply_key_changes(keys: set[int], records: Iterable[Mapping[str, Any]], table_uuid: str) -> None:
+    """Apply, in order, what ``records`` (WAL events) do to the set of ``table_uuid``'s live keys: an
+    insert adds its key, a delete removes it, a create or drop of the table empties the set."""
+    for record in records:
+        if record.get("table_uuid") != table_uuid:
+            continue
+        if record["op"] == "insert":
+            keys.add(record["key"])
+        elif record["op"] == "delete":
+            keys.discard(record["key"])
+        elif record["op"] in ("create_table", "drop_table"):
+            keys.clear()
+
+
 def _truncated(table: TableState, items: Sequence[tuple[str, dict[str, Any]]], before: int,
                options: CaptureOptions, live_keys: LiveKeys | None) -> list[dict[str, Any]]:
     """The deletes a TRUNCATE of ``table`` means: the keys live in the history as of ``before`` (the
@@ -381,15 +395,7 @@ def _truncated(table: TableState, items: Sequence[tuple[str, dict[str, Any]]], b
     if live_keys is None:
         raise CaptureError(f"TRUNCATE of {table.name!r} needs the history's keys of the table, which are not at hand")
     keys = set(live_keys(table.table_uuid, before))
-    for _, record in items:
-        if record.get("table_uuid") != table.table_uuid:
-            continue
-        if record["op"] == "insert":
-            keys.add(record["key"])
-        elif record["op"] == "delete":
-            keys.discard(record["key"])
-        elif record["op"] in ("create_table", "drop_table"):
-            keys.clear()
+    apply_key_changes(keys, (record for _, record in items), table.table_uuid)
     return [{"op": "delete", "table_uuid": table.table_uuid, "key": key} for key in sorted(keys)]
 
 
