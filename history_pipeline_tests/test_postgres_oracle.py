@@ -432,19 +432,7 @@ def test_numeric_arithmetic_equals_postgresql_digit_for_digit(tmp_path, postgres
     """Division, AVG (plain, FILTER, DISTINCT, window) and the other arithmetic of NUMERIC and integers,
     with operands of many scales and magnitudes and both signs, and TPC-H Q14's percentage of sums,
     answer what PostgreSQL answers, compared as text: the same digits and the same scale, never a float."""
-    postgres.cursor().execute("DROP SCHEMA public CASCADE; CREATE SCHEMA public")
-    events = [{"op": "create_table", "t": 1, "table_uuid": "N", "table_name": "nums",
-               "columns": [{"column_uuid": c, "column_name": c, "data_type": ty} for c, ty in ARITHMETIC_COLUMNS]}]
-    events += [{"op": "insert", "t": 2, "table_uuid": "N", "key": k,
-                "values": dict(zip([c for c, _ in ARITHMETIC_COLUMNS], row, strict=True))}
-               for k, row in enumerate(ARITHMETIC_ROWS)]
-    store = HistoryStore.open(tmp_path, database="db")
-    write(store, events)
-    store.compact(spark=False)
-    replayer = Replayer(postgres)
-    for e in events:
-        replayer.apply(e)
-    cur = postgres.cursor()
+    store, cur = _numbers(tmp_path, postgres, ARITHMETIC_COLUMNS, ARITHMETIC_ROWS)
     for query in ARITHMETIC_QUERIES:
         cur.execute(query)
         theirs = [[_exact_text(v) for v in row] for row in cur.fetchall()]
