@@ -271,20 +271,11 @@ def test_every_type_equals_postgresql(tmp_path, postgres):
 def test_sql_select_of_every_type_equals_postgresql(tmp_path, postgres):
     """The same table read through store.sql and through PostgreSQL gives the same Python values
     (INTERVAL aside: drivers disagree on how to represent it)."""
-    postgres.cursor().execute("DROP SCHEMA public CASCADE; CREATE SCHEMA public")
-    events = [{"op": "create_table", "t": 1, "table_uuid": "T", "table_name": "typed",
-               "columns": [{"column_uuid": c, "column_name": c, "data_type": ty} for c, ty, _ in TYPED]},
-              {"op": "insert", "t": 2, "table_uuid": "T", "key": 0, "values": {c: v[0] for c, _, v in TYPED}}]
-    store = HistoryStore.open(tmp_path, database="db")
-    write(store, events)
-    store.compact(spark=False)
-    replayer = Replayer(postgres)
-    for e in events:
-        replayer.apply(e)
+    store, cur = _table_in_both(tmp_path, postgres, [(c, ty) for c, ty, _ in TYPED], [tuple(v[0] for _, _, v in TYPED)],
+                                name="typed")
     exact = [c for c, ty, _ in TYPED if ty != "NUMERIC"]  # SQL sees unconstrained NUMERIC as DOUBLE
     query = "SELECT " + ", ".join(_q(c) for c in exact) + " FROM typed"
     ours = store.sql(query, as_of=3).to_pylist()[0]
-    cur = postgres.cursor()
     cur.execute(query)
     theirs = dict(zip([d.name for d in cur.description], cur.fetchone(), strict=True))
     for column in exact:
@@ -432,7 +423,7 @@ def test_numeric_arithmetic_equals_postgresql_digit_for_digit(tmp_path, postgres
     """Division, AVG (plain, FILTER, DISTINCT, window) and the other arithmetic of NUMERIC and integers,
     with operands of many scales and magnitudes and both signs, and TPC-H Q14's percentage of sums,
     answer what PostgreSQL answers, compared as text: the same digits and the same scale, never a float."""
-    store, cur = _numbers(tmp_path, postgres, ARITHMETIC_COLUMNS, ARITHMETIC_ROWS)
+    store, cur = _table_in_both(tmp_path, postgres, ARITHMETIC_COLUMNS, ARITHMETIC_ROWS)
     for query in ARITHMETIC_QUERIES:
         cur.execute(query)
         theirs = [[_exact_text(v) for v in row] for row in cur.fetchall()]
@@ -455,10 +446,12 @@ def test_numeric_arithmetic_equals_postgresql_digit_for_digit(tmp_path, postgres
         store.sql("SELECT round(a / b, 30) FROM nums WHERE synthetic_key = 2", as_of=3)
 
 
-def _numbers(tmp_path, postgres, columns: list[tuple[str, str]], rows: list[tuple]) -> tuple[HistoryStore, object]:
-    """A table ``nums`` of these columns and rows, in a store (compacted) and in PostgreSQL."""
+def _table_in_both(tmp_path, postgres, columns: list[tuple[str, str]], rows: list[tuple],
+                   name: str = "nums") -> tuple[HistoryStore, object]:
+    """A table ``name`` of these columns and rows, in a store (compacted, rows at t=2) and in
+    PostgreSQL; the store and a PostgreSQL cursor."""
     postgres.cursor().execute("DROP SCHEMA public CASCADE; CREATE SCHEMA public")
-    events = [{"op": "create_table", "t": 1, "table_uuid": "N", "table_name": "nums",
+    events = [{"op": "create_table", "t": 1, "table_uuid": "N", "table_name": name,
                "columns": [{"column_uuid": c, "column_name": c, "data_type": ty} for c, ty in columns]}]
     events += [{"op": "insert", "t": 2, "table_uuid": "N", "key": k,
                 "values": dict(zip([c for c, _ in columns], row, strict=True))} for k, row in enumerate(rows)]
@@ -483,7 +476,7 @@ def test_quotient_columns_order_and_group_by_their_exact_values(tmp_path, postgr
     """Quotients equal as DOUBLEs but not as PostgreSQL's numerics: ORDER BY the column (by name or
     position, either direction) orders them by the exact value, and GROUP BY the column keeps them
     apart, as PostgreSQL does. The rows are stored in the opposite of the order asked for."""
-    store, cur = _numbers(tmp_path, postgres, [("a", "NUMERIC(19,18)"), ("d", "NUMERIC(2,0)"), ("i", "INTEGER")],
+    store, cur = _table_in_both(tmp_path, postgres, [("a", "NUMERIC(19,18)"), ("d", "NUMERIC(2,0)"), ("i", "INTEGER")],
                           [("1.000000000000000009", "3", 1), ("1.000000000000000006", "3", 2),
                            ("1.000000000000000003", "3", 3), ("1.000000000000000000", "3", 4)])
     for query in ("SELECT i, a / d AS x FROM nums ORDER BY x", "SELECT i, a / d AS x FROM nums ORDER BY 2, i",
@@ -529,7 +522,7 @@ def test_numeric_functions_equal_postgresql_digit_for_digit(tmp_path, postgres):
     float; ORDER BY such a column sorts by its exact value; round/trunc to more places than the
     argument has give PostgreSQL's scale; sign of a NUMERIC is a NUMERIC. What cannot be exact is a
     typed error, as are the values PostgreSQL refuses."""
-    store, cur = _numbers(tmp_path, postgres, FUNCTION_COLUMNS, FUNCTION_ROWS)
+    store, cur = _table_in_both(tmp_path, postgres, FUNCTION_COLUMNS, FUNCTION_ROWS)
     for query in FUNCTION_QUERIES:
         _same_as_postgresql(store, cur, query)
     signs = store.sql("SELECT sign(e) AS s FROM nums", as_of=3).column("s").to_pylist()
