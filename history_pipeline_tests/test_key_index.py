@@ -175,3 +175,30 @@ def test_lookups_follow_the_catalog_state_through_maintenance(tmp_path, small_ro
         store.fetch_row("items", 5, purge - 1)
     check_lookups_equal_load_table(store, some_ts(store, purge))
     assert events
+
+
+def test_a_warm_lookup_searches_only_the_row_groups_its_bloom_filters_keep(tmp_path, small_row_groups, monkeypatch):
+    """Where more than ``BLOOM_FIRST`` row groups of a file span a key (a marked file laid out by
+    time: every row group's key range covers most keys), their Bloom filters are tested before any
+    kept index is searched, and the answers stay load_table's."""
+    store = HistoryStore.open(tmp_path, database="db", settings=SMALL_SNAPSHOTS)
+    _items_history(store, hot=True)
+    monkeypatch.setattr(key_index, "BLOOM_FIRST", 0, raising=False)
+    every_t = some_ts(store)[::4]
+    check_lookups_equal_load_table(store, every_t)  # warm: every row group asked is indexed
+    asked = []
+    cached = key_index._cached
+    monkeypatch.setattr(key_index, "_cached", lambda spot: asked.append(spot) or cached(spot))
+    context = store.query_context()
+    searched = ruled_out = 0
+    for as_of in every_t:
+        for key in KEYS:
+            asked.clear()
+            context.fetch_row("items", key, as_of)
+            for _, path, rg in asked:
+                blooms = supertable.read.footer(store.objects, path).blooms
+                searched += 1
+                ruled_out += blooms is not None and blooms.may_hold([rg], key) == []
+    assert searched > 0
+    assert ruled_out == 0
+    assert check_lookups_equal_load_table(store, every_t) > 0

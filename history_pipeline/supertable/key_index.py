@@ -32,6 +32,10 @@ from history_pipeline.supertable.read import Footer, StoredFile, as_numpy, confo
 #: holding its row (measured at 16,384-row groups: about a fifth less than decoding the whole)
 ROW_BATCH = 4096
 
+#: a lookup tests a file's Bloom filters on all its candidate row groups (not only on those not
+#: indexed yet) when more than this many span its key
+BLOOM_FIRST = 4
+
 #: the bytes the kept row-group indexes may take in one process (about 17 bytes a row: the
 #: indexes of every file of a 10M-version history fit)
 KEY_INDEX_BYTES = 256 * 1024 * 1024
@@ -145,6 +149,12 @@ def newest_version(store: ObjectStore, f: StoredFile, key: int, lower: int | Non
     if SUPERSEDED not in cached.columns:
         current_at = None
     candidates = cached.row_groups_spanning(key, lower, upper, current_at)
+    tested = len(candidates) > BLOOM_FIRST and cached.blooms is not None
+    if tested:
+        # row groups not in key order (a marked file laid out by time) all span the key: one
+        # vectorized filter test leaves a few of dozens (measured: 42 -> 3 in 22 us, against
+        # about 4 us a row group to search each kept index)
+        candidates = cached.blooms.may_hold(candidates, key)  # type: ignore[union-attr]
     if not candidates:
         return None
     indexes: dict[int, RowGroupKeys] = {}
@@ -156,7 +166,7 @@ def newest_version(store: ObjectStore, f: StoredFile, key: int, lower: int | Non
         else:
             indexes[rg] = found
     if missing:
-        if cached.blooms is not None:  # a row group its filter rules out need not be indexed yet
+        if cached.blooms is not None and not tested:  # a row group its filter rules out need not be indexed yet
             missing = cached.blooms.may_hold(missing, key)
         if missing:
             indexes.update(_build(store, f.path, cached, missing))
