@@ -7,7 +7,8 @@ the one DoGet of its ticket; prepared statements are DoActions and a DoPut of th
 
 A request is authenticated by its bearer token (middleware), which fixes the
 tenant and so the only database it can read; it then takes one of the tenant's query slots,
-runs on a worker process under the time limit, and its answer is streamed in record batches.
+runs on a worker process under the time limit (a point lookup, bounded work, on the server's own
+thread instead), and its answer is streamed in record batches.
 """
 
 from __future__ import annotations

@@ -5,9 +5,9 @@ process can. Each request takes an idle worker, sends it the ticket and waits fo
 answer. When the query exceeds its time limit, or the client has gone away, the worker is killed
 (freeing its memory, DuckDB connections and file handles with it) and a fresh one takes its
 place. Between requests a worker keeps only one open HistoryStore per database (whose catalog
-log it re-reads on every query, so new compactions are seen at once) and, with it, what lookups
-keep warm: the newest catalog state's file selections and the key indexes of the row groups
-asked before (``supertable.key_index``, within its byte budget per process).
+log it re-reads on every query, so new compactions are seen at once) and the footers it read.
+Point lookups (FetchRow) do not come here: the server answers them on its own threads, where
+their key indexes stay warm (``HistoryServer._lookup``).
 
 A worker dies with its server, however the server ends (even SIGKILL, which runs no cleanup): on
 Linux the kernel sends it SIGKILL when the server goes (``PR_SET_PDEATHSIG``), and everywhere a
