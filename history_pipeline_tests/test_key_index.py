@@ -202,3 +202,31 @@ def test_a_warm_lookup_searches_only_the_row_groups_its_bloom_filters_keep(tmp_p
     assert searched > 0
     assert ruled_out == 0
     assert check_lookups_equal_load_table(store, every_t) > 0
+
+
+def test_a_warm_lookup_reads_through_a_kept_reader_and_the_kept_readers_stay_bounded(tmp_path, small_row_groups,
+                                                                                       monkeypatch):
+    """Reading a row reuses an open reader of its file (no file opened, no Parquet reader built); at
+    most ``IDLE_READERS`` stay open, and ``forget_indexes`` closes them."""
+    store = HistoryStore.open(tmp_path, database="db", settings=SMALL_SNAPSHOTS)
+    _items_history(store, hot=True)
+    as_ofs = some_ts(store)[::4]
+    check_lookups_equal_load_table(store, as_ofs)  # warm: indexes built, readers opened
+    built = []
+    original = pq.ParquetFile.__init__
+
+    def counting(self, *args, **kwargs):
+        built.append(args)
+        original(self, *args, **kwargs)
+
+    monkeypatch.setattr(pq.ParquetFile, "__init__", counting)
+    assert check_lookups_equal_load_table(store, as_ofs) > 0
+    assert built == []
+    monkeypatch.undo()
+    monkeypatch.setattr(key_index, "IDLE_READERS", 2)
+    key_index.forget_indexes()
+    check_lookups_equal_load_table(store, as_ofs)
+    kept = [reader for readers in key_index._open_readers._idle.values() for reader in readers]
+    assert 0 < len(kept) <= 2 and not any(reader.closed for reader in kept)
+    key_index.forget_indexes()
+    assert all(reader.closed for reader in kept) and not key_index._open_readers._idle
