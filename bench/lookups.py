@@ -6,9 +6,11 @@ DuckDB's point query on a Parquet file holding exactly the answer (the reference
     python -m bench.lookups --live-rows 50000 --versions 500000 --batch 50000   # a few minutes
 
 At the latest T and at a T inside a closed interval: 20 warm-up lookups of other keys, then 300
-lookups of random keys, each answer checked equal to that key's row of ``load_table`` as of the same
-T. Also timed in the same rounds: the previous lookup (``live_rows`` of one key: the candidate row
-groups read whole) and DuckDB's ``WHERE synthetic_key = ?`` on the answer file (a warm connection).
+lookups of random keys, each answer (in-process and through the service) checked equal to that
+key's row of ``load_table`` as of the same T before the timed rounds ask the same keys again. The
+server runs in a process of its own (``history-pipeline serve``, one worker). Also timed in the
+same rounds: the previous lookup (``live_rows`` of one key: the candidate row groups read whole)
+and DuckDB's ``WHERE synthetic_key = ?`` on the answer file (a warm connection).
 Writes bench/results/lookups.json and lookups.md.
 """
 
@@ -101,6 +103,8 @@ def bench_at(store: HistoryStore, work: Path, label: str, as_of: int, live_rows:
         expected = _expected(answer, key)
         assert context.fetch_row("bench", key, as_of) == expected, (label, key)
         assert store.fetch_row("bench", key, as_of) == expected, (label, key)
+        if service is not None:
+            assert service.fetch_row("bench", key, as_of) == expected, (label, key)
     fns: list[Callable[[int], Any]] = [
         lambda k: context.fetch_row("bench", k, as_of),
         lambda k: store.fetch_row("bench", k, as_of),
@@ -135,7 +139,7 @@ def run(root: Path, live_rows: int, versions: int, batch: int, lookups: int, ser
     results: dict[str, Any] = {"versions": history["versions"], "live_rows": history["live_rows"], "rows": [],
                                "load": " ".join(f"{x:.1f}" for x in os.getloadavg())}
     with tempfile.TemporaryDirectory() as tmp:
-        client, server = _service(root) if service else (None, None)
+        client, server = _service(root, Path(tmp)) if service else (None, None)
         try:
             for label, as_of in ts:
                 print(f"lookups: {lookups} at T={label} ...", flush=True)
@@ -147,16 +151,41 @@ def run(root: Path, live_rows: int, versions: int, batch: int, lookups: int, ser
     return results
 
 
-def _service(root: Path) -> tuple[Any, Any]:
-    """A HistoryServer over ``root`` (one worker: one client asks one request at a time) and a client."""
-    from history_pipeline.client import connect
-    from history_pipeline.service.auth import Tenant, token_digest
-    from history_pipeline.service.config import ServerConfig
-    from history_pipeline.service.server import HistoryServer
+class _Served:
+    """A ``history-pipeline serve`` process of its own (one worker: one client asks one request at a
+    time), so that nothing this process keeps warm (footers, key indexes) is the server's."""
 
-    config = ServerConfig(root=str(root), tenants=(Tenant("bench", "bench", token_digest(TOKEN)),), port=0,
-                          workers=1)
-    server = HistoryServer(config)  # listening once constructed
+    def __init__(self, root: Path, work: Path):
+        from history_pipeline.service.auth import token_digest
+
+        config = work / "server.toml"
+        config.write_text(f'root = "{root.resolve()}"\nworkers = 1\n'
+                          f'[tenants.bench]\ndatabase = "bench"\ntoken_sha256 = "{token_digest(TOKEN)}"\n')
+        self.log = (work / "server.log").open("w")  # a line per request: a pipe left unread would fill
+        self.process = subprocess.Popen([sys.executable, "-m", "history_pipeline.cli", "serve", "--config",
+                                         str(config), "--port", "0"], stdout=subprocess.PIPE, stderr=self.log,
+                                        text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+        line = self.process.stdout.readline() if self.process.stdout is not None else ""
+        if "serving" not in line:
+            self.close()
+            raise RuntimeError(f"the server did not start: {line!r}; see {work / 'server.log'}")
+        self.url = line.split()[-1]
+
+    def close(self) -> None:
+        self.process.terminate()
+        try:
+            self.process.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait()
+        self.log.close()
+
+
+def _service(root: Path, work: Path) -> tuple[Any, _Served]:
+    """A server over ``root`` in a process of its own, and a client of it."""
+    from history_pipeline.client import connect
+
+    server = _Served(root, work)
     return connect(server.url, TOKEN), server
 
 

@@ -175,3 +175,58 @@ def test_lookups_follow_the_catalog_state_through_maintenance(tmp_path, small_ro
         store.fetch_row("items", 5, purge - 1)
     check_lookups_equal_load_table(store, some_ts(store, purge))
     assert events
+
+
+def test_a_warm_lookup_searches_only_the_row_groups_its_bloom_filters_keep(tmp_path, small_row_groups, monkeypatch):
+    """Where more than ``BLOOM_FIRST`` row groups of a file span a key (a marked file laid out by
+    time: every row group's key range covers most keys), their Bloom filters are tested before any
+    kept index is searched, and the answers stay load_table's."""
+    store = HistoryStore.open(tmp_path, database="db", settings=SMALL_SNAPSHOTS)
+    _items_history(store, hot=True)
+    monkeypatch.setattr(key_index, "BLOOM_FIRST", 0, raising=False)
+    every_t = some_ts(store)[::4]
+    check_lookups_equal_load_table(store, every_t)  # warm: every row group asked is indexed
+    asked = []
+    cached = key_index._cached
+    monkeypatch.setattr(key_index, "_cached", lambda spot: asked.append(spot) or cached(spot))
+    context = store.query_context()
+    searched = ruled_out = 0
+    for as_of in every_t:
+        for key in KEYS:
+            asked.clear()
+            context.fetch_row("items", key, as_of)
+            for _, path, rg in asked:
+                blooms = supertable.read.footer(store.objects, path).blooms
+                searched += 1
+                ruled_out += blooms is not None and blooms.may_hold([rg], key) == []
+    assert searched > 0
+    assert ruled_out == 0
+    assert check_lookups_equal_load_table(store, every_t) > 0
+
+
+def test_a_warm_lookup_reads_through_a_kept_reader_and_the_kept_readers_stay_bounded(tmp_path, small_row_groups,
+                                                                                       monkeypatch):
+    """Reading a row reuses an open reader of its file (no file opened, no Parquet reader built); at
+    most ``IDLE_READERS`` stay open, and ``forget_indexes`` closes them."""
+    store = HistoryStore.open(tmp_path, database="db", settings=SMALL_SNAPSHOTS)
+    _items_history(store, hot=True)
+    as_ofs = some_ts(store)[::4]
+    check_lookups_equal_load_table(store, as_ofs)  # warm: indexes built, readers opened
+    built = []
+    original = pq.ParquetFile.__init__
+
+    def counting(self, *args, **kwargs):
+        built.append(args)
+        original(self, *args, **kwargs)
+
+    monkeypatch.setattr(pq.ParquetFile, "__init__", counting)
+    assert check_lookups_equal_load_table(store, as_ofs) > 0
+    assert built == []
+    monkeypatch.undo()
+    monkeypatch.setattr(key_index, "IDLE_READERS", 2)
+    key_index.forget_indexes()
+    check_lookups_equal_load_table(store, as_ofs)
+    kept = [reader for readers in key_index._open_readers._idle.values() for reader in readers]
+    assert 0 < len(kept) <= 2 and not any(reader.closed for reader in kept)
+    key_index.forget_indexes()
+    assert all(reader.closed for reader in kept) and not key_index._open_readers._idle

@@ -933,3 +933,34 @@ def test_serve_help_lists_every_configuration_key_with_its_default():
     digest = token_digest("t")
     for key in _TOP_KEYS - {"tenants", "tls_cert", "tls_key", "limits"}:  # each listed key is accepted
         config_from_mapping({key: 1 if key != "host" else "h", "tenants": {"a": {"token_sha256": digest}}})
+
+
+@pytest.mark.daemon
+def test_a_point_lookup_is_answered_while_every_worker_is_busy(stores):
+    """FetchRow runs on the server's own threads (an index search and one row group): it neither
+    waits for a worker nor takes one, yet keeps to its tenant's slots; other requests still go to
+    the workers."""
+    limits = Limits(query_timeout_s=5, max_concurrent_queries=2)
+    with HistoryServer(config_for(stores, workers=1, limits=limits)) as running:
+        end = stores["a"].frontier + 1
+        outcome: dict[str, BaseException] = {}
+
+        def endless() -> None:
+            try:
+                connect(running.url, TOKEN_A).sql(ENDLESS_SQL, end)
+            except BaseException as exc:  # noqa: BLE001 - checked below
+                outcome["error"] = exc
+
+        thread = threading.Thread(target=endless)
+        thread.start()
+        wait_until(lambda: running.stats().busy_workers == 1, "the only worker is taken")
+        with connect(running.url, TOKEN_A, timeout=3) as remote:
+            for key in (1, 2, 10_000, -5):
+                assert same(remote.fetch_row("orders", key, end), stores["a"].fetch_row("orders", key, end))
+        assert same(connect(running.url, TOKEN_B, timeout=3).fetch_row("typed", 2, 4),
+                    stores["b"].fetch_row("typed", 2, 4))
+        assert running.stats().busy_workers == 1  # still the endless query's
+        thread.join(120)
+        assert isinstance(outcome.get("error"), QueryTimeoutError), outcome
+        with pytest.raises(TableNotFoundError):  # errors come back typed, as from a worker
+            connect(running.url, TOKEN_A).fetch_row("no_such_table", 1, end)

@@ -14,6 +14,14 @@ from history_pipeline.service.limits import Limits, check_result_size
 from history_pipeline.store import HistoryStore
 
 
+def answer_bytes(table: pa.Table, batch_rows: int) -> pa.Buffer:
+    """An answer as the Arrow IPC stream the server sends (record batches of at most ``batch_rows``)."""
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_stream(sink, table.schema) as writer:
+        writer.write_table(table, max_chunksize=batch_rows)
+    return sink.getvalue()
+
+
 def execute(store: HistoryStore, request: p.Request, limits: Limits) -> pa.Table:
     """Answer ``request`` from ``store`` (ResultTooLargeError when the answer exceeds ``limits``)."""
     if isinstance(request, p.FetchRowRequest):

@@ -7,7 +7,8 @@ the one DoGet of its ticket; prepared statements are DoActions and a DoPut of th
 
 A request is authenticated by its bearer token (middleware), which fixes the
 tenant and so the only database it can read; it then takes one of the tenant's query slots,
-runs on a worker process under the time limit, and its answer is streamed in record batches.
+runs on a worker process under the time limit (a point lookup, bounded work, on the server's own
+thread instead), and its answer is streamed in record batches.
 """
 
 from __future__ import annotations
@@ -37,9 +38,12 @@ from history_pipeline.service.errors import (
     error_payload,
     redact,
 )
+from history_pipeline.service.execute import answer_bytes, execute
 from history_pipeline.service.limits import ConcurrencyGate, Limits
 from history_pipeline.service.protocol import (
     OPERATIONS,
+    FetchRowRequest,
+    Request,
     SqlRequest,
     StatusRequest,
     TableSchemasRequest,
@@ -50,6 +54,7 @@ from history_pipeline.service.protocol import (
     table_schemas_from_arrow,
 )
 from history_pipeline.service.workers import Job, WorkerPool
+from history_pipeline.store import HistoryStore
 
 
 class _TenantMiddleware(flight.ServerMiddleware):
@@ -233,6 +238,8 @@ class HistoryServer(flight.FlightServerBase):
         self._open = self._finished = self._abandoned = 0
         self._roots = (config.root,)
         self._answers: dict[bytes, _Answer] = {}
+        #: the stores point lookups are answered from, one per database (``_lookup``)
+        self._stores: dict[str, HistoryStore] = {}
         tls = []
         if config.tls_cert is not None and config.tls_key is not None:
             tls = [flight.CertKeyPair(cert=config.tls_cert, key=config.tls_key)]
@@ -272,8 +279,9 @@ class HistoryServer(flight.FlightServerBase):
                 call = "FlightSQL"
                 answer = self._take_answer(tenant, command)
             else:
-                call = operation(decode_request(ticket.ticket))  # a malformed request costs no slot and no worker
-                answer = self._run(tenant, ticket.ticket, context)
+                request = decode_request(ticket.ticket)  # a malformed request costs no slot and no worker
+                call = operation(request)
+                answer = self._run(tenant, ticket.ticket, request, context)
             reader = pa.ipc.open_stream(answer)
         except HistoryError as exc:
             self._record(tenant.name, call, started, error=type(exc).__name__)
@@ -290,12 +298,28 @@ class HistoryServer(flight.FlightServerBase):
             ms = (time.monotonic() - started) * 1000
             self._log(request_line(RequestRecord(datetime.now(UTC), tenant, call, ms, rows, size, error)))
 
-    def _run(self, tenant: Tenant, request: bytes, context: Any) -> pa.Buffer:
-        """The Arrow IPC answer of one request of the tenant, in one of its slots on a worker."""
+    def _run(self, tenant: Tenant, ticket: bytes, request: Request, context: Any) -> pa.Buffer:
+        """The Arrow IPC answer of one request of the tenant, in one of its slots: a point lookup on
+        this thread (``_lookup``), any other request on a worker."""
         limits: Limits = self.config.limits_of(tenant)
         with self._gate.slot(tenant.name, limits.max_concurrent_queries):
-            job = Job(self.config.root, tenant.database, request, limits, self.config.batch_rows)
+            if isinstance(request, FetchRowRequest):
+                return self._lookup(tenant.database, request, limits)
+            job = Job(self.config.root, tenant.database, ticket, limits, self.config.batch_rows)
             return self._pool.run(job, cancelled=context.is_cancelled)
+
+    def _lookup(self, database: str, request: FetchRowRequest, limits: Limits) -> pa.Buffer:
+        """A FetchRow answered in the server process, from a store kept open per database.
+
+        A lookup's work is bounded (an index search per file, then one row group of one file),
+        so it needs no process to be killed in; handing it to a worker and back cost about as
+        much as the lookup itself. The store's catalog log is re-read on every call, as a
+        worker's is, and the key indexes it builds stay warm in this process."""
+        with self._lock:
+            store = self._stores.get(database)
+            if store is None:
+                store = self._stores[database] = HistoryStore.open(self.config.root, database=database)
+        return answer_bytes(execute(store, request, limits), self.config.batch_rows)
 
     # --- Arrow Flight SQL -------------------------------------------------------------------
 

@@ -5,9 +5,9 @@ process can. Each request takes an idle worker, sends it the ticket and waits fo
 answer. When the query exceeds its time limit, or the client has gone away, the worker is killed
 (freeing its memory, DuckDB connections and file handles with it) and a fresh one takes its
 place. Between requests a worker keeps only one open HistoryStore per database (whose catalog
-log it re-reads on every query, so new compactions are seen at once) and, with it, what lookups
-keep warm: the newest catalog state's file selections and the key indexes of the row groups
-asked before (``supertable.key_index``, within its byte budget per process).
+log it re-reads on every query, so new compactions are seen at once) and the footers it read.
+Point lookups (FetchRow) do not come here: the server answers them on its own threads, where
+their key indexes stay warm (``HistoryServer._lookup``).
 
 A worker dies with its server, however the server ends (even SIGKILL, which runs no cleanup): on
 Linux the kernel sends it SIGKILL when the server goes (``PR_SET_PDEATHSIG``), and everywhere a
@@ -93,7 +93,7 @@ def worker_main(conn: Connection, parent_pid: int | None = None, lifeline: Conne
     if parent_pid is not None and lifeline is not None:
         die_with_parent(parent_pid, lifeline)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the server decides when workers stop
-    from history_pipeline.service.execute import execute
+    from history_pipeline.service.execute import answer_bytes, execute
     from history_pipeline.service.protocol import decode_request
     from history_pipeline.store import HistoryStore
 
@@ -112,11 +112,7 @@ def worker_main(conn: Connection, parent_pid: int | None = None, lifeline: Conne
             store = stores.get((job.root, job.database))
             if store is None:
                 store = stores[(job.root, job.database)] = HistoryStore.open(job.root, database=job.database)
-            table = execute(store, decode_request(job.ticket), job.limits)
-            sink = pa.BufferOutputStream()
-            with pa.ipc.new_stream(sink, table.schema) as writer:
-                writer.write_table(table, max_chunksize=job.batch_rows)
-            payload = sink.getvalue()
+            payload = answer_bytes(execute(store, decode_request(job.ticket), job.limits), job.batch_rows)
         except Exception as exc:  # every failure goes back to the request, typed
             conn.send(("error", error_payload(exc)))
             continue
