@@ -83,7 +83,6 @@ def measure(server: PostgresServer, work: Path, scale: int, profile: bool) -> li
         root = work / dbname
         if path == "snapshot":
             _pgbench_init(server, dbname, scale)
-            started = time.perf_counter()
             rows, seconds = _capture(server, dbname, root, profile)
         else:
             _setup_only(server, dbname, root)
@@ -93,7 +92,6 @@ def measure(server: PostgresServer, work: Path, scale: int, profile: bool) -> li
         out.append({"path": path, "rows": rows, "capture_s": round(seconds, 3),
                     "rows_per_s": round(rows / seconds), "copy_rows": copied, "copy_s": round(copy_seconds, 3),
                     "copy_rows_per_s": round(copied / copy_seconds), "ratio": round(seconds / copy_seconds, 1)})
-        del started
         with server.connect() as admin:
             admin.execute("SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots "
                           "WHERE database = %s", (dbname,))

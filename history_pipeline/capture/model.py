@@ -498,17 +498,26 @@ def _snapshot_row(
     table = tables.get(int(row["relid"]))
     if table is None:
         return []
-    texts = tuple(parse_array(row["vals"]))
-    if len(texts) != len(table.columns):
-        raise CaptureError(f"table {table.name!r}: a snapshot row has {len(texts)} values, not {len(table.columns)}")
+    vals = row["vals"]
+    # a two-dimensional array holds many rows; a one-dimensional one a single row (whose first element, were
+    # it to start with a brace, would be quoted: "{{" starts only a two-dimensional array)
+    rows = parse_array(vals) if vals.startswith("{{") else [parse_array(vals)]
     plan = plans.get((table.relid, True))
     if plan is None or plan.table is not table:
         columns = tuple(RelationColumn(c.name, 0, -1, False) for c in table.columns)
         as_relation = Relation(table.relid, "", table.name, "d", columns)
         plan = plans[table.relid, True] = row_plan(table, as_relation, options)
-    if table.relid in resnapshot:
-        return _row_changes(plan, UpdateMessage(table.relid, None, texts))
-    return _row_changes(plan, InsertMessage(table.relid, texts))
+    as_update = table.relid in resnapshot
+    records = []
+    for texts in rows:
+        if len(texts) != len(table.columns):
+            raise CaptureError(
+                f"table {table.name!r}: a snapshot row has {len(texts)} values, not {len(table.columns)}"
+            )
+        values = tuple(texts)
+        change = UpdateMessage(table.relid, None, values) if as_update else InsertMessage(table.relid, values)
+        records.extend(_row_changes(plan, change))
+    return records
 
 
 def _stamp(items: list[tuple[str, dict[str, Any]]], commit_lsn: int, last_t: int) -> list[dict[str, Any]]:

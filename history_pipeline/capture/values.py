@@ -234,21 +234,35 @@ def parse_array(text: str) -> list[Any]:
     lists of element texts (None for NULL)."""
     if text.startswith("["):  # explicit bounds: the values are what matters here
         text = text[text.index("=") + 1 :]
-    if text[1:2] != "{":  # one dimension (every snapshot row): element by element with a regular expression
-        return _parse_flat(text)
     value, end = _parse_level(text, 0)
     if end != len(text):
         raise ValueError(f"array literal {text!r} has trailing characters")
     return value
 
 
-def _parse_flat(text: str) -> list[Any]:
-    if not text.startswith("{"):
-        raise ValueError(f"array literal expected '{{' at 0 in {text!r}")
-    if text == "{}":
-        return []
+def _parse_level(text: str, pos: int) -> tuple[list[Any], int]:
+    if text[pos] != "{":
+        raise ValueError(f"array literal expected '{{' at {pos} in {text!r}")
+    if text[pos + 1] != "{":  # the innermost level: element by element with a regular expression
+        return _parse_flat(text, pos)
+    pos += 1
     items: list[Any] = []
-    pos, size, match = 1, len(text), _ELEMENT_RE.match
+    while True:
+        item, pos = _parse_level(text, pos)
+        items.append(item)
+        if text[pos] == "}":
+            return items, pos + 1
+        if text[pos] != ",":
+            raise ValueError(f"array literal expected ',' at {pos} in {text!r}")
+        pos += 1
+
+
+def _parse_flat(text: str, pos: int) -> tuple[list[Any], int]:
+    """The one-dimensional array literal at ``pos`` (its ``{``) and the position after its ``}``."""
+    if text[pos + 1] == "}":
+        return [], pos + 2
+    items: list[Any] = []
+    pos, size, match = pos + 1, len(text), _ELEMENT_RE.match
     while True:
         found = match(text, pos)
         assert found is not None  # the pattern also matches the empty string
@@ -261,43 +275,6 @@ def _parse_flat(text: str) -> list[Any]:
         pos = found.end()
         if pos >= size:
             raise ValueError(f"array literal {text!r} ends early")
-        if text[pos] == "}":
-            if pos + 1 != size:
-                raise ValueError(f"array literal {text!r} has trailing characters")
-            return items
-        if text[pos] != ",":
-            raise ValueError(f"array literal expected ',' at {pos} in {text!r}")
-        pos += 1
-
-
-def _parse_level(text: str, pos: int) -> tuple[list[Any], int]:
-    if text[pos] != "{":
-        raise ValueError(f"array literal expected '{{' at {pos} in {text!r}")
-    pos += 1
-    items: list[Any] = []
-    if text[pos] == "}":
-        return items, pos + 1
-    while True:
-        if text[pos] == "{":
-            item, pos = _parse_level(text, pos)
-            items.append(item)
-        elif text[pos] == '"':
-            pos += 1
-            chars = []
-            while text[pos] != '"':
-                if text[pos] == "\\":
-                    pos += 1
-                chars.append(text[pos])
-                pos += 1
-            items.append("".join(chars))
-            pos += 1
-        else:
-            end = pos
-            while text[end] not in ",}":
-                end += 1
-            raw = text[pos:end].strip()
-            items.append(None if raw.upper() == "NULL" else raw)
-            pos = end
         if text[pos] == "}":
             return items, pos + 1
         if text[pos] != ",":
