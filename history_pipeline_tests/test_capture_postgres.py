@@ -501,12 +501,14 @@ def test_a_snapshot_of_several_messages_keeps_every_value(tmp_path, database):
     conn.execute("INSERT INTO loose VALUES ('x')")
     size = conn.execute("SELECT pg_total_relation_size('wide')").fetchone()[0]
     assert size > 2 * 1024 * 1024  # several messages of about 1 MB
-    lsn, expected = current_lsn(conn), _tables(conn)
-    expected.pop("loose")
-    store = HistoryStore.open(tmp_path, database="wide")
     from history_pipeline.capture.model import CaptureOptions
 
-    run_capture(store, CaptureConfig(dsn=dsn, slot="wide", options=CaptureOptions(exclude=("loose",))), once=True)
+    store = HistoryStore.open(tmp_path, database="wide")
+    config = CaptureConfig(dsn=dsn, slot="wide", options=CaptureOptions(exclude=("loose",)))
+    run_capture(store, config, once=True)  # the snapshot, taken at setup
+    lsn, expected = current_lsn(conn), _tables(conn)
+    expected.pop("loose")
+    run_capture(store, config, once=True)
     store.compact(spark=False)
     _same(expected, _answer(store, lsn))
     rows = expected["wide"]
