@@ -333,6 +333,9 @@ def _values(plan: RowPlan, values: tuple[Any, ...]) -> dict[str, Any]:
 def _row_changes(plan: RowPlan, message: Message) -> list[dict[str, Any]]:
     table = plan.table
     width = len(plan.columns)
+    if type(message) is InsertMessage and len(message.new) == width:  # most rows: no further checks
+        key = _key(plan, message.new)
+        return [{"op": "insert", "table_uuid": table.table_uuid, "key": key, "values": _values(plan, message.new)}]
     for values in (getattr(message, "new", None), getattr(message, "old", None)):
         if values is not None and len(values) != width:
             raise CaptureError(
