@@ -9,6 +9,9 @@ Two paths are measured on a throwaway PostgreSQL (started here, stopped at the e
 * stream: the capture is set up first, then ``pgbench -i`` loads the tables, which arrive as the
   logical replication stream's inserts.
 
+A capture's seconds include the server's own part (the snapshot function, logical decoding), as a
+user waits for them.
+
     python -m bench.capture                 # scale 1: 100,000 accounts
     python -m bench.capture --scale 2 --profile
 """
@@ -69,10 +72,6 @@ def _capture(server: PostgresServer, dbname: str, root: Path, profile: bool) -> 
     return progress.inserts, time.perf_counter() - started
 
 
-def _setup_only(server: PostgresServer, dbname: str, root: Path) -> None:
-    _capture(server, dbname, root, profile=False)
-
-
 def measure(server: PostgresServer, work: Path, scale: int, profile: bool) -> list[dict[str, Any]]:
     """The snapshot and stream paths, each beside the COPY baseline of the same rows."""
     out = []
@@ -81,13 +80,10 @@ def measure(server: PostgresServer, work: Path, scale: int, profile: bool) -> li
         with server.connect() as admin:
             admin.execute(f"CREATE DATABASE {dbname}")
         root = work / dbname
-        if path == "snapshot":
-            _pgbench_init(server, dbname, scale)
-            rows, seconds = _capture(server, dbname, root, profile)
-        else:
-            _setup_only(server, dbname, root)
-            _pgbench_init(server, dbname, scale)
-            rows, seconds = _capture(server, dbname, root, profile)
+        if path == "stream":
+            _capture(server, dbname, root, profile=False)  # set up before the load: its rows are streamed
+        _pgbench_init(server, dbname, scale)
+        rows, seconds = _capture(server, dbname, root, profile)
         copied, copy_seconds = _copy_baseline(server, dbname)
         out.append({"path": path, "rows": rows, "capture_s": round(seconds, 3),
                     "rows_per_s": round(rows / seconds), "copy_rows": copied, "copy_s": round(copy_seconds, 3),
