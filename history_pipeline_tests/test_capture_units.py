@@ -364,3 +364,75 @@ def test_the_progress_line_counts_row_and_schema_changes_not_wal_records():
     assert line == ("captured 2 transactions (2 inserts, 1 update, 1 delete, 2 schema changes) in 1 batch;"
                     " last commit 0/12C; lag 0 bytes, 0.2 s")
     assert "\n" not in line
+
+
+def _literal(items) -> str:
+    """A PostgreSQL array literal as PostgreSQL prints it: every element quoted where it must be."""
+    def element(item):
+        if isinstance(item, list):
+            return _literal(item)
+        if item is None:
+            return "NULL"
+        if item == "" or item.upper() == "NULL" or any(c in item for c in ' ,{}"\\\t\n'):
+            return '"' + item.replace("\\", "\\\\").replace('"', '\\"') + '"'
+        return item
+    return "{" + ",".join(element(i) for i in items) + "}"
+
+
+TRICKY = ["plain", "", "NULL", "null", "a b", " lead", "x,y", "{b}", 'q"q', "back\\slash", "\\", '"', "é✓", "1.5",
+          "tab\there", "line\nbreak", "}", None]
+
+
+def test_array_literals_as_postgresql_prints_them_parse_back():
+    """One- and two-dimensional literals of awkward strings (as the snapshot carries rows) parse back to
+    their elements; malformed literals are errors, not wrong values."""
+    assert parse_array(_literal(TRICKY)) == TRICKY
+    rows = [TRICKY[i:] + TRICKY[:i] for i in range(len(TRICKY))]
+    assert parse_array(_literal(rows)) == rows
+    assert parse_array(_literal([[["1", None]], [["2", "3"]]])) == [[["1", None]], [["2", "3"]]]
+    for bad in ("{a}x", "{a b", '{"a"b}', "{{a},{b}", "{a,{b}}"):
+        with pytest.raises((ValueError, IndexError)):
+            parse_array(bad)
+
+
+def test_a_snapshot_message_carries_many_rows():
+    """The snapshot sends about 1 MB of rows per message as a two-dimensional array; a one-dimensional
+    array is a single row, and a row of the wrong width is an error naming the table."""
+    snap = Relation(9001, "history_capture", "snapshot_rows", "d", (
+        RelationColumn("id", 20, -1, True), RelationColumn("relid", 26, -1, False),
+        RelationColumn("vals", 1009, -1, False),
+    ))
+    many = _literal([["7", "x, y"], ["8", None], ["9", "{z}"]])
+    _, records = _run(_txn(1000, DDL, _ddl(_describe(snapshot=True)), snap, InsertMessage(9001, ("1", "100", many)),
+                           InsertMessage(9001, ("2", "100", _literal(["10", "{{w}}"])))))
+    assert [(r["op"], r.get("key"), r.get("values")) for r in records[1:-1]] == [
+        ("insert", 7, {"C1": 7, "C2": "x, y"}), ("insert", 8, {"C1": 8, "C2": None}),
+        ("insert", 9, {"C1": 9, "C2": "{z}"}), ("insert", 10, {"C1": 10, "C2": "{{w}}"}),
+    ]
+    with pytest.raises(CaptureError, match="'t': a snapshot row has 3 values, not 2"):
+        _run(_txn(1000, DDL, _ddl(_describe(snapshot=True)), snap,
+                  InsertMessage(9001, ("1", "100", _literal([["7", "a"], ["8", "b", "c"]])))))
+
+
+def test_malformed_pgoutput_tuples_are_protocol_errors():
+    insert = b"I" + struct.pack("!I", 1) + b"N" + _tuple("12", None, UNCHANGED, "é")
+    assert decode_message(insert) == InsertMessage(1, ("12", None, UNCHANGED, "é"))
+    for bad in (insert[:-1], insert[:6], insert[:8], insert + b"x", insert[:6] + struct.pack("!h", 1) + b"q"):
+        with pytest.raises(ProtocolError):
+            decode_message(bad)
+
+
+def test_row_values_are_converted_per_column_and_errors_name_the_column():
+    """Each column's value goes through its own type's converter (worked out once per relation); a
+    value without a WAL form names its table and column; a relation whose width differs from its rows
+    is an error, not a shifted row."""
+    typed = _describe(columns=(("id", 23, "C1", True, 1), ("day", 1082, "C2", False, 2)))
+    state, _ = _run(_txn(1000, DDL, _ddl(typed)))
+    days = Relation(100, "public", "t", "d", (T.columns[0], RelationColumn("day", 1082, -1, False)))
+    _, records = _run(_txn(2000, days, InsertMessage(100, ("1", "2024-02-29")), InsertMessage(100, ("2", None))),
+                      state=state)
+    assert [r["values"] for r in records[:-1]] == [{"C1": 1, "C2": "2024-02-29"}, {"C1": 2, "C2": None}]
+    with pytest.raises(CaptureValueError, match="table 't' column 'day': value 'infinity' of type DATE"):
+        _run(_txn(2000, days, InsertMessage(100, ("1", "infinity"))), state=state)
+    with pytest.raises(CaptureError, match="3 values for 2 columns"):
+        _run(_txn(2000, days, InsertMessage(100, ("1", "2024-02-29", "x"))), state=state)

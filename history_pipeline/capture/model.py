@@ -37,7 +37,7 @@ from history_pipeline.capture.pgoutput import (
     TruncateMessage,
     UpdateMessage,
 )
-from history_pipeline.capture.values import contract_type, convert, parse_array
+from history_pipeline.capture.values import CaptureValueError, contract_type, convert, converter, parse_array
 from history_pipeline.errors import HistoryError
 
 CAPTURE_SCHEMA = "history_capture"
@@ -241,7 +241,50 @@ def schema_changes(
 # --- row changes ---------------------------------------------------------------------
 
 
-def _key(table: TableState, relation: Relation, values: tuple[Any, ...], options: CaptureOptions) -> int:
+@dataclass(frozen=True)
+class RowPlan:
+    """How the rows of one relation become WAL values, worked out once per table state and relation
+    (not per row): where the key is, and each column's UUID and converter."""
+
+    table: TableState
+    relation: Relation
+    #: the key column's position in a decoded row, or -1 when :attr:`key_error` says why there is none
+    key_index: int
+    key_error: str
+    #: per decoded column: its position, UUID (None when the state has no such column), contract type,
+    #: converter and the name errors give it
+    columns: tuple[tuple[int, str | None, str, Callable[[str], Any], str], ...]
+
+
+def row_plan(table: TableState, relation: Relation, options: CaptureOptions) -> RowPlan:
+    """The :class:`RowPlan` of ``relation``'s rows for the captured ``table``."""
+    columns = []
+    by_name = {c.name: c for c in table.columns}
+    for index, rc in enumerate(relation.columns):
+        column = by_name.get(rc.name)
+        where = f"table {table.name!r} column {rc.name!r}"
+        if column is None:
+            columns.append((index, None, "", _identity, where))
+        else:
+            columns.append((index, column.column_uuid, column.data_type, converter(column.data_type), where))
+    key_index, key_error = -1, ""
+    try:
+        key = _key_column(table, options)
+        key_error = f"table {table.name!r}: key column {key.name!r} is not in the decoded row"
+        key_index = next(i for i, rc in enumerate(relation.columns) if rc.name == key.name)
+        key_error = f"table {table.name!r}: a row without a value for key column {key.name!r}"
+    except CaptureError as exc:
+        key_error = str(exc)
+    except StopIteration:
+        pass
+    return RowPlan(table, relation, key_index, key_error, tuple(columns))
+
+
+def _identity(text: str) -> str:
+    return text
+
+
+def _key_column(table: TableState, options: CaptureOptions) -> ColumnState:
     declared = options.keys.get(table.name)
     if declared is not None:
         column = table.column(declared)
@@ -257,38 +300,58 @@ def _key(table: TableState, relation: Relation, values: tuple[Any, ...], options
             f"table {table.name!r}: key column {column.name!r} is {column.data_type}, but a synthetic key is a 64-bit "
             "integer; declare an integer key column (--key TABLE=COLUMN)"
         )
-    for rc, value in zip(relation.columns, values, strict=True):
-        if rc.name == column.name:
-            if value is None or value is UNCHANGED:
-                raise CaptureError(f"table {table.name!r}: a row without a value for key column {column.name!r}")
-            return int(value)
-    raise CaptureError(f"table {table.name!r}: key column {column.name!r} is not in the decoded row")
+    return column
 
 
-def _values(table: TableState, relation: Relation, values: tuple[Any, ...]) -> dict[str, Any]:
-    out = {}
-    for rc, value in zip(relation.columns, values, strict=True):
+def _key(plan: RowPlan, values: tuple[Any, ...]) -> int:
+    if plan.key_index < 0:
+        raise CaptureError(plan.key_error)
+    value = values[plan.key_index]
+    if value is None or value is UNCHANGED:
+        raise CaptureError(plan.key_error)
+    return int(value)
+
+
+def _values(plan: RowPlan, values: tuple[Any, ...]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for index, uuid, data_type, convert_text, where in plan.columns:
+        value = values[index]
         if value is UNCHANGED:
             continue  # an unchanged TOASTed value: the previous version's value is carried forward
-        column = table.column(rc.name)
-        out[column.column_uuid] = convert(column.data_type, value, where=f"table {table.name!r} column {rc.name!r}")
+        if uuid is None:
+            plan.table.column(plan.relation.columns[index].name)  # raises: the capture state is behind
+        if value is None:
+            out[uuid] = None  # type: ignore[index]
+            continue
+        try:
+            out[uuid] = convert_text(value)  # type: ignore[index]
+        except (ValueError, KeyError, IndexError) as exc:
+            raise CaptureValueError(f"{where}: value {value!r} of type {data_type} has no WAL form: {exc}") from None
     return out
 
 
-def _row_changes(
-    table: TableState, relation: Relation, message: Message, options: CaptureOptions
-) -> list[dict[str, Any]]:
-    base = {"table_uuid": table.table_uuid}
+def _row_changes(plan: RowPlan, message: Message) -> list[dict[str, Any]]:
+    table = plan.table
+    width = len(plan.columns)
+    if type(message) is InsertMessage and len(message.new) == width:  # most rows: no further checks
+        key = _key(plan, message.new)
+        return [{"op": "insert", "table_uuid": table.table_uuid, "key": key, "values": _values(plan, message.new)}]
+    for values in (getattr(message, "new", None), getattr(message, "old", None)):
+        if values is not None and len(values) != width:
+            raise CaptureError(
+                f"table {table.name!r}: a decoded row has {len(values)} values for {width} columns of its relation"
+            )
     if isinstance(message, InsertMessage):
-        key = _key(table, relation, message.new, options)
-        return [{"op": "insert", **base, "key": key, "values": _values(table, relation, message.new)}]
+        key = _key(plan, message.new)
+        return [{"op": "insert", "table_uuid": table.table_uuid, "key": key, "values": _values(plan, message.new)}]
     if isinstance(message, DeleteMessage):
-        return [{"op": "delete", **base, "key": _key(table, relation, message.old, options)}]
+        return [{"op": "delete", "table_uuid": table.table_uuid, "key": _key(plan, message.old)}]
     assert isinstance(message, UpdateMessage)
-    key = _key(table, relation, message.new, options)
-    values = _values(table, relation, message.new)
+    base = {"table_uuid": table.table_uuid}
+    key = _key(plan, message.new)
+    values = _values(plan, message.new)
     if message.old is not None:
-        old_key = _key(table, relation, message.old, options)
+        old_key = _key(plan, message.old)
         if old_key != key:  # the key itself changed: a row with a new identity
             if any(v is UNCHANGED for v in message.new):
                 raise CaptureError(
@@ -332,6 +395,7 @@ def transaction_events(
     tables = dict(state.tables)
     items: list[tuple[str, dict[str, Any]]] = []  # ("schema" | "row", record without t)
     resnapshot: set[int] = set()  # tables whose snapshot rows update rows the history already has
+    plans: dict[tuple[int, bool], RowPlan] = {}  # (relid, from a snapshot) -> the plan of its rows
     for message in transaction.messages:
         if isinstance(message, Relation):
             relations[message.relid] = message
@@ -353,7 +417,8 @@ def transaction_events(
                 for record in _apply_ddl(tables, relation, message, options, resnapshot):
                     items.append(("schema", record))
             elif relation.name == SNAPSHOT_ROWS and isinstance(message, InsertMessage):
-                items.extend(("row", r) for r in _snapshot_row(tables, relation, message, options, resnapshot))
+                items.extend(("row", r) for r in _snapshot_row(tables, relation, message, options, resnapshot,
+                                                                  plans))
             continue
         if relation.namespace not in options.schemas:
             continue
@@ -362,7 +427,10 @@ def transaction_events(
             # a table the capture has not described yet: one that existed before capture was set up, or
             # a CREATE TABLE AS; its rows arrive as a snapshot when it is described
             continue
-        for record in _row_changes(table, relation, message, options):
+        plan = plans.get((relid, False))
+        if plan is None or plan.table is not table or plan.relation is not relation:
+            plan = plans[relid, False] = row_plan(table, relation, options)
+        for record in _row_changes(plan, message):
             items.append(("row", record))
     records = _stamp(items, transaction.commit_lsn, state.last_t)
     next_state = CaptureState(tables, transaction.commit_lsn, transaction.end_lsn)
@@ -433,20 +501,32 @@ def _apply_ddl(
 
 def _snapshot_row(
     tables: dict[int, TableState], relation: Relation, message: InsertMessage, options: CaptureOptions,
-    resnapshot: set[int],
+    resnapshot: set[int], plans: dict[tuple[int, bool], RowPlan],
 ) -> list[dict[str, Any]]:
     row = {c.name: v for c, v in zip(relation.columns, message.new, strict=True)}
     table = tables.get(int(row["relid"]))
     if table is None:
         return []
-    texts = tuple(parse_array(row["vals"]))
-    if len(texts) != len(table.columns):
-        raise CaptureError(f"table {table.name!r}: a snapshot row has {len(texts)} values, not {len(table.columns)}")
-    columns = tuple(RelationColumn(c.name, 0, -1, False) for c in table.columns)
-    as_relation = Relation(table.relid, "", table.name, "d", columns)
-    if table.relid in resnapshot:
-        return _row_changes(table, as_relation, UpdateMessage(table.relid, None, texts), options)
-    return _row_changes(table, as_relation, InsertMessage(table.relid, texts), options)
+    vals = row["vals"]
+    # a two-dimensional array holds many rows; a one-dimensional one a single row (whose first element, were
+    # it to start with a brace, would be quoted: "{{" starts only a two-dimensional array)
+    rows = parse_array(vals) if vals.startswith("{{") else [parse_array(vals)]
+    plan = plans.get((table.relid, True))
+    if plan is None or plan.table is not table:
+        columns = tuple(RelationColumn(c.name, 0, -1, False) for c in table.columns)
+        as_relation = Relation(table.relid, "", table.name, "d", columns)
+        plan = plans[table.relid, True] = row_plan(table, as_relation, options)
+    as_update = table.relid in resnapshot
+    records = []
+    for texts in rows:
+        if len(texts) != len(table.columns):
+            raise CaptureError(
+                f"table {table.name!r}: a snapshot row has {len(texts)} values, not {len(table.columns)}"
+            )
+        values = tuple(texts)
+        change = UpdateMessage(table.relid, None, values) if as_update else InsertMessage(table.relid, values)
+        records.extend(_row_changes(plan, change))
+    return records
 
 
 def _stamp(items: list[tuple[str, dict[str, Any]]], commit_lsn: int, last_t: int) -> list[dict[str, Any]]:
@@ -463,6 +543,10 @@ def _stamp(items: list[tuple[str, dict[str, Any]]], commit_lsn: int, last_t: int
             f"the transaction committed at LSN {commit_lsn} needs {len(slots)} timestamps above the previous "
             f"commit's {last_t}, and there is no room; this is not expected to happen: report it"
         )
-    out = [{**record, "t": first + i} for i, slot in enumerate(slots) for record in slot]
+    out = []
+    for i, slot in enumerate(slots):
+        for record in slot:  # each record is this transaction's own dict: stamped in place, not copied
+            record["t"] = first + i
+        out.extend(slot)
     out.append({"op": "close", "t": commit_lsn})
     return out

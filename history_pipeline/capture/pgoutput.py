@@ -96,16 +96,20 @@ class Ignored:
 Message = Union[Begin, Commit, Relation, InsertMessage, UpdateMessage, DeleteMessage, TruncateMessage, Ignored]
 
 
+_STRUCTS: dict[str, struct.Struct] = {}
+
+
 class _Reader:
     def __init__(self, data: bytes):
         self.data = data
         self.pos = 0
 
     def take(self, fmt: str) -> Any:
-        size = struct.calcsize(fmt)
+        layout = _STRUCTS.get(fmt) or _STRUCTS.setdefault(fmt, struct.Struct(fmt))
+        size = layout.size
         if self.pos + size > len(self.data):
             raise ProtocolError(f"pgoutput message ends early at byte {self.pos} (needs {size} more)")
-        (value,) = struct.unpack_from(fmt, self.data, self.pos)
+        (value,) = layout.unpack_from(self.data, self.pos)
         self.pos += size
         return value
 
@@ -119,30 +123,64 @@ class _Reader:
         return chr(self.take("!B"))
 
     def tuple_data(self) -> Tuple:
-        values: list[Any] = []
-        for _ in range(self.take("!h")):
-            kind = self.byte()
-            if kind == "n":
-                values.append(None)
-            elif kind == "u":
-                values.append(UNCHANGED)
-            elif kind in ("t", "b"):
-                length = self.take("!i")
-                raw = self.data[self.pos : self.pos + length]
-                self.pos += length
-                if kind == "b":
-                    raise ProtocolError("binary tuple values are not requested and cannot be read")
-                values.append(raw.decode("utf-8"))
-            else:
-                raise ProtocolError(f"unknown tuple value kind {kind!r}")
-        return tuple(values)
+        values, self.pos = _tuple_data(self.data, self.pos)
+        return values
+
+
+_COUNT = struct.Struct("!h")
+_LENGTH = struct.Struct("!i")
+_RELID = struct.Struct("!I")
+_INSERT, _NEW = ord("I"), ord("N")
+_TEXT, _NULL, _UNCHANGED_KIND, _BINARY = ord("t"), ord("n"), ord("u"), ord("b")
+
+
+def _tuple_data(data: bytes, pos: int) -> tuple[Tuple, int]:
+    """The values of a TupleData at ``pos`` and the position after it (the hot loop of a capture: one
+    pass with local names, no call per field)."""
+    size = len(data)
+    if pos + 2 > size:
+        raise ProtocolError(f"pgoutput message ends early at byte {pos} (needs 2 more)")
+    (count,) = _COUNT.unpack_from(data, pos)
+    pos += 2
+    values: list[Any] = []
+    append, length_at = values.append, _LENGTH.unpack_from
+    for _ in range(count):
+        if pos >= size:
+            raise ProtocolError(f"pgoutput message ends early at byte {pos} (needs 1 more)")
+        kind = data[pos]
+        pos += 1
+        if kind == _TEXT:
+            if pos + 4 > size:
+                raise ProtocolError(f"pgoutput message ends early at byte {pos} (needs 4 more)")
+            (length,) = length_at(data, pos)
+            pos += 4
+            end = pos + length
+            if end > size:
+                raise ProtocolError(f"pgoutput message ends early at byte {pos} (needs {length} more)")
+            append(data[pos:end].decode("utf-8"))
+            pos = end
+        elif kind == _NULL:
+            append(None)
+        elif kind == _UNCHANGED_KIND:
+            append(UNCHANGED)
+        elif kind == _BINARY:
+            raise ProtocolError("binary tuple values are not requested and cannot be read")
+        else:
+            raise ProtocolError(f"unknown tuple value kind {chr(kind)!r}")
+    return tuple(values), pos
 
 
 def decode_message(data: bytes) -> Message:
     """One pgoutput message (protocol version 1) as an immutable value."""
     if not data:
         raise ProtocolError("empty pgoutput message")
-    r = _Reader(bytes(data))
+    data = bytes(data)
+    if data[0] == _INSERT and len(data) >= 6 and data[5] == _NEW:  # most messages: straight to the tuple
+        values, end = _tuple_data(data, 6)
+        if end != len(data):
+            raise ProtocolError(f"pgoutput insert message has {len(data) - end} bytes after its tuple")
+        return InsertMessage(_RELID.unpack_from(data, 1)[0], values)
+    r = _Reader(data)
     kind = r.byte()
     if kind == "B":
         return Begin(final_lsn=r.take("!Q"), commit_time=r.take("!q"), xid=r.take("!I"))

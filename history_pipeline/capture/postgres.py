@@ -87,8 +87,9 @@ CREATE OR REPLACE FUNCTION {CAPTURE_SCHEMA}.describe(r oid) RETURNS jsonb LANGUA
     WHERE c.oid = r
 $$;
 -- a table's rows as they are now, for tables whose rows the stream never showed being written (tables that
--- existed before capture, CREATE TABLE AS): the description marked "snapshot", then one row per table row
--- holding every column's text output, printed with the capture's session settings
+-- existed before capture, CREATE TABLE AS): the description marked "snapshot", then rows holding the table's rows
+-- as a two-dimensional array (a row per table row, as a one-dimensional array before) of every column's text
+-- output, printed with the capture's session settings
 CREATE TABLE IF NOT EXISTS {CAPTURE_SCHEMA}.snapshot_rows (id bigserial PRIMARY KEY, relid oid NOT NULL, vals text[]);
 CREATE OR REPLACE FUNCTION {CAPTURE_SCHEMA}.snapshot(r oid) RETURNS void LANGUAGE plpgsql
 SET DateStyle = 'ISO, YMD' SET IntervalStyle = 'iso_8601' SET TimeZone = 'UTC' SET extra_float_digits = 1
@@ -104,8 +105,17 @@ BEGIN
     SELECT string_agg(format('CASE WHEN %1$I IS NULL THEN NULL ELSE format(''%%s'', %1$I) END', attname), ', '
                       ORDER BY attnum) INTO cols
     FROM pg_attribute WHERE attrelid = r AND attnum > 0 AND NOT attisdropped AND attgenerated = '';
-    EXECUTE format('INSERT INTO {CAPTURE_SCHEMA}.snapshot_rows (relid, vals) SELECT %s, ARRAY[%s]::text[] FROM %s',
-                   r, coalesce(cols, ''), r::regclass);
+    IF cols IS NULL THEN  -- no column: one empty array per row (a two-dimensional array cannot hold them)
+        EXECUTE format('INSERT INTO {CAPTURE_SCHEMA}.snapshot_rows (relid, vals) SELECT %s, ARRAY[]::text[] FROM %s',
+                       r, r::regclass);
+    ELSE
+        -- many rows per message (a two-dimensional array of about 1 MB): the capture's cost is per
+        -- message as much as per value, so a row per message would make the snapshot several times slower
+        EXECUTE format('INSERT INTO {CAPTURE_SCHEMA}.snapshot_rows (relid, vals) SELECT %s, array_agg(v) FROM ('
+                       'SELECT v, sum(pg_column_size(v)) OVER (ROWS UNBOUNDED PRECEDING) / 1048576 AS chunk '
+                       'FROM (SELECT ARRAY[%s]::text[] AS v FROM %s) AS t) AS c GROUP BY chunk',
+                       r, cols, r::regclass);
+    END IF;
     DELETE FROM {CAPTURE_SCHEMA}.snapshot_rows WHERE relid = r;
 END $$;
 -- Did this command change a column's type in a way whose result the capture cannot compute by CAST? A

@@ -9,6 +9,7 @@ by its OID and type modifier, as in the ``pgoutput`` relation message and in ``p
 from __future__ import annotations
 
 import base64
+import functools
 import json
 import re
 from collections.abc import Callable
@@ -199,19 +200,33 @@ def _base_name(data_type: str) -> str:
     return data_type.split("(")[0]
 
 
-def wal_value(data_type: str, text: str | None) -> Any:
-    """The WAL (JSON) value of a PostgreSQL text output ``text`` for the contract type ``data_type``."""
-    if text is None:
-        return None
+@functools.cache
+def converter(data_type: str) -> Callable[[str], Any]:
+    """The function from a non-NULL text output to the WAL value for the contract type ``data_type``,
+    chosen once per type (a capture calls it per value)."""
     if data_type.endswith("[]"):
         # a T[] column holds arrays of any depth, in PostgreSQL and in the WAL format (docs/wal-format.md)
-        element = data_type.rstrip("[]")
-        return _map_nested(parse_array(text), lambda item: wal_value(element, item))
-    return _PARSERS[_base_name(data_type)](text)
+        element = converter(data_type.rstrip("[]"))
+
+        def item(text: str | None) -> Any:
+            return None if text is None else element(text)
+
+        return lambda text: _map_nested(parse_array(text), item)
+    return _PARSERS[_base_name(data_type)]
+
+
+def wal_value(data_type: str, text: str | None) -> Any:
+    """The WAL (JSON) value of a PostgreSQL text output ``text`` for the contract type ``data_type``."""
+    return None if text is None else converter(data_type)(text)
 
 
 def _map_nested(items: list[Any], convert: Callable[[str | None], Any]) -> list[Any]:
     return [_map_nested(i, convert) if isinstance(i, list) else convert(i) for i in items]
+
+
+# one element of a one-dimensional array literal: a quoted string (backslash escapes) or a bare word
+_ELEMENT_RE = re.compile(r'"((?:[^"\\]|\\.)*)"|([^,{}"]*)', re.DOTALL)
+_ESCAPE_RE = re.compile(r"\\(.)", re.DOTALL)
 
 
 def parse_array(text: str) -> list[Any]:
@@ -228,31 +243,38 @@ def parse_array(text: str) -> list[Any]:
 def _parse_level(text: str, pos: int) -> tuple[list[Any], int]:
     if text[pos] != "{":
         raise ValueError(f"array literal expected '{{' at {pos} in {text!r}")
+    if text[pos + 1] != "{":  # the innermost level: element by element with a regular expression
+        return _parse_flat(text, pos)
     pos += 1
     items: list[Any] = []
-    if text[pos] == "}":
-        return items, pos + 1
     while True:
-        if text[pos] == "{":
-            item, pos = _parse_level(text, pos)
-            items.append(item)
-        elif text[pos] == '"':
-            pos += 1
-            chars = []
-            while text[pos] != '"':
-                if text[pos] == "\\":
-                    pos += 1
-                chars.append(text[pos])
-                pos += 1
-            items.append("".join(chars))
-            pos += 1
+        item, pos = _parse_level(text, pos)
+        items.append(item)
+        if text[pos] == "}":
+            return items, pos + 1
+        if text[pos] != ",":
+            raise ValueError(f"array literal expected ',' at {pos} in {text!r}")
+        pos += 1
+
+
+def _parse_flat(text: str, pos: int) -> tuple[list[Any], int]:
+    """The one-dimensional array literal at ``pos`` (its ``{``) and the position after its ``}``."""
+    if text[pos + 1] == "}":
+        return [], pos + 2
+    items: list[Any] = []
+    pos, size, match = pos + 1, len(text), _ELEMENT_RE.match
+    while True:
+        found = match(text, pos)
+        assert found is not None  # the pattern also matches the empty string
+        quoted, bare = found.groups()
+        if quoted is not None:
+            items.append(_ESCAPE_RE.sub(r"\1", quoted) if "\\" in quoted else quoted)
         else:
-            end = pos
-            while text[end] not in ",}":
-                end += 1
-            raw = text[pos:end].strip()
+            raw = bare.strip()
             items.append(None if raw.upper() == "NULL" else raw)
-            pos = end
+        pos = found.end()
+        if pos >= size:
+            raise ValueError(f"array literal {text!r} ends early")
         if text[pos] == "}":
             return items, pos + 1
         if text[pos] != ",":
