@@ -29,6 +29,7 @@ from history_pipeline.orchestration.schedules import (
     supertables_job,
     supertables_schedule,
 )
+from history_pipeline.orchestration.segment_runs import compact_segments_job
 from history_pipeline.orchestration.sensors import compact_segment_job, finished_wal_segments_sensor
 
 
@@ -37,7 +38,8 @@ def build_definitions(history: HistoryRootResource, spark: SparkResource | None 
     return dg.Definitions(
         assets=[wal_segments, compacted_batches, supertables, schema_history, cold_tier_export],
         asset_checks=[catalog_verifies_check, frontier_lag_check, reconstruction_invariant_check],
-        jobs=[compact_segment_job, supertables_job, retention_job, cleanup_job, cold_tier_export_job, erasure_job],
+        jobs=[compact_segments_job, compact_segment_job, supertables_job, retention_job, cleanup_job,
+              cold_tier_export_job, erasure_job],
         sensors=[finished_wal_segments_sensor],
         schedules=[supertables_schedule, retention_schedule, cold_tier_export_schedule, cleanup_schedule],
         resources={"history": history, "spark": spark or spark_engine()},
