@@ -173,8 +173,10 @@ def _run_stages(home: Path) -> dict[str, dict[str, float]]:
     try:
         for record in instance.get_run_records(dg.RunsFilter(statuses=[dg.DagsterRunStatus.SUCCESS])):
             run = record.dagster_run
-            key = run.tags.get("dagster/partition")
-            if key is None:
+            # a compaction run names its segments in its run config (a run of one partition: its tag)
+            config = run.run_config.get("ops", {}).get("compact_segments", {}).get("config", {})
+            keys = config.get("partition_keys") or [run.tags.get("dagster/partition")]
+            if keys == [None]:
                 continue
             times: dict[str, float] = {"created": record.create_timestamp.timestamp()}
             for entry in instance.all_logs(run.run_id):
@@ -188,8 +190,9 @@ def _run_stages(home: Path) -> dict[str, dict[str, float]]:
                     times.setdefault("started", entry.timestamp)
                 elif kind == "STEP_START":
                     times.setdefault("first_step", entry.timestamp)
-            if key not in out or out[key]["created"] < times["created"]:
-                out[key] = times
+            for key in keys:
+                if key not in out or out[key]["created"] < times["created"]:
+                    out[key] = times
     finally:
         instance.dispose()
     return out

@@ -13,7 +13,6 @@ from history_pipeline.errors import SegmentNotFoundError, SegmentQuarantinedErro
 from history_pipeline.events import OP_NAMES
 from history_pipeline.execution import engine_failure, raise_engine_failure
 from history_pipeline.io.store import open_store
-from history_pipeline.maintenance.export import export_database
 from history_pipeline.orchestration.metadata import md_table
 from history_pipeline.orchestration.partitions import parse_segment_partition_key, segment_partitions
 from history_pipeline.orchestration.resources import HistoryRootResource, SparkResource
@@ -256,6 +255,9 @@ class ColdTierConfig(dg.Config):
 def cold_tier_export(
     context: dg.AssetExecutionContext, config: ColdTierConfig, history: HistoryRootResource
 ) -> dg.MaterializeResult:
+    # imported here: the export's query engine is ~2 s of every run process's start otherwise
+    from history_pipeline.maintenance.export import export_database
+
     target = open_store(config.destination, history.s3_options())
     exported = {}
     for database in history.databases():
