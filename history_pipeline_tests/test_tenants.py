@@ -9,12 +9,11 @@ from pathlib import Path
 
 import dagster as dg
 import pytest
-from dagster_aws.s3 import S3Resource
 
 from bench.tenants import age, fake_wal, seal_next, segment_file
 from history_pipeline.errors import HistoryError
 from history_pipeline.orchestration import sensors
-from history_pipeline.orchestration.resources import HistoryRootResource, SparkResource, history_root
+from history_pipeline.orchestration.resources import HistoryRootResource, S3Settings, SparkResource, history_root
 from history_pipeline.orchestration.sensor_marks import BlockedSummary, MarksStore, marks_path, summarize_blocked
 from history_pipeline.orchestration.sensors import (
     COMPACTION_TAG,
@@ -237,9 +236,9 @@ def test_a_full_scan_runs_first_without_a_journal_and_every_nth_tick():
 
 def test_full_scan_interval_is_a_field_of_the_resource(monkeypatch):
     assert full_scan_every(history_root("data")) == FULL_SCAN_EVERY == 60
-    assert full_scan_every(HistoryRootResource(root="data", s3=S3Resource(), sensor_full_scan_every=5)) == 5
+    assert full_scan_every(HistoryRootResource(root="data", s3=S3Settings(), sensor_full_scan_every=5)) == 5
     with pytest.raises(HistoryError, match="sensor_full_scan_every=0"):
-        full_scan_every(HistoryRootResource(root="data", s3=S3Resource(), sensor_full_scan_every=0))
+        full_scan_every(HistoryRootResource(root="data", s3=S3Settings(), sensor_full_scan_every=0))
 
 
 def test_a_steady_tick_checks_the_databases_named_by_markers_and_those_pending():
@@ -283,7 +282,7 @@ class Listings:
 
 
 def resource(root, every=FULL_SCAN_EVERY):
-    return HistoryRootResource(root=str(root), s3=S3Resource(), sensor_full_scan_every=every)
+    return HistoryRootResource(root=str(root), s3=S3Settings(), sensor_full_scan_every=every)
 
 
 def tick(instance, root, cursor, every=FULL_SCAN_EVERY):
@@ -633,7 +632,7 @@ def test_a_lost_cursor_neither_loses_nor_duplicates_a_run_request(tmp_path):
 def test_the_resource_field_sets_the_full_scan_interval_through_an_env_var(tmp_path, monkeypatch):
     root = tmp_path / "data"
     fake_wal(root / "db" / "wal", applied=1, sealed=1)
-    history = HistoryRootResource(root=str(root), s3=S3Resource(),
+    history = HistoryRootResource(root=str(root), s3=S3Settings(),
                                   sensor_full_scan_every=dg.EnvVar.int("TEST_SENSOR_FULL_SCAN_EVERY"))
     instance = dg.DagsterInstance.ephemeral()
 
