@@ -118,16 +118,15 @@ class Ticker:
 
     def __init__(self, root: Path):
         import dagster as dg
-        from dagster_aws.s3 import S3Resource
 
-        from history_pipeline.orchestration.resources import HistoryRootResource, SparkResource
+        from history_pipeline.orchestration.resources import HistoryRootResource, S3Settings, SparkResource
 
         self.dg = dg
         self.spark = SparkResource()
         self.instance = dg.DagsterInstance.ephemeral()
-        self.history = HistoryRootResource(root=str(root), s3=S3Resource())
+        self.history = HistoryRootResource(root=str(root), s3=S3Settings())
         # the same root with a full scan on every tick, as every FULL_SCAN_EVERY-th tick is
-        self.scanning = HistoryRootResource(root=str(root), s3=S3Resource(), sensor_full_scan_every=1)
+        self.scanning = HistoryRootResource(root=str(root), s3=S3Settings(), sensor_full_scan_every=1)
         self.cursor: str | None = None
 
     def tick(self, full_scan: bool = False) -> tuple[float, Any]:

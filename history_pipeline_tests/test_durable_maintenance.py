@@ -215,16 +215,16 @@ def test_verify_finds_a_purge_point_that_does_not_match_the_files(tmp_path):
 
 def test_reconstruction_check_does_not_pass_when_it_checked_nothing(tmp_path):
     import dagster as dg
-    from dagster_aws.s3 import S3Resource
 
-    from history_pipeline.orchestration.resources import HistoryRootResource
+    from history_pipeline.orchestration.resources import HistoryRootResource, S3Settings
 
     root = tmp_path / "root"
     store = open_store(tmp_path)
     history(store)
     for ref in store.segments():
         ref.path.unlink()  # the applied WAL segments are gone: nothing to re-derive
-    result = reconstruction_invariant_check(dg.build_op_context(), HistoryRootResource(root=str(root), s3=S3Resource()))
+    result = reconstruction_invariant_check(dg.build_op_context(),
+                                            HistoryRootResource(root=str(root), s3=S3Settings()))
     assert not result.passed and result.metadata["states_checked"].value == 0
     assert "checked nothing" in result.description
 

@@ -101,7 +101,7 @@ def test_runs_compact_on_the_engine_and_survive_losing_it(tmp_path):
             failed = next(r for r in _runs(web) if r["status"] == "FAILURE")
             failures = [e for e in _graphql(web, FAILURES, id=failed["runId"])["logsForRun"]["events"]
                         if e["__typename"] == "ExecutionStepFailureEvent"]
-            assert len(failures) == 1 and failures[0]["stepKey"] == "compacted_batches"
+            assert len(failures) == 1 and failures[0]["stepKey"] == "compact_segments"
             # Dagster's step error wraps exactly one cause: ours, naming the engine (no gRPC chain)
             causes = failures[0]["error"]["causes"]
             assert len(causes) == 1, causes

@@ -22,7 +22,8 @@ from history_pipeline.orchestration.schedules import (
     retention_job,
     retention_schedule,
 )
-from history_pipeline.orchestration.sensors import finished_wal_segments_sensor
+from history_pipeline.orchestration.segment_runs import batch_run_config, compact_segments_job
+from history_pipeline.orchestration.sensors import RunBatch, SegmentView, finished_wal_segments_sensor
 from history_pipeline.store import HistoryStore
 from history_pipeline.wal import SegmentState
 from history_pipeline.wal.segments import release_segment
@@ -127,6 +128,26 @@ def test_supertables_schema_history_and_checks(root, resources):
     assert not {e.check_name: e for e in broken.get_asset_check_evaluations()}["catalog_verifies_check"].passed
 
 
+def keys_of(request):
+    """The partition keys a run request's batch compacts, in order."""
+    return request.run_config["ops"]["compact_segments"]["config"]["partition_keys"]
+
+
+def materialized(instance, asset, key):
+    """Metadata of each materialization of one partition, oldest first."""
+    records = instance.fetch_materializations(
+        dg.AssetRecordsFilter(asset_key=dg.AssetKey(asset), asset_partitions=[key]), limit=10).records
+    return [r.asset_materialization.metadata for r in reversed(records)]
+
+
+def in_flight(instance, database):
+    """A compaction run of ``database``, running."""
+    return instance.create_run_for_job(
+        compact_segments_job, run_config=batch_run_config([f"{database}.00000000000000000001"]),
+        tags={"history_pipeline/database": database, "history_pipeline/compaction": "segments"},
+        status=dg.DagsterRunStatus.STARTED)
+
+
 class Daemon:
     """Evaluates the sensor as the daemon does: keeps its cursor between ticks and applies its
     partition requests to the instance."""
@@ -159,12 +180,16 @@ def test_sensor_registers_partitions_and_requests_runs_in_order(root):
     _sealed_example(root, "db_b")
     daemon = Daemon(root)
     first = daemon.tick()
-    keys = [r.partition_key for r in first.run_requests]
-    assert keys == ["db_a.00000000000000000001", "db_a.00000000000000000002",
-                    "db_b.00000000000000000001", "db_b.00000000000000000002"]
-    assert set(first.dynamic_partitions_requests[0].partition_keys) == set(keys)
-    assert all(r.tags["history_pipeline/database"] == r.partition_key.split(".")[0] for r in first.run_requests)
-    assert all(r.tags["history_pipeline/compaction"] == "segment" for r in first.run_requests)
+    # one run per database, its segments in order
+    assert [keys_of(r) for r in first.run_requests] == [
+        ["db_a.00000000000000000001", "db_a.00000000000000000002"],
+        ["db_b.00000000000000000001", "db_b.00000000000000000002"]]
+    assert set(first.dynamic_partitions_requests[0].partition_keys) == {
+        k for r in first.run_requests for k in keys_of(r)}
+    assert [r.tags["history_pipeline/database"] for r in first.run_requests] == ["db_a", "db_b"]
+    assert all(r.tags["history_pipeline/compaction"] == "segments" for r in first.run_requests)
+    assert first.run_requests[0].tags["history_pipeline/segments"] == (
+        "00000000000000000001..00000000000000000002 (2)")
     second = daemon.tick()
     assert second.dynamic_partitions_requests == []  # nothing new to register
     assert second.run_requests == []  # the cursor knows they were requested
@@ -174,10 +199,16 @@ def test_sensor_registers_partitions_and_requests_runs_in_order(root):
     store_b = HistoryStore.open(root, database="db_b")
     write(store_b, [{"op": "insert", "t": 9, "table_uuid": "tbl-example", "key": 5, "values": {"col1": "v"}}])
     fourth = daemon.tick()
-    assert [r.partition_key for r in fourth.run_requests] == ["db_b.00000000000000000003"]
-    # a fresh cursor (a reset sensor) requests every pending segment again; run keys dedup the launches
-    assert [r.run_key for r in Daemon(root, daemon.instance).tick().run_requests] == [
-        r.run_key for r in first.run_requests[2:] + fourth.run_requests]
+    assert [keys_of(r) for r in fourth.run_requests] == [["db_b.00000000000000000003"]]
+    # a fresh cursor (a reset sensor) requests every pending segment again, as one batch ...
+    assert [keys_of(r) for r in Daemon(root, daemon.instance).tick().run_requests] == [
+        ["db_b.00000000000000000001", "db_b.00000000000000000002", "db_b.00000000000000000003"]]
+    # ... but not while a run of that database is queued or running: those segments wait for its end
+    run = in_flight(daemon.instance, "db_b")
+    held = Daemon(root, daemon.instance).tick()
+    assert held.run_requests == [] and "waits for the run of db_b in flight" in held.skip_reason.skip_message
+    daemon.instance.report_run_canceled(run)
+    assert len(Daemon(root, daemon.instance).tick().run_requests) == 1
 
 
 @pytest.mark.spark
@@ -194,8 +225,9 @@ def test_quarantined_segment_is_retried_only_after_an_operator_releases_it(root)
     released = release_segment(quarantined, store.wal_dir)
     os.utime(released.path)  # an operator's fix touches the file
     again = daemon.tick().run_requests
-    assert [r.partition_key for r in again] == ["db.00000000000000000002"]
-    assert again[0].run_key != f"db.00000000000000000002@{before}"
+    assert [keys_of(r) for r in again] == [["db.00000000000000000002"]]
+    old = SegmentView("db", 2, "00000000000000000002", SegmentState.SEALED, before)
+    assert again[0].run_key != RunBatch("db", (old,)).run_key  # a new file: a new run
 
 
 @pytest.mark.spark
@@ -254,35 +286,79 @@ def _fix_delete(store):
     return fixed
 
 
-def test_sensor_reports_quarantine_waits_behind_it_and_runs_the_repaired_segment(root, resources):
+def test_a_batch_stops_at_a_quarantined_segment_and_the_rest_run_once_it_is_repaired(root, resources):
     store = HistoryStore.open(root, database="db")
     write(store, example_events(), [{"op": "delete", "t": 9, "table_uuid": "tbl-example", "key": 99}],
           [{"op": "insert", "t": 10, "table_uuid": "tbl-example", "key": 7, "values": {"col1": "x"}}])
-    with pytest.raises(Exception, match="quarantined"):
-        store.compact(spark=False)
     daemon = Daemon(root)
     instance = daemon.instance
     first = daemon.tick()
-    assert first.run_requests == []  # segment 3 waits behind the quarantined segment 2
-    skipped = first.skip_reason.skip_message
+    batch = keys_of(first.run_requests[0])
+    assert batch == [f"db.{n:020d}" for n in (1, 2, 3)]
+    third_changed = store.segments(SegmentState.SEALED)[2].path.stat().st_ctime_ns
+    stopped = compact_segments_job.execute_in_process(
+        run_config=first.run_requests[0].run_config, resources=resources, instance=instance, raise_on_error=False)
+    assert not stopped.success
+    failure = next(e for e in stopped.all_events if e.is_step_failure)
+    assert "delete of key 99, which does not exist" in str(failure.step_failure_data.error)
+    assert store.frontier == 5  # segment 1 applied, nothing of 2 or 3
+    # segment 1's partitions record its own work; 2 says quarantined and why; 3 has neither
+    assert [m["segment"].value for m in materialized(instance, "wal_segments", batch[0])] == [batch[0][3:]]
+    [applied] = materialized(instance, "compacted_batches", batch[0])
+    assert applied["versions_written"].value == 4 and applied["timestamp_range"].value == "[0, 6)"
+    observed = instance.fetch_observations(
+        dg.AssetRecordsFilter(asset_key=compacted_batches.key, asset_partitions=[batch[1]]), limit=5).records
+    assert [o.asset_observation.metadata["state"].value for o in observed] == ["quarantined"]
+    assert materialized(instance, "compacted_batches", batch[1]) == []
+    assert materialized(instance, "compacted_batches", batch[2]) == []
+    # segment 3 goes back to the sensor (a new version of its file), and waits behind segment 2
+    assert store.segments(SegmentState.SEALED)[0].path.stat().st_ctime_ns != third_changed
+    second = daemon.tick()
+    assert second.run_requests == [] and second.asset_events == []  # the run said it on the partition
+    skipped = second.skip_reason.skip_message
     assert "db.00000000000000000002 is quarantined (segment 00000000000000000002, line 2" in skipped
     assert "1 sealed segment(s) wait behind them; repair or skip them" in skipped
-    assert set(first.dynamic_partitions_requests[0].partition_keys) == {
-        "db.00000000000000000002", "db.00000000000000000003"}
-    second = daemon.tick()  # the partition exists now: the quarantine is said on it
-    assert [(o.partition, o.metadata["state"].value) for o in second.asset_events] == [
-        ("db.00000000000000000002", "quarantined")] * 2
-    assert "delete of key 99" in second.asset_events[0].metadata["reason"].value
     assert daemon.tick().asset_events == []  # reported once
     store.repair_segment(2, _fix_delete(store), reason="no such key")
     after = daemon.tick()
-    assert [r.partition_key for r in after.run_requests] == ["db.00000000000000000002", "db.00000000000000000003"]
-    for request in after.run_requests:  # the repaired partition turns green, then the one behind it
-        result = dg.materialize([wal_segments, compacted_batches], resources=resources, instance=instance,
-                                partition_key=request.partition_key)
-        assert result.success
+    assert [keys_of(r) for r in after.run_requests] == [batch[1:]]  # the repaired one, then the one behind it
+    done = compact_segments_job.execute_in_process(run_config=after.run_requests[0].run_config,
+                                                   resources=resources, instance=instance)
+    assert done.success
+    assert [materialized(instance, "compacted_batches", k)[-1]["timestamp_range"].value for k in batch[1:]] == [
+        "[6, 10)", "[10, 11)"]
     assert store.frontier == 10 and store.fetch_row("my_table", 7, 11) == {"column1": "x"}
     assert daemon.tick().skip_reason.skip_message.startswith("no sealed segment is waiting to be requested (1 database")
+
+
+def test_a_batch_records_each_segment_as_a_run_of_its_partition_would(root, resources):
+    store = _sealed_example(root)
+    instance = dg.DagsterInstance.ephemeral()
+    keys = ["db.00000000000000000001", "db.00000000000000000002"]
+    instance.add_dynamic_partitions(segment_partitions.name, keys)
+    result = compact_segments_job.execute_in_process(run_config=batch_run_config(keys), resources=resources,
+                                                     instance=instance)
+    assert result.success and store.frontier == 5
+    verified = materialized(instance, "wal_segments", keys[1])[0]
+    assert verified["records"].value == 4 and verified["upper"].value == 5
+    first, second = (materialized(instance, "compacted_batches", k)[0] for k in keys)
+    assert first["versions_written"].value == 2 and first["schema_changes"].value == 1
+    assert first["timestamp_range"].value == "[0, 4)" and first["frontier"].value == 3
+    assert second["segment"].value == "00000000000000000002" and second["versions_written"].value == 2
+    assert second["timestamp_range"].value == "[4, 6)" and second["frontier"].value == 5
+    assert "value2_prime" not in second["preview"].value
+    # the materializations are the run's, in segment order
+    events = [e for e in result.all_events if e.event_type_value == "ASSET_MATERIALIZATION"]
+    assert [(e.asset_key.to_user_string(), e.partition) for e in events] == [
+        ("wal_segments", keys[0]), ("compacted_batches", keys[0]),
+        ("wal_segments", keys[1]), ("compacted_batches", keys[1])]
+    # a run naming segments out of order, or of two databases, is refused before any work
+    for wrong in (keys[::-1], [keys[0], "other.00000000000000000002"]):
+        bad = compact_segments_job.execute_in_process(run_config=batch_run_config(wrong), resources=resources,
+                                                      instance=instance, raise_on_error=False)
+        assert not bad.success
+        message = str(next(e for e in bad.all_events if e.is_step_failure).step_failure_data.error)
+        assert "increasing order" in message or "several databases" in message
 
 
 def _closed_port():
@@ -302,22 +378,22 @@ def test_sensor_waits_for_the_engine_and_requests_the_segment_once_it_answers(ro
     assert away.tick().run_requests == []  # still away: still nothing
     away.spark = SparkResource(master="local[2]")  # back (a local master always answers)
     back = away.tick()
-    assert [r.partition_key for r in back.run_requests] == ["db.00000000000000000001", "db.00000000000000000002"]
+    assert [keys_of(r) for r in back.run_requests] == [["db.00000000000000000001", "db.00000000000000000002"]]
     assert away.tick().run_requests == []  # requested once
 
 
 def test_a_segment_whose_run_lost_the_engine_is_requested_again(root):
-    from history_pipeline.orchestration.assets import _retry_when_engine_is_back
+    from history_pipeline.orchestration.assets import retry_when_engine_is_back
 
     store = _sealed_example(root)
     daemon = Daemon(root)
     first = daemon.tick()
-    assert len(first.run_requests) == 2
+    assert len(first.run_requests) == 1
     assert daemon.tick().run_requests == []
-    # the run of segment 1 lost the engine: it asks for the segment to be requested again
-    _retry_when_engine_is_back(store, store.segments(SegmentState.SEALED)[0])
+    # the run lost the engine at segment 1: it asks for the segment to be requested again
+    retry_when_engine_is_back(store, store.segments(SegmentState.SEALED)[0])
     again = daemon.tick()
-    assert [r.partition_key for r in again.run_requests] == ["db.00000000000000000001"]
+    assert [keys_of(r) for r in again.run_requests] == [["db.00000000000000000001"]]
     assert again.run_requests[0].run_key != first.run_requests[0].run_key  # a new run, not a duplicate key
 
 

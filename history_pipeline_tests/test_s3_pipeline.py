@@ -54,13 +54,17 @@ def test_dagster_on_s3_sensor_runs_query_and_maintenance(tmp_path, s3_bucket, s3
         resources = {"history": defs.resources["history"], "spark": defs.resources["spark"]}
         with dg.build_sensor_context(instance=instance, resources=resources) as context:
             tick = sensor(context)
-        assert [r.partition_key for r in tick.run_requests] == [
-            f"{db}.{segment_name(i)}" for db in ("tenant_a", "tenant_b") for i in (1, 2)]
+        # one run per database, its segments in order
+        assert [r.run_config["ops"]["compact_segments"]["config"]["partition_keys"] for r in tick.run_requests] == [
+            [f"{db}.{segment_name(i)}" for i in (1, 2)] for db in ("tenant_a", "tenant_b")]
         instance.add_dynamic_partitions("wal_segments", list(tick.dynamic_partitions_requests[0].partition_keys))
-        job = defs.resolve_job_def("compact_segment_job")
+        job = defs.resolve_job_def("compact_segments_job")
         for request in tick.run_requests:
-            run = job.execute_in_process(instance=instance, partition_key=request.partition_key, tags=request.tags)
+            run = job.execute_in_process(instance=instance, run_config=request.run_config, tags=request.tags)
             assert run.success
+            assert [e.partition for e in run.all_events if e.event_type_value == "ASSET_MATERIALIZATION"
+                    and e.asset_key.to_user_string() == "compacted_batches"] == [
+                request.tags["history_pipeline/database"] + f".{segment_name(i)}" for i in (1, 2)]
         stores = {db: HistoryStore.open(s3_bucket, database=db, wal_dir=wal_root / db, s3=s3_options, create=False)
                   for db in histories}
         for database, store in stores.items():

@@ -9,12 +9,11 @@ from pathlib import Path
 
 import dagster as dg
 import pytest
-from dagster_aws.s3 import S3Resource
 
 from bench.tenants import age, fake_wal, seal_next, segment_file
 from history_pipeline.errors import HistoryError
 from history_pipeline.orchestration import sensors
-from history_pipeline.orchestration.resources import HistoryRootResource, SparkResource, history_root
+from history_pipeline.orchestration.resources import HistoryRootResource, S3Settings, SparkResource, history_root
 from history_pipeline.orchestration.sensor_marks import BlockedSummary, MarksStore, marks_path, summarize_blocked
 from history_pipeline.orchestration.sensors import (
     COMPACTION_TAG,
@@ -57,13 +56,23 @@ def key(db, i):
     return f"{db}.{segment_name(i)}"
 
 
+def segments_of(plan):
+    """The segments a plan requests, run after run."""
+    return [v for batch in plan.runs for v in batch.segments]
+
+
+def requested(result):
+    """The partition keys a sensor result requests, run after run."""
+    return [k for r in result.run_requests for k in r.run_config["ops"]["compact_segments"]["config"]["partition_keys"]]
+
+
 # --- the pure decision ------------------------------------------------------------------------------
 
 
 def test_plan_tick_requests_each_sealed_segment_once_in_id_order():
     listing = DatabaseListing("a", OLD, (sealed("a", 3), sealed("a", 2)))
     first = plan_tick(CURSOR, {}, {"a": OLD}, [listing], now_ns=NOW)
-    assert [v.segment_id for v in first.runs] == [2, 3]
+    assert [v.segment_id for v in segments_of(first)] == [2, 3] and len(first.runs) == 1  # one run, in order
     assert first.add_partitions == (key("a", 2), key("a", 3)) and first.delete_partitions == ()
     assert first.marks == {"a": DatabaseMark(OLD, (SegmentMark(2, 1, False, True), SegmentMark(3, 1, False, True)))}
     assert first.cursor == SensorCursor("e", 1, 0, 1)  # the marks are not in the cursor: four numbers
@@ -73,12 +82,53 @@ def test_plan_tick_requests_each_sealed_segment_once_in_id_order():
     # listed again (a new segment was sealed): only the new one runs
     again = plan_tick(first.cursor, first.marks, {"a": moved},
                       [DatabaseListing("a", moved, (sealed("a", 2), sealed("a", 3), sealed("a", 4)))], now_ns=NOW)
-    assert [v.segment_id for v in again.runs] == [4] and again.add_partitions == (key("a", 4),)
+    assert [v.segment_id for v in segments_of(again)] == [4] and again.add_partitions == (key("a", 4),)
     # a segment repaired in place is a new file (new change time): it runs again, keeps its partition
     repaired = plan_tick(again.cursor, again.marks, {"a": OLD},
                          [DatabaseListing("a", OLD, (sealed("a", 2, ns=9), sealed("a", 3), sealed("a", 4)))],
                          now_ns=NOW)
-    assert [v.version for v in repaired.runs] == [f"{key('a', 2)}@9"] and repaired.add_partitions == ()
+    assert [v.version for v in segments_of(repaired)] == [f"{key('a', 2)}@9"] and repaired.add_partitions == ()
+
+
+def batches(plan):
+    return [(b.database, [v.segment_id for v in b.segments]) for b in plan.runs]
+
+
+def test_plan_tick_batches_a_databases_ready_segments_one_run_in_flight_at_a_time():
+    a = DatabaseListing("a", OLD, tuple(sealed("a", i) for i in range(1, 6)))
+    b = DatabaseListing("b", OLD, (sealed("b", 1),))
+    stamps = {"a": OLD, "b": OLD}
+    # a run of a is queued or running: a's new segments wait for its end (a stays pending), b runs
+    held = plan_tick(CURSOR, {}, stamps, [a, b], TickFacts(in_flight=frozenset({"a"})), now_ns=NOW)
+    assert batches(held) == [("b", [1])]
+    assert held.marks["a"].stamp is None and not any(m.done for m in held.marks["a"].segments)
+    assert held.held == ("a",)
+    assert "1 database(s) wait for their run in flight: a.00000000000000000001 waits for the run of a in flight" in (
+        skip_reason(held, BlockedSummary()))
+    # it ended: one run for the ready segments, in order, at most max_segments; the rest, the next run
+    capped = plan_tick(held.cursor, held.marks, stamps, [a], now_ns=NOW, max_segments=3)
+    assert batches(capped) == [("a", [1, 2, 3])] and capped.marks["a"].stamp is None
+    assert [m.done for m in capped.marks["a"].segments] == [True, True, True, False, False]
+    rest = plan_tick(capped.cursor, capped.marks, stamps, [a], now_ns=NOW, max_segments=3)
+    assert batches(rest) == [("a", [4, 5])] and rest.marks["a"].stamp == OLD
+    assert plan_tick(rest.cursor, rest.marks, stamps, [a], now_ns=NOW).runs == ()  # each once
+    # bytes bound a run too: a first segment over the bound runs alone; a smaller later one does not
+    # jump the queue
+    sized = [SegmentView("c", i, segment_name(i), SegmentState.SEALED, 1, None, size) for i, size in
+             ((1, 10), (2, 10), (3, 1), (4, 10))]
+    c = DatabaseListing("c", OLD, tuple(sized))
+    first = plan_tick(CURSOR, {}, {"c": OLD}, [c], now_ns=NOW, max_bytes=5)
+    assert batches(first) == [("c", [1])]
+    second = plan_tick(first.cursor, first.marks, {"c": OLD}, [c], now_ns=NOW, max_bytes=15)
+    assert batches(second) == [("c", [2, 3])]
+    # a run's key names its batch and changes with any segment's file
+    assert second.runs[0].run_key.startswith(f"{key('c', 2)}..{segment_name(3)}@")
+    touched = plan_tick(CURSOR, {}, {"c": OLD}, [DatabaseListing("c", OLD, (sized[0], sized[1]))], now_ns=NOW)
+    retouched = plan_tick(CURSOR, {}, {"c": OLD}, [DatabaseListing("c", OLD, (
+        sized[0], SegmentView("c", 2, segment_name(2), SegmentState.SEALED, 2)))], now_ns=NOW)
+    assert touched.runs[0].run_key != retouched.runs[0].run_key
+    assert touched.runs[0].run_key == plan_tick(CURSOR, {}, {"c": OLD}, [DatabaseListing(
+        "c", OLD, (sized[0], sized[1]))], now_ns=NOW).runs[0].run_key
 
 
 def skip(plan, marks):
@@ -91,7 +141,7 @@ def test_plan_tick_holds_back_only_the_quarantined_database_and_reports_once_its
     listings = [DatabaseListing("q", OLD, (quarantined("q", 2), sealed("q", 3))),
                 DatabaseListing("ok", OLD, (sealed("ok", 1),))]
     first = plan_tick(CURSOR, {}, stamps, listings, now_ns=NOW)
-    assert [v.key for v in first.runs] == [key("ok", 1)]  # q's segment 3 waits behind its segment 2
+    assert [v.key for v in segments_of(first)] == [key("ok", 1)]  # q's segment 3 waits behind its segment 2
     assert set(first.add_partitions) == {key("q", 2), key("q", 3), key("ok", 1)}
     assert first.report_quarantined == ()  # the partition is only being added
     assert first.marks["q"].stamp is None  # so q is listed again next tick
@@ -114,7 +164,7 @@ def test_plan_tick_holds_back_only_the_quarantined_database_and_reports_once_its
     # repaired: the quarantined file left, a re-sealed one is in segments/: both run, in order
     fixed = plan_tick(second.cursor, marks, stamps,
                       [DatabaseListing("q", OLD, (sealed("q", 2, ns=5), sealed("q", 3)))], now_ns=NOW)
-    assert [v.segment_id for v in fixed.runs] == [2, 3] and fixed.add_partitions == ()
+    assert [v.segment_id for v in segments_of(fixed)] == [2, 3] and fixed.add_partitions == ()
     assert summarize_blocked({**marks, **fixed.marks}, NAMED_IN_SKIP) == BlockedSummary()
 
 
@@ -186,9 +236,9 @@ def test_a_full_scan_runs_first_without_a_journal_and_every_nth_tick():
 
 def test_full_scan_interval_is_a_field_of_the_resource(monkeypatch):
     assert full_scan_every(history_root("data")) == FULL_SCAN_EVERY == 60
-    assert full_scan_every(HistoryRootResource(root="data", s3=S3Resource(), sensor_full_scan_every=5)) == 5
+    assert full_scan_every(HistoryRootResource(root="data", s3=S3Settings(), sensor_full_scan_every=5)) == 5
     with pytest.raises(HistoryError, match="sensor_full_scan_every=0"):
-        full_scan_every(HistoryRootResource(root="data", s3=S3Resource(), sensor_full_scan_every=0))
+        full_scan_every(HistoryRootResource(root="data", s3=S3Settings(), sensor_full_scan_every=0))
 
 
 def test_a_steady_tick_checks_the_databases_named_by_markers_and_those_pending():
@@ -232,7 +282,7 @@ class Listings:
 
 
 def resource(root, every=FULL_SCAN_EVERY):
-    return HistoryRootResource(root=str(root), s3=S3Resource(), sensor_full_scan_every=every)
+    return HistoryRootResource(root=str(root), s3=S3Settings(), sensor_full_scan_every=every)
 
 
 def tick(instance, root, cursor, every=FULL_SCAN_EVERY):
@@ -255,7 +305,7 @@ def test_second_tick_over_unchanged_wals_lists_and_requests_nothing(tmp_path, mo
     listings = Listings(monkeypatch, root)
     instance = dg.DagsterInstance.ephemeral()
     first = tick(instance, root, None)
-    assert len(first.run_requests) == 10
+    assert len(first.run_requests) == 5 and len(requested(first)) == 10  # one run per database
     listed = listings.take()
     assert "." in listed and not any("applied" in p for p in listed)  # history is never listed
     # the first tick scans every WAL (and finds no journal yet: it creates one)
@@ -270,7 +320,7 @@ def test_second_tick_over_unchanged_wals_lists_and_requests_nothing(tmp_path, mo
     assert [m.database for m in read_journal(journal_dir(root))] == ["db3"]
     listings.take()  # (the test's own writer listed that folder)
     third = tick(instance, root, second.cursor)
-    assert [r.partition_key for r in third.run_requests] == [f"db3.{segment_file(sealed_id, '')}"]
+    assert requested(third) == [f"db3.{segment_file(sealed_id, '')}"]
     assert listings.take() == [JOURNAL, "db3/wal/segments"]
     assert read_journal(journal_dir(root)) == ()  # its marker was consumed
     listings.take()
@@ -298,21 +348,21 @@ def test_a_quarantined_or_unreadable_database_does_not_hold_up_the_others(tmp_pa
     age(stuck)
     instance = dg.DagsterInstance.ephemeral()
     first = tick(instance, root, None)
-    assert [r.partition_key for r in first.run_requests] == [f"ok.{segment_name(4)}", f"ok.{segment_name(5)}"]
-    assert all(r.tags[DATABASE_TAG] == "ok" and r.tags[COMPACTION_TAG] == "segment" for r in first.run_requests)
+    assert requested(first) == [f"ok.{segment_name(4)}", f"ok.{segment_name(5)}"]
+    assert all(r.tags[DATABASE_TAG] == "ok" and r.tags[COMPACTION_TAG] == "segments" for r in first.run_requests)
     assert set(first.dynamic_partitions_requests[0].partition_keys) == {
         f"ok.{segment_name(4)}", f"ok.{segment_name(5)}", f"stuck.{segment_name(2)}", f"stuck.{segment_name(3)}"}
     instance.add_dynamic_partitions("wal_segments", list(first.dynamic_partitions_requests[0].partition_keys))
     seal_next(root / "ok" / "wal")  # ok goes on while stuck waits for an operator
     second = tick(instance, root, first.cursor)
-    assert [r.partition_key for r in second.run_requests] == [f"ok.{segment_name(6)}"]
+    assert requested(second) == [f"ok.{segment_name(6)}"]
     assert [(e.partition, e.metadata["reason"].value) for e in second.asset_events] == [
         (f"stuck.{segment_name(2)}", "line 4: no such key")] * 2
     (broken / "segments").unlink()  # fixed: the next tick lists it like any other
     fake_wal(broken, applied=0, sealed=1)
     note_change(broken)  # (its writer journals)
     third = tick(instance, root, second.cursor)
-    assert [r.partition_key for r in third.run_requests] == [f"broken.{segment_name(1)}"]
+    assert requested(third) == [f"broken.{segment_name(1)}"]
     instance.add_dynamic_partitions("wal_segments", [f"broken.{segment_name(1)}"])
     shutil.move(broken / "segments", broken / "aside")  # unreadable again: not taken for a database gone
     (broken / "segments").symlink_to(broken / "segments")
@@ -336,7 +386,7 @@ def test_three_hundred_databases(tmp_path, monkeypatch):
         fake_wal(root / f"tenant_{n:03d}" / "wal", applied=5, sealed=1)
     instance = dg.DagsterInstance.ephemeral()
     first = tick(instance, root, None)
-    assert [r.partition_key for r in first.run_requests] == [
+    assert requested(first) == [
         f"tenant_{n:03d}.{segment_name(6)}" for n in range(300)]
     assert len(first.dynamic_partitions_requests[0].partition_keys) == 300
     listings = Listings(monkeypatch, root)
@@ -417,11 +467,11 @@ def test_a_marker_left_between_the_read_and_the_delete_is_not_lost(tmp_path, mon
 
     monkeypatch.setattr(sensors, "_list_database", list_and_seal_b)
     second = tick(instance, root, first.cursor)
-    assert [r.partition_key for r in second.run_requests] == [f"a.{segment_name(sealed_a)}"]
+    assert requested(second) == [f"a.{segment_name(sealed_a)}"]
     assert [m.database for m in read_journal(journal_dir(root))] == ["b"]  # a's consumed, b's kept
     monkeypatch.setattr(sensors, "_list_database", real)
     third = tick(instance, root, second.cursor)
-    assert [r.partition_key for r in third.run_requests] == [f"b.{segment_name(sealed_meanwhile[0])}"]
+    assert requested(third) == [f"b.{segment_name(sealed_meanwhile[0])}"]
 
 
 def test_the_periodic_full_scan_finds_a_segment_copied_in_without_a_marker(tmp_path):
@@ -435,7 +485,7 @@ def test_the_periodic_full_scan_finds_a_segment_copied_in_without_a_marker(tmp_p
         assert result.run_requests == []
         cursor = result.cursor
     found = tick(instance, root, cursor, every=3)  # the third tick since the last full scan is one
-    assert [r.partition_key for r in found.run_requests] == [f"db.{segment_name(copied)}"]
+    assert requested(found) == [f"db.{segment_name(copied)}"]
     assert SensorCursor.from_json(found.cursor).since_full_scan == 0
 
 
@@ -447,7 +497,7 @@ def test_a_missing_journal_means_a_full_scan_that_recreates_it(tmp_path):
     shutil.rmtree(journal_dir(root))  # (someone cleaned up)
     copied = seal_next(root / "db" / "wal")  # no journal: the writer leaves no marker
     second = tick(instance, root, first.cursor)
-    assert [r.partition_key for r in second.run_requests] == [f"db.{segment_name(copied)}"]
+    assert requested(second) == [f"db.{segment_name(copied)}"]
     assert read_journal(journal_dir(root)) == ()
 
 
@@ -486,7 +536,7 @@ def test_marks_survive_across_ticks_outside_the_cursor(tmp_path):
         fake_wal(root / f"db{n:02d}" / "wal", applied=2, sealed=3)
     instance = dg.DagsterInstance.ephemeral()
     first = tick(instance, root, None)
-    assert len(first.run_requests) == 150
+    assert len(first.run_requests) == 50 and len(requested(first)) == 150
     cursor = SensorCursor.from_json(first.cursor)
     assert cursor.generation == 1 and cursor.databases == 50 and len(first.cursor) < 100  # no per-database state
     marks = marks_of(root, first.cursor)
@@ -495,7 +545,7 @@ def test_marks_survive_across_ticks_outside_the_cursor(tmp_path):
     # a later tick (a new process, a new instance object: nothing kept in memory) knows them from the store
     sealed_id = seal_next(root / "db07" / "wal")
     second = tick(dg.DagsterInstance.ephemeral(), root, first.cursor)
-    assert [r.partition_key for r in second.run_requests] == [f"db07.{segment_name(sealed_id)}"]
+    assert requested(second) == [f"db07.{segment_name(sealed_id)}"]
     assert [s.segment_id for s in marks_of(root, second.cursor)["db07"].segments] == [3, 4, 5, sealed_id]
     assert len(second.cursor) == len(first.cursor)
 
@@ -546,7 +596,7 @@ def test_a_steady_tick_reads_and_writes_only_the_marks_of_the_databases_named(tm
     assert second.run_requests == [] and spy.take() == ([], [], 0)  # nothing named: no mark read or written
     sealed = [seal_next(root / f"tenant_{n:03d}" / "wal") for n in (17, 250)]
     third = tick(instance, root, second.cursor)
-    assert [r.partition_key for r in third.run_requests] == [
+    assert requested(third) == [
         f"tenant_017.{segment_name(sealed[0])}", f"tenant_250.{segment_name(sealed[1])}"]
     assert spy.take() == (["tenant_017", "tenant_250"], ["tenant_017", "tenant_250"], 0)
     for n in (17, 250):
@@ -566,7 +616,7 @@ def test_a_lost_cursor_neither_loses_nor_duplicates_a_run_request(tmp_path):
     first = tick(instance, root, None)
     sealed_a = seal_next(root / "a" / "wal")
     lost = tick(instance, root, first.cursor)  # its cursor is never stored
-    assert [r.partition_key for r in lost.run_requests] == [f"a.{segment_name(sealed_a)}"]
+    assert requested(lost) == [f"a.{segment_name(sealed_a)}"]
     assert read_journal(journal_dir(root)) == ()  # the marker is gone with it
     retried = tick(instance, root, first.cursor)
     assert [r.run_key for r in retried.run_requests] == [r.run_key for r in lost.run_requests]
@@ -582,7 +632,7 @@ def test_a_lost_cursor_neither_loses_nor_duplicates_a_run_request(tmp_path):
 def test_the_resource_field_sets_the_full_scan_interval_through_an_env_var(tmp_path, monkeypatch):
     root = tmp_path / "data"
     fake_wal(root / "db" / "wal", applied=1, sealed=1)
-    history = HistoryRootResource(root=str(root), s3=S3Resource(),
+    history = HistoryRootResource(root=str(root), s3=S3Settings(),
                                   sensor_full_scan_every=dg.EnvVar.int("TEST_SENSOR_FULL_SCAN_EVERY"))
     instance = dg.DagsterInstance.ephemeral()
 

@@ -4,7 +4,7 @@ history and the cold tier. Bodies stay thin: open the store, call the core, repo
 
 import json
 import os
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import dagster as dg
@@ -13,7 +13,6 @@ from history_pipeline.errors import SegmentNotFoundError, SegmentQuarantinedErro
 from history_pipeline.events import OP_NAMES
 from history_pipeline.execution import engine_failure, raise_engine_failure
 from history_pipeline.io.store import open_store
-from history_pipeline.maintenance.export import export_database
 from history_pipeline.orchestration.metadata import md_table
 from history_pipeline.orchestration.partitions import parse_segment_partition_key, segment_partitions
 from history_pipeline.orchestration.resources import HistoryRootResource, SparkResource
@@ -51,14 +50,14 @@ def _value_free(store: HistoryStore, exc: SegmentQuarantinedError) -> SegmentQua
     return SegmentQuarantinedError(exc.segment, without_values(exc.cause, None))
 
 
-def _report_quarantine(context: dg.AssetExecutionContext, exc: SegmentQuarantinedError) -> None:
+def report_quarantine(instance: dg.DagsterInstance, partition_key: str, exc: SegmentQuarantinedError) -> None:
     """Say on the partition itself that its segment is quarantined and why, before the run fails."""
     for key in (dg.AssetKey("wal_segments"), dg.AssetKey("compacted_batches")):
         # written to the instance at once: events logged by a step that then fails are not kept
-        context.instance.report_runless_asset_event(
+        instance.report_runless_asset_event(
             dg.AssetObservation(
                 asset_key=key,
-                partition=context.partition_key,
+                partition=partition_key,
                 metadata={
                     "state": "quarantined",
                     "reason": dg.MetadataValue.text(exc.cause),
@@ -71,32 +70,39 @@ def _report_quarantine(context: dg.AssetExecutionContext, exc: SegmentQuarantine
         )
 
 
-@dg.asset(partitions_def=segment_partitions, group_name=GROUP, description="A sealed WAL segment, verified.")
-def wal_segments(context: dg.AssetExecutionContext, history: HistoryRootResource) -> dg.MaterializeResult:
-    store, ref = _segment_ref(history, context.partition_key)
+def verified_metadata(store: HistoryStore, ref: SegmentRef) -> dict[str, Any]:
+    """Verify one sealed segment (quarantining it, with why, when it does not verify) and describe
+    it for its ``wal_segments`` partition. Raises the value-free :class:`SegmentQuarantinedError`."""
     try:
         # the same rule as compaction: a segment that does not verify is quarantined, with why
         contents = verify_or_quarantine(ref, store.wal_dir)
     except SegmentQuarantinedError as exc:
-        shown = _value_free(store, exc)
-        _report_quarantine(context, shown)
-        raise shown from None
+        raise _value_free(store, exc) from None
     ops: dict[str, int] = {}
     for _, event in contents.events:
         name = OP_NAMES[type(event)]
         ops[name] = ops.get(name, 0) + 1
-    return dg.MaterializeResult(
-        metadata={
-            "database": store.database,
-            "segment": ref.name,
-            "state": ref.state.value,
-            "records": len(contents.events),
-            "bytes": contents.size_bytes,
-            "lower": contents.lower,
-            "upper": contents.upper,
-            "records_by_kind": md_table(["op", "records"], sorted(ops.items())),
-        }
-    )
+    return {
+        "database": store.database,
+        "segment": ref.name,
+        "state": ref.state.value,
+        "records": len(contents.events),
+        "bytes": contents.size_bytes,
+        "lower": contents.lower,
+        "upper": contents.upper,
+        "records_by_kind": md_table(["op", "records"], sorted(ops.items())),
+    }
+
+
+@dg.asset(partitions_def=segment_partitions, group_name=GROUP, description="A sealed WAL segment, verified.")
+def wal_segments(context: dg.AssetExecutionContext, history: HistoryRootResource) -> dg.MaterializeResult:
+    store, ref = _segment_ref(history, context.partition_key)
+    try:
+        metadata = verified_metadata(store, ref)
+    except SegmentQuarantinedError as exc:
+        report_quarantine(context.instance, context.partition_key, exc)
+        raise
+    return dg.MaterializeResult(metadata=metadata)
 
 
 @dg.asset(
@@ -110,45 +116,51 @@ def compacted_batches(
     context: dg.AssetExecutionContext, history: HistoryRootResource, spark: SparkResource
 ) -> dg.MaterializeResult:
     store, ref = _segment_ref(history, context.partition_key)
+    metadata = compact_one(store, ref, spark, context.instance, context.partition_key, context.log.info)
+    return dg.MaterializeResult(metadata=metadata)
+
+
+def compact_one(store: HistoryStore, ref: SegmentRef, spark: SparkResource, instance: dg.DagsterInstance,
+                partition_key: str, log: Callable[[str], None]) -> dict[str, Any]:
+    """Compact exactly one segment and describe that work for its ``compacted_batches`` partition.
+    A quarantine is reported on the partition, an engine loss asks the sensor for a retry; both raise."""
     frontier_before = store.frontier
     try:
         summary = store.compact(
             spark=spark.session(),
-            on_step=lambda step: context.log.info(f"compaction of {ref.name}: {step}"),
+            on_step=lambda step: log(f"compaction of {ref.name}: {step}"),
             only_segment=ref.segment_id,
         )
     except SegmentQuarantinedError as exc:
         shown = _value_free(store, exc)
-        _report_quarantine(context, shown)
+        report_quarantine(instance, partition_key, shown)
         raise shown from None
     except Exception as exc:
         if engine_failure(exc):
-            _retry_when_engine_is_back(store, ref)
+            retry_when_engine_is_back(store, ref)
         raise_engine_failure(exc, spark.master)
         raise
     if not summary.segments_applied:
-        context.log.info(f"segment {ref.name} was already applied")
+        log(f"segment {ref.name} was already applied")
     state = store.catalog_state()
     preview = _preview(store, state.frontier + 1)
-    return dg.MaterializeResult(
-        metadata={
-            "database": store.database,
-            "segment": ref.name,
-            "state": "applied",
-            "newly_applied": bool(summary.segments_applied),
-            "versions_written": summary.versions_written,
-            "files_written": summary.files_written,
-            "bytes_written": summary.bytes_written,
-            "schema_changes": summary.schema_changes,
-            "timestamp_range": f"[{frontier_before + 1}, {state.frontier + 1})",
-            "frontier": state.frontier,
-            "tables_touched": ", ".join(_table_names(store, summary.tables_touched)) or "none",
-            "preview": dg.MetadataValue.md(preview),
-        }
-    )
+    return {
+        "database": store.database,
+        "segment": ref.name,
+        "state": "applied",
+        "newly_applied": bool(summary.segments_applied),
+        "versions_written": summary.versions_written,
+        "files_written": summary.files_written,
+        "bytes_written": summary.bytes_written,
+        "schema_changes": summary.schema_changes,
+        "timestamp_range": f"[{frontier_before + 1}, {state.frontier + 1})",
+        "frontier": state.frontier,
+        "tables_touched": ", ".join(_table_names(store, summary.tables_touched)) or "none",
+        "preview": dg.MetadataValue.md(preview),
+    }
 
 
-def _retry_when_engine_is_back(store: HistoryStore, ref: SegmentRef) -> None:
+def retry_when_engine_is_back(store: HistoryStore, ref: SegmentRef) -> None:
     """Make the sensor request this segment again: a new change time is a new version of the
     segment (a new run key), and the journal marker has the sensor look at its database. The
     sensor requests the run once the engine answers again."""
@@ -243,6 +255,9 @@ class ColdTierConfig(dg.Config):
 def cold_tier_export(
     context: dg.AssetExecutionContext, config: ColdTierConfig, history: HistoryRootResource
 ) -> dg.MaterializeResult:
+    # imported here: the export's query engine is ~2 s of every run process's start otherwise
+    from history_pipeline.maintenance.export import export_database
+
     target = open_store(config.destination, history.s3_options())
     exported = {}
     for database in history.databases():

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import dagster as dg
-from dagster_aws.s3 import S3Resource
 
 from history_pipeline.orchestration.assets import (
     cold_tier_export,
@@ -18,7 +17,7 @@ from history_pipeline.orchestration.checks import (
     reconstruction_invariant_check,
 )
 from history_pipeline.orchestration.erasure import erasure_job
-from history_pipeline.orchestration.resources import HistoryRootResource, SparkResource, spark_engine
+from history_pipeline.orchestration.resources import HistoryRootResource, S3Settings, SparkResource, spark_engine
 from history_pipeline.orchestration.schedules import (
     cleanup_job,
     cleanup_schedule,
@@ -29,6 +28,7 @@ from history_pipeline.orchestration.schedules import (
     supertables_job,
     supertables_schedule,
 )
+from history_pipeline.orchestration.segment_runs import compact_segments_job
 from history_pipeline.orchestration.sensors import compact_segment_job, finished_wal_segments_sensor
 
 
@@ -37,7 +37,8 @@ def build_definitions(history: HistoryRootResource, spark: SparkResource | None 
     return dg.Definitions(
         assets=[wal_segments, compacted_batches, supertables, schema_history, cold_tier_export],
         asset_checks=[catalog_verifies_check, frontier_lag_check, reconstruction_invariant_check],
-        jobs=[compact_segment_job, supertables_job, retention_job, cleanup_job, cold_tier_export_job, erasure_job],
+        jobs=[compact_segments_job, compact_segment_job, supertables_job, retention_job, cleanup_job,
+              cold_tier_export_job, erasure_job],
         sensors=[finished_wal_segments_sensor],
         schedules=[supertables_schedule, retention_schedule, cold_tier_export_schedule, cleanup_schedule],
         resources={"history": history, "spark": spark or spark_engine()},
@@ -51,7 +52,7 @@ def s3_history_root() -> HistoryRootResource:
     return HistoryRootResource(
         root=dg.EnvVar("HISTORY_PIPELINE_ROOT"),  # s3://bucket/prefix
         wal_root=dg.EnvVar("HISTORY_PIPELINE_WAL_ROOT"),  # local folder with one WAL folder per database
-        s3=S3Resource(
+        s3=S3Settings(
             endpoint_url=dg.EnvVar("AWS_ENDPOINT_URL"),
             region_name=dg.EnvVar("AWS_REGION"),
             aws_access_key_id=dg.EnvVar("AWS_ACCESS_KEY_ID"),
@@ -62,4 +63,4 @@ def s3_history_root() -> HistoryRootResource:
 
 #: The embedded default: ``data/`` under the working directory (``make demo``). A deployment on S3
 #: loads ``history_pipeline.orchestration.s3_deployment`` instead (see README, "Scaling out").
-defs = build_definitions(HistoryRootResource(root="data", s3=S3Resource()))
+defs = build_definitions(HistoryRootResource(root="data", s3=S3Settings()))

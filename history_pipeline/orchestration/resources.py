@@ -7,7 +7,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Literal
 
 import dagster as dg
-from dagster_aws.s3 import S3Resource
 from pydantic import PrivateAttr
 
 from history_pipeline.engine import reachable
@@ -40,17 +39,28 @@ def folder_stamp(wal_dir: str | Path) -> tuple[int, int] | None:
     return sealed, quarantined
 
 
+class S3Settings(dg.ConfigurableResource):
+    """Where and as whom the store reaches S3 (the fields of dagster-aws's ``S3Resource``; secrets
+    through ``dg.EnvVar``); empty fields fall back to the standard AWS environment. The store makes
+    its own client from them: dagster-aws (boto3 and its components, seconds of import) is not
+    loaded by the code location, nor by each run's process."""
+
+    endpoint_url: str | None = None
+    region_name: str | None = None
+    aws_access_key_id: str | None = None
+    aws_secret_access_key: str | None = None
+
+
 class HistoryRootResource(dg.ConfigurableResource):
     """The storage root holding every database: a local path (``data``) or ``s3://bucket/prefix``.
 
-    S3 is reached through dagster-aws's ``S3Resource`` (endpoint, region, credentials: secrets
-    through ``dg.EnvVar``); its empty fields fall back to the standard AWS environment. WAL
+    S3 is reached with the :class:`S3Settings` in ``s3`` (endpoint, region, credentials). WAL
     segments stay on local disk: ``<root>/<database>/wal`` for a local root, else
     ``<wal_root>/<database>`` (``wal_root`` defaults to ``data/wal/<bucket>/<prefix>``, as the CLI).
     """
 
     root: str = "data"
-    s3: S3Resource
+    s3: S3Settings
     snapshot_min_versions: int = 200_000
     wal_root: str | None = None
     #: ticks between the sensor's full scans of every WAL (1: every tick); ``dg.EnvVar.int(...)`` works
@@ -100,8 +110,8 @@ class HistoryRootResource(dg.ConfigurableResource):
 
 
 def history_root(root: str = "data", wal_root: str | None = None, **s3: str) -> HistoryRootResource:
-    """A HistoryRootResource for ``root`` (S3Resource fields as keyword arguments)."""
-    return HistoryRootResource(root=root, wal_root=wal_root, s3=S3Resource(**s3))
+    """A HistoryRootResource for ``root`` (S3Settings fields as keyword arguments)."""
+    return HistoryRootResource(root=root, wal_root=wal_root, s3=S3Settings(**s3))
 
 
 #: the environment variable naming the Spark engine of the code location (``make demo`` sets it to

@@ -1,4 +1,5 @@
-"""finished_wal_segments_sensor: one compaction run per newly sealed segment, at a cost per tick
+"""finished_wal_segments_sensor: one compaction run per database for its newly sealed segments (a
+batch, in order, at most one run of a database in flight), at a cost per tick
 that follows what changed, not how many databases there are nor how long their history is.
 
 A steady tick reads one folder: the change journal ``<wal base>/_changes/``
@@ -18,6 +19,7 @@ store is opened. The decision is a pure function of the listings, the marks and 
 
 from __future__ import annotations
 
+import hashlib
 import json
 import time
 import uuid
@@ -40,6 +42,7 @@ from history_pipeline.orchestration.resources import (
     SparkResource,
     folder_stamp,
 )
+from history_pipeline.orchestration.segment_runs import batch_run_config, compact_segments_job
 from history_pipeline.orchestration.sensor_marks import (
     BlockedSummary,
     DatabaseMark,
@@ -54,6 +57,7 @@ from history_pipeline.wal import SegmentState
 from history_pipeline.wal.journal import Marker, consume, ensure_journal, journal_dir, read_journal
 from history_pipeline.wal.segments import applied_dir, list_segments, public_reason, segment_name
 
+#: materializes one partition from the UI or the CLI; the sensor requests ``compact_segments_job``
 compact_segment_job = dg.define_asset_job(
     "compact_segment_job",
     selection=[wal_segments, compacted_batches],
@@ -73,6 +77,17 @@ COMPACTION_TAG = "history_pipeline/compaction"
 SETTLE_NS = 2_000_000_000
 #: at most this many blocked databases are named in a skip reason
 NAMED_IN_SKIP = 5
+#: a run compacts at most this many segments, and (beyond its first) this many bytes of them, so
+#: one run stays bounded in time and memory; the rest go to the database's next run
+BATCH_MAX_SEGMENTS = 16
+BATCH_MAX_BYTES = 64 * 1024 * 1024
+#: run states in which a database's compaction run counts as in flight: no other is requested then
+IN_FLIGHT = (dg.DagsterRunStatus.QUEUED, dg.DagsterRunStatus.NOT_STARTED, dg.DagsterRunStatus.STARTING,
+             dg.DagsterRunStatus.STARTED, dg.DagsterRunStatus.CANCELING)
+#: the compaction tag's value on the runs the sensor requests
+BATCH_TAG_VALUE = "segments"
+#: the first and last segment of a run, for the run list
+SEGMENTS_TAG = "history_pipeline/segments"
 
 @dataclass(frozen=True)
 class SegmentView:
@@ -84,6 +99,7 @@ class SegmentView:
     state: SegmentState
     changed_ns: int  # the file's change time: a repaired or released segment is a new file
     reason: str | None = None  # why it is quarantined
+    size_bytes: int = 0
 
     @property
     def key(self) -> str:
@@ -92,6 +108,25 @@ class SegmentView:
     @property
     def version(self) -> str:
         return f"{self.key}@{self.changed_ns}"
+
+
+@dataclass(frozen=True)
+class RunBatch:
+    """One run to request: sealed segments of one database, in id order."""
+
+    database: str
+    segments: tuple[SegmentView, ...]
+
+    @property
+    def keys(self) -> tuple[str, ...]:
+        return tuple(v.key for v in self.segments)
+
+    @property
+    def run_key(self) -> str:
+        """The first and last partition and a digest of every segment version: the same batch of
+        the same files is the same run; a touched (repaired, retried) segment makes a new one."""
+        digest = hashlib.sha256("\n".join(v.version for v in self.segments).encode()).hexdigest()[:16]
+        return f"{self.segments[0].key}..{self.segments[-1].name}@{digest}"
 
 
 @dataclass(frozen=True)
@@ -149,6 +184,8 @@ class TickFacts:
     applied: frozenset[str] = frozenset()
     #: partition keys of databases that left the WAL base
     partitions_of_gone: tuple[str, ...] = ()
+    #: databases with a compaction run queued or running: their new segments wait for its end
+    in_flight: frozenset[str] = frozenset()
 
 
 @dataclass(frozen=True)
@@ -157,13 +194,15 @@ class TickPlan:
 
     add_partitions: tuple[str, ...]
     delete_partitions: tuple[str, ...]
-    runs: tuple[SegmentView, ...]
+    runs: tuple[RunBatch, ...]
     report_quarantined: tuple[SegmentView, ...]
     cursor: SensorCursor
     marks: Mapping[str, DatabaseMark]  # the new marks of the databases listed this tick
     gone: tuple[str, ...]  # databases that left the WAL base: their marks go
     listed: tuple[str, ...]  # databases listed this tick
     reasons: Mapping[str, str] = field(default_factory=dict)  # why a listed database is held up
+    #: listed databases with due segments that wait for their run in flight (or a batch's cap)
+    held: tuple[str, ...] = ()
 
 
 def databases_to_list(marks: Mapping[str, DatabaseMark], stamps: Mapping[str, Stamp]) -> list[str]:
@@ -198,10 +237,14 @@ def plan_tick(
     now_ns: int = 0,
     full_scan: bool = True,
     engine_ready: bool = True,
+    max_segments: int = BATCH_MAX_SEGMENTS,
+    max_bytes: int = BATCH_MAX_BYTES,
 ) -> TickPlan:
     """Partitions to add (newly seen sealed or quarantined segments) and remove (segments that
-    left the WAL other than by being applied, and databases that left it), runs to request (sealed
-    segments not requested before, in id order, none behind a quarantined one of its database),
+    left the WAL other than by being applied, and databases that left it), runs to request (per
+    database without a run in flight, one batch of its sealed segments not requested before, in id
+    order, none behind a quarantined one, at most ``max_segments`` and, beyond the first,
+    ``max_bytes``; the others stay due and the database pending, for its next run),
     quarantines to report on their partition (once each, once the partition exists), the new marks
     of the databases listed, and the new cursor. ``marks`` holds the marks of every database looked
     at this tick (all of them on a full scan), ``stamps`` those of them still present: a database
@@ -211,9 +254,10 @@ def plan_tick(
     """
     adds: list[str] = []
     deletes: list[str] = list(facts.partitions_of_gone)
-    runs: list[SegmentView] = []
+    runs: list[RunBatch] = []
     reports: list[SegmentView] = []
     reasons: dict[str, str] = {}
+    held: list[str] = []
     new_marks: dict[str, DatabaseMark] = {}
     for listing in sorted(listings, key=lambda x: x.database):
         db = listing.database
@@ -221,6 +265,8 @@ def plan_tick(
         views = sorted(listing.segments, key=lambda v: v.segment_id)
         segments: list[SegmentMark] = []
         blocked, settled = False, True
+        batch: list[SegmentView] = []
+        batch_bytes, full = 0, db in facts.in_flight
         for v in views:
             old = before.get(v.segment_id)
             # the same file as last tick, in the same state (a release or repair makes a new file)
@@ -240,13 +286,21 @@ def plan_tick(
             else:
                 done = same and old is not None and old.done
                 if not done and not blocked:
-                    if engine_ready:
-                        runs.append(v)
+                    full = full or len(batch) >= max_segments or (
+                        bool(batch) and batch_bytes + v.size_bytes > max_bytes)
+                    if engine_ready and not full:
+                        batch.append(v)
+                        batch_bytes += v.size_bytes
                         done = True
                     else:  # listed again next tick, whatever its folder times
                         settled = False
-                        reasons.setdefault(db, f"{v.key} waits for the Spark engine")
+                        if engine_ready and (not held or held[-1] != db):
+                            held.append(db)
+                        reasons.setdefault(db, f"{v.key} waits for the Spark engine" if not engine_ready
+                                           else f"{v.key} waits for the run of {db} in flight")
                 segments.append(SegmentMark(v.segment_id, v.changed_ns, False, done))
+        if batch:
+            runs.append(RunBatch(db, tuple(batch)))
         seen = {v.segment_id for v in views}
         deletes += [segment_partition_key(db, segment_name(i)) for i in sorted(before)
                     if i not in seen and segment_partition_key(db, segment_name(i)) not in facts.applied]
@@ -258,14 +312,17 @@ def plan_tick(
     since = 0 if full_scan else (cursor.since_full_scan or 0) + 1
     new_cursor = SensorCursor(cursor.epoch, cursor.generation + 1, since, count)
     return TickPlan(tuple(adds), tuple(deletes), tuple(runs), tuple(reports), new_cursor, new_marks, gone,
-                    tuple(sorted(new_marks)), reasons)
+                    tuple(sorted(new_marks)), reasons, tuple(held))
 
 
 def skip_reason(plan: TickPlan, blocked: BlockedSummary) -> str:
     """Why no run was requested: how much was looked at, and which databases wait on an operator
     (``blocked``: the databases with a quarantined segment after this tick, from the marks store)."""
-    skip = (f"no sealed segment is waiting to be requested ({plan.cursor.databases} database(s), "
-            f"{len(plan.listed)} listed this tick")
+    head = "no run requested" if plan.held else "no sealed segment is waiting to be requested"
+    skip = f"{head} ({plan.cursor.databases} database(s), {len(plan.listed)} listed this tick"
+    if plan.held:
+        skip += f"; {len(plan.held)} database(s) wait for their run in flight: " + "; ".join(
+            plan.reasons[db] for db in plan.held[:NAMED_IN_SKIP])
     if blocked.databases:
         named = [plan.reasons.get(db, f"{segment_partition_key(db, segment_name(first))} is quarantined "
                                       "(the reason is on its partition)") for db, first in blocked.first]
@@ -286,14 +343,15 @@ def _list_database(database: str, wal_dir: Path, stamp: Stamp) -> DatabaseListin
     for state in (SegmentState.SEALED, SegmentState.QUARANTINED):
         for ref in list_segments(wal_dir, state):  # lists that state's folder only
             try:
-                changed = ref.path.stat().st_ctime_ns
+                stat = ref.path.stat()
             except FileNotFoundError:  # moved while listing (a run is applying it): seen next tick
                 continue
             reason = None
             if state is SegmentState.QUARANTINED:
                 # Dagster keeps what it is shown for good, beyond an erasure's reach: no value
                 reason = public_reason(ref) or None
-            views.append(SegmentView(database, ref.segment_id, ref.name, state, changed, reason))
+            views.append(SegmentView(database, ref.segment_id, ref.name, state, stat.st_ctime_ns, reason,
+                                     stat.st_size))
     return DatabaseListing(database, stamp, tuple(views))
 
 
@@ -309,6 +367,13 @@ def _already_observed(instance: dg.DagsterInstance, view: SegmentView) -> bool:
         getattr(metadata.get("state"), "value", None) == "quarantined"
         and getattr(metadata.get("reason"), "value", None) == (view.reason or "no reason recorded")
     )
+
+
+def _databases_in_flight(instance: dg.DagsterInstance) -> frozenset[str]:
+    """Databases with a compaction run (one the sensor requested) queued or running: one query
+    whose answer is bounded by the run queue, not by the number of databases."""
+    runs = instance.get_runs(filters=dg.RunsFilter(statuses=list(IN_FLIGHT), tags={COMPACTION_TAG: BATCH_TAG_VALUE}))
+    return frozenset(run.tags[DATABASE_TAG] for run in runs if DATABASE_TAG in run.tags)
 
 
 def full_scan_every(history: HistoryRootResource) -> int:
@@ -335,6 +400,8 @@ def _gather(context: dg.SensorEvaluationContext, history: HistoryRootResource, s
             cursor: SensorCursor, every: int) -> _Gathered:
     base = str(history.wal_base())
     journal = journal_dir(base)
+    # asked before any listing: a run that ends after this is seen as in flight, which only delays
+    in_flight = _databases_in_flight(context.instance)
     markers = read_journal(journal)  # read before any WAL: a marker left after this survives the tick
     full = full_scan_due(cursor, markers is not None, every)
     if markers is None:
@@ -393,8 +460,13 @@ def _gather(context: dg.SensorEvaluationContext, history: HistoryRootResource, s
                       if parse_segment_partition_key(k)[0] in left)
     # a marker of a WAL that could not be read stays: the next tick tries that database again
     consumed = tuple(m for m in markers if m.database not in unreadable)
-    return _Gathered(marks, stamps, listings, TickFacts(frozenset(observed), frozenset(applied), tuple(gone)),
-                     full, journal, consumed)
+    facts = TickFacts(frozenset(observed), frozenset(applied), tuple(gone), in_flight)
+    return _Gathered(marks, stamps, listings, facts, full, journal, consumed)
+
+
+def _segments_tag(batch: RunBatch) -> str:
+    first, last = batch.segments[0], batch.segments[-1]
+    return first.name if first is last else f"{first.name}..{last.name} ({len(batch.segments)})"
 
 
 def _begin(store: MarksStore, cursor: SensorCursor) -> SensorCursor:
@@ -412,17 +484,18 @@ def _begin(store: MarksStore, cursor: SensorCursor) -> SensorCursor:
 SENSOR_INTERVAL_S = 1
 
 
-@dg.sensor(job=compact_segment_job, minimum_interval_seconds=SENSOR_INTERVAL_S,
+@dg.sensor(job=compact_segments_job, minimum_interval_seconds=SENSOR_INTERVAL_S,
            default_status=dg.DefaultSensorStatus.RUNNING)
 def finished_wal_segments_sensor(context: dg.SensorEvaluationContext, history: HistoryRootResource,
                                  spark: SparkResource) -> dg.SensorResult:
-    """Register every sealed segment as a partition and request one run per segment, in id order.
+    """Register every sealed segment as a partition and request, per database without a compaction
+    run in flight, one run for a batch of its sealed segments, in id order.
 
     Per database, the marks store remembers its folder times and its pending segments, and a tick
     reads the change journal to learn which databases to look at (a full scan of every WAL on the
     first tick and every ``sensor_full_scan_every`` ticks), so it lists only databases whose WAL
-    changed and requests only segments not requested before. The run key
-    is the partition key plus the segment file's change time: a segment an operator repaired,
+    changed and requests only segments not requested before. The run key names the batch's
+    partitions and digests each segment file's change time: a segment an operator repaired,
     skipped or released (a new file) runs again. Partitions of segments that left the WAL are
     removed; a quarantined segment's partition gets an observation saying so and why.
     """
@@ -447,9 +520,10 @@ def finished_wal_segments_sensor(context: dg.SensorEvaluationContext, history: H
     if skip:
         context.log.info(skip)  # in the tick's logs too, beside the tick's skip reason
     requests = [
-        dg.RunRequest(run_key=v.version, partition_key=v.key,
-                      tags={DATABASE_TAG: v.database, COMPACTION_TAG: "segment"})
-        for v in plan.runs
+        dg.RunRequest(run_key=batch.run_key, run_config=batch_run_config(list(batch.keys)),
+                      tags={DATABASE_TAG: batch.database, COMPACTION_TAG: BATCH_TAG_VALUE,
+                            SEGMENTS_TAG: _segments_tag(batch)})
+        for batch in plan.runs
     ]
     partition_requests: list = []
     if plan.add_partitions:
@@ -485,7 +559,10 @@ def finished_wal_segments_sensor(context: dg.SensorEvaluationContext, history: H
     )
 
 
-__all__ = ["COMPACTION_TAG", "DATABASE_TAG", "FULL_SCAN_EVERY", "BlockedSummary", "DatabaseListing", "DatabaseMark",
-           "MarksStore", "SegmentMark", "SegmentView", "SensorCursor", "TickFacts", "TickPlan", "compact_segment_job",
-           "databases_to_check", "databases_to_list", "finished_wal_segments_sensor", "full_scan_due",
-           "full_scan_every", "parse_segment_partition_key", "plan_tick", "skip_reason", "summarize_blocked"]
+__all__ = [
+    "BATCH_MAX_BYTES", "BATCH_MAX_SEGMENTS", "COMPACTION_TAG", "DATABASE_TAG", "FULL_SCAN_EVERY", "BlockedSummary",
+    "DatabaseListing", "DatabaseMark", "MarksStore", "RunBatch", "SegmentMark", "SegmentView", "SensorCursor",
+    "TickFacts", "TickPlan", "compact_segment_job", "compact_segments_job", "databases_to_check",
+    "databases_to_list", "finished_wal_segments_sensor", "full_scan_due", "full_scan_every",
+    "parse_segment_partition_key", "plan_tick", "skip_reason", "summarize_blocked",
+]

@@ -1,0 +1,123 @@
+"""One compaction run for several ready segments of one database, in segment order, each segment's
+partitions (``wal_segments`` and ``compacted_batches``) recording its own work and outcome.
+
+The sensor requests ``compact_segments_job`` with the partition keys of a batch in its run config
+(:func:`batch_run_config`). The op verifies and compacts them one after the other and logs one
+materialization per partition as each segment is applied, so the UI shows the same per-segment
+history as a run of one partition. A quarantined segment stops the batch there (its partitions
+get an observation saying why); an engine loss stops it too. In both cases the segments after it
+are handed back to the sensor (their files touched, their database named in the change journal):
+they wait behind the quarantine, or for the engine, and a later run compacts them.
+"""
+
+from dataclasses import dataclass
+
+import dagster as dg
+
+from history_pipeline.errors import HistoryError, SegmentNotFoundError, SegmentQuarantinedError
+from history_pipeline.execution import EngineUnavailableError
+from history_pipeline.orchestration.assets import (
+    compact_one,
+    compacted_batches,
+    report_quarantine,
+    retry_when_engine_is_back,
+    verified_metadata,
+    wal_segments,
+)
+from history_pipeline.orchestration.partitions import parse_segment_partition_key
+from history_pipeline.orchestration.resources import HistoryRootResource, SparkResource
+from history_pipeline.store import HistoryStore
+from history_pipeline.wal.segments import SegmentRef, segment_name
+
+OP_NAME = "compact_segments"
+
+
+@dataclass(frozen=True)
+class SegmentBatch:
+    """Segments of one database to compact in one run, in id order."""
+
+    database: str
+    segment_ids: tuple[int, ...]
+
+
+def parse_batch(partition_keys: list[str]) -> SegmentBatch:
+    """The batch named by partition keys: one database, strictly increasing segment ids."""
+    if not partition_keys:
+        raise HistoryError("a compaction run names no segment: its run config lists no partition key")
+    parsed = []
+    for key in partition_keys:
+        try:
+            parsed.append(parse_segment_partition_key(key))
+        except ValueError:
+            raise HistoryError(f"partition key {key!r} of the run config is not <database>.<segment id>") from None
+    databases = {database for database, _ in parsed}
+    if len(databases) != 1:
+        raise HistoryError(f"a compaction run names segments of several databases ({', '.join(sorted(databases))}); "
+                           "one run compacts segments of one database")
+    ids = tuple(segment_id for _, segment_id in parsed)
+    if any(b <= a for a, b in zip(ids, ids[1:], strict=False)):
+        raise HistoryError(f"the segments of a compaction run must be in increasing order, not {list(ids)}")
+    return SegmentBatch(parsed[0][0], ids)
+
+
+def batch_run_config(partition_keys: list[str]) -> dict:
+    """The run config of ``compact_segments_job`` for these partition keys."""
+    return {"ops": {OP_NAME: {"config": {"partition_keys": list(partition_keys)}}}}
+
+
+class SegmentsConfig(dg.Config):
+    """The partition keys (``<database>.<segment id>``) the run compacts, in segment order."""
+
+    partition_keys: list[str]
+
+
+def _hand_back(store: HistoryStore, refs: list[SegmentRef]) -> None:
+    """Have the sensor request these segments again: each touched file is a new version of its
+    segment, the journal marker makes the sensor look at the database."""
+    for ref in refs:
+        retry_when_engine_is_back(store, ref)
+
+
+@dg.op(name=OP_NAME, description="Verify and compact the run's segments of one database, in order, "
+       "each recorded on its own partitions.")
+def compact_segments(context: dg.OpExecutionContext, config: SegmentsConfig, history: HistoryRootResource,
+                     spark: SparkResource) -> None:
+    batch = parse_batch(config.partition_keys)
+    store = history.open(batch.database)
+    refs = {ref.segment_id: ref for ref in store.segments()}
+    missing = [i for i in batch.segment_ids if i not in refs]
+    if missing:
+        # an earlier one missing fails the run before anything is applied: order is never broken
+        raise SegmentNotFoundError(f"segment {segment_name(missing[0])} of {batch.database} is not in "
+                                   f"{store.wal_dir} (removed from the WAL?)")
+    ordered = [refs[i] for i in batch.segment_ids]
+    for position, (key, ref) in enumerate(zip(config.partition_keys, ordered, strict=True)):
+        context.log.info(f"segment {position + 1} of {len(ordered)}: {key}")
+        try:
+            try:
+                verified = verified_metadata(store, ref)
+            except SegmentQuarantinedError as exc:
+                report_quarantine(context.instance, key, exc)
+                raise
+            compacted = compact_one(store, ref, spark, context.instance, key, context.log.info)
+        except (SegmentQuarantinedError, EngineUnavailableError):
+            later = ordered[position + 1:]
+            if later:
+                context.log.info(f"{len(later)} later segment(s) of {batch.database} wait for a later run")
+                _hand_back(store, later)
+            raise
+        # logged as each segment is applied: a later segment's failure leaves these in the event log
+        context.log_event(dg.AssetMaterialization(asset_key=wal_segments.key, partition=key, metadata=verified))
+        context.log_event(dg.AssetMaterialization(asset_key=compacted_batches.key, partition=key,
+                                                  metadata=compacted))
+
+
+@dg.job(
+    name="compact_segments_job",
+    description="Verify and compact several ready segments of one database in one run, in order; "
+    "each segment's partitions record its own work.",
+    # one process for the run: the work runs on the Spark engine, a step process would only add start-up
+    executor_def=dg.in_process_executor,
+)
+def compact_segments_job() -> None:
+    compact_segments()
