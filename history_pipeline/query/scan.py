@@ -79,6 +79,9 @@ KEY_T_BYTES = 16
 #: the bulk is always scanned from Parquet, the kept part is the small delta above it
 KEPT_TAIL_ROWS = 200_000
 TAIL_SHARE = 4
+#: a closed read's live rows are kept as a table when its files hold at most these uncompressed
+#: bytes (a bound on the table's size; the sandbox's own budget bounds them all together)
+KEPT_CLOSED_BYTES = 64_000_000
 #: where ``LiveSql.materialized_sql`` names the kept table
 CHANGES_TOKEN = "__HP_CHANGES_TABLE__"
 #: where a flat ``materialized_sql`` (``LiveSql.kept_tail``) takes the view's select list
@@ -143,7 +146,10 @@ def live_sql(
     needs); object-store files through Arrow datasets registered as ``{name}__{part}``.
     In a closed interval (``FileSelection.closed``: every file marked for [snapshot, next
     snapshot) and holding ``superseded_at``) the read is two filtered scans instead, no join:
-    the rows not deleted whose ``superseded_at`` is NULL or at/above ``as_of``. Above an open
+    the rows not deleted whose ``superseded_at`` is NULL or at/above ``as_of``; when the files hold
+    at most ``KEPT_CLOSED_BYTES``, ``materialized_sql`` reads those rows from a table made once
+    (``changes_sql``), so later queries at ``as_of`` scan memory instead of the interval's filter
+    columns, several times as many rows as are live. Above an open
     interval's marks U (``FileSelection.marked_and_since``) the marked files' rows current at U
     (``superseded_at`` NULL) stand for the snapshot, and the version files since U are the changes.
     Columns: synthetic_key, is_deleted, logical_timestamp, then ``columns`` (supercolumn names).
@@ -241,8 +247,14 @@ def live_sql(
             parts.append(source(selection.snapshot, "snapshot", f" WHERE true{current}"))
         if selection.versions:
             parts.append(source(selection.versions, "versions", f"{in_range}{current}"))
-        return LiveSql(" UNION ALL ".join(f"(SELECT * FROM {part})" for part in parts), tuple(datasets),
-                       tuple(paths))
+        sql = " UNION ALL ".join(f"(SELECT * FROM {part})" for part in parts)
+        # the live rows themselves are worth keeping as a table: every query then scans memory, not
+        # three filter columns of every version the interval holds (several times the live rows)
+        kept = uncompressed_bytes(store, (*selection.snapshot, *selection.versions))
+        if not 0 < kept <= KEPT_CLOSED_BYTES:
+            return LiveSql(sql, tuple(datasets), tuple(paths))
+        return LiveSql(sql, tuple(datasets), tuple(paths), f"SELECT * FROM ({sql}) r", kept,
+                       f"SELECT * FROM {CHANGES_TOKEN}")
     head, tail = version_layers(selection.versions)
     if head and selection.snapshot and keeps_tail((), selection.versions, selection.snapshot):
         # changes small beside the snapshot are kept whole, head included: a query then scans only
