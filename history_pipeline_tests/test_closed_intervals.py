@@ -29,6 +29,7 @@ from history_pipeline.catalog.model import FileKind
 from history_pipeline.errors import PurgedTimestampError
 from history_pipeline.maintenance import snapshots as snapshots_module
 from history_pipeline.maintenance.snapshots import close_intervals, closed_intervals
+from history_pipeline.query import sandbox
 from history_pipeline.query.scan import live_sql
 from history_pipeline.schema import replay_schema_history
 from history_pipeline.supertable import DELETED, KEY, LT, SUPERSEDED, read_file_metadata
@@ -212,6 +213,24 @@ def test_a_closed_read_keeps_its_live_rows_as_a_table_for_the_next_queries_at_t(
     assert store.sql(query, as_of).to_pylist() == expected
     with pytest.raises(QueryError):
         store.sql(query, other)
+
+
+@pytest.mark.slow
+def test_a_kept_closed_read_is_counted_at_no_less_than_the_memory_it_takes(tmp_path):
+    """The sandbox's budget counts a kept closed read at least at what DuckDB's table takes (its
+    Parquet bytes alone are several times less), over enough rows to fill DuckDB's row groups."""
+    store = HistoryStore.open(tmp_path, database="db", settings=SMALL_SNAPSHOTS)
+    rows = 130_000
+    _load(store, [[CREATE] + [_insert(2, k, k) for k in range(rows)], [_update(3, k, 1) for k in range(0, rows, 97)]])
+    store.refresh_snapshots(force=True, spark=False)
+    _load(store, [[_update(4, k, 2) for k in range(0, rows, 89)]], set(range(rows)))
+    store.refresh_snapshots(force=True, spark=False)
+    close_intervals(store)
+    as_of = next(t for t in range(2, store.frontier + 2) if _closed(store, t))
+    assert store.sql("SELECT count(*) AS c FROM items", as_of).to_pylist() == [{"c": rows}]
+    con, kept = sandbox._sandboxes[store.query_context()._sandbox_key()]
+    used = con.sql("SELECT sum(memory_usage_bytes) FROM duckdb_memory() WHERE tag = 'IN_MEMORY_TABLE'").fetchall()[0][0]
+    assert 0 < used <= kept.kept_bytes
 
 
 @pytest.mark.slow
