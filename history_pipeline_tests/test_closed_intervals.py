@@ -29,6 +29,7 @@ from history_pipeline.catalog.model import FileKind
 from history_pipeline.errors import PurgedTimestampError
 from history_pipeline.maintenance import snapshots as snapshots_module
 from history_pipeline.maintenance.snapshots import close_intervals, closed_intervals
+from history_pipeline.query import sandbox
 from history_pipeline.query.scan import live_sql
 from history_pipeline.schema import replay_schema_history
 from history_pipeline.supertable import DELETED, KEY, LT, SUPERSEDED, read_file_metadata
@@ -181,13 +182,55 @@ def test_a_query_in_a_closed_interval_reads_only_the_columns_it_uses(tmp_path):
     _items_history(store)
     as_of = _snapshots(store)[-1] - 1  # the worst T: just before the newest snapshot
     assert _closed(store, as_of)
-    expected = store.sql("SELECT sum(a) AS s, count(*) AS c FROM items", as_of).to_pylist()
     rows = store.load_table("items", as_of).to_pylist()
-    assert expected == [{"s": sum(r["a"] for r in rows if r["a"] is not None), "c": len(rows)}]
+    expected = [{"s": sum(r["a"] for r in rows if r["a"] is not None), "c": len(rows)}]
+    # damaged before the first query at T: keeping the live rows as a table cannot read them, so
+    # the query scans the files, only the columns it uses
     assert damage_column(store, "T", "n-1")
     assert store.sql("SELECT sum(a) AS s, count(*) AS c FROM items", as_of).to_pylist() == expected
     with pytest.raises(QueryError):
         store.sql("SELECT max(note) AS m FROM items", as_of)
+
+
+def test_a_closed_read_keeps_its_live_rows_as_a_table_for_the_next_queries_at_t(tmp_path):
+    """The first query at a closed T keeps the live rows (every column) as a table: later queries
+    at that T answer from it, so they equal the model even after the files' bytes are damaged, while
+    a T not asked before reads the files."""
+    store = HistoryStore.open(tmp_path, database="db", settings=SMALL_SNAPSHOTS)
+    events = _items_history(store)
+    as_of = _snapshots(store)[-1] - 1
+    other = next(t for t in range(as_of - 1, 0, -1) if _closed(store, t))
+    assert _closed(store, as_of)
+    model = BaseDatabase()
+    for e in events:
+        model.apply(e)
+    rows = (model.table_as_of("items", as_of) or {}).values()
+    query = "SELECT count(*) AS c, sum(a) AS s, max(note) AS m FROM items"
+    expected = [{"c": len(rows), "s": sum(r["a"] for r in rows if r["a"] is not None) if rows else None,
+                 "m": max((r["note"] for r in rows if r["note"] is not None), default=None)}]
+    assert store.sql("SELECT count(*) AS c FROM items", as_of).to_pylist() == [{"c": len(rows)}]
+    assert damage_column(store, "T", "n-1")
+    assert store.sql(query, as_of).to_pylist() == expected
+    with pytest.raises(QueryError):
+        store.sql(query, other)
+
+
+@pytest.mark.slow
+def test_a_kept_closed_read_is_counted_at_no_less_than_the_memory_it_takes(tmp_path):
+    """The sandbox's budget counts a kept closed read at least at what DuckDB's table takes (its
+    Parquet bytes alone are several times less), over enough rows to fill DuckDB's row groups."""
+    store = HistoryStore.open(tmp_path, database="db", settings=SMALL_SNAPSHOTS)
+    rows = 130_000
+    _load(store, [[CREATE] + [_insert(2, k, k) for k in range(rows)], [_update(3, k, 1) for k in range(0, rows, 97)]])
+    store.refresh_snapshots(force=True, spark=False)
+    _load(store, [[_update(4, k, 2) for k in range(0, rows, 89)]], set(range(rows)))
+    store.refresh_snapshots(force=True, spark=False)
+    close_intervals(store)
+    as_of = next(t for t in range(2, store.frontier + 2) if _closed(store, t))
+    assert store.sql("SELECT count(*) AS c FROM items", as_of).to_pylist() == [{"c": rows}]
+    con, kept = sandbox._sandboxes[store.query_context()._sandbox_key()]
+    used = con.sql("SELECT sum(memory_usage_bytes) FROM duckdb_memory() WHERE tag = 'IN_MEMORY_TABLE'").fetchall()[0][0]
+    assert 0 < used <= kept.kept_bytes
 
 
 @pytest.mark.slow

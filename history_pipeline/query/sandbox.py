@@ -104,9 +104,15 @@ class SandboxViews:
             if changes is not None and self.kept_bytes + changes[1] <= KEPT_BYTES:
                 kept = f"{_ident(schema + '_changes')}.{_ident(name)}"
                 cursor.execute(f"CREATE SCHEMA IF NOT EXISTS {_ident(schema + '_changes')}")
-                cursor.execute(f"CREATE OR REPLACE TABLE {kept} AS {changes[0]}")
-                self.kept_bytes += changes[1]
-                sql = changes[2].replace(CHANGES_TOKEN, kept)
+                try:
+                    cursor.execute(f"CREATE OR REPLACE TABLE {kept} AS {changes[0]}")
+                except duckdb.Error:
+                    # keeping reads columns this query may not need: one that cannot be read (a
+                    # damaged chunk) fails only the queries that name it, as with the files alone
+                    changes = None
+                if changes is not None:
+                    self.kept_bytes += changes[1]
+                    sql = changes[2].replace(CHANGES_TOKEN, kept)
             cursor.execute(f"CREATE OR REPLACE VIEW {_ident(schema)}.{_ident(name)} AS {sql}")
             self.created.add((schema, name))
 

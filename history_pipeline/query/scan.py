@@ -79,6 +79,9 @@ KEY_T_BYTES = 16
 #: the bulk is always scanned from Parquet, the kept part is the small delta above it
 KEPT_TAIL_ROWS = 200_000
 TAIL_SHARE = 4
+#: a closed read's live rows are kept as a table when it takes at most these bytes by
+#: ``kept_table_bytes`` (the sandbox's own budget bounds every kept table together)
+KEPT_CLOSED_BYTES = 64_000_000
 #: where ``LiveSql.materialized_sql`` names the kept table
 CHANGES_TOKEN = "__HP_CHANGES_TABLE__"
 #: where a flat ``materialized_sql`` (``LiveSql.kept_tail``) takes the view's select list
@@ -106,6 +109,31 @@ def uncompressed_bytes(store: ObjectStore, files: Sequence[FileEntry]) -> int:
         meta = footer(store, f.path).meta
         total += sum(meta.row_group(rg).total_byte_size for rg in range(meta.num_row_groups))
     return total
+
+
+def _memory_width(kind: pa.DataType) -> int:
+    """Bytes a value of ``kind`` takes in a DuckDB in-memory table beside any text it holds: its
+    fixed width, 16 for text (DuckDB's string header), 32 a field for anything nested."""
+    if isinstance(kind, pa.BaseExtensionType):
+        kind = kind.storage_type
+    if pa.types.is_boolean(kind):
+        return 1
+    if pa.types.is_string(kind) or pa.types.is_large_string(kind) or pa.types.is_binary(kind) \
+            or pa.types.is_large_binary(kind):
+        return 16
+    try:
+        return max(1, kind.bit_width // 8)
+    except ValueError:  # not fixed width: nested
+        return 32 * max(1, kind.num_fields)
+
+
+def kept_table_bytes(store: ObjectStore, files: Sequence[FileEntry], schema: pa.Schema,
+                     columns: Sequence[str]) -> int:
+    """A bound on the memory a DuckDB table of ``columns`` of at most the files' rows takes: every
+    row at the columns' fixed widths, plus the files' uncompressed bytes for the text beyond them
+    (the Parquet bytes alone undercount it several times: encoded and dictionary pages are small)."""
+    width = sum(_memory_width(schema.field(c).type) for c in columns)
+    return sum(f.row_count for f in files) * width + uncompressed_bytes(store, files)
 
 
 def keeps_tail(head: Sequence[FileEntry], tail: Sequence[FileEntry], snapshot: Sequence[FileEntry]) -> bool:
@@ -143,7 +171,10 @@ def live_sql(
     needs); object-store files through Arrow datasets registered as ``{name}__{part}``.
     In a closed interval (``FileSelection.closed``: every file marked for [snapshot, next
     snapshot) and holding ``superseded_at``) the read is two filtered scans instead, no join:
-    the rows not deleted whose ``superseded_at`` is NULL or at/above ``as_of``. Above an open
+    the rows not deleted whose ``superseded_at`` is NULL or at/above ``as_of``; when that table
+    takes at most ``KEPT_CLOSED_BYTES``, ``materialized_sql`` reads those rows from a table made once
+    (``changes_sql``), so later queries at ``as_of`` scan memory instead of the interval's filter
+    columns, several times as many rows as are live. Above an open
     interval's marks U (``FileSelection.marked_and_since``) the marked files' rows current at U
     (``superseded_at`` NULL) stand for the snapshot, and the version files since U are the changes.
     Columns: synthetic_key, is_deleted, logical_timestamp, then ``columns`` (supercolumn names).
@@ -241,8 +272,14 @@ def live_sql(
             parts.append(source(selection.snapshot, "snapshot", f" WHERE true{current}"))
         if selection.versions:
             parts.append(source(selection.versions, "versions", f"{in_range}{current}"))
-        return LiveSql(" UNION ALL ".join(f"(SELECT * FROM {part})" for part in parts), tuple(datasets),
-                       tuple(paths))
+        sql = " UNION ALL ".join(f"(SELECT * FROM {part})" for part in parts)
+        # the live rows themselves are worth keeping as a table: every query then scans memory, not
+        # three filter columns of every version the interval holds (several times the live rows)
+        kept = kept_table_bytes(store, (*selection.snapshot, *selection.versions), schema, wanted)
+        if not 0 < kept <= KEPT_CLOSED_BYTES:
+            return LiveSql(sql, tuple(datasets), tuple(paths))
+        return LiveSql(sql, tuple(datasets), tuple(paths), f"SELECT * FROM ({sql}) r", kept,
+                       f"SELECT * FROM {CHANGES_TOKEN}")
     head, tail = version_layers(selection.versions)
     if head and selection.snapshot and keeps_tail((), selection.versions, selection.snapshot):
         # changes small beside the snapshot are kept whole, head included: a query then scans only
