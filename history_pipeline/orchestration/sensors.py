@@ -501,10 +501,12 @@ def finished_wal_segments_sensor(context: dg.SensorEvaluationContext, history: H
     """
     now_ns = time.time_ns()
     every = full_scan_every(history)
-    engine_ready = spark.reachable()  # a socket connect to a Connect server or master, no session
     with MarksStore.open(marks_path(history.wal_base())) as store:
         cursor = _begin(store, SensorCursor.from_json(context.cursor))
         got = _gather(context, history, store, cursor, every)
+        # probed after the runs in flight are read: a run that failed because the engine went away
+        # is seen failed only after that, so the probe cannot predate the loss and retry at once
+        engine_ready = spark.reachable()  # a socket connect to a Connect server or master, no session
         plan = plan_tick(cursor, got.marks, got.stamps, got.listings, got.facts, now_ns, got.full_scan,
                          engine_ready)
         epoch = cursor.epoch or ""
