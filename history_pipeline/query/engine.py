@@ -515,8 +515,10 @@ class QueryContext:
             if descriptor.table_uuid not in done:
                 for name, dataset in view.datasets:
                     con.register(name, dataset)
-                kept.ensure(con, schema, descriptor.table_name, view.sql, view.changes)
+                kept.ensure(con, schema, descriptor.table_name, view.sql, view.changes, view.keep_on_reuse)
                 done.add(descriptor.table_uuid)
+            elif kept.deferred:  # a pooled cursor's second query at T keeps what the first deferred
+                kept.ensure(con, schema, descriptor.table_name)
             wide.extend(view.wide)
         if "use" not in done:  # USE costs about a millisecond
             con.execute(f"USE {_ident(schema)}")
@@ -554,7 +556,8 @@ class QueryContext:
             view = (live.materialized_sql.replace(COLUMNS_TOKEN, columns) if live.kept_tail
                     else f"SELECT {columns} FROM ({live.materialized_sql}) live")
             changes = (live.changes_sql, live.changes_bytes, view)
-        return _TableView(f"SELECT {columns} FROM ({live.sql}) live", live.datasets, tuple(wide), changes)
+        return _TableView(f"SELECT {columns} FROM ({live.sql}) live", live.datasets, tuple(wide), changes,
+                          live.keep_on_reuse)
 
     def _expose_materialized(self, con: Any, descriptor: TableDescriptor, as_of: int, index: int) -> list[str]:
         """A table with array columns is exposed from its reconstructed Arrow table: arrays are stored
@@ -600,6 +603,7 @@ class _TableView:
     datasets: tuple[tuple[str, Any], ...]
     wide: tuple[str, ...]
     changes: tuple[str, int, str] | None = None  # see SandboxViews.ensure
+    keep_on_reuse: bool = False
 
 
 @dataclass(frozen=True)

@@ -70,6 +70,8 @@ class SandboxViews:
         self.schemas: set[str] = set()
         self.kept_bytes = 0
         self.idle: dict[str, list[PooledCursor]] = {}
+        #: views made without keeping their table yet (``keep_on_reuse``): (view SQL, changes)
+        self.deferred: dict[tuple[str, str], tuple[str, tuple[str, int, str]]] = {}
 
     def take(self, schema: str) -> PooledCursor | None:
         """An idle cursor that a finished query of ``schema`` gave back (already ``USE``-ing it)."""
@@ -87,20 +89,29 @@ class SandboxViews:
         cursor.con.close()
 
     def ensure(self, cursor: duckdb.DuckDBPyConnection, schema: str, name: str | None, sql: str = "",
-               changes: tuple[str, int, str] | None = None) -> None:
+               changes: tuple[str, int, str] | None = None, keep_on_reuse: bool = False) -> None:
         """Create ``schema`` and view ``schema.name AS sql`` through ``cursor`` unless made before.
 
         ``changes`` (SELECT of what to keep: (key, newest t) of the table's changes or a small tail's
         newest rows; the bytes it may take; the view's SQL over it at ``CHANGES_TOKEN``): kept as
         table ``<schema>_changes.name`` for the view to read, while this sandbox keeps at most
-        ``KEPT_BYTES`` in all (past it, the view reads the files alone).
+        ``KEPT_BYTES`` in all (past it, the view reads the files alone). With ``keep_on_reuse`` the
+        first view reads the files, and the next call for the same view keeps the table then.
         """
         with self.lock:
             if schema not in self.schemas:
                 cursor.execute(f"CREATE SCHEMA IF NOT EXISTS {_ident(schema)}")
                 self.schemas.add(schema)
-            if name is None or (schema, name) in self.created:
+            if name is None:
                 return
+            if (schema, name) in self.created:
+                deferred = self.deferred.pop((schema, name), None)
+                if deferred is None:
+                    return
+                sql, changes = deferred
+            elif changes is not None and keep_on_reuse:
+                self.deferred[(schema, name)] = (sql, changes)
+                changes = None
             if changes is not None and self.kept_bytes + changes[1] <= KEPT_BYTES:
                 kept = f"{_ident(schema + '_changes')}.{_ident(name)}"
                 cursor.execute(f"CREATE SCHEMA IF NOT EXISTS {_ident(schema + '_changes')}")

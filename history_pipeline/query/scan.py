@@ -68,6 +68,9 @@ class LiveSql:
     changes_bytes: int = 0
     materialized_sql: str | None = None
     kept_tail: bool = False
+    #: keep the table only when a second query at T uses it (a closed read: keeping reads every
+    #: column of the live rows, which a single query at T would pay for nothing)
+    keep_on_reuse: bool = False
 
 
 #: up to this many version rows since the snapshot, all of them are the changes (else the tail)
@@ -279,7 +282,7 @@ def live_sql(
         if not 0 < kept <= KEPT_CLOSED_BYTES:
             return LiveSql(sql, tuple(datasets), tuple(paths))
         return LiveSql(sql, tuple(datasets), tuple(paths), f"SELECT * FROM ({sql}) r", kept,
-                       f"SELECT * FROM {CHANGES_TOKEN}")
+                       f"SELECT * FROM {CHANGES_TOKEN}", keep_on_reuse=True)
     head, tail = version_layers(selection.versions)
     if head and selection.snapshot and keeps_tail((), selection.versions, selection.snapshot):
         # changes small beside the snapshot are kept whole, head included: a query then scans only
