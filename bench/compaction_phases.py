@@ -101,8 +101,10 @@ def instrument(in_process: bool) -> None:
     _wrap(frames, "sweep_routes", _timed("driver: sweep routes", frames.sweep_routes))
     _wrap(HistoryStore, "refresh_snapshots",
           _timed("snapshot refresh after compact (all)", HistoryStore.refresh_snapshots))
-    _wrap(snapshots, "write_snapshots", _timed("  snapshot: write pieces", snapshots.write_snapshots))
-    _wrap(snapshots, "close_intervals", _timed("  snapshot: close the interval", snapshots.close_intervals))
+    _wrap(snapshots, "write_snapshots", _timed("  snapshot: written whole in pieces", snapshots.write_snapshots))
+    _wrap(snapshots, "_snapshot_by_closing",
+          _timed("  snapshot: written by closing its interval", snapshots._snapshot_by_closing))
+    _wrap(snapshots, "close_intervals", _timed("  snapshot: close other intervals", snapshots.close_intervals))
     if in_process:
         _wrap(frames, "run_group", _timed("group tasks in process (wall)", _in_process_run_group))
         _wrap(frames.RouteTable, "load", _timed("  task: read route file", frames.RouteTable.load))

@@ -15,6 +15,7 @@ from history_pipeline import HistoryStore, StoreSettings
 from history_pipeline.catalog.files import by_first_key, select_files
 from history_pipeline.catalog.model import CatalogState, FileEntry, FileKind
 from history_pipeline.maintenance.snapshot_pieces import key_cuts_by_rows, plan_pieces
+from history_pipeline.maintenance.snapshots import closed_intervals
 from history_pipeline.supertable import KEY
 from history_pipeline.supertable.read import dataset_of
 from history_pipeline_tests.test_closed_intervals import _check_items, _closed, _items_history, _snapshots
@@ -291,6 +292,9 @@ def test_compact_hands_its_session_to_the_snapshot_refresh(tmp_path, spark, monk
 def test_a_refresh_commits_no_piece_read_from_a_file_that_went_meanwhile_nor_a_second_set(tmp_path, monkeypatch):
     from history_pipeline.maintenance import snapshots
 
+    # the pieces written whole (a table whose open interval cannot be closed, e.g. after a merge
+    # across its snapshot); the snapshot written by closing is checked below
+    monkeypatch.setattr(snapshots, "open_interval", lambda state, table_uuid: None)
     store = HistoryStore.open(tmp_path, database="db", settings=ON_REQUEST)
     events = _load(store, [[CREATE] + [_insert(2, k, k) for k in range(40)],
                            [_update(3, k, -k) for k in range(0, 40, 2)], [_update(4, k, 7) for k in range(0, 40, 5)]])
@@ -316,6 +320,39 @@ def test_a_refresh_commits_no_piece_read_from_a_file_that_went_meanwhile_nor_a_s
     assert store.refresh_snapshots(force=True, spark=False).tables == []
     (files,) = _points(store).values()
     assert sum(f.row_count for f in files) == 40 and len(files) >= 3  # one set of pieces, not two
+    _check_items(store, events, range(2, store.frontier + 2))
+
+
+def test_a_snapshot_written_by_closing_commits_nothing_read_from_a_file_that_went_meanwhile_nor_twice(
+        tmp_path, monkeypatch):
+    from history_pipeline.maintenance import snapshots
+
+    store = HistoryStore.open(tmp_path, database="db", settings=ON_REQUEST)
+    events = _load(store, [[CREATE] + [_insert(2, k, k) for k in range(40)],
+                           [_update(3, k, -k) for k in range(0, 40, 2)], [_update(4, k, 7) for k in range(0, 40, 5)]])
+    real = snapshots.map_tasks
+
+    def then_merge(*args, **kwargs):
+        monkeypatch.setattr(snapshots, "map_tasks", real)
+        written = real(*args, **kwargs)
+        store.merge(spark=False, small_file_bytes=1 << 30)  # replaces the version files closing read
+        return written
+
+    monkeypatch.setattr(snapshots, "map_tasks", then_merge)
+    assert store.refresh_snapshots(force=True, spark=False).tables == []
+    assert _points(store) == {}
+
+    def then_refresh_again(*args, **kwargs):
+        monkeypatch.setattr(snapshots, "map_tasks", real)
+        written = real(*args, **kwargs)
+        assert store.refresh_snapshots(force=True, spark=False).tables == ["T"]  # takes the point first
+        return written
+
+    monkeypatch.setattr(snapshots, "map_tasks", then_refresh_again)
+    assert store.refresh_snapshots(force=True, spark=False).tables == []
+    (files,) = _points(store).values()
+    assert sum(f.row_count for f in files) == 40  # one set of pieces, not two
+    assert store.verify() == []
     _check_items(store, events, range(2, store.frontier + 2))
 
 
@@ -362,8 +399,10 @@ def test_a_piece_walks_its_range_in_steps_and_rolls_over_to_new_files(tmp_path, 
     ``snapshot_piece_rows`` rows and starts a new file once one holds that many live rows, so the
     files stay small and the tasks' memory follows a step, not the history; the answers are the
     model's and those of the same history snapshotted in one piece."""
-    from history_pipeline.maintenance import snapshot_pieces
+    from history_pipeline.maintenance import snapshot_pieces, snapshots
 
+    # the pieces written whole (a table whose open interval cannot be closed in the same pass)
+    monkeypatch.setattr(snapshots, "open_interval", lambda state, table_uuid: None)
     rng = random.Random(9)
     batches = [[CREATE] + [_insert(2, k, k) for k in range(60)]]
     for t in range(3, 12):
@@ -415,3 +454,55 @@ def test_closing_a_wide_interval_cuts_it_by_its_bytes_as_well_as_its_rows():
     assert tasks(10 * 1024 * 1024) == 1  # 200,000 narrow rows: one task
     assert tasks(INTERVAL_PIECE_BYTES) == 2  # the same rows, twice the bytes a task reads
     assert tasks(3 * INTERVAL_PIECE_BYTES) == 6
+
+
+@pytest.mark.parametrize("snapshots_before", [0, 1])
+def test_a_due_snapshot_is_written_by_closing_its_interval_not_whole_then_split(tmp_path, monkeypatch,
+                                                                                snapshots_before):
+    """The snapshot that ends the open interval comes out of the one pass that closes the interval,
+    already split (the base snapshot's rows still current, and a piece holding the versions current
+    at it): no piece is written whole and read back. Its rows, the marks, and every answer are those
+    of a snapshot written whole and split by closing."""
+    from history_pipeline.maintenance import snapshot_pieces, snapshots
+
+    rng = random.Random(4)
+    batches = [[CREATE] + [_insert(2, k, k) for k in range(50)]]
+    for t in range(3, 9):
+        batches.append([_update(t, k, rng.randint(0, 99)) for k in sorted(rng.sample(range(50), 20))])
+    batches.append([{"op": "delete", "t": 9, "table_uuid": "T", "key": k} for k in (3, 4, 5)])
+    fused = HistoryStore.open(tmp_path / "fused", database="db", settings=ON_REQUEST)
+    split = HistoryStore.open(tmp_path / "split", database="db", settings=ON_REQUEST)
+    cut = 2 + snapshots_before * 3  # a first snapshot (and its closed interval) before the measured one
+    alive: tuple[set[int], set[int]] = (set(), set())
+    events = _load(fused, batches[:cut], alive[0])
+    _load(split, batches[:cut], alive[1])
+    if snapshots_before:
+        fused.refresh_snapshots(force=True, spark=False)
+        split.refresh_snapshots(force=True, spark=False)
+    events += _load(fused, batches[cut:], alive[0])
+    _load(split, batches[cut:], alive[1])
+    written_whole: list[object] = []
+    real_piece = snapshot_pieces.write_piece
+
+    def spied(task):
+        written_whole.append(task)
+        return real_piece(task)
+
+    monkeypatch.setattr(snapshot_pieces, "write_piece", spied)
+    assert fused.refresh_snapshots(force=True, spark=False).tables == ["T"]
+    assert written_whole == []  # the snapshot came out of closing
+    with monkeypatch.context() as m:
+        m.setattr(snapshots, "open_interval", lambda state, table_uuid: None)
+        assert split.refresh_snapshots(force=True, spark=False).tables == ["T"]
+    assert written_whole  # the other way round: written whole, then split by closing
+    point = fused.frontier + 1
+    got, want = _points(fused)[point], _points(split)[point]
+    assert _snapshot_rows(fused, got).equals(_snapshot_rows(split, want))
+    def shape(files):
+        return sorted((f.holds_versions, f.row_count, f.min_key, f.max_key, f.min_t, f.max_t) for f in files)
+
+    assert shape(got) == shape(want) and any(f.holds_versions for f in got)  # the same pieces, split alike
+    assert all(f.closed_until == point for f in got)
+    assert closed_intervals(fused.catalog_state(), "T") == []
+    assert fused.verify() == []
+    _check_items(fused, events, range(2, fused.frontier + 2))

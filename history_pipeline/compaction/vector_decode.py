@@ -275,8 +275,7 @@ def decode_canonical(
     canonical = _flags(pc.match_substring_regex(text, LINE_RE))  # a DFA: no captures over the whole line
     if not canonical.any():
         return None, everything
-    parts, has_values = _envelopes(text, canonical)
-    body = pc.fill_null(parts.field("body"), "")
+    parts, has_values, cut = _envelopes(text, canonical)
     is_delete = _flags(pc.equal(parts.field("op"), "delete"))
     canonical &= _flags(pc.equal(parts.field("table"), table_uuid))
     canonical &= is_delete != has_values  # a delete carries no values, an insert or update does
@@ -293,7 +292,7 @@ def decode_canonical(
         index = pa.array(rows)
         missing = [c.column_uuid for c, _ in epoch.by_uuid.values() if c.column_uuid not in found]
         if missing or names is None:
-            names, more = _find_all(body, canonical, missing)
+            names, more = _find_all(cut, canonical, missing)
             found.update(more)
         whole = len(rows) == n  # every row of the batch (the usual case): no copies
         given = {u: (counts[rows], tokens if whole else pc.take(tokens, index))
@@ -314,66 +313,86 @@ def _concat(batches: list[pa.RecordBatch]) -> pa.RecordBatch:
     return pa.Table.from_batches(batches).combine_chunks().to_batches()[0] if len(batches) > 1 else batches[0]
 
 
-def _envelopes(text: pa.Array, canonical: np.ndarray) -> tuple[pa.StructArray, np.ndarray]:
-    """(op, t, table, key, body) of the canonical lines (NULL elsewhere) and which carry values.
+#: pieces of a canonical line cut at every '"' before its values' own: '{', 'op', ':', op, ',', 't',
+#: ':<t>,', 'table_uuid', ':', table, ',', 'key', ':<key>,', 'values', then ':{' and the body's
+VALUES_AT = 14
+
+
+@dataclass(frozen=True)
+class _Cut:
+    """The canonical lines of a batch cut at every '"' (one list of pieces per canonical line) and,
+    per line of the batch, the index of its list (-1: not canonical)."""
+
+    pieces: pa.ListArray
+    list_of: np.ndarray
+
+
+def _envelopes(text: pa.Array, canonical: np.ndarray) -> tuple[pa.StructArray, np.ndarray, _Cut]:
+    """(op, t, table, key) of the canonical lines (NULL elsewhere), which carry values, and the
+    lines cut at every '"' (``_find_all`` reads the values from the same cut).
 
     ``LINE_RE`` has checked their shape, and no string of a canonical line holds a '"', so cutting
-    at the first 13 '"' puts each field at a fixed place: '{', 'op', ':', op, ',', 't', ':<t>,',
-    'table_uuid', ':', table, ',', 'key', ':<key>,' (or '}' for a delete), then 'values":{...}}'.
+    at every '"' puts each field at a fixed place: '{', 'op', ':', op, ',', 't', ':<t>,',
+    'table_uuid', ':', table, ',', 'key', ':<key>,' (or ':<key>}' for a delete), then 'values',
+    ':{' and the pieces of the values' body, the last one ending in '}}'.
     """
     n = len(text)
     at = np.nonzero(canonical)[0]
     every = len(at) == n
-    pieces = pc.split_pattern(text if every else pc.take(text, pa.array(at)), '"', max_splits=13)
+    pieces = pc.split_pattern(text if every else pc.take(text, pa.array(at)), '"')
     starts = _np(pieces.offsets)
-    with_values = (starts[1:] - starts[:-1]) == 14
-    bodies = pc.utf8_slice_codeunits(pc.take(pieces.values, pa.array(starts[:-1][with_values] + 13)), 9, -2)
-    body_at = np.full(len(at), -1, np.int64)
-    body_at[with_values] = np.arange(int(with_values.sum()))
+    with_values = (starts[1:] - starts[:-1]) > VALUES_AT
     fields = [pc.list_element(pieces, 3), pc.utf8_slice_codeunits(pc.list_element(pieces, 6), 1, -1),
-              pc.list_element(pieces, 9), pc.utf8_slice_codeunits(pc.list_element(pieces, 12), 1, -1),
-              pc.take(bodies, pa.array(body_at, mask=body_at < 0))]
+              pc.list_element(pieces, 9), pc.utf8_slice_codeunits(pc.list_element(pieces, 12), 1, -1)]
+    list_of = np.full(n, -1, np.int64)
+    list_of[at] = np.arange(len(at))
     if not every:
-        spread = np.full(n, -1, np.int64)
-        spread[at] = np.arange(len(at))
-        index = pa.array(spread, mask=spread < 0)
+        index = pa.array(list_of, mask=list_of < 0)
         fields = [pc.take(f, index) for f in fields]
-    parts = pa.StructArray.from_arrays(fields, names=["op", "t", "table", "key", "body"])
+    parts = pa.StructArray.from_arrays(fields, names=["op", "t", "table", "key"])
     has_values = np.zeros(n, bool)
     has_values[at] = with_values
-    return parts, has_values
+    return parts, has_values, _Cut(pieces, list_of)
 
 
 def _find_all(
-    body: pa.Array, canonical: np.ndarray, uuids: Sequence[str]
+    cut: _Cut, canonical: np.ndarray, uuids: Sequence[str]
 ) -> tuple[np.ndarray, dict[str, tuple[np.ndarray, pa.Array]]]:
     """How many keys each canonical body holds, and per column uuid how often it names it and its
     value's JSON token (NULL unless named once), with no regular expression. In a
-    canonical body no string holds a '"', so cutting it at every '"' leaves quoted text at the odd
-    places and the text between strings at the even ones; a quoted piece is a key exactly when the
-    piece after it starts with ':' (after a string value comes ',' or the end). A key's value is
-    the string two pieces on (when the piece after the key is just ':'), else the literal in the
-    piece after it, up to its comma. Each column is then one comparison over the keys, whatever
-    the table's width (an update names one column of many)."""
-    n = len(body)
-    rows = np.nonzero(canonical & (_np(pc.utf8_length(body)) > 0))[0]
-    pieces = pc.split_pattern(body if len(rows) == n else pc.take(body, pa.array(rows)), '"')
-    flat = pc.list_flatten(pieces)
-    sizes = _np(pc.list_value_length(pieces)).astype(np.int64)
-    owner = np.repeat(np.arange(len(rows)), sizes)
-    position = np.arange(len(flat)) - np.repeat(np.cumsum(sizes) - sizes, sizes)
-    quoted = np.nonzero((position % 2 == 1) & (position < np.repeat(sizes, sizes) - 1))[0]
-    after = pc.take(flat, pa.array(quoted + 1))
+    canonical line no string holds a '"', so in its pieces cut at every '"' from ``VALUES_AT`` on
+    (':{', then the body's) quoted text is at the odd places and the text between strings at the
+    even ones; a quoted piece is a key exactly when the piece after it starts with ':' (after a
+    string value comes ',' or the closing '}}'). A key's value is the string two pieces on (when
+    the piece after the key is just ':'), else the literal in the piece after it, up to its comma
+    (or the closing braces). Each column is then one comparison over the keys, whatever the
+    table's width (an update names one column of many)."""
+    n = len(canonical)
+    offsets = _np(cut.pieces.offsets).astype(np.int64)
+    sizes = offsets[1:] - offsets[:-1]
+    rows = np.nonzero(canonical & (cut.list_of >= 0))[0]
+    rows = rows[sizes[cut.list_of[rows]] > VALUES_AT + 1]  # a body of one pair at least
+    lists = cut.list_of[rows]
+    flat = cut.pieces.values
+    first = offsets[lists] + VALUES_AT  # the ':{' piece: place 0 of the body's pieces
+    lengths = sizes[lists] - VALUES_AT
+    total = int(lengths.sum())
+    owner = np.repeat(np.arange(len(rows)), lengths)
+    position = np.arange(total) - np.repeat(np.cumsum(lengths) - lengths, lengths)
+    at = np.repeat(first, lengths) + position  # each piece's place in ``flat``
+    quoted = np.nonzero((position % 2 == 1) & (position < np.repeat(lengths, lengths) - 1))[0]
+    after = pc.take(flat, pa.array(at[quoted] + 1))
     is_key = _flags(pc.starts_with(after, ":"))
     keys_at = quoted[is_key]
     after = after.filter(pa.array(is_key))
-    string = pc.take(flat, pa.array(np.minimum(keys_at + 2, len(flat) - 1)))
+    # a key's piece is never a line's last: two pieces on is inside the flat pieces
+    string = pc.take(flat, pa.array(np.minimum(at[keys_at] + 2, len(flat) - 1)))
     pair_values = pc.if_else(
         pc.equal(after, ":"),
         pc.binary_join_element_wise('"', string, '"', ""),
-        pc.utf8_rtrim(pc.utf8_slice_codeunits(after, 1), characters=","),
+        pc.utf8_rtrim(pc.utf8_slice_codeunits(after, 1), characters=",}"),
     )
-    pair_keys = pc.take(flat, pa.array(keys_at))
+    pair_keys = pc.take(flat, pa.array(at[keys_at]))
     pair_rows = rows[owner[keys_at]]
     names = np.bincount(pair_rows, minlength=n).astype(np.int64)
     out = {}

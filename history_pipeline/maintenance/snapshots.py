@@ -22,7 +22,10 @@ the reads decode the same rows. Such a piece is a snapshot piece to every reader
 and one of the interval's version files to a read as of T in [S, S') and to row history; closing
 the next interval marks it as a snapshot piece, and its marks as of that later end hold inside
 [S, S') too. A key range whose versions do not equal the snapshot's rows (a snapshot written by a
-type change fills a new supercolumn the versions lack) keeps its snapshot rows whole.
+type change fills a new supercolumn the versions lack) keeps its snapshot rows whole. When a
+refresh makes S' for a table whose open interval [S, S') can be closed, S' is written by that
+closing itself, from the interval's rows (S' is S overlaid with them), already split: it is never
+written whole and read back.
 
 ``mark_open_intervals`` marks the open interval [S, frontier + 1) the same way once a
 fraction of a snapshot's worth of versions in it are unmarked: a read up to its marks is a
@@ -131,6 +134,11 @@ def refresh_snapshots(store: DatabaseHandle, min_versions: int, ratio: float, fo
     summary = SnapshotSummary(as_of)
     supers = replay_schema_history(state.schema_history).supercolumns
     due = [(table_uuid, supers.get(table_uuid, ())) for table_uuid in due_tables(state, min_versions, ratio, force)]
+    # a table whose open interval can be closed gets its snapshot written by the closing itself
+    openings = {uuid: open_interval(state, uuid) for uuid, _ in due}
+    closing = [(openings[uuid], supercolumns) for uuid, supercolumns in due if openings[uuid] is not None]
+    summary.closed_files = _snapshot_by_closing(store, state, closing, spark, interval_rows, summary)
+    due = [(uuid, supercolumns) for uuid, supercolumns in due if openings[uuid] is None]
     written = write_snapshots(spark, state, store.objects, store.database, due, as_of, piece_rows)
 
     def build(current: CatalogState) -> list[Any] | None:
@@ -150,10 +158,53 @@ def refresh_snapshots(store: DatabaseHandle, min_versions: int, ratio: float, fo
                 summary.tables.append(table.table_uuid)
                 summary.rows += sum(e.row_count for e in table.entries)
                 summary.bytes += sum(e.size_bytes for e in table.entries)
-    summary.closed_files = close_intervals(store, spark=spark, piece_rows=interval_rows)
+    summary.tables.sort()
+    summary.closed_files += close_intervals(store, spark=spark, piece_rows=interval_rows)
     summary.marked_files = mark_open_intervals(store, min_versions, ratio, mark_fraction, spark=spark,
                                                piece_rows=interval_rows)
     return summary
+
+
+def _snapshot_by_closing(store: DatabaseHandle, state: CatalogState,
+                         closing: Sequence[tuple[Interval, Sequence[Supercolumn]]], spark: Any | None,
+                         piece_rows: int, summary: SnapshotSummary) -> int:
+    """Write the snapshot as of each open interval's upper bound and close that interval in one
+    pass over its rows (``CloseTask.write_next``): the snapshot's pieces come out split as closing
+    leaves them, so it is neither written whole nor read back. One transaction adds the snapshots
+    and replaces the intervals' files; a table whose files went meanwhile, or that got this
+    snapshot meanwhile, is left out (the next refresh takes it). Returns how many files were
+    replaced; the summary counts the snapshots' rows."""
+    if not closing:
+        return 0
+    config = store_for_tasks(spark, store.objects)
+    plans = [(interval, [replace(task, write_next=True) for task in plan_close(
+        state, config, store.database, interval, supercolumns, piece_rows)]) for interval, supercolumns in closing]
+    written = iter(map_tasks(spark, close_piece, [task for _, tasks in plans for task in tasks]))
+    per_table = [(interval, [e for _ in tasks for e in next(written)]) for interval, tasks in plans]
+    removed_at = now()
+
+    def build(current: CatalogState) -> list[Any] | None:
+        actions: list[Any] = []
+        for interval, entries in per_table:
+            if any(f.path not in current.files for f in interval.rewritten):
+                continue  # a file went meanwhile (a merge, an erasure): its replacement would resurrect it
+            points = current.files_of(interval.table_uuid, FileKind.SNAPSHOT)
+            if any(f.snapshot_as_of == interval.upper for f in points):
+                continue  # another refresh took this snapshot already
+            actions += [RemoveFile(f.path, removed_at) for f in interval.rewritten]
+            actions += [AddFile(e) for e in entries]
+        return actions or None
+
+    committed = store.catalog.commit("snapshot and close its interval", build)
+    replaced = 0
+    for interval, entries in per_table:
+        if entries and all(e.path in committed.files for e in entries):
+            snapshot = [e for e in entries if e.kind is FileKind.SNAPSHOT and e.snapshot_as_of == interval.upper]
+            summary.tables.append(interval.table_uuid)
+            summary.rows += sum(e.row_count for e in snapshot)
+            summary.bytes += sum(e.size_bytes for e in snapshot)
+            replaced += len(interval.rewritten)
+    return replaced
 
 
 def open_interval(state: CatalogState, table_uuid: str) -> Interval | None:
@@ -308,6 +359,10 @@ class CloseTask:
     next_files: tuple[FileEntry, ...] = ()
     #: files read for the marks of the others but not written again (``Interval.settled``)
     settled: frozenset[str] = frozenset()
+    #: the interval is the open one and snapshot ``upper`` is due: write its pieces in the task's
+    #: range from the interval's own rows, already split (``_snapshot_by_closing``), instead of
+    #: writing it whole and splitting it again
+    write_next: bool = False
 
 
 def plan_close(state: CatalogState, store_config: dict[str, Any], database: str, interval: Interval,
@@ -363,6 +418,8 @@ def close_piece(task: CloseTask) -> tuple[FileEntry, ...]:
     outputs: list[tuple[FileMetadata, pa.Table]] = []
     #: (the output the rows were taken from, its files, the versions current at ``upper``)
     tails: list[tuple[int, list[FileEntry], pa.Table]] = []
+    #: with ``write_next``: the base snapshot's rows current at ``upper`` (marked, all NULL)
+    kept: list[pa.Table] = []
     start = 0
     for (kind, snapshot_as_of, holds, settled), files, rows in parts:
         mine = superseded.slice(start, rows.num_rows)
@@ -370,12 +427,16 @@ def close_piece(task: CloseTask) -> tuple[FileEntry, ...]:
         if settled:
             continue
         marked = rows.append_column(pa.field(SUPERSEDED, pa.int64()), mine)
-        if task.next_files and kind is FileKind.VERSIONS:
-            current = pc.and_(pc.is_null(mine), pc.invert(pc.fill_null(rows.column(DELETED), False)))
+        current = pc.and_(pc.is_null(mine), pc.invert(pc.fill_null(rows.column(DELETED), False)))
+        if (task.next_files or task.write_next) and kind is FileKind.VERSIONS:
             tails.append((len(outputs), files, marked.filter(current)))
             marked = marked.filter(pc.invert(current))
+        elif task.write_next and kind is FileKind.SNAPSHOT:  # the base: its rows still current at ``upper``
+            kept.append(marked.filter(current))
         outputs.append((_merged_metadata(objects, task, kind, snapshot_as_of, files, holds), marked))
-    if task.next_files:
+    if task.write_next:
+        outputs += _next_snapshot_from_interval(objects, task, schema, kept, tails)
+    elif task.next_files:
         replacing, moved = _split_next_snapshot(objects, task, schema, in_range, tails)
         if not moved:  # the versions stay in the files they came from
             for at, _, rows in tails:
@@ -419,6 +480,29 @@ def _split_next_snapshot(objects: ObjectStore, task: CloseTask, schema: pa.Schem
         outputs.append((replace(meta, kind=FileKind.SNAPSHOT, snapshot_as_of=task.upper, holds_versions=True),
                         versions))
     return outputs, True
+
+
+def _next_snapshot_from_interval(objects: ObjectStore, task: CloseTask, schema: pa.Schema, kept: list[pa.Table],
+                                 tails: list[tuple[int, list[FileEntry], pa.Table]]
+                                 ) -> list[tuple[FileMetadata, pa.Table]]:
+    """Snapshot ``upper``'s files in the task's range, made from the interval's rows as closing
+    leaves them split (see ``_split_next_snapshot``): a piece of the base snapshot's rows still
+    current at ``upper`` and a piece holding the interval's versions current there. Snapshot
+    ``upper`` is by definition those rows (the base overlaid with the versions since it), so
+    nothing is compared and no whole snapshot is written first."""
+    marked_schema = schema.append(pa.field(SUPERSEDED, pa.int64()))
+    before = pa.concat_tables([t.select(marked_schema.names).cast(marked_schema) for t in kept]) if kept \
+        else marked_schema.empty_table()
+    meta = FileMetadata(task.database, task.table_uuid, FileKind.SNAPSHOT, task.txn_hint, None, task.upper,
+                        snapshot_as_of=task.upper, closed_until=task.upper, closed_layout=CLOSED_LAYOUT)
+    outputs = [(meta, before)]
+    versions = [t for _, _, t in tails if t.num_rows]
+    if versions:
+        sources = sorted({f.path: f for _, files, _ in tails for f in files}.values(), key=lambda f: f.path)
+        held = _merged_metadata(objects, task, FileKind.VERSIONS, None, sources, False)
+        outputs.append((replace(held, kind=FileKind.SNAPSHOT, snapshot_as_of=task.upper, holds_versions=True),
+                        pa.concat_tables(versions)))
+    return outputs
 
 
 def _with_no_marks(rows: pa.Table) -> pa.Table:
