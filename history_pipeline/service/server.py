@@ -308,6 +308,10 @@ class HistoryServer(flight.FlightServerBase):
             job = Job(self.config.root, tenant.database, ticket, limits, self.config.batch_rows)
             return self._pool.run(job, cancelled=context.is_cancelled)
 
+    def _run_request(self, tenant: Tenant, request: Request, context: Any) -> pa.Buffer:
+        """``_run`` of a request made here (a Flight SQL call's), encoded as its ticket would be."""
+        return self._run(tenant, encode_request(request), request, context)
+
     def _lookup(self, database: str, request: FetchRowRequest, limits: Limits) -> pa.Buffer:
         """A FetchRow answered in the server process, from a store kept open per database.
 
@@ -350,14 +354,14 @@ class HistoryServer(flight.FlightServerBase):
                     else fsql.Prepared.of(command.prepared_statement_handle).bound_query())
             statement = fsql.split_as_of(text)
             timestamp = self._as_of(tenant, statement.as_of or as_of, context)
-            return self._run(tenant, encode_request(SqlRequest(statement.query, timestamp)), context)
+            return self._run_request(tenant, SqlRequest(statement.query, timestamp), context)
         if name in _PLAIN_CATALOG_CALLS:
             return _ipc(_PLAIN_CATALOG_CALLS[name](command))
         if name in ("CommandGetTables", "CommandGetPrimaryKeys"):
             timestamp = self._as_of(tenant, as_of, context)
             request = TableSchemasRequest(timestamp)
             schemas = table_schemas_from_arrow(pa.ipc.open_stream(
-                self._run(tenant, encode_request(request), context)).read_all())
+                self._run_request(tenant, request, context)).read_all())
             if name == "CommandGetTables":
                 return _ipc(fsql.tables_table(command, schemas))
             return _ipc(fsql.primary_keys_table(command, set(schemas)))
@@ -415,7 +419,7 @@ class HistoryServer(flight.FlightServerBase):
         """The timestamp a statement runs as of: the one given, else the newest answerable state."""
         if as_of is not None:
             return to_timestamp(as_of)
-        status = pa.ipc.open_stream(self._run(tenant, encode_request(StatusRequest()), context)).read_all()
+        status = pa.ipc.open_stream(self._run_request(tenant, StatusRequest(), context)).read_all()
         frontier, _ = status_from_arrow(status)
         return frontier + 1
 
