@@ -1,8 +1,9 @@
 """End to end through the real Dagster daemon: `dagster dev` (webserver + daemon) on 127.0.0.1 with a
 temporary DAGSTER_HOME; a sealed segment becomes queryable through the sensor's run, and the
-materializations are visible through the webserver's GraphQL API. No engine is named here, so
-each run compacts on a classic local session of its own (a JVM start per run: long waits on a
-loaded machine); test_engine.py runs the same path on a long-lived Spark Connect engine."""
+materializations are visible through the webserver's GraphQL API. The runs compact in their own
+process (``HISTORY_PIPELINE_SPARK=in-process``): what is tested here is the daemon's path, the
+sensor, the queue, the runs and what the UI shows; test_engine.py runs the same path on a
+long-lived Spark Connect engine, and the classic local session is tested without the daemon."""
 
 import contextlib
 import json
@@ -19,6 +20,7 @@ from pathlib import Path
 import pytest
 
 from history_pipeline import HistoryStore
+from history_pipeline.orchestration.resources import ENGINE_ENV, IN_PROCESS
 from history_pipeline.wal import SegmentState
 from history_pipeline_tests.test_compaction import example_events, write
 
@@ -85,7 +87,7 @@ def running_dagster_dev(workdir, env=None):
 
 @pytest.fixture
 def dagster_dev(tmp_path):
-    with running_dagster_dev(tmp_path) as port:
+    with running_dagster_dev(tmp_path, {ENGINE_ENV: IN_PROCESS}) as port:
         yield tmp_path, port
 
 

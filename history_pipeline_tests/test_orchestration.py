@@ -479,3 +479,17 @@ def test_supertables_job_runs_its_checks_with_readable_metadata(root, resources)
         assert not any(isinstance(v, dg.JsonMetadataValue) for v in evaluation.metadata.values())
     merged = result.asset_materializations_for_node("supertables")[0].metadata
     assert "| db | 5 |" in merged["by_database"].value
+
+
+def test_the_engine_variable_names_a_connect_url_in_process_or_nothing(monkeypatch):
+    """HISTORY_PIPELINE_SPARK: a URL is resolved by Dagster in each run, ``in-process`` runs the work
+    without Spark, unset gives each run a classic local session."""
+    from history_pipeline.orchestration.resources import ENGINE_ENV, IN_PROCESS, spark_engine
+
+    monkeypatch.setenv(ENGINE_ENV, IN_PROCESS)
+    engine = spark_engine()
+    assert engine.enabled is False and engine.session() is False and engine.reachable()
+    monkeypatch.setenv(ENGINE_ENV, "sc://127.0.0.1:15002")
+    assert spark_engine().enabled is True
+    monkeypatch.delenv(ENGINE_ENV)
+    assert spark_engine().enabled is True and spark_engine().master == "local[*]"

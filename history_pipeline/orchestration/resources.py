@@ -117,6 +117,8 @@ def history_root(root: str = "data", wal_root: str | None = None, **s3: str) -> 
 #: the environment variable naming the Spark engine of the code location (``make demo`` sets it to
 #: the local Connect server's URL); unset: a classic local session in each run
 ENGINE_ENV = "HISTORY_PIPELINE_SPARK"
+#: the value of :data:`ENGINE_ENV` that runs the work in each run's own process, without Spark
+IN_PROCESS = "in-process"
 
 
 class SparkResource(dg.ConfigurableResource):
@@ -158,7 +160,10 @@ def run_tag(run_id: str) -> str:
 
 def spark_engine() -> SparkResource:
     """The code location's engine: ``dg.EnvVar(ENGINE_ENV)`` when that variable is set where the
-    code location loads (resolved by Dagster in every run), else a classic local session."""
+    code location loads (resolved by Dagster in every run), no Spark at all when it is
+    :data:`IN_PROCESS` (small histories, tests), else a classic local session."""
+    if os.environ.get(ENGINE_ENV) == IN_PROCESS:
+        return SparkResource(enabled=False)
     if os.environ.get(ENGINE_ENV):
         return SparkResource(master=dg.EnvVar(ENGINE_ENV))
     return SparkResource()
