@@ -17,6 +17,7 @@ import pytest
 from history_pipeline import HistoryStore
 from history_pipeline.engine import engine_dir, running_engine, start_engine, stop_engine
 from history_pipeline.orchestration.resources import ENGINE_ENV, run_tag
+from history_pipeline.orchestration.sensors import COMPACTION_TAG
 from history_pipeline.wal import SegmentState
 from history_pipeline_tests.test_compaction import example_events, write
 from history_pipeline_tests.test_end_to_end import _free_port, _get, _wait, running_dagster_dev
@@ -36,7 +37,9 @@ def _graphql(port: int, query: str, **variables) -> dict:
 
 
 def _runs(port: int) -> list[dict]:
-    return _graphql(port, RUNS)["runsOrError"]["results"]
+    """The compaction runs the sensor requested (a schedule's maintenance run may come and go too)."""
+    return [r for r in _graphql(port, RUNS)["runsOrError"]["results"]
+            if any(tag["key"] == COMPACTION_TAG for tag in r["tags"])]
 
 
 def _tagged_runs(events) -> set[str]:
