@@ -80,7 +80,11 @@ def test_runs_compact_on_the_engine_and_survive_losing_it(tmp_path):
     events = tmp_path / "events"
     events.mkdir()
     port = _free_port()
-    conf = {"spark.eventLog.enabled": "true", "spark.eventLog.dir": events.as_uri(), "spark.eventLog.compress": "false"}
+    # the event log written through a small buffer: a job's tag is in the file when the job starts,
+    # not only once its events fill the default 100 KB buffer (by then the work may be done)
+    conf = {"spark.eventLog.enabled": "true", "spark.eventLog.dir": events.as_uri(), "spark.eventLog.compress": "false",
+            "spark.eventLog.buffer.kb": "1k"}
+    bulk = 60_000  # rows of the segment the engine is killed on: a few seconds of work
     url = f"sc://127.0.0.1:{port}"
     try:
         with running_dagster_dev(tmp_path, {ENGINE_ENV: url}) as web:
@@ -95,7 +99,7 @@ def test_runs_compact_on_the_engine_and_survive_losing_it(tmp_path):
             _wait(lambda: first[0]["runId"] in _tagged_runs(events), 30, "the run's jobs in the engine's log")
 
             # the engine is killed while the next segment is on it
-            write(store, _bulk(6, 30_000))
+            write(store, _bulk(6, bulk))
             _wait(lambda: _tagged_runs(events) - {first[0]["runId"]}, 120, "the second run's first job")
             engine = running_engine(folder)
             assert engine is not None
@@ -119,10 +123,10 @@ def test_runs_compact_on_the_engine_and_survive_losing_it(tmp_path):
 
             # back on the same address: the sensor requests the segment again, and it applies
             start_engine(folder, port=port, conf=conf, driver_memory="1g")
-            _wait(lambda: store.frontier == 6 + 30_000 - 1, 180, "the sensor's retry to compact the segment")
+            _wait(lambda: store.frontier == 6 + bulk - 1, 180, "the sensor's retry to compact the segment")
             _wait(lambda: sum(r["status"] == "SUCCESS" for r in _runs(web)) == 2, 60, "the retry to finish")
             assert store.sql("SELECT count(*) AS n FROM my_table", as_of=store.frontier + 1).to_pylist() == [
-                {"n": 30_001}]
+                {"n": bulk + 1}]
             assert not store.verify()
     finally:
         stop_engine(folder)
