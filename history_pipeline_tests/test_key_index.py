@@ -14,7 +14,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from history_pipeline import HistoryStore, PurgedTimestampError, supertable
-from history_pipeline.supertable import DELETED, KEY, LT, SUPERSEDED, key_index
+from history_pipeline.supertable import DELETED, KEY, LT, SUPERSEDED, key_index, row_cache
 from history_pipeline_tests.test_closed_intervals import (
     HOT_KEY,
     SMALL_SNAPSHOTS,
@@ -60,9 +60,12 @@ def small_row_groups(monkeypatch):
 
 @pytest.fixture(autouse=True)
 def fresh_indexes():
-    """Each test starts and ends without kept indexes (they are per process)."""
+    """Each test starts and ends without kept indexes or decoded row groups (they are per process),
+    at the default budget of the decoded row groups."""
+    row_cache.set_row_cache_bytes(row_cache.ROW_CACHE_BYTES)
     key_index.forget_indexes()
     yield
+    row_cache.set_row_cache_bytes(row_cache.ROW_CACHE_BYTES)
     key_index.forget_indexes()
 
 
@@ -104,7 +107,13 @@ def _reads(monkeypatch):
     return calls
 
 
-def test_a_warm_lookup_reads_one_row_group_and_only_the_columns_it_returns(tmp_path, small_row_groups, monkeypatch):
+@pytest.mark.parametrize("kept_row_groups", [False, True], ids=["row-cache-off", "row-cache-cold"])
+def test_a_warm_lookup_reads_one_row_group_and_only_the_columns_it_returns(tmp_path, small_row_groups, monkeypatch,
+                                                                          kept_row_groups):
+    """With its row group not kept decoded (no row cache, or dropped from it), a lookup whose key
+    index is warm reads one row group, and of it only the columns it returns."""
+    if not kept_row_groups:
+        row_cache.set_row_cache_bytes(0)
     store = HistoryStore.open(tmp_path, database="db", settings=SMALL_SNAPSHOTS)
     _items_history(store, hot=True)
     snapshots = _snapshots(store)
@@ -114,6 +123,7 @@ def test_a_warm_lookup_reads_one_row_group_and_only_the_columns_it_returns(tmp_p
             context.fetch_row("items", key, as_of)
         calls = _reads(monkeypatch)
         for key in KEYS:
+            row_cache.forget_row_groups()
             calls.clear()
             row = context.fetch_row("items", key, as_of)
             if row is None:  # deleted, or never there: nothing is read
@@ -124,6 +134,49 @@ def test_a_warm_lookup_reads_one_row_group_and_only_the_columns_it_returns(tmp_p
             assert groups is not None and len(groups) == 1, (as_of, key, calls)
             assert columns and not {KEY, LT, DELETED, SUPERSEDED} & set(columns), (as_of, key, columns)
         monkeypatch.undo()
+
+
+def test_a_lookup_of_a_kept_row_group_reads_nothing_and_answers_as_load_table(tmp_path, small_row_groups,
+                                                                               monkeypatch):
+    """Once a lookup decoded its row group, every later lookup of a row there (the same key, or
+    another) reads no file at all: the row is taken from the kept columns, and equals load_table's."""
+    store = HistoryStore.open(tmp_path, database="db", settings=SMALL_SNAPSHOTS)
+    _items_history(store, hot=True)
+    as_ofs = some_ts(store)[::3]
+    check_lookups_equal_load_table(store, as_ofs)  # warm: indexes built, row groups decoded
+    before = row_cache.row_cache_stats()
+    assert before.columns > 0 and before.misses > 0
+    calls = _reads(monkeypatch)
+    context = store.query_context()
+    answered = 0
+    for as_of in as_ofs:
+        rows = {r.pop("synthetic_key"): r for r in context.load_table("items", as_of).to_pylist()}
+        calls.clear()  # (load_table reads row groups itself)
+        for key in KEYS:
+            assert context.fetch_row("items", key, as_of) == rows.get(key), (as_of, key)
+            answered += key in rows
+        assert calls == [], as_of
+    after = row_cache.row_cache_stats()
+    assert answered > 0 and after.hits - before.hits >= answered and after.misses == before.misses
+
+
+def test_the_kept_row_groups_stay_within_their_budget(tmp_path, small_row_groups):
+    """The decoded columns kept take at most the budget; past it the least recently used go, and the
+    answers stay load_table's (those dropped are decoded again)."""
+    store = HistoryStore.open(tmp_path, database="db", settings=SMALL_SNAPSHOTS)
+    _items_history(store, hot=True)
+    every_t = some_ts(store)
+    check_lookups_equal_load_table(store, every_t)
+    unbounded = row_cache.row_cache_stats()
+    budget = unbounded.held_bytes // 10
+    row_cache.set_row_cache_bytes(budget)
+    assert row_cache.row_cache_stats().held_bytes == 0
+    assert check_lookups_equal_load_table(store, every_t) > 0
+    bounded = row_cache.row_cache_stats()
+    assert 0 < bounded.held_bytes <= budget < unbounded.held_bytes
+    assert bounded.columns < unbounded.columns and bounded.misses > unbounded.columns // 3
+    with pytest.raises(ValueError, match="budget"):
+        row_cache.set_row_cache_bytes(-1)
 
 
 def test_the_kept_indexes_stay_within_their_budget(tmp_path, small_row_groups, monkeypatch):

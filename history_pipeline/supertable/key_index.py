@@ -28,6 +28,7 @@ from history_pipeline.errors import DataFileError
 from history_pipeline.io.store import LocalStore, ObjectStore
 from history_pipeline.supertable import DELETED, KEY, LT, SUPERSEDED
 from history_pipeline.supertable.read import Footer, StoredFile, as_numpy, conform, footer
+from history_pipeline.supertable.row_cache import forget_row_groups, row_cache
 
 #: rows decoded at a time when reading a row: a lookup decodes its row group up to the batch
 #: holding its row (measured at 16,384-row groups: about a fifth less than decoding the whole)
@@ -131,11 +132,12 @@ def indexed_bytes() -> int:
 
 
 def forget_indexes() -> None:
-    """Drop every kept row-group index (they are read again when next asked) and close the files
-    kept open for reading rows."""
+    """Drop every kept row-group index and decoded row group (they are read again when next asked)
+    and close the files kept open for reading rows."""
     with _index_lock:
         _INDEXES.clear()
         _index_held[0] = 0
+    forget_row_groups()
     _open_readers.close_all()
 
 
@@ -207,6 +209,16 @@ def read_version(store: ObjectStore, version: Version, target: pa.Schema) -> pa.
     if not stored:  # every column is newer than the file: the row holds none of them
         return pa.Table.from_arrays([pa.nulls(1, f.type) for f in target], schema=target)
     dictionaries = tuple(c for c in stored if c in cached.dictionary_strings)
+    kept = row_cache()
+    if kept is not None:
+        columns = kept.columns(store.uri, version.path, version.row_group, stored,
+                               lambda missing: _read_row_group(store, version, cached, missing))
+        if version.row >= len(columns[stored[0]]):
+            raise DataFileError(version.path, f"row group {version.row_group} holds no row {version.row}: the file "
+                                              "changed under its index")
+        # one row of each kept column: no page decoded again
+        return conform(pa.Table.from_arrays([columns[c].slice(version.row, 1) for c in stored], names=stored),
+                       target)
     spot = (store.uri, version.path, dictionaries)
     reader = _open_readers.take(spot) or _open(store, version.path, cached, dictionaries)
     try:
@@ -227,6 +239,21 @@ def read_version(store: ObjectStore, version: Version, target: pa.Schema) -> pa.
             _open_readers.give_back(spot, reader)
     raise DataFileError(version.path, f"row group {version.row_group} holds no row {version.row}: the file changed "
                                       "under its index")
+
+
+def _read_row_group(store: ObjectStore, version: Version, cached: Footer, columns: list[str]) -> pa.Table:
+    """``columns`` of the row group ``version`` is in, whole (to be kept decoded): strings as
+    strings, not dictionaries, so that a row taken from them needs no cast."""
+    spot = (store.uri, version.path, ())
+    reader = _open_readers.take(spot) or _open(store, version.path, cached, ())
+    try:
+        return reader.parquet.read_row_groups([version.row_group], columns=columns, use_threads=False)
+    except BaseException:
+        reader.close()  # a reader that failed is not kept
+        raise
+    finally:
+        if not reader.closed:
+            _open_readers.give_back(spot, reader)
 
 
 @dataclass(frozen=True)
