@@ -479,6 +479,16 @@ class HistoryStore:
         with _reading_files():
             return self.query_context().fetch_row(table, key, to_timestamp(as_of))
 
+    def fetch_row_described(self, table: str, key: int,
+                            as_of: int | str) -> tuple[TableDescriptor, dict[str, Any] | None]:
+        """``fetch_row`` and the descriptor of the table it was read as (its columns' names, uuids
+        and types as of ``as_of``), both from one catalog state: the service's FetchRow answer."""
+        with _reading_files():
+            context = self.query_context()
+            t = to_timestamp(as_of)
+            row = context.fetch_row(table, key, t)
+            return context.resolve(table, t), row
+
     def get_catalog(self, as_of: int | str | None = None) -> tuple[TableDescriptor, ...]:
         """The table descriptors in force as of ``as_of`` (omitted: the newest state, frontier + 1)."""
         return self.query_context().get_catalog(self.frontier + 1 if as_of is None else to_timestamp(as_of))

@@ -52,6 +52,7 @@ from history_pipeline.service.protocol import (
     decode_value,
     encode_request,
     encode_value,
+    fetch_row_from_arrow,
 )
 from history_pipeline.service.server import HistoryServer
 from history_pipeline.types import Interval
@@ -389,6 +390,42 @@ def test_a_malformed_ticket_is_refused_as_invalid(server):
         with pytest.raises(flight.FlightServerError) as error:
             raw.do_get(flight.Ticket(ticket), options).read_all()
         assert b"InvalidRequestError" in error.value.extra_info
+
+
+@pytest.mark.daemon
+def test_a_point_lookup_is_one_action_answering_as_its_ticket_and_the_local_api(stores):
+    """The client sends FetchRow as one DoAction (no stream is opened for it); its answers, values
+    and errors, are the local API's and those of the same request as a DoGet ticket. A malformed
+    body, or another request in the action, is refused as invalid; a call without a known token,
+    as unauthenticated."""
+    local = stores["a"]
+    end = local.frontier + 1
+    keys = [*local.load_table("orders", end).column("synthetic_key").to_pylist()[:15], -1, 10**9]
+    asks = [("orders", key, as_of) for key in keys for as_of in (end, end // 2, 1)] + [("no_such_table", 1, end)]
+    options = flight.FlightCallOptions(headers=[(b"authorization", f"Bearer {TOKEN_A}".encode())], timeout=30)
+    with HistoryServer(config_for(stores, workers=1)) as running, connect(running.url, TOKEN_A) as remote:
+        remotely = [answer(lambda ask=ask: remote.fetch_row(*ask)) for ask in asks]
+        assert running.stats().finished_streams == 0  # not one DoGet stream
+        for ask, got in zip(asks, remotely, strict=True):
+            assert same(got, answer(lambda ask=ask: local.fetch_row(*ask))), ask
+            # the same request as a DoGet ticket (as a client from before the action sends it)
+            streamed = answer(lambda ask=ask: fetch_row_from_arrow(remote.call(FetchRowRequest(*ask))).as_row())
+            assert same(streamed, got), ask
+        # each ticket answered opened a stream (an error none): the actions before opened not one
+        answered = sum(not isinstance(got, tuple) for got in remotely)
+        wait_until(lambda: running.stats().finished_streams == answered, "every DoGet stream finished")
+        assert any(isinstance(got, dict) for got in remotely) and any(got is None for got in remotely)
+        assert remotely[-1][0] is TableNotFoundError
+        raw = flight.FlightClient(running.url)
+        malformed = (b"not json", b'{"op": "FetchRow", "table_uuid": "orders"}',
+                     encode_request(SqlRequest("SELECT 1", end)))
+        for body in malformed:
+            with pytest.raises(flight.FlightServerError) as error:
+                list(raw.do_action(flight.Action("FetchRow", body), options))
+            assert b"InvalidRequestError" in error.value.extra_info, body
+        with pytest.raises(flight.FlightUnauthenticatedError):
+            list(raw.do_action(flight.Action("FetchRow", encode_request(FetchRowRequest("orders", 1, end))),
+                               flight.FlightCallOptions(timeout=30)))
 
 
 # --- limits and cancellation ----------------------------------------------------------------------
@@ -839,8 +876,8 @@ def test_every_flight_call_answers_a_typed_error_without_the_servers_internals(s
         headers = [(b"authorization", f"Bearer {token}".encode())] if token else []
         options = flight.FlightCallOptions(headers=headers, timeout=30)
         for call, make in _raw_calls(flight.FlightClient(server.url), options).items():
-            if call == "ListActions" and token:  # offered: Flight SQL's actions
-                assert {a.type for a in make()} == {"CreatePreparedStatement", "ClosePreparedStatement"}
+            if call == "ListActions" and token:  # offered: Flight SQL's actions and the point lookup
+                assert {a.type for a in make()} == {"CreatePreparedStatement", "ClosePreparedStatement", "FetchRow"}
                 continue
             with pytest.raises((pa.ArrowException, OSError)) as error:
                 make()

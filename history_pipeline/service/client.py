@@ -97,8 +97,16 @@ class HistoryClient:
             raise _as_history_error(exc) from None
 
     def fetch_row_response(self, request: p.FetchRowRequest) -> p.FetchRowResponse:
-        """FetchRow: one row as of T, or None."""
-        return p.fetch_row_from_arrow(self.call(request))
+        """FetchRow: one row as of T, or None. Sent as a DoAction (one round trip, the answer in its
+        one result) rather than as a DoGet ticket, which streams the schema and the row apart."""
+        try:
+            results = list(self._client.do_action(flight.Action(p.FETCH_ROW_ACTION, p.encode_request(request)),
+                                                  self._options))
+        except flight.FlightError as exc:
+            raise _as_history_error(exc) from None
+        if len(results) != 1:
+            raise ServiceError(f"a FetchRow answer is one result, got {len(results)}: is the server of this version?")
+        return p.fetch_row_from_arrow(pa.ipc.open_stream(results[0].body).read_all())
 
     def load_table_response(self, request: p.LoadTableRequest) -> p.LoadTableResponse:
         """LoadTable: a whole table as of T."""

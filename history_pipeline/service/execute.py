@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import pyarrow as pa
 
-from history_pipeline.errors import TableNotFoundError
 from history_pipeline.service import protocol as p
 from history_pipeline.service.limits import Limits, check_result_size
 from history_pipeline.store import HistoryStore
@@ -25,11 +24,10 @@ def answer_bytes(table: pa.Table, batch_rows: int) -> pa.Buffer:
 def execute(store: HistoryStore, request: p.Request, limits: Limits) -> pa.Table:
     """Answer ``request`` from ``store`` (ResultTooLargeError when the answer exceeds ``limits``)."""
     if isinstance(request, p.FetchRowRequest):
-        row = store.fetch_row(request.table_uuid, request.synthetic_key, request.query_timestamp)
-        catalog = store.get_catalog(request.query_timestamp)
-        descriptor = p.resolve_descriptor(catalog, request.table_uuid)
-        if descriptor is None:  # fetch_row found the table, so this cannot happen: say so if it does
-            raise TableNotFoundError(f"table {request.table_uuid!r} vanished from the catalog during FetchRow")
+        # the row and its columns' names and types from one state (a commit between two reads of
+        # the catalog could rename the table or a column under the row)
+        descriptor, row = store.fetch_row_described(request.table_uuid, request.synthetic_key,
+                                                    request.query_timestamp)
         return p.fetch_row_to_arrow(descriptor, row)
     if isinstance(request, p.LoadTableRequest):
         table = store.load_table(request.table_uuid, request.query_timestamp, request.ordered)

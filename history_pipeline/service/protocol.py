@@ -2,7 +2,9 @@
 Diff, Status and Changes) and their Arrow forms.
 
 A request travels as a Flight ticket: JSON ``{"op": ..., <the message's fields>}``. Every answer
-travels as an Arrow stream:
+travels as an Arrow stream. A ``FetchRow`` may also travel as the body of a ``DoAction`` of type
+``FETCH_ROW_ACTION`` (what the client sends): one round trip whose one result is the answer's
+Arrow stream in one message, where a DoGet streams the schema and the batch as messages of their own.
 
 - ``LoadTable`` and ``Sql``: the result table itself, in record batches. For ``LoadTable`` each
   column's field metadata carries its ``column_uuid`` (the ``column_uuid_mapping`` of the answer).
@@ -25,6 +27,7 @@ from __future__ import annotations
 
 import base64
 import datetime as dt
+import functools
 import json
 import math
 import uuid
@@ -38,7 +41,7 @@ import pyarrow as pa
 from history_pipeline.query.diff import diff_to_dict
 from history_pipeline.schema import TableDescriptor
 from history_pipeline.service.errors import InvalidRequestError
-from history_pipeline.types import Interval, arrow_type, from_arrow_value, parse_data_type, to_arrow_value
+from history_pipeline.types import DataType, Interval, arrow_type, from_arrow_value, parse_data_type, to_arrow_value
 
 # --- requests ------------------------------------------------------------------------
 
@@ -193,6 +196,9 @@ OPERATIONS: Mapping[str, type] = {
     "TableSchemas": TableSchemasRequest,
 }
 _OP_OF = {cls: op for op, cls in OPERATIONS.items()}
+
+#: the DoAction type of a point lookup: its body a FetchRow request, its one result the answer
+FETCH_ROW_ACTION = "FetchRow"
 
 
 def operation(request: Request) -> str:
@@ -355,22 +361,35 @@ def _wire_type(arrow: pa.DataType) -> pa.DataType:
     return arrow
 
 
+#: a FetchRow answer's columns: (uuid, name, type) of each
+_RowColumns = tuple[tuple[str, str, DataType], ...]
+
+
+@functools.lru_cache(maxsize=1024)
+def _fetch_row_schema(columns: _RowColumns, found: bool) -> pa.Schema:
+    """The schema of a FetchRow answer (built once per table schema: a lookup's answer is sent
+    for every event, and building the fields costs several times the row's own arrays)."""
+    return pa.schema(
+        [pa.field(name, _wire_type(arrow_type(data_type)),
+                  metadata={"column_uuid": uuid_, "data_type": str(data_type)})
+         for uuid_, name, data_type in columns],
+        metadata={"found": "true" if found else "false"},
+    )
+
+
 def fetch_row_to_arrow(descriptor: TableDescriptor, row: Mapping[str, Any] | None) -> pa.Table:
     """A fetched row as a typed Arrow table of zero or one row (see the module docstring)."""
-    arrays, schema_fields = [], []
-    for column in descriptor.columns:
-        value = None if row is None else to_arrow_value(column.data_type, row[column.column_name])
-        wire = _wire_type(arrow_type(column.data_type))
-        arrays.append(pa.array([] if row is None else [value], wire))
-        schema_fields.append(
-            pa.field(
-                column.column_name,
-                wire,
-                metadata={"column_uuid": column.column_uuid, "data_type": str(column.data_type)},
-            )
-        )
-    schema = pa.schema(schema_fields, metadata={"found": "true" if row is not None else "false"})
+    schema = _fetch_row_schema(tuple((c.column_uuid, c.column_name, c.data_type) for c in descriptor.columns),
+                               row is not None)
+    arrays = [
+        pa.array([] if row is None else [to_arrow_value(column.data_type, row[column.column_name])], field.type)
+        for column, field in zip(descriptor.columns, schema, strict=True)
+    ]
     return pa.Table.from_arrays(arrays, schema=schema)
+
+
+#: a column's SQL type from its text (the same few texts come with every answer)
+_data_type = functools.lru_cache(maxsize=1024)(parse_data_type)
 
 
 def fetch_row_from_arrow(table: pa.Table) -> FetchRowResponse:
@@ -382,7 +401,7 @@ def fetch_row_from_arrow(table: pa.Table) -> FetchRowResponse:
         uuids.append(meta[b"column_uuid"].decode())
         names.append(field.name)
         if found:
-            data_type = parse_data_type(meta[b"data_type"].decode())
+            data_type = _data_type(meta[b"data_type"].decode())
             values.append(from_arrow_value(data_type, table.column(index)[0].as_py()))
     return FetchRowResponse(tuple(uuids), tuple(names), tuple(values) if found else None)
 

@@ -41,6 +41,7 @@ from history_pipeline.service.errors import (
 from history_pipeline.service.execute import answer_bytes, execute
 from history_pipeline.service.limits import ConcurrencyGate, Limits
 from history_pipeline.service.protocol import (
+    FETCH_ROW_ACTION,
     OPERATIONS,
     FetchRowRequest,
     Request,
@@ -93,10 +94,11 @@ _OFFERED = {
     flight.FlightMethod.DO_GET, flight.FlightMethod.GET_FLIGHT_INFO, flight.FlightMethod.DO_ACTION,
     flight.FlightMethod.LIST_ACTIONS, flight.FlightMethod.DO_PUT,
 }
-#: Flight SQL's actions this server answers, with what they do
+#: the actions this server answers, with what they do: Flight SQL's, and a point lookup
 _ACTIONS = {
     "CreatePreparedStatement": "prepare a read-only statement (its handle carries the statement)",
     "ClosePreparedStatement": "close a prepared statement (nothing is held for it)",
+    FETCH_ROW_ACTION: "one row as of T: the body a FetchRow request, the one result its Arrow answer",
 }
 #: how long a Flight SQL answer waits for its DoGet before it is dropped
 _ANSWER_TTL_S = 120.0
@@ -312,6 +314,33 @@ class HistoryServer(flight.FlightServerBase):
         """``_run`` of a request made here (a Flight SQL call's), encoded as its ticket would be."""
         return self._run(tenant, encode_request(request), request, context)
 
+    def _fetch_row_action(self, context: flight.ServerCallContext, body: bytes) -> pa.Buffer:
+        """A FetchRow sent as a DoAction: the same slot, lookup, answer, errors and log line as its
+        DoGet, in one round trip (the answer's Arrow stream is the one result: no stream of
+        messages to run on this server's threads)."""
+        tenant: Tenant = context.get_middleware("auth").tenant
+        started = time.monotonic()
+        call = FETCH_ROW_ACTION
+        try:
+            request = decode_request(body)
+            if not isinstance(request, FetchRowRequest):
+                raise InvalidRequestError(
+                    f"the {FETCH_ROW_ACTION} action takes a FetchRow request, not {operation(request)}: "
+                    "send other requests as a DoGet ticket"
+                )
+            limits: Limits = self.config.limits_of(tenant)
+            with self._gate.slot(tenant.name, limits.max_concurrent_queries):
+                table = self._lookup_table(tenant.database, request, limits)
+            answer = answer_bytes(table, self.config.batch_rows)
+        except HistoryError as exc:
+            self._record(tenant.name, call, started, error=type(exc).__name__)
+            raise flight_error(exc, self._roots) from None
+        except Exception as exc:  # a bug: a typed ServiceError for the client, not the server's stack trace
+            self._record(tenant.name, call, started, error=type(exc).__name__)
+            raise self._internal(exc) from None
+        self._record(tenant.name, call, started, table.num_rows, answer.size)
+        return answer
+
     def _lookup(self, database: str, request: FetchRowRequest, limits: Limits) -> pa.Buffer:
         """A FetchRow answered in the server process, from a store kept open per database.
 
@@ -319,11 +348,15 @@ class HistoryServer(flight.FlightServerBase):
         so it needs no process to be killed in; handing it to a worker and back cost about as
         much as the lookup itself. The store's catalog log is re-read on every call, as a
         worker's is, and the key indexes it builds stay warm in this process."""
+        return answer_bytes(self._lookup_table(database, request, limits), self.config.batch_rows)
+
+    def _lookup_table(self, database: str, request: FetchRowRequest, limits: Limits) -> pa.Table:
+        """``_lookup``'s answer as a table (a row, or none)."""
         with self._lock:
             store = self._stores.get(database)
             if store is None:
                 store = self._stores[database] = HistoryStore.open(self.config.root, database=database)
-        return answer_bytes(execute(store, request, limits), self.config.batch_rows)
+        return execute(store, request, limits)
 
     # --- Arrow Flight SQL -------------------------------------------------------------------
 
@@ -391,7 +424,9 @@ class HistoryServer(flight.FlightServerBase):
         except Exception as exc:  # a bug: typed, without the server's stack trace
             raise self._internal(exc) from None
 
-    def do_action(self, context: flight.ServerCallContext, action: flight.Action) -> Iterator[bytes]:
+    def do_action(self, context: flight.ServerCallContext, action: flight.Action) -> Iterator[Any]:
+        if action.type == FETCH_ROW_ACTION:
+            return iter([self._fetch_row_action(context, action.body.to_pybytes() if action.body is not None else b"")])
         try:
             if action.type not in _ACTIONS:
                 raise InvalidRequestError(
