@@ -5,12 +5,15 @@ DuckDB's point query on a Parquet file holding exactly the answer (the reference
     python -m bench.lookups --root DIR               # keeps the history in DIR and reuses it next time
     python -m bench.lookups --live-rows 50000 --versions 500000 --batch 50000   # a few minutes
 
-At the latest T and at a T inside a closed interval: 20 warm-up lookups of other keys, then 300
-lookups of random keys, each answer (in-process and through the service) checked equal to that
-key's row of ``load_table`` as of the same T before the timed rounds ask the same keys again. The
-server runs in a process of its own (``history-pipeline serve``, one worker). Also timed in the
-same rounds: the previous lookup (``live_rows`` of one key: the candidate row groups read whole)
-and DuckDB's ``WHERE synthetic_key = ?`` on the answer file (a warm connection).
+At the latest T and at a T inside a closed interval, the same random keys of the live set (not
+among the warm-up keys) are timed twice: cold, with no row group kept decoded (each lookup decodes
+its row's row group; the cold round keeps none), beside the previous lookup (``live_rows`` of one
+key: the candidate row groups read whole) and DuckDB's ``WHERE synthetic_key = ?`` on a Parquet
+file holding exactly the answer (a warm connection); then warm, with the row cache at its budget
+(``--row-cache-mib``, here and in the server) after ``--warm-keys`` lookups of other keys,
+in-process and through the service (one client; ``history-pipeline serve`` in a process of its
+own, one worker). Every answer is checked equal to that key's row of ``load_table`` as of the
+same T.
 Writes bench/results/lookups.json and lookups.md.
 """
 
@@ -20,6 +23,7 @@ import argparse
 import json
 import os
 import random
+import resource
 import subprocess
 import sys
 import tempfile
@@ -35,6 +39,8 @@ from bench.history import build_history
 from bench.read_path import answer_file
 from history_pipeline import HistoryStore, StoreSettings
 from history_pipeline.query.engine import QueryContext
+from history_pipeline.supertable.key_index import indexed_bytes
+from history_pipeline.supertable.row_cache import ROW_CACHE_BYTES, row_cache_stats, set_row_cache_bytes
 from history_pipeline.types import from_arrow_value
 
 RESULTS = Path(__file__).parent / "results"
@@ -82,47 +88,82 @@ def _expected(answer: Any, key: int) -> dict[str, Any] | None:
     return {name: value for name, value in rows[0].items() if name != "synthetic_key"}
 
 
+def _keys(rng: random.Random, live_rows: int, count: int, besides: set[int] = frozenset()) -> list[int]:
+    """``count`` distinct random keys of the live set, none of ``besides``."""
+    keys: list[int] = []
+    while len(keys) < count:
+        key = rng.randrange(live_rows)
+        if key not in besides and key not in keys:
+            keys.append(key)
+    return keys
+
+
 def bench_at(store: HistoryStore, work: Path, label: str, as_of: int, live_rows: int, lookups: int,
-             service: Any | None) -> dict[str, Any]:
-    """The figures at one T (``service``: a client of a server over the store, or None)."""
+             service: Any | None, warm_keys: int, budget: int) -> dict[str, Any]:
+    """The figures at one T (``service``: a client of a server over the store, or None): first with
+    no row group kept decoded (every lookup decodes its row's row group: a first lookup of it), then
+    with the row cache at ``budget`` after ``warm_keys`` lookups of other keys (a worker's steady
+    state); the timed keys are the same random keys of the live set in both, never asked before."""
     context = store.query_context()
     answer = context.load_table("bench", as_of, ordered=True)
     path = answer_file(answer, work / f"answer_{as_of}.parquet")
     con = duckdb.connect()
     query = f"SELECT * FROM read_parquet('{path}') WHERE synthetic_key = ?"
-    warm = random.Random(5)
-    for _ in range(20):
-        key = warm.randrange(live_rows)
+    keys = _keys(random.Random(3), live_rows, lookups)
+    # the warm context's keys are others: a key just asked by HistoryStore.fetch_row would find its
+    # row group decoded
+    others = _keys(random.Random(4), live_rows, lookups, set(keys))
+    warm = _keys(random.Random(5), live_rows, warm_keys, set(keys) | set(others))
+
+    # cold row groups: key indexes and footers warm (the warm-up builds them), nothing decoded kept
+    set_row_cache_bytes(0)
+    for key in warm[:max(20, warm_keys // 10)]:
         context.fetch_row("bench", key, as_of)
         con.execute(query, [key]).fetchall()
-        if service is not None:
-            service.fetch_row("bench", key, as_of)
-    rng = random.Random(3)
-    keys = [rng.randrange(live_rows) for _ in range(lookups)]
-    for key in keys:  # every answer equals load_table's row (the timed calls below answer the same)
-        expected = _expected(answer, key)
-        assert context.fetch_row("bench", key, as_of) == expected, (label, key)
-        assert store.fetch_row("bench", key, as_of) == expected, (label, key)
-        if service is not None:
-            assert service.fetch_row("bench", key, as_of) == expected, (label, key)
-    fns: list[Callable[[int], Any]] = [
+    cold = _rounds([
         lambda k: context.fetch_row("bench", k, as_of),
         lambda k: store.fetch_row("bench", k, as_of),
         lambda k: _previous_lookup(context, "bench", k, as_of),
         lambda k: con.execute(query, [k]).fetchall(),
+    ], keys)
+
+    # warm: the row cache at its budget, filled by lookups of the warm-up keys (not the timed ones)
+    set_row_cache_bytes(budget)
+    for key in warm:
+        context.fetch_row("bench", key, as_of)
+        if service is not None:
+            service.fetch_row("bench", key, as_of)
+    before = row_cache_stats()
+    other = dict(zip(keys, others, strict=True))
+    fns: list[Callable[[int], Any]] = [
+        lambda k: context.fetch_row("bench", other[k], as_of),
+        lambda k: store.fetch_row("bench", k, as_of),
     ]
-    if service is not None:
+    if service is not None:  # (the server's row cache is its own: the same key is a first ask there)
         fns.append(lambda k: service.fetch_row("bench", k, as_of))
-    figures = _rounds(fns, keys)
+    hot = _rounds(fns, keys)
+    after = row_cache_stats()
     con.close()
-    result = {"as_of": label, "t": as_of, "live_rows": answer.num_rows, "lookups": lookups,
-              "context": figures[0], "store": figures[1], "previous": figures[2], "duckdb_answer_file": figures[3]}
+    for key in keys:  # every answer timed equals load_table's row
+        expected = _expected(answer, key)
+        assert context.fetch_row("bench", key, as_of) == expected, (label, key)
+        assert context.fetch_row("bench", other[key], as_of) == _expected(answer, other[key]), (label, key)
+        assert store.fetch_row("bench", key, as_of) == expected, (label, key)
+        if service is not None:
+            assert service.fetch_row("bench", key, as_of) == expected, (label, key)
+    asked = (after.hits - before.hits) + (after.misses - before.misses)
+    result = {"as_of": label, "t": as_of, "live_rows": answer.num_rows, "lookups": lookups, "warm_keys": len(warm),
+              "row_cache_budget_mib": budget / 2**20, "row_cache_held_mib": after.held_bytes / 2**20,
+              "row_cache_hit_rate": (after.hits - before.hits) / asked if asked else None,
+              "context": hot[0], "store": hot[1], "cold_context": cold[0], "cold_store": cold[1],
+              "previous": cold[2], "duckdb_answer_file": cold[3]}
     if service is not None:
-        result["service"] = figures[4]
+        result["service"] = hot[2]
     return result
 
 
-def run(root: Path, live_rows: int, versions: int, batch: int, lookups: int, service: bool) -> dict[str, Any]:
+def run(root: Path, live_rows: int, versions: int, batch: int, lookups: int, service: bool, warm_keys: int,
+        budget: int) -> dict[str, Any]:
     """Build the history under ``root`` unless it is there, then measure at the latest and a middle T."""
     spec = root / "history.json"
     if spec.exists():
@@ -139,15 +180,18 @@ def run(root: Path, live_rows: int, versions: int, batch: int, lookups: int, ser
     results: dict[str, Any] = {"versions": history["versions"], "live_rows": history["live_rows"], "rows": [],
                                "load": " ".join(f"{x:.1f}" for x in os.getloadavg())}
     with tempfile.TemporaryDirectory() as tmp:
-        client, server = _service(root, Path(tmp)) if service else (None, None)
+        client, server = _service(root, Path(tmp), budget) if service else (None, None)
         try:
             for label, as_of in ts:
                 print(f"lookups: {lookups} at T={label} ...", flush=True)
-                results["rows"].append(bench_at(store, Path(tmp), label, as_of, history["live_rows"], lookups, client))
+                results["rows"].append(bench_at(store, Path(tmp), label, as_of, history["live_rows"], lookups, client,
+                                                warm_keys, budget))
         finally:
             if client is not None:
                 client.close()
                 server.close()
+    results["key_index_mib"] = indexed_bytes() / 2**20
+    results["peak_rss_mib"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     return results
 
 
@@ -155,11 +199,11 @@ class _Served:
     """A ``history-pipeline serve`` process of its own (one worker: one client asks one request at a
     time), so that nothing this process keeps warm (footers, key indexes) is the server's."""
 
-    def __init__(self, root: Path, work: Path):
+    def __init__(self, root: Path, work: Path, budget: int):
         from history_pipeline.service.auth import token_digest
 
         config = work / "server.toml"
-        config.write_text(f'root = "{root.resolve()}"\nworkers = 1\n'
+        config.write_text(f'root = "{root.resolve()}"\nworkers = 1\nrow_cache_mib = {budget // 2**20}\n'
                           f'[tenants.bench]\ndatabase = "bench"\ntoken_sha256 = "{token_digest(TOKEN)}"\n')
         self.log = (work / "server.log").open("w")  # a line per request: a pipe left unread would fill
         self.process = subprocess.Popen([sys.executable, "-m", "history_pipeline.cli", "serve", "--config",
@@ -181,29 +225,41 @@ class _Served:
         self.log.close()
 
 
-def _service(root: Path, work: Path) -> tuple[Any, _Served]:
-    """A server over ``root`` in a process of its own, and a client of it."""
+def _service(root: Path, work: Path, budget: int) -> tuple[Any, _Served]:
+    """A server over ``root`` in a process of its own (its row cache at ``budget``), and a client of it."""
     from history_pipeline.client import connect
 
-    server = _Served(root, work)
+    server = _Served(root, work, budget)
     return connect(server.url, TOKEN), server
 
 
 def report(results: dict[str, Any], commit: str, date: str) -> str:
-    """A Markdown table: ours, the previous lookup and DuckDB's point query, each p50 / p99."""
+    """A Markdown table: ours warm and cold, the previous lookup and DuckDB's point query, each p50 / p99."""
+    first = results["rows"][0]
     lines = [
         f"## fetch_row, {results['live_rows']:,} live rows, {results['versions']:,} versions ({date}, commit {commit})",
         "",
-        f"Command: `python -m bench.lookups`; each T: {results['rows'][0]['lookups']} random keys, 20 warm-up "
-        "lookups first; every answer",
-        "checked equal to load_table's row. Target: p50 <= 1 ms / p99 <= 3 ms in-process, <= 2 / 5 ms through",
-        "the service with one client. Wall time p50 / p99, and in parentheses the CPU time of this process",
-        "in the call (what a lookup costs when it has a core; the machine may be shared).",
-        f"Load average at the start: {results.get('load', '?')}.",
+        f"Command: `python -m bench.lookups`; each T: {first['lookups']} random keys of the live set (not among the "
+        "warm-up keys), timed twice:",
+        "**cold**, no row group kept decoded (each lookup decodes its row's row group: a first lookup of it; key",
+        "indexes and footers warm), beside the previous lookup and DuckDB's point query on a Parquet file holding "
+        "exactly",
+        f"the answer; then **warm**, the row cache at {first['row_cache_budget_mib']:.0f} MiB (in this process and "
+        f"in the server's) after {first['warm_keys']:,}",
+        "lookups of other random keys (a worker's steady state; the warm context asks another such set of keys;",
+        "the hit rate is that of the timed lookups in this process). Every",
+        "answer checked equal to load_table's row. Target: p50 <= 1 ms / p99 <= 3 ms in-process, <= 2 / 5 ms through",
+        "the service with one client (its own `serve` process). Wall time p50 / p99, and in parentheses the CPU time "
+        "of",
+        "this process in the call (what a lookup costs when it has a core; the machine may be shared).",
+        f"Load average at the start: {results.get('load', '?')}. Key indexes held: "
+        f"{results.get('key_index_mib', 0):.0f} MiB; peak RSS of the bench process: "
+        f"{results.get('peak_rss_mib', 0):.0f} MiB.",
         "",
-        "| T | fetch_row, warm context | HistoryStore.fetch_row | through the service, one client | "
-        "previous lookup (same run) | DuckDB point query on the answer file (reference) | verdict |",
-        "| --- | ---: | ---: | ---: | ---: | ---: | --- |",
+        "| T | HistoryStore.fetch_row, warm | fetch_row, warm context | through the service, one client, warm | "
+        "row cache (held, hit rate) | HistoryStore.fetch_row, cold | previous lookup (cold, same run) | "
+        "DuckDB point query on the answer file (reference) | verdict |",
+        "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |",
     ]
 
     def pair(f: dict[str, float] | None, cpu: bool = True) -> str:
@@ -212,16 +268,19 @@ def report(results: dict[str, Any], commit: str, date: str) -> str:
         text = f"{f['p50_ms']:.2f} / {f['p99_ms']:.2f} ms"
         return text + (f" (CPU {f['cpu_p50_ms']:.2f} / {f['cpu_p99_ms']:.2f})" if cpu else "")
 
+    def meets(f: dict[str, float], p50: float, p99: float) -> str:
+        return "meets" if f["p50_ms"] <= p50 and f["p99_ms"] <= p99 else "MISSES"
+
     for row in results["rows"]:
-        inproc = row["store"]
         remote = row.get("service")
-        met = inproc["p50_ms"] <= 1 and inproc["p99_ms"] <= 3
-        verdict = f"in-process {'meets' if met else 'MISSES'} target"
+        verdict = f"in-process warm {meets(row['store'], 1, 3)}, cold {meets(row['cold_store'], 1, 3)} target"
         if remote is not None:
-            verdict += f"; service {'meets' if remote['p50_ms'] <= 2 and remote['p99_ms'] <= 5 else 'MISSES'} target"
-        lines.append(f"| {row['as_of']} (t={row['t']:,}) | {pair(row['context'])} | {pair(inproc)} | "
-                     f"{pair(remote, False)} | {pair(row['previous'])} | {pair(row['duckdb_answer_file'])} | "
-                     f"{verdict} |")
+            verdict += f"; service warm {meets(remote, 2, 5)} target"
+        hit = row["row_cache_hit_rate"]
+        cache = f"{row['row_cache_held_mib']:.0f} MiB, {'—' if hit is None else f'{100 * hit:.0f} %'}"
+        lines.append(f"| {row['as_of']} (t={row['t']:,}) | {pair(row['store'])} | {pair(row['context'])} | "
+                     f"{pair(remote, False)} | {cache} | {pair(row['cold_store'])} | {pair(row['previous'])} | "
+                     f"{pair(row['duckdb_answer_file'])} | {verdict} |")
     return "\n".join(lines) + "\n"
 
 
@@ -233,16 +292,23 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--batch", type=int, default=1_000_000)
     parser.add_argument("--lookups", type=int, default=300)
     parser.add_argument("--no-service", action="store_true", help="in-process only")
+    parser.add_argument("--warm-keys", type=int, default=2000,
+                        help="lookups of other keys before the warm rounds (they fill the row cache)")
+    parser.add_argument("--row-cache-mib", type=int, default=ROW_CACHE_BYTES // 2**20,
+                        help="the row cache's budget in the warm rounds, here and in the server")
     parser.add_argument("--out", default="lookups", help="results file name (under bench/results/)")
     args = parser.parse_args(argv)
+    budget = args.row_cache_mib * 2**20
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
                             cwd=Path(__file__).parent).stdout.strip() or "unknown"
     date = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
     if args.root:
-        results = run(Path(args.root), args.live_rows, args.versions, args.batch, args.lookups, not args.no_service)
+        results = run(Path(args.root), args.live_rows, args.versions, args.batch, args.lookups, not args.no_service,
+                      args.warm_keys, budget)
     else:
         with tempfile.TemporaryDirectory() as tmp:
-            results = run(Path(tmp), args.live_rows, args.versions, args.batch, args.lookups, not args.no_service)
+            results = run(Path(tmp), args.live_rows, args.versions, args.batch, args.lookups, not args.no_service,
+                          args.warm_keys, budget)
     results.update(commit=commit, date=date)
     text = report(results, commit, date)
     print(text)

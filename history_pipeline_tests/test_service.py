@@ -697,6 +697,30 @@ def test_concurrency_counts_admit_up_to_the_limit_and_release():
     assert release(release(running, "a"), "a") == {}
 
 
+def test_the_servers_row_cache_budget_is_configured_and_taken_by_the_server(stores):
+    """``row_cache_mib`` (default: the process default) is the budget of the decoded row groups the
+    server keeps for its point lookups; a negative one is refused when the file is read."""
+    from history_pipeline.supertable import row_cache
+
+    digest = token_digest("t")
+    tenants = {"a": {"token_sha256": digest}}
+    assert config_from_mapping({"tenants": tenants}).row_cache_mib * 2**20 == row_cache.ROW_CACHE_BYTES
+    assert config_from_mapping({"row_cache_mib": 0, "tenants": tenants}).row_cache_mib == 0
+    with pytest.raises(ValueError, match="row_cache_mib"):
+        config_from_mapping({"row_cache_mib": -1, "tenants": tenants})
+    try:
+        with HistoryServer(config_for(stores, workers=1, row_cache_mib=3)) as running, \
+                connect(running.url, TOKEN_A) as remote:
+            end = stores["a"].frontier + 1
+            key = stores["a"].load_table("orders", end).column("synthetic_key")[0].as_py()
+            row = remote.fetch_row("orders", key, end)
+            kept = row_cache.row_cache_stats()  # (the server's: it runs in this process)
+            assert kept.budget_bytes == 3 * 2**20 and 0 < kept.held_bytes <= kept.budget_bytes
+            assert row is not None and same(row, stores["a"].fetch_row("orders", key, end))
+    finally:
+        row_cache.set_row_cache_bytes(row_cache.ROW_CACHE_BYTES)
+
+
 def test_config_reads_tenants_limits_and_refuses_mistakes():
     digest = token_digest("t")
     config = config_from_mapping({

@@ -5,6 +5,7 @@
     port = 8815
     workers = 4                     # worker processes answering queries (server-wide)
     batch_rows = 65536              # rows per streamed Arrow record batch
+    row_cache_mib = 256             # decoded row groups kept for point lookups (0: none)
     tls_cert = "server.pem"         # both or neither: PEM certificate chain and private key
     tls_key = "server.key"
 
@@ -30,6 +31,7 @@ from typing import Any
 
 from history_pipeline.service.auth import Tenant, TenantDirectory
 from history_pipeline.service.limits import Limits
+from history_pipeline.supertable.row_cache import ROW_CACHE_BYTES
 
 _LIMIT_KEYS = {f.name for f in fields(Limits)}
 
@@ -47,6 +49,8 @@ class ServerConfig:
     batch_rows: int = 65_536
     tls_cert: bytes | None = None
     tls_key: bytes | None = None
+    #: MiB of decoded row groups the server keeps for point lookups (``supertable.row_cache``)
+    row_cache_mib: int = ROW_CACHE_BYTES // 2**20
 
     def __post_init__(self) -> None:
         if (self.tls_cert is None) != (self.tls_key is None):
@@ -88,6 +92,8 @@ CONFIG_KEYS: tuple[ConfigKey, ...] = (
     ConfigKey("port", f"{ServerConfig.port}", "the port to listen on (0: any free port)"),
     ConfigKey("workers", f"{ServerConfig.workers}", "worker processes answering queries (server-wide)"),
     ConfigKey("batch_rows", f"{ServerConfig.batch_rows}", "rows per streamed Arrow record batch"),
+    ConfigKey("row_cache_mib", f"{ServerConfig.row_cache_mib}",
+              "MiB of decoded row groups kept for point lookups, all tenants together (0: none)"),
     ConfigKey("tls_cert", "none", "PEM certificate chain (with tls_key; relative to the file)"),
     ConfigKey("tls_key", "none", "PEM private key (with tls_cert)"),
     ConfigKey("limits", "", "[limits] table: every tenant's limits, unless its own section overrides them"),
@@ -165,6 +171,7 @@ def config_from_mapping(data: Mapping[str, Any], base: Path = Path(".")) -> Serv
         limits=Limits().with_overrides(data.get("limits") or {}),
         workers=_integer(data, "workers", ServerConfig.workers, least=1),
         batch_rows=_integer(data, "batch_rows", ServerConfig.batch_rows, least=1),
+        row_cache_mib=_integer(data, "row_cache_mib", ServerConfig.row_cache_mib),
         tls_cert=_read_pem(base, data.get("tls_cert"), "tls_cert"),
         tls_key=_read_pem(base, data.get("tls_key"), "tls_key"),
     )

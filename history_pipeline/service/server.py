@@ -56,6 +56,7 @@ from history_pipeline.service.protocol import (
 )
 from history_pipeline.service.workers import Job, WorkerPool
 from history_pipeline.store import HistoryStore
+from history_pipeline.supertable.row_cache import set_row_cache_bytes
 
 
 class _TenantMiddleware(flight.ServerMiddleware):
@@ -242,6 +243,9 @@ class HistoryServer(flight.FlightServerBase):
         self._answers: dict[bytes, _Answer] = {}
         #: the stores point lookups are answered from, one per database (``_lookup``)
         self._stores: dict[str, HistoryStore] = {}
+        #: each tenant's limits, worked out once (a lookup is answered in well under a millisecond)
+        self._limits = {tenant.name: config.limits_of(tenant) for tenant in config.tenants}
+        set_row_cache_bytes(config.row_cache_mib * 2**20)  # (the lookups of this process are this server's)
         tls = []
         if config.tls_cert is not None and config.tls_key is not None:
             tls = [flight.CertKeyPair(cert=config.tls_cert, key=config.tls_key)]
@@ -328,7 +332,7 @@ class HistoryServer(flight.FlightServerBase):
                     f"the {FETCH_ROW_ACTION} action takes a FetchRow request, not {operation(request)}: "
                     "send other requests as a DoGet ticket"
                 )
-            limits: Limits = self.config.limits_of(tenant)
+            limits = self._limits[tenant.name]
             with self._gate.slot(tenant.name, limits.max_concurrent_queries):
                 table = self._lookup_table(tenant.database, request, limits)
             answer = answer_bytes(table, self.config.batch_rows)
