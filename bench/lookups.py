@@ -12,8 +12,9 @@ key: the candidate row groups read whole) and DuckDB's ``WHERE synthetic_key = ?
 file holding exactly the answer (a warm connection); then warm, with the row cache at its budget
 (``--row-cache-mib``, here and in the server) after ``--warm-keys`` lookups of other keys,
 in-process and through the service (one client; ``history-pipeline serve`` in a process of its
-own, one worker). Every answer is checked equal to that key's row of ``load_table`` as of the
-same T.
+own, one worker), beside a Flight round trip to the same server answering a constant
+(``ListActions``: the floor of any call on this machine at its load). Every answer is checked
+equal to that key's row of ``load_table`` as of the same T.
 Writes bench/results/lookups.json and lookups.md.
 """
 
@@ -141,6 +142,8 @@ def bench_at(store: HistoryStore, work: Path, label: str, as_of: int, live_rows:
     ]
     if service is not None:  # (the server's row cache is its own: the same key is a first ask there)
         fns.append(lambda k: service.fetch_row("bench", k, as_of))
+        # the floor: a Flight round trip to the same server answering a constant (ListActions)
+        fns.append(lambda k: service._client.list_actions(service._options))
     hot = _rounds(fns, keys)
     after = row_cache_stats()
     con.close()
@@ -159,6 +162,7 @@ def bench_at(store: HistoryStore, work: Path, label: str, as_of: int, live_rows:
               "previous": cold[2], "duckdb_answer_file": cold[3]}
     if service is not None:
         result["service"] = hot[2]
+        result["flight_floor"] = hot[3]
     return result
 
 
@@ -257,9 +261,10 @@ def report(results: dict[str, Any], commit: str, date: str) -> str:
         f"{results.get('peak_rss_mib', 0):.0f} MiB.",
         "",
         "| T | HistoryStore.fetch_row, warm | fetch_row, warm context | through the service, one client, warm | "
+        "a Flight round trip answering a constant (ListActions, same server, same rounds) | "
         "row cache (held, hit rate) | HistoryStore.fetch_row, cold | previous lookup (cold, same run) | "
         "DuckDB point query on the answer file (reference) | verdict |",
-        "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |",
+        "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |",
     ]
 
     def pair(f: dict[str, float] | None, cpu: bool = True) -> str:
@@ -279,7 +284,8 @@ def report(results: dict[str, Any], commit: str, date: str) -> str:
         hit = row["row_cache_hit_rate"]
         cache = f"{row['row_cache_held_mib']:.0f} MiB, {'—' if hit is None else f'{100 * hit:.0f} %'}"
         lines.append(f"| {row['as_of']} (t={row['t']:,}) | {pair(row['store'])} | {pair(row['context'])} | "
-                     f"{pair(remote, False)} | {cache} | {pair(row['cold_store'])} | {pair(row['previous'])} | "
+                     f"{pair(remote, False)} | {pair(row.get('flight_floor'), False)} |"
+                     f" {cache} | {pair(row['cold_store'])} | {pair(row['previous'])} | "
                      f"{pair(row['duckdb_answer_file'])} | {verdict} |")
     return "\n".join(lines) + "\n"
 
