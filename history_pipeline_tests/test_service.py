@@ -697,6 +697,7 @@ def test_concurrency_counts_admit_up_to_the_limit_and_release():
     assert release(release(running, "a"), "a") == {}
 
 
+@pytest.mark.daemon
 def test_the_servers_row_cache_budget_is_configured_and_taken_by_the_server(stores):
     """``row_cache_mib`` (default: the process default) is the budget of the decoded row groups the
     server keeps for its point lookups; a negative one is refused when the file is read."""
