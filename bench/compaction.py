@@ -24,7 +24,11 @@ same segment files:
 - with ``--extras``: the task engine and Delta Lake MERGE once per segment, same session;
 - peak RSS of the driver, the JVM and the executors' Python workers while ours runs.
 
-Target: ours (versions/s) >= 0.5x the typed JSON -> Parquet (events/s).
+With ``--runs N`` ours and the typed baseline run as N adjacent pairs, and the pairs' ratios are
+given as median and spread, in wall time and in CPU time (this process, the JVM and its Python
+workers, which the machine's load does not change).
+
+Target: ours (versions/s) >= 0.5x the typed JSON -> Parquet (events/s), the median of the pairs.
 """
 
 from __future__ import annotations
@@ -34,6 +38,7 @@ import datetime
 import json
 import os
 import shutil
+import statistics
 import subprocess
 import tempfile
 import threading
@@ -73,17 +78,58 @@ MAP_SCHEMA = "op string, t bigint, table_uuid string, key bigint, `values` map<s
 RESULTS = Path(__file__).parent / "results"
 
 
+def json_to_parquet(spark: Any, paths: list[str], out: Path, schema: Any) -> Timing:
+    """One run of Spark's own JSON -> Parquet of ``paths`` as its users run it (an explicit
+    ``schema``), its wall and CPU seconds."""
+    with Timer() as timer:
+        spark.read.schema(schema).json(paths).write.mode("overwrite").parquet(str(out))
+    return timer.timing
+
+
 def spark_json_to_parquet_s(spark: Any, paths: list[str], out: Path, schema: Any) -> float:
     """Spark's own JSON -> Parquet of ``paths`` as its users run it: an explicit ``schema``, the
     session warm (one untimed run first); the best of two timed runs, in seconds."""
+    json_to_parquet(spark, paths, out, schema)  # warm-up, untimed
+    return min(json_to_parquet(spark, paths, out, schema).wall for _ in range(2))
 
-    def once() -> float:
-        began = time.perf_counter()
-        spark.read.schema(schema).json(paths).write.mode("overwrite").parquet(str(out))
-        return time.perf_counter() - began
 
-    once()  # warm-up, untimed
-    return min(once() for _ in range(2))
+def tree_cpu_s(root: int | None = None) -> float:
+    """CPU seconds (user and system) spent so far by a process (this one by default) and every
+    process under it (the JVM, its Python workers), those already ended and reaped included: what
+    a piece of work costs whatever share of the cores the machine's load leaves it."""
+    tree = _children()
+    ticks, todo = 0, [os.getpid() if root is None else root]
+    while todo:
+        pid = todo.pop()
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        ticks += sum(int(x) for x in fields[11:15])  # utime, stime, cutime, cstime
+        todo += tree.get(pid, [])
+    return ticks / os.sysconf("SC_CLK_TCK")
+
+
+@dataclass(frozen=True)
+class Timing:
+    """Wall and CPU seconds of one measured run."""
+
+    wall: float
+    cpu: float
+
+
+class Timer:
+    """Measures the wall time and the CPU time of this process tree over a ``with`` block."""
+
+    timing = Timing(0.0, 0.0)
+
+    def __enter__(self) -> Timer:
+        self._cpu, self._wall = tree_cpu_s(), time.perf_counter()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.timing = Timing(time.perf_counter() - self._wall, tree_cpu_s() - self._cpu)
 
 
 def _children() -> dict[int, list[int]]:
@@ -177,40 +223,65 @@ def cases(size: str) -> dict[str, Case]:
     }
 
 
-def _timed_compact(store: HistoryStore, spark: Any, in_process: bool) -> tuple[Any, float, list[Any]]:
-    """Compact with the phases timed; (summary, wall seconds, phase split)."""
+def _timed_compact(store: HistoryStore, spark: Any, in_process: bool) -> tuple[Any, Timing, list[Any]]:
+    """Compact with the phases timed; (summary, wall and CPU seconds, phase split)."""
     phases.clear()
     phases.instrument(in_process)
     try:
-        began = time.perf_counter()
-        summary = store.compact(spark=spark)
-        seconds = time.perf_counter() - began
+        with Timer() as timer:
+            summary = store.compact(spark=spark)
     finally:
         phases.restore()
-    return summary, seconds, phases.split()
+    return summary, timer.timing, phases.split()
 
 
-def bench_case(work: Path, case: Case, spark: Any, extras: bool = False) -> dict[str, Any]:
-    """Ours (with its phase split) and Spark's JSON -> Parquet, typed and as a map, on one workload."""
-    store = HistoryStore.open(work / "ours", database="bench", settings=FRAMES)
-    written = case.write(store)
-    again = HistoryStore.open(work / "split", database="bench", settings=FRAMES)
-    case.write(again)
+def _spread(values: list[float]) -> dict[str, float]:
+    return {"median": statistics.median(values), "min": min(values), "max": max(values)}
+
+
+def bench_case(work: Path, case: Case, spark: Any, extras: bool = False, runs: int = 1) -> dict[str, Any]:
+    """Ours (with its phase split) and Spark's JSON -> Parquet, typed and as a map, on one workload.
+
+    Ours and the typed baseline run in ``runs`` adjacent pairs (ours on a fresh copy of the written
+    store each time, then the baseline): a load that changes during the bench moves both sides of a
+    pair alike, so the pairs' ratios are compared, as medians and spreads, in wall time and in CPU
+    time (this process, the JVM and its Python workers)."""
+    pristine = work / "pristine"
+    written = case.write(HistoryStore.open(pristine, database="bench", settings=FRAMES))
     copies = work / "segments"
     copies.mkdir()
-    for ref in store.segments(SegmentState.SEALED):
+    for ref in HistoryStore.open(pristine, database="bench", settings=FRAMES).segments(SegmentState.SEALED):
         shutil.copy(ref.path, copies / f"{ref.name}.json")
     paths = [str(p) for p in sorted(copies.iterdir())]
+    typed = case.typed_schema()
     # warm right before the measurement, as the baseline is: Spark stops a Python worker idle for
     # a minute, and writing the workload takes longer than that
     warm(work / "warm", spark)
-    with RssSampler() as rss:
-        summary, ours_s, split = _timed_compact(store, spark, in_process=False)
-    versions = summary.versions_written
-    _, in_process_s, task_split = _timed_compact(again, spark, in_process=True)
-
-    typed_s = spark_json_to_parquet_s(spark, paths, work / "typed_out", case.typed_schema())
+    json_to_parquet(spark, paths, work / "typed_out", typed)  # the baseline's warm-up, untimed
+    pairs: list[tuple[Timing, Timing]] = []
+    split: list[Any] = []
+    peak: dict[str, float] = {}
+    versions = 0
+    for run in range(runs):
+        shutil.copytree(pristine, work / f"ours{run}")
+        store = HistoryStore.open(work / f"ours{run}", database="bench", settings=FRAMES)
+        with RssSampler() as rss:
+            summary, ours, run_split = _timed_compact(store, spark, in_process=False)
+        if run == 0:
+            versions, split, peak = summary.versions_written, run_split, rss.peak
+        elif summary.versions_written != versions:
+            raise RuntimeError(f"run {run} wrote {summary.versions_written} versions, the first {versions}")
+        pairs.append((ours, json_to_parquet(spark, paths, work / "typed_out", typed)))
+        if run < runs - 1:  # the last compacted store stays for the extras
+            shutil.rmtree(work / f"ours{run}", ignore_errors=True)
+    shutil.copytree(pristine, work / "split")
+    _, in_process, task_split = _timed_compact(
+        HistoryStore.open(work / "split", database="bench", settings=FRAMES), spark, in_process=True)
     map_s = spark_json_to_parquet_s(spark, paths, work / "map_out", MAP_SCHEMA)
+    wall_ratios = [(versions / ours.wall) / (written / typed.wall) for ours, typed in pairs]
+    cpu_ratios = [(versions / ours.cpu) / (written / typed.cpu) for ours, typed in pairs]
+    ours_s = statistics.median(ours.wall for ours, _ in pairs)
+    typed_s = statistics.median(typed.wall for _, typed in pairs)
     spark_rate = written / typed_s
     result: dict[str, Any] = {
         "workload": case.name,
@@ -218,26 +289,34 @@ def bench_case(work: Path, case: Case, spark: Any, extras: bool = False) -> dict
         "segments": len(paths),
         "segment_bytes": sum(os.path.getsize(p) for p in paths),
         "versions": versions,
+        "runs": runs,
+        "pairs": [{"ours_s": o.wall, "ours_cpu_s": o.cpu, "typed_s": t.wall, "typed_cpu_s": t.cpu}
+                  for o, t in pairs],
         "ours_s": ours_s,
+        "ours_cpu_s": statistics.median(ours.cpu for ours, _ in pairs),
         "ours_versions_per_s": versions / ours_s,
         "phases": [{"phase": n, "seconds": s, "calls": c} for n, s, c in split],
-        "tasks_in_process_s": in_process_s,
+        "tasks_in_process_s": in_process.wall,
         "task_phases": [{"phase": n, "seconds": s, "calls": c} for n, s, c in task_split],
         "spark_json_typed_s": typed_s,
+        "spark_json_typed_cpu_s": statistics.median(typed.cpu for _, typed in pairs),
         "spark_typed_events_per_s": spark_rate,
         "spark_json_map_s": map_s,
         "spark_map_events_per_s": written / map_s,
-        "ratio_to_spark_json_typed": versions / ours_s / spark_rate,
+        "ratio_to_spark_json_typed": statistics.median(wall_ratios),
+        "wall_ratio": _spread(wall_ratios),
+        "cpu_ratio": _spread(cpu_ratios),
         "ratio_to_spark_json_map": versions / ours_s / (written / map_s),
         "target_ratio": 0.5,
-        "meets_target": versions / ours_s / spark_rate >= 0.5,
-        "peak_rss": rss.peak,
+        "meets_target": statistics.median(wall_ratios) >= 0.5,
+        "peak_rss": peak,
+        "load_average": os.getloadavg(),
     }
     if extras:
         from bench.run import bench_delta_merge
 
+        shutil.copytree(pristine, work / "tasks")
         tasks_store = HistoryStore.open(work / "tasks", database="bench", settings=TASKS)
-        case.write(tasks_store)
         began = time.perf_counter()
         tasks_versions = tasks_store.compact(spark=spark).versions_written
         tasks_s = time.perf_counter() - began
@@ -276,6 +355,13 @@ def report(r: dict[str, Any]) -> str:
         f"| Spark JSON->Parquet, `values` as map<string,string> | {r['spark_json_map_s']:.2f} | "
         f"{r['spark_map_events_per_s']:,.0f} events/s | ours {r['ratio_to_spark_json_map']:.2f}x |",
     ]
+    if "cpu_ratio" in r:
+        wall, cpu = r["wall_ratio"], r["cpu_ratio"]
+        lines += ["", f"{r['runs']} adjacent pairs (ours, then the typed baseline), load average "
+                  f"{r['load_average'][0]:.1f} at the end: ratio in wall time median {wall['median']:.2f}x "
+                  f"({wall['min']:.2f}-{wall['max']:.2f}x); in CPU time (this process, the JVM and its Python "
+                  f"workers: ours {r['ours_cpu_s']:.2f} s, baseline {r['spark_json_typed_cpu_s']:.2f} s, medians) "
+                  f"median {cpu['median']:.2f}x ({cpu['min']:.2f}-{cpu['max']:.2f}x)."]
     if "tasks_engine_versions_per_s" in r:
         lines.append(f"| task engine | | {r['tasks_engine_versions_per_s']:,.0f} versions/s | |")
         lines.append(f"| Delta MERGE per segment | | {(r['delta_versions_per_s'] or 0):,.0f} versions/s | |")
@@ -319,6 +405,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help="(as --size quick)")
     parser.add_argument("--extras", action="store_true", help="also the task engine and Delta MERGE")
     parser.add_argument("--note", default="", help="what else ran on the machine")
+    parser.add_argument("--runs", type=int, default=1,
+                        help="adjacent (ours, baseline) pairs per workload: medians and spreads of their ratios")
     args = parser.parse_args(argv)
     from history_pipeline.execution import local_spark
 
@@ -329,11 +417,11 @@ def main(argv: list[str] | None = None) -> int:
         for name in chosen:
             work = Path(tmp) / name
             work.mkdir()
-            result = bench_case(work, cases(args.size)[name], spark, args.extras)
+            result = bench_case(work, cases(args.size)[name], spark, args.extras, args.runs)
             print(report(result), flush=True)
             results.append(result)
     spark.stop()
-    command = f"python -m bench.compaction --workload {args.workload} --size {args.size}"
+    command = f"python -m bench.compaction --workload {args.workload} --size {args.size} --runs {args.runs}"
     stamp = {"date": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC"), "commit": _commit(),
              "command": command + (" --extras" if args.extras else ""), "note": args.note}
     write_results(stamp, results)
