@@ -208,7 +208,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--cycles", type=int, default=4)
     parser.add_argument("--wide-live", type=int, default=90_000)
     parser.add_argument("--wide-versions", type=int, default=400_000)
-    parser.add_argument("--samples", type=int, default=7)
+    parser.add_argument("--samples", type=int, default=15)
     parser.add_argument("--out", default="sql_as_of", help="results file name (under bench/results/)")
     args = parser.parse_args(argv)
     if args.quick:
