@@ -212,7 +212,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", default="sql_as_of", help="results file name (under bench/results/)")
     args = parser.parse_args(argv)
     if args.quick:
-        args.tpch_orders, args.cycles, args.samples = [2000, 8000], 2, 5
+        args.tpch_orders, args.cycles, args.samples = [2000, 8000], 2, 9
         args.wide_live, args.wide_versions = 20_000, 80_000
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
                             cwd=Path(__file__).parent).stdout.strip() or "unknown"
