@@ -21,6 +21,7 @@ import argparse
 import datetime as dt
 import json
 import math
+import os
 import random
 import statistics
 import subprocess
@@ -179,8 +180,10 @@ def run(work: Path, tpch_sizes: list[int], cycles: int, wide_live: int, wide_ver
 
 def report(results: dict[str, Any], when: str, commit: str) -> str:
     rows = results["rows"]
+    load = results.get("load")
+    shared = f" Load average (1 min) {load[0]:.1f} at the start, {load[1]:.1f} at the end." if load else ""
     lines = [f"sql() as of T beside DuckDB on Parquet copies of the tables as of T; measured {when}, "
-             f"commit {commit}; medians of interleaved runs, both sides warm, one process.", "",
+             f"commit {commit}; medians of interleaved runs, both sides warm, one process.{shared}", "",
              "| workload | query | as of | ours | DuckDB on copies | ratio | same answer |",
              "|---|---|---|---|---|---|---|"]
     for r in rows:
@@ -205,17 +208,19 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--cycles", type=int, default=4)
     parser.add_argument("--wide-live", type=int, default=90_000)
     parser.add_argument("--wide-versions", type=int, default=400_000)
-    parser.add_argument("--samples", type=int, default=7)
+    parser.add_argument("--samples", type=int, default=15)
     parser.add_argument("--out", default="sql_as_of", help="results file name (under bench/results/)")
     args = parser.parse_args(argv)
     if args.quick:
-        args.tpch_orders, args.cycles, args.samples = [2000, 8000], 2, 5
+        args.tpch_orders, args.cycles, args.samples = [2000, 8000], 2, 9
         args.wide_live, args.wide_versions = 20_000, 80_000
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
                             cwd=Path(__file__).parent).stdout.strip() or "unknown"
     when = dt.datetime.now(dt.UTC).strftime("%Y-%m-%d %H:%M UTC")
+    start_load = os.getloadavg()[0]
     with tempfile.TemporaryDirectory() as tmp:
         results = run(Path(tmp), args.tpch_orders, args.cycles, args.wide_live, args.wide_versions, args.samples)
+    results["load"] = [start_load, os.getloadavg()[0]]  # the machine may be shared: how busy it was
     table = report(results, when, commit)
     print(table)
     RESULTS.mkdir(parents=True, exist_ok=True)

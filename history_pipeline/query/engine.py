@@ -515,7 +515,7 @@ class QueryContext:
             if descriptor.table_uuid not in done:
                 for name, dataset in view.datasets:
                     con.register(name, dataset)
-                kept.ensure(con, schema, descriptor.table_name, view.sql, view.changes, view.keep_on_reuse)
+                kept.ensure(con, schema, descriptor.table_name, view.sql, view.changes, view.live_bytes)
                 done.add(descriptor.table_uuid)
             elif kept.deferred:  # a pooled cursor's second query at T keeps what the first deferred
                 kept.ensure(con, schema, descriptor.table_name)
@@ -557,7 +557,7 @@ class QueryContext:
                     else f"SELECT {columns} FROM ({live.materialized_sql}) live")
             changes = (live.changes_sql, live.changes_bytes, view)
         return _TableView(f"SELECT {columns} FROM ({live.sql}) live", live.datasets, tuple(wide), changes,
-                          live.keep_on_reuse)
+                          live.live_bytes)
 
     def _expose_materialized(self, con: Any, descriptor: TableDescriptor, as_of: int, index: int) -> list[str]:
         """A table with array columns is exposed from its reconstructed Arrow table: arrays are stored
@@ -603,7 +603,7 @@ class _TableView:
     datasets: tuple[tuple[str, Any], ...]
     wide: tuple[str, ...]
     changes: tuple[str, int, str] | None = None  # see SandboxViews.ensure
-    keep_on_reuse: bool = False
+    live_bytes: int = 0  # see SandboxViews.ensure
 
 
 @dataclass(frozen=True)

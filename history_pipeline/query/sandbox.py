@@ -29,8 +29,9 @@ from history_pipeline.query.scan import CHANGES_TOKEN
 
 #: the sandboxes kept (the newest states of the stores a process reads)
 KEPT = 4
-#: the most bytes one sandbox keeps as tables, per T: each key's newest change since a snapshot
-#: (16 bytes a key) or a small tail's newest rows (their files' uncompressed bytes)
+#: the most bytes one sandbox keeps as tables, over every T: each key's newest change since a
+#: snapshot (16 bytes a key), a small tail's newest rows (their files' uncompressed bytes), and the
+#: live rows of tables asked at one T twice (``kept_table_bytes``)
 KEPT_BYTES = 160_000_000
 #: the most as-of schemas one sandbox holds; past it the state gets a fresh sandbox (a service asked
 #: at ever new T would otherwise grow one schema of views per T for the state's lifetime)
@@ -70,8 +71,8 @@ class SandboxViews:
         self.schemas: set[str] = set()
         self.kept_bytes = 0
         self.idle: dict[str, list[PooledCursor]] = {}
-        #: views made without keeping their table yet (``keep_on_reuse``): (view SQL, changes)
-        self.deferred: dict[tuple[str, str], tuple[str, tuple[str, int, str]]] = {}
+        #: views whose live rows are kept as a table when next named (``live_bytes``): their bound
+        self.deferred: dict[tuple[str, str], int] = {}
 
     def take(self, schema: str) -> PooledCursor | None:
         """An idle cursor that a finished query of ``schema`` gave back (already ``USE``-ing it)."""
@@ -89,14 +90,16 @@ class SandboxViews:
         cursor.con.close()
 
     def ensure(self, cursor: duckdb.DuckDBPyConnection, schema: str, name: str | None, sql: str = "",
-               changes: tuple[str, int, str] | None = None, keep_on_reuse: bool = False) -> None:
+               changes: tuple[str, int, str] | None = None, live_bytes: int = 0) -> None:
         """Create ``schema`` and view ``schema.name AS sql`` through ``cursor`` unless made before.
 
         ``changes`` (SELECT of what to keep: (key, newest t) of the table's changes or a small tail's
         newest rows; the bytes it may take; the view's SQL over it at ``CHANGES_TOKEN``): kept as
-        table ``<schema>_changes.name`` for the view to read, while this sandbox keeps at most
-        ``KEPT_BYTES`` in all (past it, the view reads the files alone). With ``keep_on_reuse`` the
-        first view reads the files, and the next call for the same view keeps the table then.
+        table ``<schema>_changes.name`` for the view to read. ``live_bytes`` (a bound on the bytes
+        the view's rows take, 0 for never): the next call for the same view keeps those rows as
+        table ``<schema>_live.name`` and the view reads it from then on (the first query at T reads
+        the files: one query at T would pay for keeping every column for nothing). This sandbox
+        keeps at most ``KEPT_BYTES`` in all; past it, views read the files as before.
         """
         with self.lock:
             if schema not in self.schemas:
@@ -104,28 +107,37 @@ class SandboxViews:
                 self.schemas.add(schema)
             if name is None:
                 return
+            view = f"{_ident(schema)}.{_ident(name)}"
             if (schema, name) in self.created:
-                deferred = self.deferred.pop((schema, name), None)
-                if deferred is None:
-                    return
-                sql, changes = deferred
-            elif changes is not None and keep_on_reuse:
-                self.deferred[(schema, name)] = (sql, changes)
-                changes = None
+                bound = self.deferred.pop((schema, name), 0)
+                if bound and self.kept_bytes + bound <= KEPT_BYTES:
+                    live = self._keep(cursor, schema + "_live", name, f"SELECT * FROM {view}")
+                    if live is not None:
+                        self.kept_bytes += bound
+                        cursor.execute(f"CREATE OR REPLACE VIEW {view} AS SELECT * FROM {live}")
+                return
             if changes is not None and self.kept_bytes + changes[1] <= KEPT_BYTES:
-                kept = f"{_ident(schema + '_changes')}.{_ident(name)}"
-                cursor.execute(f"CREATE SCHEMA IF NOT EXISTS {_ident(schema + '_changes')}")
-                try:
-                    cursor.execute(f"CREATE OR REPLACE TABLE {kept} AS {changes[0]}")
-                except duckdb.Error:
-                    # keeping reads columns this query may not need: one that cannot be read (a
-                    # damaged chunk) fails only the queries that name it, as with the files alone
-                    changes = None
-                if changes is not None:
+                kept = self._keep(cursor, schema + "_changes", name, changes[0])
+                if kept is not None:
                     self.kept_bytes += changes[1]
                     sql = changes[2].replace(CHANGES_TOKEN, kept)
-            cursor.execute(f"CREATE OR REPLACE VIEW {_ident(schema)}.{_ident(name)} AS {sql}")
+            cursor.execute(f"CREATE OR REPLACE VIEW {view} AS {sql}")
             self.created.add((schema, name))
+            if live_bytes:
+                self.deferred[(schema, name)] = live_bytes
+
+    @staticmethod
+    def _keep(cursor: duckdb.DuckDBPyConnection, schema: str, name: str, select: str) -> str | None:
+        """Table ``schema.name AS select``, its qualified name; None when it cannot be made."""
+        kept = f"{_ident(schema)}.{_ident(name)}"
+        cursor.execute(f"CREATE SCHEMA IF NOT EXISTS {_ident(schema)}")
+        try:
+            cursor.execute(f"CREATE OR REPLACE TABLE {kept} AS {select}")
+        except duckdb.Error:
+            # keeping reads columns this query may not need: one that cannot be read (a damaged
+            # chunk) fails only the queries that name it, as with the files alone
+            return None
+        return kept
 
 
 #: the schema a query as of T resolves its table names in (``USE``); users may not name it

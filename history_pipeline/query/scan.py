@@ -68,9 +68,10 @@ class LiveSql:
     changes_bytes: int = 0
     materialized_sql: str | None = None
     kept_tail: bool = False
-    #: keep the table only when a second query at T uses it (a closed read: keeping reads every
-    #: column of the live rows, which a single query at T would pay for nothing)
-    keep_on_reuse: bool = False
+    #: the live rows are worth keeping whole as a table once a second query at T names the table
+    #: (keeping reads every column of them, which a single query at T would pay for nothing): a
+    #: bound on the bytes that table takes (``kept_table_bytes``); 0 when too large to keep
+    live_bytes: int = 0
 
 
 #: up to this many version rows since the snapshot, all of them are the changes (else the tail)
@@ -82,9 +83,9 @@ KEY_T_BYTES = 16
 #: the bulk is always scanned from Parquet, the kept part is the small delta above it
 KEPT_TAIL_ROWS = 200_000
 TAIL_SHARE = 4
-#: a closed read's live rows are kept as a table when it takes at most these bytes by
+#: a table's live rows as of T are kept as a table when it takes at most these bytes by
 #: ``kept_table_bytes`` (the sandbox's own budget bounds every kept table together)
-KEPT_CLOSED_BYTES = 64_000_000
+KEPT_LIVE_BYTES = 64_000_000
 #: where ``LiveSql.materialized_sql`` names the kept table
 CHANGES_TOKEN = "__HP_CHANGES_TABLE__"
 #: where a flat ``materialized_sql`` (``LiveSql.kept_tail``) takes the view's select list
@@ -174,12 +175,12 @@ def live_sql(
     needs); object-store files through Arrow datasets registered as ``{name}__{part}``.
     In a closed interval (``FileSelection.closed``: every file marked for [snapshot, next
     snapshot) and holding ``superseded_at``) the read is two filtered scans instead, no join:
-    the rows not deleted whose ``superseded_at`` is NULL or at/above ``as_of``; when that table
-    takes at most ``KEPT_CLOSED_BYTES``, ``materialized_sql`` reads those rows from a table made once
-    (``changes_sql``), so later queries at ``as_of`` scan memory instead of the interval's filter
-    columns, several times as many rows as are live. Above an open
+    the rows not deleted whose ``superseded_at`` is NULL or at/above ``as_of``. Above an open
     interval's marks U (``FileSelection.marked_and_since``) the marked files' rows current at U
     (``superseded_at`` NULL) stand for the snapshot, and the version files since U are the changes.
+    Whatever the read, when the live rows would take at most ``KEPT_LIVE_BYTES`` as a table,
+    ``live_bytes`` says so: the sandbox then keeps them whole from the second query at ``as_of``
+    (``SandboxViews.ensure``), so later queries scan memory instead of every version beneath them.
     Columns: synthetic_key, is_deleted, logical_timestamp, then ``columns`` (supercolumn names).
     ``con`` only names DuckDB's types (of columns no file has yet); nothing is created on it.
     """
@@ -200,6 +201,11 @@ def live_sql(
     lower = "" if selection.snapshot_as_of is None else f" AND {lt} >= {selection.snapshot_as_of}"
     in_range = f" WHERE {lt} < {as_of}{lower}"
     closed = is_closed_read(store, selection)
+    # the live rows themselves are worth keeping as a table when small: every later query at T then
+    # scans memory, not the versions beneath them (a closed read's filter columns of several times
+    # the live rows; an open read's snapshot or marked rows joined with the changes since)
+    bound = kept_table_bytes(store, (*selection.snapshot, *selection.versions), schema, wanted)
+    live_bytes = bound if 0 < bound <= KEPT_LIVE_BYTES else 0
     marked = schema.append(pa.field(SUPERSEDED, pa.int64()))
     sup = _quote(SUPERSEDED)
     # the base layer above the marks: the rows no version below them superseded
@@ -276,13 +282,7 @@ def live_sql(
         if selection.versions:
             parts.append(source(selection.versions, "versions", f"{in_range}{current}"))
         sql = " UNION ALL ".join(f"(SELECT * FROM {part})" for part in parts)
-        # the live rows themselves are worth keeping as a table: every query then scans memory, not
-        # three filter columns of every version the interval holds (several times the live rows)
-        kept = kept_table_bytes(store, (*selection.snapshot, *selection.versions), schema, wanted)
-        if not 0 < kept <= KEPT_CLOSED_BYTES:
-            return LiveSql(sql, tuple(datasets), tuple(paths))
-        return LiveSql(sql, tuple(datasets), tuple(paths), f"SELECT * FROM ({sql}) r", kept,
-                       f"SELECT * FROM {CHANGES_TOKEN}", keep_on_reuse=True)
+        return LiveSql(sql, tuple(datasets), tuple(paths), live_bytes=live_bytes)
     head, tail = version_layers(selection.versions)
     if head and selection.snapshot and keeps_tail((), selection.versions, selection.snapshot):
         # changes small beside the snapshot are kept whole, head included: a query then scans only
@@ -324,7 +324,8 @@ def live_sql(
         changes_bytes = KEY_T_BYTES * (rows if first is None else sum(f.row_count for f in tail))
         newest_rows = f"(SELECT r.* FROM {part} r SEMI JOIN {CHANGES_TOKEN} m USING ({k}, {lt}))"
         materialized_sql = assemble(first, newest_rows, keys)
-    return LiveSql(sql, tuple(datasets), tuple(paths), changes_sql, changes_bytes, materialized_sql, kept_tail)
+    return LiveSql(sql, tuple(datasets), tuple(paths), changes_sql, changes_bytes, materialized_sql, kept_tail,
+                   live_bytes)
 
 
 def live_view(

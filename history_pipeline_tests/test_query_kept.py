@@ -1,0 +1,100 @@
+"""sql() keeps a table's live rows as of T as an in-memory table from the second query at T, for
+every kind of read (closed, above an open interval's marks, layered): later queries at T answer
+from memory, equal to the model; a T asked once reads the files; the sandbox's budget bounds it."""
+
+from __future__ import annotations
+
+import pytest
+
+from history_pipeline import HistoryStore, StoreSettings
+from history_pipeline.catalog.files import is_closed_read, is_marked_read, select_files
+from history_pipeline.errors import QueryError
+from history_pipeline.query import sandbox
+from history_pipeline_tests.model import BaseDatabase
+from history_pipeline_tests.test_query_layers import CREATE, _delete, _insert, _load, _update
+from history_pipeline_tests.test_read_path import damage_column
+
+#: a snapshot after 60 versions, the open interval marked once 15 of them are unmarked
+MARKED = StoreSettings(snapshot_min_versions=60, snapshot_ratio=0.2, mark_open_fraction=0.25)
+#: no snapshot: every read is the versions' layers
+LAYERED = StoreSettings(snapshot_min_versions=10**6)
+
+QUERY = "SELECT count(*) AS c, sum(a) AS s, max(note) AS m FROM items"
+
+
+def _read(store, as_of):
+    selection = select_files(store.catalog_state(), "T", as_of)
+    return ("closed" if is_closed_read(store.objects, selection)
+            else "marked" if is_marked_read(store.objects, selection) else "layered")
+
+
+def _history(store, marked):
+    """Inserts, then batches of updates, deletes and re-inserts, each compacted; with ``marked`` a
+    snapshot, then enough updates for the open interval to be marked, then a few more above the marks."""
+    alive: set[int] = set()
+    batches = [[CREATE] + [_insert(2, k, k) for k in range(40)]]
+    for t in range(3, 9):
+        batches.append([_update(t, k, 100 + t) for k in range(t % 4, 40, 4)] + [_delete(t, t)] +
+                       [_insert(t, 40 + t, t)])
+    events = []
+    for batch in batches:
+        events += _load(store, [batch], alive)
+        store.refresh_snapshots(spark=False)
+    if marked:
+        store.refresh_snapshots(force=True, spark=False)
+        t = store.frontier + 1
+        for n in (20, 3):  # a marking's share of updates, then a few too few for the next one
+            keys = sorted(alive)[:n]
+            events += _load(store, [[_update(t + i, k, 7 * i) for i, k in enumerate(keys)]], alive)
+            store.refresh_snapshots(spark=False)
+            t += n
+    return events
+
+
+def _expected(events, as_of):
+    model = BaseDatabase()
+    for e in events:
+        model.apply(e)
+    rows = (model.table_as_of("items", as_of) or {}).values()
+    return [{"c": len(rows), "s": sum(r["a"] for r in rows if r["a"] is not None) if rows else None,
+             "m": max((r["note"] for r in rows if r["note"] is not None), default=None)}]
+
+
+@pytest.mark.parametrize("read", ["layered", "marked"])
+def test_an_open_read_keeps_its_live_rows_as_a_table_from_the_second_query_at_t(tmp_path, read):
+    """Above the open interval's marks, and over layers of versions with no marks, the second
+    query at T keeps the live rows (every column); later queries at T then answer from them, equal
+    to the model, even once the files' bytes are damaged, while a T asked only once reads the files."""
+    store = HistoryStore.open(tmp_path, database="db", settings=MARKED if read == "marked" else LAYERED)
+    events = _history(store, marked=read == "marked")
+    as_of, other = store.frontier + 1, store.frontier
+    assert _read(store, as_of) == _read(store, other) == read
+    expected = _expected(events, as_of)
+    assert store.sql(QUERY, as_of).to_pylist() == expected
+    assert store.sql("SELECT count(*) AS c FROM items", other).to_pylist() == [{"c": _expected(events, other)[0]["c"]}]
+    con, kept = sandbox._sandboxes[store.query_context()._sandbox_key()]
+    before = kept.kept_bytes
+    assert kept.deferred  # one query at T keeps nothing yet
+    assert store.sql(QUERY, as_of).to_pylist() == expected  # the second keeps the rows
+    assert kept.kept_bytes > before
+    assert damage_column(store, "T", "n-1")
+    assert store.sql(QUERY, as_of).to_pylist() == expected
+    assert store.sql("SELECT a, note FROM items WHERE a >= 100 ORDER BY synthetic_key", as_of).num_rows > 0
+    with pytest.raises(QueryError):
+        store.sql(QUERY, other)
+
+
+def test_the_live_rows_are_not_kept_past_the_sandbox_budget(tmp_path, monkeypatch):
+    """Past the sandbox's budget the second query at T keeps nothing and reads the files, so it
+    still answers, and a damaged column fails it as with the files alone."""
+    monkeypatch.setattr(sandbox, "KEPT_BYTES", 0)
+    store = HistoryStore.open(tmp_path, database="db", settings=LAYERED)
+    events = _history(store, marked=False)
+    as_of = store.frontier + 1
+    for _ in range(2):
+        assert store.sql(QUERY, as_of).to_pylist() == _expected(events, as_of)
+    con, kept = sandbox._sandboxes[store.query_context()._sandbox_key()]
+    assert kept.kept_bytes == 0 and not kept.deferred
+    assert damage_column(store, "T", "n-1")
+    with pytest.raises(QueryError):
+        store.sql(QUERY, as_of)
