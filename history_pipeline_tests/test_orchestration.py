@@ -361,6 +361,31 @@ def test_a_batch_records_each_segment_as_a_run_of_its_partition_would(root, reso
         assert "increasing order" in message or "several databases" in message
 
 
+def test_a_batch_runs_one_set_of_spark_jobs_whatever_its_segments(root, resources, spark):
+    """The run's segments are compacted in one call: a batch of three segments runs the Spark jobs
+    of a batch of one, not three times as many."""
+    tracker = spark.sparkContext.statusTracker()
+    create = {"op": "create_table", "t": 1, "table_uuid": "tbl-example", "table_name": "my_table",
+              "columns": [{"column_uuid": "col1", "column_name": "column1", "data_type": "TEXT"}]}
+    jobs = []
+    for database, count in (("one", 1), ("three", 3)):
+        store = HistoryStore.open(root, database=database)
+        segments = [[{"op": "insert", "t": 2 * i + 2, "table_uuid": "tbl-example", "key": i,
+                      "values": {"col1": f"v{i}"}}] for i in range(count)]
+        write(store, [create, *segments[0]], *segments[1:])
+        keys = [f"{database}.{n:020d}" for n in range(1, count + 1)]
+        instance = dg.DagsterInstance.ephemeral()
+        instance.add_dynamic_partitions(segment_partitions.name, keys)
+        before = set(tracker.getJobIdsForGroup())
+        result = compact_segments_job.execute_in_process(run_config=batch_run_config(keys), resources=resources,
+                                                         instance=instance)
+        jobs.append(len(set(tracker.getJobIdsForGroup()) - before))
+        assert result.success and store.frontier == 2 * count
+        written = [materialized(instance, "compacted_batches", k)[0]["versions_written"].value for k in keys]
+        assert written == [1] * count
+    assert jobs[0] >= 1 and jobs[1] == jobs[0]
+
+
 def _closed_port():
     import socket
 
