@@ -518,3 +518,19 @@ def test_the_engine_variable_names_a_connect_url_in_process_or_nothing(monkeypat
     assert spark_engine().enabled is True
     monkeypatch.delenv(ENGINE_ENV)
     assert spark_engine().enabled is True and spark_engine().master == "local[*]"
+
+
+def test_connect_urls_name_one_engine_session_per_period():
+    """Every run on a Connect engine attaches to the same server-side session during a period
+    shorter than the server's idle timeout; an explicit session in the URL is kept."""
+    from history_pipeline.execution import SHARED_SESSION_SECONDS, shared_session_url
+
+    url = "sc://127.0.0.1:15002"
+    start = 10 * SHARED_SESSION_SECONDS
+    same = {shared_session_url(url, start + s) for s in (0, 1, SHARED_SESSION_SECONDS - 1)}
+    assert len(same) == 1 and same.pop().startswith(url + "/;session_id=")
+    assert shared_session_url(url, start + SHARED_SESSION_SECONDS) != shared_session_url(url, start)
+    assert shared_session_url("sc://other:15002", start).split("=")[1] != shared_session_url(url, start).split("=")[1]
+    assert shared_session_url(url + "/;use_ssl=true", start).startswith(url + "/;use_ssl=true;session_id=")
+    assert shared_session_url(url + "/;session_id=mine", start) == url + "/;session_id=mine"
+    assert SHARED_SESSION_SECONDS < 3600  # Spark Connect closes an idle session after 60 min by default
