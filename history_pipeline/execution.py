@@ -65,6 +65,26 @@ def is_connect_url(master: str) -> bool:
     return master.startswith("sc://")
 
 
+#: processes that share an engine session (Dagster's runs) use one server-side session id for this
+#: long, then the next: below Spark Connect's idle timeout (60 min by default), so an id is never
+#: one the server has closed for idleness
+SHARED_SESSION_SECONDS = 1800
+
+
+def shared_session_url(url: str, now: float) -> str:
+    """``url`` (``sc://host:port[/;params]``) naming the engine session that every process using
+    this URL shares during the current period of :data:`SHARED_SESSION_SECONDS`; unchanged when it
+    names a session already. A Connect server starts the Python workers of user code per session:
+    processes that each open a session of their own pay that start-up (seconds) on every run."""
+    import uuid
+
+    if "session_id=" in url:
+        return url
+    period = int(now // SHARED_SESSION_SECONDS)
+    session_id = uuid.uuid5(uuid.NAMESPACE_URL, f"history-pipeline:{url}#{period}")
+    return f"{url}{'' if '/;' in url else '/'};session_id={session_id}"
+
+
 def spark_session(master: str = "local[*]", conf: dict[str, str] | None = None) -> Any:
     """A session on ``master``: a Spark Connect client for ``sc://host:port`` (no JVM in this
     process; it fails fast when the engine stops answering), else a classic session

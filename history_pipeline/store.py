@@ -17,7 +17,7 @@ import pyarrow as pa
 from history_pipeline.catalog import CatalogState, TransactionLog
 from history_pipeline.catalog.ledger import ErasureEntry, read_ledger
 from history_pipeline.catalog.upkeep import GcReport, Problem, collect_garbage, rebuild, verify
-from history_pipeline.compaction.compactor import CompactionSummary
+from history_pipeline.compaction.compactor import AppliedSegment, CompactionSummary
 from history_pipeline.errors import (
     DatabaseNotFoundError,
     DataFileError,
@@ -153,6 +153,25 @@ def discover_all_databases(root: str | Path, objects: ObjectStore | None = None)
     if objects is not None and not str(root).startswith("s3://") and local.is_dir():
         found.update(e.name for e in local.iterdir() if _DATABASE_RE.match(e.name) and (e / "_catalog").is_dir())
     return sorted(found)
+
+
+@dataclass(frozen=True)
+class BatchOutcome:
+    """What :meth:`HistoryStore.compact_batch` did: each segment it applied with that segment's own
+    figures, the ones it found applied already, and the error that stopped it part way (None when
+    every segment of the batch is applied)."""
+
+    summary: CompactionSummary
+    #: segments of the batch (before where it stopped) that were applied before this call
+    already_applied: tuple[int, ...]
+    error: Exception | None
+    #: the segment the error stopped the batch at (not applied; those after it neither)
+    stopped_at: int | None = None
+
+    @property
+    def applied(self) -> tuple[AppliedSegment, ...]:
+        """The segments applied by this call, in order."""
+        return tuple(self.summary.applied)
 
 
 def _consumer_path(database: str, consumer: str) -> str:
@@ -403,6 +422,67 @@ class HistoryStore:
             # snapshots that became due; marking the open interval is the maintenance's
             self.refresh_snapshots(spark=session if session is not None else False, mark=False)
         return summary
+
+    def compact_batch(self, segment_ids: Iterable[int], spark: Any | None = None, on_step: Any = None) -> BatchOutcome:
+        """Compact exactly these segments, in increasing id order, in one call: on Spark
+        consecutive segments share their jobs, each segment still commits on its own (exactly once).
+
+        Refused before any work (raised) when one is not in the WAL, the ids do not increase, or a
+        pending segment of the database comes before or between them (:class:`SegmentOrderError`).
+        A failure part way is not raised but returned (``BatchOutcome.error``) with the segments
+        applied before it: a quarantined segment (one found quarantined, or quarantined now) stops
+        the batch there, as does an engine loss; the segments after it stay pending.
+        """
+        from history_pipeline.compaction.compactor import check_catalog_not_lost, compact_in_order
+
+        ids = list(segment_ids)
+        if not ids or any(b <= a for a, b in zip(ids, ids[1:], strict=False)):
+            raise HistoryError(f"a batch of segments is one or more segment ids in increasing order, not {ids}")
+        state = self.catalog.latest()
+        check_catalog_not_lost(self, state)
+        refs = {r.segment_id: r for r in self.segments() if r.state is not SegmentState.OPEN}
+        missing = [i for i in ids if i not in refs]
+        if missing:
+            raise SegmentNotFoundError(
+                f"no sealed segment {missing[0]} in the WAL of {self.database} at {self.wal_dir}"
+            )
+        wanted = set(ids)
+        waiting = [
+            r for i, r in sorted(refs.items())
+            if i < ids[-1] and i not in wanted
+            and r.state in (SegmentState.SEALED, SegmentState.QUARANTINED) and i not in state.applied_segments
+        ]
+        if waiting:
+            first, later = waiting[0], next(i for i in ids if i > waiting[0].segment_id)
+            raise SegmentOrderError(
+                f"segment {refs[later].name} of {self.database} waits for the earlier segment {first.name} "
+                f"({first.state.value}), which is not in the batch: segments apply in order"
+            )
+        todo: list[SegmentRef] = []
+        stop: Exception | None = None
+        for i in ids:
+            ref = refs[i]
+            if ref.state is SegmentState.QUARANTINED:  # the ones before it are applied, then the batch stops
+                reason = quarantine_reason(ref) or {}
+                stop = SegmentQuarantinedError(ref.name, str(reason.get("error", "see its .error.json")))
+                break
+            if ref.state is SegmentState.SEALED:
+                todo.append(ref)
+        summary = CompactionSummary(frontier=state.frontier)
+        error = stop
+        try:
+            session = self.spark(spark) if todo else None
+            compact_in_order(self, todo, session, summary, on_step or (lambda step: None))
+            if summary.segments_applied:
+                # snapshots that became due; marking the open interval is the maintenance's
+                self.refresh_snapshots(spark=session if session is not None else False, mark=False)
+        except Exception as exc:  # returned with what was applied before it
+            error = exc
+        applied_now = self.catalog.latest().applied_segments
+        stopped_at = next((i for i in ids if i not in applied_now), None) if error is not None else None
+        reached = ids if stopped_at is None else ids[: ids.index(stopped_at)]
+        newly = set(summary.segments_applied)
+        return BatchOutcome(summary, tuple(i for i in reached if i not in newly), error, stopped_at)
 
     def _compact_one(self, segment_id: int, spark: Any | None, on_step: Any) -> CompactionSummary:
         from history_pipeline.compaction.compactor import check_catalog_not_lost, compact_segment

@@ -20,6 +20,7 @@ from pathlib import Path
 import pytest
 
 from history_pipeline import HistoryStore
+from history_pipeline.orchestration.launcher import PID_TAG
 from history_pipeline.orchestration.resources import ENGINE_ENV, IN_PROCESS
 from history_pipeline.wal import SegmentState
 from history_pipeline_tests.test_compaction import example_events, write
@@ -100,6 +101,9 @@ QUERY = """
 """
 
 
+RUN_TAGS = "{ runsOrError { ... on Runs { results { tags { key value } } } } }"
+
+
 @pytest.mark.daemon
 def test_sealed_segment_becomes_queryable_through_the_daemon(dagster_dev):
     workdir, port = dagster_dev
@@ -120,6 +124,10 @@ def test_sealed_segment_becomes_queryable_through_the_daemon(dagster_dev):
     entries = {e["label"]: e.get("intValue") for e in event["metadataEntries"]}
     assert entries["frontier"] == 5 and entries["versions_written"] == 4
     print(f"seal to queryable through the daemon: {seal_to_queryable:.1f}s")
+    # the run was launched warm (dagster.yaml's WarmRunLauncher): a fork whose pid the run names
+    runs = json.loads(_get(f"http://127.0.0.1:{port}/graphql", json.dumps({"query": RUN_TAGS}).encode()))
+    tags = [{t["key"]: t["value"] for t in r["tags"]} for r in runs["data"]["runsOrError"]["results"]]
+    assert tags and all(t.get(PID_TAG, "").isdigit() for t in tags)
 
     # a segment the daemon quarantines, repaired by an operator, then applied by the daemon
     write(store, [{"op": "delete", "t": 9, "table_uuid": "tbl-example", "key": 99},

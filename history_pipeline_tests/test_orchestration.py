@@ -361,6 +361,31 @@ def test_a_batch_records_each_segment_as_a_run_of_its_partition_would(root, reso
         assert "increasing order" in message or "several databases" in message
 
 
+def test_a_batch_runs_one_set_of_spark_jobs_whatever_its_segments(root, resources, spark):
+    """The run's segments are compacted in one call: a batch of three segments runs the Spark jobs
+    of a batch of one, not three times as many."""
+    tracker = spark.sparkContext.statusTracker()
+    create = {"op": "create_table", "t": 1, "table_uuid": "tbl-example", "table_name": "my_table",
+              "columns": [{"column_uuid": "col1", "column_name": "column1", "data_type": "TEXT"}]}
+    jobs = []
+    for database, count in (("one", 1), ("three", 3)):
+        store = HistoryStore.open(root, database=database)
+        segments = [[{"op": "insert", "t": 2 * i + 2, "table_uuid": "tbl-example", "key": i,
+                      "values": {"col1": f"v{i}"}}] for i in range(count)]
+        write(store, [create, *segments[0]], *segments[1:])
+        keys = [f"{database}.{n:020d}" for n in range(1, count + 1)]
+        instance = dg.DagsterInstance.ephemeral()
+        instance.add_dynamic_partitions(segment_partitions.name, keys)
+        before = set(tracker.getJobIdsForGroup())
+        result = compact_segments_job.execute_in_process(run_config=batch_run_config(keys), resources=resources,
+                                                         instance=instance)
+        jobs.append(len(set(tracker.getJobIdsForGroup()) - before))
+        assert result.success and store.frontier == 2 * count
+        written = [materialized(instance, "compacted_batches", k)[0]["versions_written"].value for k in keys]
+        assert written == [1] * count
+    assert jobs[0] >= 1 and jobs[1] == jobs[0]
+
+
 def _closed_port():
     import socket
 
@@ -493,3 +518,19 @@ def test_the_engine_variable_names_a_connect_url_in_process_or_nothing(monkeypat
     assert spark_engine().enabled is True
     monkeypatch.delenv(ENGINE_ENV)
     assert spark_engine().enabled is True and spark_engine().master == "local[*]"
+
+
+def test_connect_urls_name_one_engine_session_per_period():
+    """Every run on a Connect engine attaches to the same server-side session during a period
+    shorter than the server's idle timeout; an explicit session in the URL is kept."""
+    from history_pipeline.execution import SHARED_SESSION_SECONDS, shared_session_url
+
+    url = "sc://127.0.0.1:15002"
+    start = 10 * SHARED_SESSION_SECONDS
+    same = {shared_session_url(url, start + s) for s in (0, 1, SHARED_SESSION_SECONDS - 1)}
+    assert len(same) == 1 and same.pop().startswith(url + "/;session_id=")
+    assert shared_session_url(url, start + SHARED_SESSION_SECONDS) != shared_session_url(url, start)
+    assert shared_session_url("sc://other:15002", start).split("=")[1] != shared_session_url(url, start).split("=")[1]
+    assert shared_session_url(url + "/;use_ssl=true", start).startswith(url + "/;use_ssl=true;session_id=")
+    assert shared_session_url(url + "/;session_id=mine", start) == url + "/;session_id=mine"
+    assert SHARED_SESSION_SECONDS < 3600  # Spark Connect closes an idle session after 60 min by default

@@ -219,3 +219,30 @@ def test_spark_connect_gives_the_local_answers(tmp_path, spark, connect_server, 
     assert s3_root["answers"] == expected
     assert s3_root["maintenance"] == maintenance
 
+
+
+SHARED_PROBE = """
+import sys
+from history_pipeline.orchestration.resources import SparkResource
+session = SparkResource(master=sys.argv[1]).session()
+if sys.argv[2] == "create":
+    session.range(3).createOrReplaceTempView("shared_probe")
+else:
+    print(session.table("shared_probe").count())
+"""
+
+
+def test_runs_on_a_connect_engine_share_one_engine_session(connect_server):
+    """Two processes (two runs) attach to one server-side session, whose Python workers are started
+    once: a temporary view, which lives in a session, made by one is read by the other."""
+    import subprocess
+    import sys
+
+    def probe(step: str) -> str:
+        done = subprocess.run([sys.executable, "-c", SHARED_PROBE, connect_server, step], capture_output=True,
+                              text=True, timeout=180)
+        assert done.returncode == 0, done.stderr[-2000:]
+        return done.stdout.strip()
+
+    probe("create")
+    assert probe("read") == "3"

@@ -170,6 +170,22 @@ def run_tasks(tasks: Sequence[TableTask], spark: Any | None) -> list[TaskOutcome
 # --- the driver ------------------------------------------------------------------
 
 
+@dataclass(frozen=True)
+class AppliedSegment:
+    """What applying one segment did (its own catalog transaction): the figures of that segment
+    alone, however many segments the compaction applied."""
+
+    segment_id: int
+    versions_written: int
+    files_written: int
+    bytes_written: int
+    tables_touched: frozenset[str]
+    schema_changes: int
+    #: the frontier before and after its commit
+    frontier_before: int
+    frontier: int
+
+
 @dataclass
 class CompactionSummary:
     """What a compaction did."""
@@ -181,6 +197,8 @@ class CompactionSummary:
     tables_touched: set[str] = field(default_factory=set)
     frontier: int = -1
     schema_changes: int = 0
+    #: each segment this compaction applied, in the order applied
+    applied: list[AppliedSegment] = field(default_factory=list)
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -383,13 +401,23 @@ def _commit(
     if not applied_here:  # a concurrent compaction applied it first: this run's files are orphans for cleanup
         summary.frontier = max(summary.frontier, committed.frontier)
         return committed
+    applied = AppliedSegment(
+        segment_id=plan.segment_id,
+        versions_written=plan.versions,
+        files_written=len(entries) + 1,
+        bytes_written=sum(e.size_bytes for e in entries) + history_entry.size_bytes,
+        tables_touched=frozenset(plan.tables) | {e.table_uuid for e in plan.schema_entries},
+        schema_changes=len(plan.schema_entries),
+        frontier_before=state.frontier,
+        frontier=max(plan.upper, state.frontier),
+    )
+    summary.applied.append(applied)
     summary.segments_applied.append(plan.segment_id)
-    summary.versions_written += plan.versions
-    summary.files_written += len(entries) + 1
-    summary.bytes_written += sum(e.size_bytes for e in entries) + history_entry.size_bytes
-    summary.tables_touched.update(plan.tables)
-    summary.tables_touched.update(e.table_uuid for e in plan.schema_entries)
-    summary.schema_changes += len(plan.schema_entries)
+    summary.versions_written += applied.versions_written
+    summary.files_written += applied.files_written
+    summary.bytes_written += applied.bytes_written
+    summary.tables_touched.update(applied.tables_touched)
+    summary.schema_changes += applied.schema_changes
     summary.frontier = max(summary.frontier, plan.upper)
     return committed
 
@@ -620,26 +648,40 @@ def compact_pending(
     state = store.catalog.latest()
     check_catalog_not_lost(store, state)
     pending, blocker = pending_segments(store.wal_dir, state)
-    if spark is not None and pending:
-        check_paths_visible(spark, store.objects, store.wal_dir, getattr(store.settings, "shared_paths", False))
-        share_credentials(spark, store.objects)
-    grouped = spark is not None and store.settings.compaction_engine == "dataframes"
-    at = 0
-    try:
-        while at < len(pending):
-            state = store.catalog.latest()
-            group = _plan_group(store, pending[at:], state) if grouped else []
-            if group:  # planned from ``state``: each commit is refused if the catalog moved on from it
-                _compact_group(store, state, group, spark, summary, on_step)
-                at += len(group)
-            else:
-                compact_segment(store, pending[at], spark, summary, on_step)
-                at += 1
-    finally:  # route files a crashed run left for segments applied or quarantined since
-        frames.sweep_routes(store.wal_dir, pending_segments(store.wal_dir, store.catalog.latest())[0])
+    compact_in_order(store, pending, spark, summary, on_step)
     if blocker is not None:
         from history_pipeline.wal.segments import quarantine_reason
 
         reason = quarantine_reason(blocker) or {}
         raise SegmentQuarantinedError(blocker.name, str(reason.get("error", "see its .error.json")))
     return summary
+
+
+def compact_in_order(
+    store: CompactionHandle,
+    refs: Sequence[SegmentRef],
+    spark: Any | None,
+    summary: CompactionSummary,
+    on_step: StepHook = lambda s: None,
+) -> None:
+    """Apply these sealed segments in order, each exactly once and in its own catalog transaction
+    (``summary`` records each as it commits); on Spark, consecutive segments share one job where
+    they can (``_plan_group``). The caller checked that no pending segment comes before or between
+    them. A quarantine or any other failure stops at that segment, the ones before it applied."""
+    if spark is not None and refs:
+        check_paths_visible(spark, store.objects, store.wal_dir, getattr(store.settings, "shared_paths", False))
+        share_credentials(spark, store.objects)
+    grouped = spark is not None and store.settings.compaction_engine == "dataframes"
+    at = 0
+    try:
+        while at < len(refs):
+            state = store.catalog.latest()
+            group = _plan_group(store, refs[at:], state) if grouped else []
+            if group:  # planned from ``state``: each commit is refused if the catalog moved on from it
+                _compact_group(store, state, group, spark, summary, on_step)
+                at += len(group)
+            else:
+                compact_segment(store, refs[at], spark, summary, on_step)
+                at += 1
+    finally:  # route files a crashed run left for segments applied or quarantined since
+        frames.sweep_routes(store.wal_dir, pending_segments(store.wal_dir, store.catalog.latest())[0])

@@ -9,6 +9,7 @@ from typing import Any
 
 import dagster as dg
 
+from history_pipeline.compaction.compactor import AppliedSegment
 from history_pipeline.errors import SegmentNotFoundError, SegmentQuarantinedError
 from history_pipeline.events import OP_NAMES
 from history_pipeline.execution import engine_failure, raise_engine_failure
@@ -41,7 +42,7 @@ def _segment_ref(history: HistoryRootResource, partition_key: str) -> tuple[Hist
     )
 
 
-def _value_free(store: HistoryStore, exc: SegmentQuarantinedError) -> SegmentQuarantinedError:
+def value_free(store: HistoryStore, exc: SegmentQuarantinedError) -> SegmentQuarantinedError:
     """The error without any value of the segment's events: Dagster keeps what it is shown (the
     run's failure, the partition's metadata) for good, beyond an erasure's reach."""
     for ref in store.segments(SegmentState.QUARANTINED):
@@ -77,7 +78,7 @@ def verified_metadata(store: HistoryStore, ref: SegmentRef) -> dict[str, Any]:
         # the same rule as compaction: a segment that does not verify is quarantined, with why
         contents = verify_or_quarantine(ref, store.wal_dir)
     except SegmentQuarantinedError as exc:
-        raise _value_free(store, exc) from None
+        raise value_free(store, exc) from None
     ops: dict[str, int] = {}
     for _, event in contents.events:
         name = OP_NAMES[type(event)]
@@ -124,7 +125,6 @@ def compact_one(store: HistoryStore, ref: SegmentRef, spark: SparkResource, inst
                 partition_key: str, log: Callable[[str], None]) -> dict[str, Any]:
     """Compact exactly one segment and describe that work for its ``compacted_batches`` partition.
     A quarantine is reported on the partition, an engine loss asks the sensor for a retry; both raise."""
-    frontier_before = store.frontier
     try:
         summary = store.compact(
             spark=spark.session(),
@@ -132,7 +132,7 @@ def compact_one(store: HistoryStore, ref: SegmentRef, spark: SparkResource, inst
             only_segment=ref.segment_id,
         )
     except SegmentQuarantinedError as exc:
-        shown = _value_free(store, exc)
+        shown = value_free(store, exc)
         report_quarantine(instance, partition_key, shown)
         raise shown from None
     except Exception as exc:
@@ -140,23 +140,34 @@ def compact_one(store: HistoryStore, ref: SegmentRef, spark: SparkResource, inst
             retry_when_engine_is_back(store, ref)
         raise_engine_failure(exc, spark.master)
         raise
-    if not summary.segments_applied:
+    if not summary.applied:
         log(f"segment {ref.name} was already applied")
-    state = store.catalog_state()
-    preview = _preview(store, state.frontier + 1)
+    return applied_metadata(store, ref, summary.applied[0] if summary.applied else None)
+
+
+def applied_metadata(store: HistoryStore, ref: SegmentRef, applied: AppliedSegment | None) -> dict[str, Any]:
+    """A ``compacted_batches`` partition's metadata: exactly what applying its segment did (None:
+    applied before), its tables and preview as of that segment's own frontier."""
+    if applied is None:
+        frontier = store.frontier
+        applied = AppliedSegment(ref.segment_id, 0, 0, 0, frozenset(), 0, frontier, frontier)
+        newly = False
+    else:
+        newly = True
+    as_of = applied.frontier + 1
     return {
         "database": store.database,
         "segment": ref.name,
         "state": "applied",
-        "newly_applied": bool(summary.segments_applied),
-        "versions_written": summary.versions_written,
-        "files_written": summary.files_written,
-        "bytes_written": summary.bytes_written,
-        "schema_changes": summary.schema_changes,
-        "timestamp_range": f"[{frontier_before + 1}, {state.frontier + 1})",
-        "frontier": state.frontier,
-        "tables_touched": ", ".join(_table_names(store, summary.tables_touched)) or "none",
-        "preview": dg.MetadataValue.md(preview),
+        "newly_applied": newly,
+        "versions_written": applied.versions_written,
+        "files_written": applied.files_written,
+        "bytes_written": applied.bytes_written,
+        "schema_changes": applied.schema_changes,
+        "timestamp_range": f"[{applied.frontier_before + 1}, {as_of})",
+        "frontier": applied.frontier,
+        "tables_touched": ", ".join(_table_names(store, applied.tables_touched, as_of)) or "none",
+        "preview": dg.MetadataValue.md(_preview(store, as_of)),
     }
 
 
@@ -171,9 +182,9 @@ def retry_when_engine_is_back(store: HistoryStore, ref: SegmentRef) -> None:
     note_change(store.wal_dir)
 
 
-def _table_names(store: HistoryStore, table_uuids: Iterable[str]) -> list[str]:
-    """Names (as of the frontier) of the touched tables; a uuid when the table is gone."""
-    names = {d.table_uuid: d.table_name for d in store.get_catalog(store.frontier + 1)}
+def _table_names(store: HistoryStore, table_uuids: Iterable[str], as_of: int) -> list[str]:
+    """Names (as of ``as_of``) of the touched tables; a uuid when the table is gone."""
+    names = {d.table_uuid: d.table_name for d in store.get_catalog(as_of)}
     return sorted(names.get(u, u) for u in table_uuids)
 
 

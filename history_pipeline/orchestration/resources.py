@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+import time
+import uuid
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal
 
@@ -10,7 +12,7 @@ import dagster as dg
 from pydantic import PrivateAttr
 
 from history_pipeline.engine import reachable
-from history_pipeline.execution import is_connect_url, spark_session
+from history_pipeline.execution import is_connect_url, shared_session_url, spark_session
 from history_pipeline.io.store import S3Options
 from history_pipeline.store import _DATABASE_RE, HistoryStore, StoreSettings, default_wal_base, wal_dir_of
 from history_pipeline.wal.segments import segments_dir
@@ -142,8 +144,13 @@ class SparkResource(dg.ConfigurableResource):
         """The session for compaction, merge and retention; False runs their tasks in-process."""
         if not self.enabled:
             return False
-        session = spark_session(self.master, self.spark_conf)
-        if self._run_id and is_connect_url(self.master):
+        if not is_connect_url(self.master):
+            return spark_session(self.master, self.spark_conf)
+        # every run attaches to one engine session: its Python workers are already started
+        session = spark_session(shared_session_url(self.master, time.time()), self.spark_conf)
+        if _closed(session):  # closed by hand on the server: a session of this run's own
+            session = spark_session(f"{self.master.rstrip('/')}/;session_id={uuid.uuid4()}", self.spark_conf)
+        if self._run_id:
             session.addTag(run_tag(self._run_id))
         return session
 
@@ -151,6 +158,16 @@ class SparkResource(dg.ConfigurableResource):
         """Whether the engine answers (a Connect server or standalone master accepts connections;
         a local master always does): the sensor requests no run while it does not."""
         return not self.enabled or reachable(self.master)
+
+
+def _closed(session: SparkSession) -> bool:
+    """Whether the engine refuses the session as closed (one round trip); any other failure is
+    left to the work, where an engine loss is handled."""
+    try:
+        session.conf.get("spark.sql.session.timeZone")
+    except Exception as exc:
+        return "SESSION_CLOSED" in str(exc)
+    return False
 
 
 def run_tag(run_id: str) -> str:

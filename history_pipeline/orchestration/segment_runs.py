@@ -2,9 +2,11 @@
 partitions (``wal_segments`` and ``compacted_batches``) recording its own work and outcome.
 
 The sensor requests ``compact_segments_job`` with the partition keys of a batch in its run config
-(:func:`batch_run_config`). The op verifies and compacts them one after the other and logs one
-materialization per partition as each segment is applied, so the UI shows the same per-segment
-history as a run of one partition. A quarantined segment stops the batch there (its partitions
+(:func:`batch_run_config`). The op verifies them, then compacts them in one call
+(:meth:`HistoryStore.compact_batch`: on Spark, one set of jobs; each segment still its own catalog
+transaction) and logs one materialization per partition with that segment's own figures, so the
+UI shows the same per-segment history as a run of one partition. A quarantined segment stops the
+batch there, the segments before it applied and materialized (its partitions
 get an observation saying why); an engine loss stops it too. In both cases the segments after it
 are handed back to the sensor (their files touched, their database named in the change journal):
 they wait behind the quarantine, or for the engine, and a later run compacts them.
@@ -15,12 +17,13 @@ from dataclasses import dataclass
 import dagster as dg
 
 from history_pipeline.errors import HistoryError, SegmentNotFoundError, SegmentQuarantinedError
-from history_pipeline.execution import EngineUnavailableError
+from history_pipeline.execution import engine_failure, raise_engine_failure
 from history_pipeline.orchestration.assets import (
-    compact_one,
+    applied_metadata,
     compacted_batches,
     report_quarantine,
     retry_when_engine_is_back,
+    value_free,
     verified_metadata,
     wal_segments,
 )
@@ -78,8 +81,8 @@ def _hand_back(store: HistoryStore, refs: list[SegmentRef]) -> None:
         retry_when_engine_is_back(store, ref)
 
 
-@dg.op(name=OP_NAME, description="Verify and compact the run's segments of one database, in order, "
-       "each recorded on its own partitions.")
+@dg.op(name=OP_NAME, description="Verify and compact the run's segments of one database, in order, in one "
+       "compaction; each segment recorded on its own partitions.")
 def compact_segments(context: dg.OpExecutionContext, config: SegmentsConfig, history: HistoryRootResource,
                      spark: SparkResource) -> None:
     batch = parse_batch(config.partition_keys)
@@ -91,25 +94,57 @@ def compact_segments(context: dg.OpExecutionContext, config: SegmentsConfig, his
         raise SegmentNotFoundError(f"segment {segment_name(missing[0])} of {batch.database} is not in "
                                    f"{store.wal_dir} (removed from the WAL?)")
     ordered = [refs[i] for i in batch.segment_ids]
-    for position, (key, ref) in enumerate(zip(config.partition_keys, ordered, strict=True)):
-        context.log.info(f"segment {position + 1} of {len(ordered)}: {key}")
+    keys = dict(zip(batch.segment_ids, config.partition_keys, strict=True))
+    # verified first: a segment that does not verify is quarantined, and the batch is the ones before it
+    verified: dict[int, dict] = {}
+    unverified: SegmentQuarantinedError | None = None
+    for ref in ordered:
         try:
-            try:
-                verified = verified_metadata(store, ref)
-            except SegmentQuarantinedError as exc:
-                report_quarantine(context.instance, key, exc)
-                raise
-            compacted = compact_one(store, ref, spark, context.instance, key, context.log.info)
-        except (SegmentQuarantinedError, EngineUnavailableError):
-            later = ordered[position + 1:]
-            if later:
-                context.log.info(f"{len(later)} later segment(s) of {batch.database} wait for a later run")
-                _hand_back(store, later)
-            raise
-        # logged as each segment is applied: a later segment's failure leaves these in the event log
-        context.log_event(dg.AssetMaterialization(asset_key=wal_segments.key, partition=key, metadata=verified))
-        context.log_event(dg.AssetMaterialization(asset_key=compacted_batches.key, partition=key,
-                                                  metadata=compacted))
+            verified[ref.segment_id] = verified_metadata(store, ref)
+        except SegmentQuarantinedError as exc:
+            unverified = exc
+            break
+    ids = list(verified)
+    context.log.info(f"compacting {len(ids)} segment(s) of {batch.database}: {', '.join(keys[i] for i in ids)}")
+    outcome = store.compact_batch(ids, spark=spark.session(),
+                                  on_step=lambda step: context.log.info(f"compaction: {step}")) if ids else None
+    applied = {a.segment_id: a for a in outcome.applied} if outcome else {}
+    reached = [i for i in ids if i in applied or (outcome is not None and i in outcome.already_applied)]
+    for i in reached:
+        if i not in applied:
+            context.log.info(f"segment {refs[i].name} was already applied")
+        context.log_event(dg.AssetMaterialization(asset_key=wal_segments.key, partition=keys[i], metadata=verified[i]))
+        context.log_event(dg.AssetMaterialization(asset_key=compacted_batches.key, partition=keys[i],
+                                                  metadata=applied_metadata(store, refs[i], applied.get(i))))
+    if unverified is not None:  # quarantined on disk by its verification, whatever stopped the batch
+        report_quarantine(context.instance, keys[ordered[len(ids)].segment_id], unverified)
+    error: Exception | None = outcome.error if outcome is not None else None
+    stopped_at = outcome.stopped_at if outcome is not None and error is not None else None
+    if error is None and unverified is not None:
+        error, stopped_at = unverified, ordered[len(ids)].segment_id
+    if error is None:
+        return
+    if stopped_at is None:  # every segment applied; what failed came after (a snapshot's refresh)
+        raise_engine_failure(error, spark.master)
+        raise error
+    at = batch.segment_ids.index(stopped_at)
+    if isinstance(error, SegmentQuarantinedError):
+        shown = value_free(store, error)
+        if error is not unverified:
+            report_quarantine(context.instance, keys[stopped_at], shown)
+        _hand_back_later(context, store, batch, ordered[at + 1:])
+        raise shown from None
+    if engine_failure(error):
+        _hand_back_later(context, store, batch, ordered[at:])
+        raise_engine_failure(error, spark.master)
+    raise error
+
+
+def _hand_back_later(context: dg.OpExecutionContext, store: HistoryStore, batch: SegmentBatch,
+                     later: list[SegmentRef]) -> None:
+    if later:
+        context.log.info(f"{len(later)} segment(s) of {batch.database} wait for a later run")
+        _hand_back(store, later)
 
 
 @dg.job(
