@@ -71,17 +71,19 @@ def is_connect_url(master: str) -> bool:
 SHARED_SESSION_SECONDS = 1800
 
 
-def shared_session_url(url: str, now: float) -> str:
+def shared_session_url(url: str, now: float, scope: str = "") -> str:
     """``url`` (``sc://host:port[/;params]``) naming the engine session that every process using
-    this URL shares during the current period of :data:`SHARED_SESSION_SECONDS`; unchanged when it
-    names a session already. A Connect server starts the Python workers of user code per session:
-    processes that each open a session of their own pay that start-up (seconds) on every run."""
+    this URL within ``scope`` (a deployment: its settings and credentials go in the session's
+    conf, so two deployments on one engine never share a session) shares during the current
+    period of :data:`SHARED_SESSION_SECONDS`; unchanged when it names a session already. A Connect
+    server starts the Python workers of user code per session: processes that each open a session
+    of their own pay that start-up (seconds) on every run."""
     import uuid
 
     if "session_id=" in url:
         return url
     period = int(now // SHARED_SESSION_SECONDS)
-    session_id = uuid.uuid5(uuid.NAMESPACE_URL, f"history-pipeline:{url}#{period}")
+    session_id = uuid.uuid5(uuid.NAMESPACE_URL, f"history-pipeline:{scope}:{url}#{period}")
     return f"{url}{'' if '/;' in url else '/'};session_id={session_id}"
 
 

@@ -533,4 +533,7 @@ def test_connect_urls_name_one_engine_session_per_period():
     assert shared_session_url("sc://other:15002", start).split("=")[1] != shared_session_url(url, start).split("=")[1]
     assert shared_session_url(url + "/;use_ssl=true", start).startswith(url + "/;use_ssl=true;session_id=")
     assert shared_session_url(url + "/;session_id=mine", start) == url + "/;session_id=mine"
+    # two deployments (Dagster instances) on one engine: their settings and credentials stay apart
+    assert shared_session_url(url, start, "/srv/a") == shared_session_url(url, start + 1, "/srv/a")
+    assert shared_session_url(url, start, "/srv/a") != shared_session_url(url, start, "/srv/b")
     assert SHARED_SESSION_SECONDS < 3600  # Spark Connect closes an idle session after 60 min by default

@@ -136,9 +136,12 @@ class SparkResource(dg.ConfigurableResource):
     spark_conf: dict[str, str] = {}
     enabled: bool = True
     _run_id: str | None = PrivateAttr(default=None)
+    _deployment: str = PrivateAttr(default="")
 
     def setup_for_execution(self, context: dg.InitResourceContext) -> None:
         self._run_id = context.run.run_id if context.run else None
+        # the runs of one Dagster instance share an engine session; another instance's never do
+        self._deployment = context.instance.root_directory if context.instance else ""
 
     def session(self) -> SparkSession | Literal[False]:
         """The session for compaction, merge and retention; False runs their tasks in-process."""
@@ -147,7 +150,7 @@ class SparkResource(dg.ConfigurableResource):
         if not is_connect_url(self.master):
             return spark_session(self.master, self.spark_conf)
         # every run attaches to one engine session: its Python workers are already started
-        session = spark_session(shared_session_url(self.master, time.time()), self.spark_conf)
+        session = spark_session(shared_session_url(self.master, time.time(), self._deployment), self.spark_conf)
         if _closed(session):  # closed by hand on the server: a session of this run's own
             session = spark_session(f"{self.master.rstrip('/')}/;session_id={uuid.uuid4()}", self.spark_conf)
         if self._run_id:
