@@ -211,6 +211,14 @@ def encode_request(request: Request) -> bytes:
     return json.dumps({"op": operation(request), **asdict(request)}).encode()
 
 
+@functools.cache
+def _field_names(cls: type) -> tuple[frozenset[str], frozenset[str]]:
+    """A request message's fields, and those it must be given: a field with a default may be left
+    out (a ticket of a client from before the field)."""
+    return (frozenset(f.name for f in fields(cls)),
+            frozenset(f.name for f in fields(cls) if f.default is MISSING and f.default_factory is MISSING))
+
+
 def decode_request(ticket: bytes) -> Request:
     """A Flight ticket back to its request message (InvalidRequestError when it is not one)."""
     try:
@@ -223,10 +231,8 @@ def decode_request(ticket: bytes) -> Request:
             f"known: {', '.join(OPERATIONS)}"
         )
     cls = OPERATIONS[body.pop("op")]
-    expected = {f.name for f in fields(cls)}
-    # a field with a default may be left out (a ticket of a client from before the field)
-    required = {f.name for f in fields(cls) if f.default is MISSING and f.default_factory is MISSING}
-    if not required <= set(body) <= expected:
+    expected, required = _field_names(cls)
+    if not required <= body.keys() <= expected:
         raise InvalidRequestError(
             f"{cls.__name__} takes the fields {sorted(expected)}, got {sorted(body)}"
         )
