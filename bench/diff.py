@@ -16,7 +16,6 @@ inserted, deleted or with a column IS DISTINCT FROM, in the same order as the an
 from __future__ import annotations
 
 import argparse
-import json
 import random
 import subprocess
 import sys
@@ -29,6 +28,7 @@ from typing import Any
 import duckdb
 import pyarrow.parquet as pq
 
+from bench import write_results
 from bench.timing import repeated
 from bench.workload import COLUMNS, _value
 from history_pipeline import HistoryStore, StoreSettings
@@ -37,7 +37,6 @@ from history_pipeline.service.auth import Tenant, token_digest
 from history_pipeline.service.config import ServerConfig
 from history_pipeline.service.server import HistoryServer
 
-RESULTS = Path(__file__).parent / "results"
 TABLE = "table_0"
 UUID = "00000000-0000-4000-8000-000000000000"
 TOKEN = "bench-token"
@@ -166,9 +165,7 @@ def main(argv: list[str] | None = None) -> int:
                                        cwd=Path(__file__).parent).stdout.strip() or "unknown"
     text = report(results)
     print(text)
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    (RESULTS / f"{args.out}.json").write_text(json.dumps(results, indent=2))
-    (RESULTS / f"{args.out}.md").write_text(text)
+    write_results(args.out, results, text, dated=True)
     return 0
 
 

@@ -36,6 +36,7 @@ from typing import Any
 import duckdb
 import pyarrow.compute as pc
 
+from bench import write_results
 from bench.history import build_history
 from bench.read_path import answer_file
 from bench.timing import interleaved
@@ -45,7 +46,6 @@ from history_pipeline.supertable.key_index import indexed_bytes
 from history_pipeline.supertable.row_cache import ROW_CACHE_BYTES, row_cache_stats, set_row_cache_bytes
 from history_pipeline.types import from_arrow_value
 
-RESULTS = Path(__file__).parent / "results"
 TOKEN = "bench-token"
 
 
@@ -302,9 +302,7 @@ def main(argv: list[str] | None = None) -> int:
     results.update(commit=commit, date=date)
     text = report(results, commit, date)
     print(text)
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    (RESULTS / f"{args.out}.json").write_text(json.dumps(results, indent=2))
-    (RESULTS / f"{args.out}.md").write_text(text)
+    write_results(args.out, results, text, dated=True)
     return 0
 
 
