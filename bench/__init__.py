@@ -28,9 +28,10 @@ def provenance() -> str:
     return f"Measured {when} on commit {commit}{'+' if dirty else ''}: `{command}`."
 
 
-def write_results(name: str, results: Any, table: str) -> None:
-    """``bench/results/<name>.json`` (the figures) and ``<name>.md`` (the table under its provenance line)."""
+def write_results(name: str, results: Any, table: str, dated: bool = False) -> None:
+    """``bench/results/<name>.json`` (the figures) and ``<name>.md`` (the table under its provenance
+    line, or alone when it is ``dated``: it names its date, commit and command itself)."""
     line = provenance()  # before writing: the results files themselves do not make the tree changed
     RESULTS.mkdir(parents=True, exist_ok=True)
     (RESULTS / f"{name}.json").write_text(json.dumps(results, indent=2, default=str))
-    (RESULTS / f"{name}.md").write_text(line + "\n\n" + table)
+    (RESULTS / f"{name}.md").write_text(table if dated else line + "\n\n" + table)

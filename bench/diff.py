@@ -16,20 +16,20 @@ inserted, deleted or with a column IS DISTINCT FROM, in the same order as the an
 from __future__ import annotations
 
 import argparse
-import json
 import random
-import statistics
 import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import duckdb
 import pyarrow.parquet as pq
 
+from bench import write_results
+from bench.timing import repeated
 from bench.workload import COLUMNS, _value
 from history_pipeline import HistoryStore, StoreSettings
 from history_pipeline.client import connect
@@ -37,7 +37,6 @@ from history_pipeline.service.auth import Tenant, token_digest
 from history_pipeline.service.config import ServerConfig
 from history_pipeline.service.server import HistoryServer
 
-RESULTS = Path(__file__).parent / "results"
 TABLE = "table_0"
 UUID = "00000000-0000-4000-8000-000000000000"
 TOKEN = "bench-token"
@@ -73,16 +72,6 @@ def history(live_rows: int, seed: int = 7) -> Iterator[dict[str, Any]]:
     yield {"op": "close", "t": t}
 
 
-def _median(run: Callable[[], Any], repeat: int) -> tuple[float, Any]:
-    run()  # warm
-    times, result = [], None
-    for _ in range(repeat):
-        start = time.perf_counter()
-        result = run()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times), result
-
-
 def bench_diff(work: Path, live_rows: int, repeat: int = 3) -> dict[str, Any]:
     """Build the history, then time the diff three ways and the baseline join."""
     store = HistoryStore.open(work / "root", database="bench_diff", settings=StoreSettings(spark_master=None))
@@ -113,18 +102,22 @@ def bench_diff(work: Path, live_rows: int, repeat: int = 3) -> dict[str, Any]:
         " ORDER BY kind, key"
     )
     con = duckdb.connect()
-    baseline_s, baseline = _median(lambda: con.sql(baseline_sql).to_arrow_table(), repeat)
-    reader_s, answer = _median(lambda: store.diff_reader(TABLE, t1, t2).read_all(), repeat)
-    dict_s, as_dict = _median(lambda: store.diff(TABLE, t1, t2), repeat)
-    counts = {kind: len(as_dict[kind]) for kind in ("inserted", "deleted", "changed")}
-    assert answer.num_rows == baseline.num_rows == sum(counts.values()), (answer.num_rows, baseline.num_rows)
-    assert answer.column("key").to_pylist() == baseline.column("key").to_pylist()
-
     config = ServerConfig(root=str(work / "root"), tenants=(Tenant("bench", "bench_diff", token_digest(TOKEN)),),
                           port=0, workers=1)
     with HistoryServer(config) as server, connect(server.url, TOKEN) as client:
-        service_s, remote = _median(lambda: client.diff_reader(TABLE, t1, t2).read_all(), repeat)
-    assert remote.num_rows == answer.num_rows
+        # a warm-up round, then the four ways take turns round by round
+        baseline, reader, as_dict, service = repeated([
+            lambda: con.sql(baseline_sql).to_arrow_table(),
+            lambda: store.diff_reader(TABLE, t1, t2).read_all(),
+            lambda: store.diff(TABLE, t1, t2),
+            lambda: client.diff_reader(TABLE, t1, t2).read_all(),
+        ], repeat)
+    baseline_s, reader_s, dict_s, service_s = (s.median_s for s in (baseline, reader, as_dict, service))
+    answer = reader.last
+    counts = {kind: len(as_dict.last[kind]) for kind in ("inserted", "deleted", "changed")}
+    assert answer.num_rows == baseline.last.num_rows == sum(counts.values()), (answer.num_rows, baseline.last.num_rows)
+    assert answer.column("key").to_pylist() == baseline.last.column("key").to_pylist()
+    assert service.last.num_rows == answer.num_rows
     return {
         "live_rows": live_rows, "build_s": build_s, "from": t1, "to": t2, "counts": counts,
         "baseline_join_s": baseline_s, "diff_reader_s": reader_s, "diff_dict_s": dict_s,
@@ -163,6 +156,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--live-rows", type=int, default=300_000)
     parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--out", default="diff", help="results file name (under bench/results/)")
     args = parser.parse_args(argv)
     with tempfile.TemporaryDirectory() as tmp:
         results = bench_diff(Path(tmp), args.live_rows, args.repeat)
@@ -171,9 +165,7 @@ def main(argv: list[str] | None = None) -> int:
                                        cwd=Path(__file__).parent).stdout.strip() or "unknown"
     text = report(results)
     print(text)
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    (RESULTS / "diff.json").write_text(json.dumps(results, indent=2))
-    (RESULTS / "diff.md").write_text(text)
+    write_results(args.out, results, text, dated=True)
     return 0
 
 

@@ -11,19 +11,16 @@ the table (the answer's transfer dominates). Writes bench/results/flight_sql.jso
 from __future__ import annotations
 
 import argparse
-import json
-import statistics
 import sys
 import tempfile
-import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import adbc_driver_flightsql.dbapi as flight_sql_dbapi
 import pyarrow as pa
 
-from bench import provenance
+from bench import provenance, write_results
+from bench.timing import repeated
 from bench.workload import Workload, write_workload
 from history_pipeline import HistoryStore, StoreSettings
 from history_pipeline.client import connect
@@ -31,18 +28,7 @@ from history_pipeline.service.auth import Tenant, token_digest
 from history_pipeline.service.config import ServerConfig
 from history_pipeline.service.server import HistoryServer
 
-RESULTS = Path(__file__).parent / "results"
 TOKEN = "bench-token"
-
-
-def _median(run: Callable[[], pa.Table], repeat: int) -> tuple[float, pa.Table]:
-    times, table = [], None
-    for _ in range(repeat):
-        start = time.perf_counter()
-        table = run()
-        times.append(time.perf_counter() - start)
-    assert table is not None
-    return statistics.median(times), table
 
 
 def bench_flight_sql(work: Path, live_rows: int, versions: int, repeat: int = 5, workers: int = 2) -> dict[str, Any]:
@@ -76,14 +62,13 @@ def bench_flight_sql(work: Path, live_rows: int, versions: int, repeat: int = 5,
                 "service_client": lambda sql=sql: client.sql(sql, as_of),
                 "adbc_flight_sql": lambda sql=sql: through_adbc(sql),
             }
-            for run in runs.values():  # warm: every worker started, files cached
-                run()
-            timed = {name: _median(run, repeat) for name, run in runs.items()}
-            answers = [t for _, t in timed.values()]
+            # one warm-up round: every worker started, files cached
+            timed = dict(zip(runs, repeated(list(runs.values()), repeat), strict=True))
+            answers = [samples.last for samples in timed.values()]
             rows = answers[0].num_rows
             assert all(a.num_rows == rows and a.schema.equals(answers[0].schema) for a in answers)
             results["statements"][label] = {"sql": sql, "rows": rows, "bytes": answers[0].nbytes,
-                                            **{name: s for name, (s, _) in timed.items()}}
+                                            **{name: samples.median_s for name, samples in timed.items()}}
     return results
 
 
@@ -115,16 +100,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--live-rows", type=int, default=20_000)
     parser.add_argument("--versions", type=int, default=100_000)
     parser.add_argument("--repeat", type=int, default=5)
+    parser.add_argument("--out", default="flight_sql", help="results file name (under bench/results/)")
     args = parser.parse_args(argv)
     with tempfile.TemporaryDirectory() as tmp:
         results = bench_flight_sql(Path(tmp), args.live_rows, args.versions, args.repeat)
     text = report(results)
     print(text)
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    head = provenance()
-    results["measured"] = head
-    (RESULTS / "flight_sql.json").write_text(json.dumps(results, indent=2))
-    (RESULTS / "flight_sql.md").write_text(head + "\n\n" + text)
+    results["measured"] = provenance()
+    write_results(args.out, results, text)
     return 0
 
 

@@ -36,39 +36,23 @@ from typing import Any
 import duckdb
 import pyarrow.compute as pc
 
+from bench import write_results
 from bench.history import build_history
 from bench.read_path import answer_file
+from bench.timing import interleaved
 from history_pipeline import HistoryStore, StoreSettings
 from history_pipeline.query.engine import QueryContext
 from history_pipeline.supertable.key_index import indexed_bytes
 from history_pipeline.supertable.row_cache import ROW_CACHE_BYTES, row_cache_stats, set_row_cache_bytes
 from history_pipeline.types import from_arrow_value
 
-RESULTS = Path(__file__).parent / "results"
 TOKEN = "bench-token"
 
 
-def _percentiles(samples: list[float], cpu: list[float]) -> dict[str, float]:
-    ordered, busy = sorted(samples), sorted(cpu)
-    at = max(0, int(len(ordered) * 0.99) - 1)
-    return {"p50_ms": 1000 * ordered[len(ordered) // 2], "p99_ms": 1000 * ordered[at],
-            "cpu_p50_ms": 1000 * busy[len(busy) // 2], "cpu_p99_ms": 1000 * busy[at]}
-
-
 def _rounds(fns: list[Callable[[int], Any]], keys: list[int]) -> list[dict[str, float]]:
-    """Each function's p50/p99 over ``keys``, the functions taking turns key by key (load from others
-    on a shared machine then hits each alike); also of the CPU time this process spent in each call
-    (all its threads: DuckDB's too; not the service's worker process), which waiting for a core
-    on a loaded machine does not inflate."""
-    samples: list[list[float]] = [[] for _ in fns]
-    cpu: list[list[float]] = [[] for _ in fns]
-    for key in keys:
-        for fn, times, busy in zip(fns, samples, cpu, strict=True):
-            start, start_cpu = time.perf_counter(), time.process_time()
-            fn(key)
-            times.append(time.perf_counter() - start)
-            busy.append(time.process_time() - start_cpu)
-    return [_percentiles(times, busy) for times, busy in zip(samples, cpu, strict=True)]
+    """Each function's p50/p99 over ``keys``, the functions taking turns key by key, in wall time and
+    in the CPU time of this process (all its threads: DuckDB's too; not the service's worker process)."""
+    return [samples.percentiles() for samples in interleaved(fns, keys)]
 
 
 def _previous_lookup(context: QueryContext, table: str, key: int, as_of: int) -> dict[str, Any] | None:
@@ -89,7 +73,7 @@ def _expected(answer: Any, key: int) -> dict[str, Any] | None:
     return {name: value for name, value in rows[0].items() if name != "synthetic_key"}
 
 
-def _keys(rng: random.Random, live_rows: int, count: int, besides: set[int] = frozenset()) -> list[int]:
+def random_keys(rng: random.Random, live_rows: int, count: int, besides: set[int] = frozenset()) -> list[int]:
     """``count`` distinct random keys of the live set, none of ``besides``."""
     keys: list[int] = []
     while len(keys) < count:
@@ -110,11 +94,11 @@ def bench_at(store: HistoryStore, work: Path, label: str, as_of: int, live_rows:
     path = answer_file(answer, work / f"answer_{as_of}.parquet")
     con = duckdb.connect()
     query = f"SELECT * FROM read_parquet('{path}') WHERE synthetic_key = ?"
-    keys = _keys(random.Random(3), live_rows, lookups)
+    keys = random_keys(random.Random(3), live_rows, lookups)
     # the warm context's keys are others: a key just asked by HistoryStore.fetch_row would find its
     # row group decoded
-    others = _keys(random.Random(4), live_rows, lookups, set(keys))
-    warm = _keys(random.Random(5), live_rows, warm_keys, set(keys) | set(others))
+    others = random_keys(random.Random(4), live_rows, lookups, set(keys))
+    warm = random_keys(random.Random(5), live_rows, warm_keys, set(keys) | set(others))
 
     # cold row groups: key indexes and footers warm (the warm-up builds them), nothing decoded kept
     set_row_cache_bytes(0)
@@ -318,9 +302,7 @@ def main(argv: list[str] | None = None) -> int:
     results.update(commit=commit, date=date)
     text = report(results, commit, date)
     print(text)
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    (RESULTS / f"{args.out}.json").write_text(json.dumps(results, indent=2))
-    (RESULTS / f"{args.out}.md").write_text(text)
+    write_results(args.out, results, text, dated=True)
     return 0
 
 

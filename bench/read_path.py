@@ -514,14 +514,9 @@ def report(results: dict[str, Any]) -> str:
                      f"{verdict(row['ratio'], 2.0)} |")
     for row in results.get("load_table", []):
         if row.get("lookups"):
-            lk = row["lookups"]
-            lines.append(f"| fetch_row p50 / p99, {row['versions']:,} versions, T={row['as_of']} | "
-                         f"{lk['fetch_row_p50_ms']:.2f} / "
-                         f"{lk['fetch_row_p99_ms']:.2f} ms | — | — | ≤ 1 / ≤ 3 ms | "
-                         f"{verdict(lk['fetch_row_p50_ms'], 1)} / {verdict(lk['fetch_row_p99_ms'], 3)} |")
-            lines.append(f"| row_history p50, a key with {lk['row_history_versions']:,} versions | "
-                         f"{lk['row_history_p50_ms']:.1f} ms | — | — | ≤ 50 ms | "
-                         f"{verdict(lk['row_history_p50_ms'], 50)} |")
+            from bench.run import fetch_row_lines
+
+            lines += fetch_row_lines(row["lookups"], f", {row['versions']:,} versions, T={row['as_of']}")
         merged = row.get("lookups_after_merge")
         if merged:
             lines.append(f"| row_history p50 after merge ({merged['merge_s']:.1f} s), the same key | "

@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import os
 import platform
+import random
 import shutil
 import statistics
 import subprocess
@@ -37,6 +38,7 @@ from history_pipeline import HistoryStore, StoreSettings
 from history_pipeline.catalog import AddFile, AdvanceFrontier, FileEntry, FileKind, TransactionLog
 from history_pipeline.io.store import LocalStore
 from history_pipeline.supertable import SUPERSEDED
+from history_pipeline.supertable.row_cache import ROW_CACHE_BYTES, row_cache_stats, set_row_cache_bytes
 from history_pipeline.wal import SegmentState
 
 RESULTS = Path(__file__).parent / "results"
@@ -206,31 +208,67 @@ def bench_as_of(work: Path, live_rows: int, histories: list[int], batch: int) ->
     return rows
 
 
-def bench_lookups(store: HistoryStore, as_of: int, live_rows: int) -> dict[str, Any]:
-    import random
+def bench_lookups(store: HistoryStore, as_of: int, live_rows: int, lookups: int = 200,
+                  warm_keys: int = 2000) -> dict[str, Any]:
+    """fetch_row as bench.lookups times it, in a warm process (one frozen catalog state): the same
+    random keys of the live set, none asked before, timed twice: **cold**, no row group kept decoded
+    (each lookup decodes its row's row group; key indexes and footers warm from a tenth of the
+    warm-up keys), then **warm**, the row cache at its default budget after ``warm_keys`` lookups
+    of other keys (a worker's steady state: a timed key hits when a warm-up key shared its row
+    group). Also row_history of the key with the most versions."""
+    from bench.lookups import random_keys
+    from bench.timing import interleaved, repeated
 
-    rng = random.Random(3)
-    context = store.query_context()  # a warm process: one frozen catalog state
-    # warm: lookups of other keys first, so that every file a lookup may open has its footer and
-    # key filters cached (one warm-up key left the other key ranges' files to the first samples,
-    # whose reads of footers and filters made the p99)
-    warm = random.Random(5)
-    for _ in range(20):
-        context.fetch_row("bench", warm.randrange(live_rows), as_of)
-    samples = []
-    for _ in range(200):
-        key = rng.randrange(live_rows)
-        samples.append(timed(lambda k=key: context.fetch_row("bench", k, as_of))[0])
-    samples.sort()
-    history_times = sorted(timed(lambda: context.row_history("bench", HOT_KEY))[0] for _ in range(25))
-    versions_of_hot_key = len(context.row_history("bench", HOT_KEY))
+    context = store.query_context()
+
+    def fetch(key: int) -> Any:
+        return context.fetch_row("bench", key, as_of)
+
+    keys = random_keys(random.Random(3), live_rows, lookups)
+    warm = random_keys(random.Random(5), live_rows, warm_keys, set(keys))
+    budget = row_cache_stats().budget_bytes
+    try:
+        set_row_cache_bytes(0)
+        (cold,) = interleaved([fetch], keys, warmup=warm[:max(20, warm_keys // 10)])
+        set_row_cache_bytes(ROW_CACHE_BYTES)
+        for key in warm:
+            fetch(key)
+        before = row_cache_stats()
+        (hot,) = interleaved([fetch], keys)
+        after = row_cache_stats()
+    finally:
+        set_row_cache_bytes(budget)
+    hits, misses = after.hits - before.hits, after.misses - before.misses
+    (history,) = repeated([lambda: context.row_history("bench", HOT_KEY)], 25, warmup=0)
     return {
-        "fetch_row_p50_ms": 1000 * samples[len(samples) // 2],
-        "fetch_row_p99_ms": 1000 * samples[int(len(samples) * 0.99) - 1],
-        "row_history_versions": versions_of_hot_key,
-        "row_history_p50_ms": 1000 * history_times[len(history_times) // 2],
-        "row_history_p99_ms": 1000 * history_times[-1],
+        "lookups": lookups, "warm_keys": warm_keys, "row_cache_budget_mib": ROW_CACHE_BYTES / 2**20,
+        "row_cache_hit_rate": hits / (hits + misses) if hits + misses else None,
+        "fetch_row_cold": cold.percentiles(), "fetch_row_warm": hot.percentiles(),
+        "row_history_versions": len(history.last),
+        "row_history_p50_ms": 1000 * history.at(0.5),
+        "row_history_p99_ms": 1000 * max(history.wall),
     }
+
+
+def fetch_row_lines(lookups: dict[str, Any], where: str = "") -> list[str]:
+    """The report's rows of ``bench_lookups``' figures: fetch_row warm and cold against the target,
+    then row_history (``where``: what the figures are of, for the rows' labels)."""
+    hit = lookups["row_cache_hit_rate"]
+    warm, cold = lookups["fetch_row_warm"], lookups["fetch_row_cold"]
+
+    def pair(f: dict[str, float]) -> str:
+        return (f"{f['p50_ms']:.2f} / {f['p99_ms']:.2f} ms (CPU {f['cpu_p50_ms']:.2f} / {f['cpu_p99_ms']:.2f})"
+                f" | — | — | ≤ 1 / ≤ 3 ms | {verdict(f['p50_ms'], 1)} / {verdict(f['p99_ms'], 3)} |")
+
+    return [
+        f"| fetch_row p50 / p99{where}, warm: {lookups['lookups']} keys never asked, the row cache at "
+        f"{lookups['row_cache_budget_mib']:.0f} MiB after {lookups['warm_keys']:,} lookups of other keys "
+        f"(hit rate {'—' if hit is None else f'{100 * hit:.0f} %'}) | {pair(warm)}",
+        f"| fetch_row p50 / p99{where}, cold: the same keys, no row group kept decoded | {pair(cold)}",
+        f"| row_history p50 / p99, a key with {lookups['row_history_versions']:,} versions | "
+        f"{lookups['row_history_p50_ms']:.1f} / {lookups['row_history_p99_ms']:.1f} ms | — | — | "
+        f"≤ 50 ms | {verdict(lookups['row_history_p50_ms'], 50)} |",
+    ]
 
 
 def bench_delta_time_travel(work: Path, live_rows: int, versions: int, batch: int) -> dict[str, Any]:
@@ -368,12 +406,7 @@ def report(results: dict[str, Any]) -> str:
                      f"{verdict(row['ratio'], 2.0)} |")
     lookups = next((r["lookups"] for r in results["as_of"] if "lookups" in r), None)
     if lookups:
-        lines.append(f"| fetch_row p50 / p99 | {lookups['fetch_row_p50_ms']:.2f} / {lookups['fetch_row_p99_ms']:.2f} ms"
-                     f" | — | — | ≤ 1 / ≤ 3 ms | {verdict(lookups['fetch_row_p50_ms'], 1)} / "
-                     f"{verdict(lookups['fetch_row_p99_ms'], 3)} |")
-        lines.append(f"| row_history p50 / p99, a key with {lookups['row_history_versions']:,} versions | "
-                     f"{lookups['row_history_p50_ms']:.1f} / {lookups['row_history_p99_ms']:.1f} ms | — | — | "
-                     f"≤ 50 ms | {verdict(lookups['row_history_p50_ms'], 50)} |")
+        lines += fetch_row_lines(lookups)
     d = results.get("delta_time_travel")
     if d:
         lines.append(f"| as-of load vs Delta time travel ({d['versions']:,} versions) | {d['ours_s']:.3f} s | "

@@ -12,9 +12,7 @@ service.md.
 from __future__ import annotations
 
 import argparse
-import json
 import random
-import statistics
 import sys
 import tempfile
 import threading
@@ -23,7 +21,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from bench import provenance
+from bench import write_results
+from bench.timing import Samples, interleaved, repeated
 from bench.workload import Workload, write_workload
 from history_pipeline import HistoryStore, StoreSettings
 from history_pipeline.client import connect
@@ -31,24 +30,8 @@ from history_pipeline.service.auth import Tenant, token_digest
 from history_pipeline.service.config import ServerConfig
 from history_pipeline.service.server import HistoryServer
 
-RESULTS = Path(__file__).parent / "results"
 TABLE = "00000000-0000-4000-8000-000000000000"  # the workload's first table, by uuid (it is renamed)
 TOKEN = "bench-token"
-
-
-def _percentiles(samples: list[float]) -> tuple[float, float]:
-    ordered = sorted(samples)
-    return 1000 * ordered[len(ordered) // 2], 1000 * ordered[max(0, int(len(ordered) * 0.99) - 1)]
-
-
-def _lookups(fetch: Callable[[int], Any], keys: list[int]) -> dict[str, float]:
-    samples = []
-    for key in keys:
-        start = time.perf_counter()
-        fetch(key)
-        samples.append(time.perf_counter() - start)
-    p50, p99 = _percentiles(samples)
-    return {"fetch_row_p50_ms": p50, "fetch_row_p99_ms": p99}
 
 
 def _parallel_lookups(fetch: Callable[[int], Any], keys: list[int], threads: int) -> float:
@@ -66,16 +49,10 @@ def _parallel_lookups(fetch: Callable[[int], Any], keys: list[int], threads: int
     return len(keys) / (time.perf_counter() - start)
 
 
-def _loads(load: Callable[[], Any], repeat: int) -> dict[str, float]:
-    times, rows, size = [], 0, 0
-    for _ in range(repeat):
-        start = time.perf_counter()
-        table = load()
-        times.append(time.perf_counter() - start)
-        rows, size = table.num_rows, table.nbytes
-    median = statistics.median(times)
-    return {"load_table_s": median, "load_table_rows_per_s": rows / median, "load_table_mb_per_s": size / median / 1e6,
-            "rows": rows, "bytes": size}
+def _loads(samples: Samples) -> dict[str, float]:
+    median, table = samples.median_s, samples.last
+    return {"load_table_s": median, "load_table_rows_per_s": table.num_rows / median,
+            "load_table_mb_per_s": table.nbytes / median / 1e6, "rows": table.num_rows, "bytes": table.nbytes}
 
 
 def bench_service(work: Path, live_rows: int, versions: int, lookups: int = 300, loads: int = 5,
@@ -94,23 +71,30 @@ def bench_service(work: Path, live_rows: int, versions: int, lookups: int = 300,
                                "lookups": lookups, "client_threads": threads, "server_workers": workers}
 
     store.fetch_row(TABLE, keys[0], as_of)  # warm
-    local = _lookups(lambda k: store.fetch_row(TABLE, k, as_of), keys)
-    local["fetch_row_per_s_parallel"] = _parallel_lookups(lambda k: store.fetch_row(TABLE, k, as_of), keys, threads)
-    local.update(_loads(lambda: store.load_table(TABLE, as_of), loads))
-    results["in_process"] = local
-
     config = ServerConfig(root=str(work / "service"), tenants=(Tenant("bench", "bench_service", token_digest(TOKEN)),),
                           port=0, workers=workers)
     with HistoryServer(config) as server, connect(server.url, TOKEN) as client:
         for key in keys[: workers * 4]:  # every worker started and warm
             client.fetch_row(TABLE, key, as_of)
         assert client.fetch_row(TABLE, keys[0], as_of) == store.fetch_row(TABLE, keys[0], as_of)
-        remote = _lookups(lambda k: client.fetch_row(TABLE, k, as_of), keys)
-        remote["fetch_row_per_s_parallel"] = _parallel_lookups(
-            lambda k: client.fetch_row(TABLE, k, as_of), keys, threads
-        )
-        remote.update(_loads(lambda: client.load_table(TABLE, as_of), loads))
-        results["server"] = remote
+
+        def local_fetch(key: int) -> Any:
+            return store.fetch_row(TABLE, key, as_of)
+
+        def remote_fetch(key: int) -> Any:
+            return client.fetch_row(TABLE, key, as_of)
+
+        # in-process and through the server take turns key by key (the server's cache is its own)
+        fetches = interleaved([local_fetch, remote_fetch], keys)
+        local, remote = ({f"fetch_row_{name}": v for name, v in f.percentiles().items()} for f in fetches)
+        local["fetch_row_per_s_parallel"] = _parallel_lookups(local_fetch, keys, threads)
+        remote["fetch_row_per_s_parallel"] = _parallel_lookups(remote_fetch, keys, threads)
+        local_loads, remote_loads = repeated([lambda: store.load_table(TABLE, as_of),
+                                              lambda: client.load_table(TABLE, as_of)], loads, warmup=0)
+        local.update(_loads(local_loads))
+        remote.update(_loads(remote_loads))
+    results["in_process"] = local
+    results["server"] = remote
     return results
 
 
@@ -149,15 +133,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--versions", type=int, default=100_000)
     parser.add_argument("--lookups", type=int, default=300)
     parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("--out", default="service", help="results file name (under bench/results/)")
     args = parser.parse_args(argv)
     with tempfile.TemporaryDirectory() as tmp:
         results = bench_service(Path(tmp), args.live_rows, args.versions, args.lookups, workers=args.workers)
     results["date"] = time.strftime("%Y-%m-%d %H:%M")
     text = report(results)
     print(text)
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    (RESULTS / "service.json").write_text(json.dumps(results, indent=2))
-    (RESULTS / "service.md").write_text(provenance() + "\n\n" + text)
+    write_results(args.out, results, text)
     return 0
 
 

@@ -660,7 +660,13 @@ def test_tagged_values_round_trip_exactly():
 )
 def test_a_fetched_row_of_any_type_survives_its_arrow_form(data_type, wal_value):
     from history_pipeline.schema import ColumnDescriptor, TableDescriptor
-    from history_pipeline.service.protocol import fetch_row_from_arrow, fetch_row_to_arrow
+    from history_pipeline.service.execute import answer_bytes
+    from history_pipeline.service.protocol import (
+        fetch_row_from_arrow,
+        fetch_row_from_stream,
+        fetch_row_stream,
+        fetch_row_to_arrow,
+    )
     from history_pipeline.types import decode_value as from_wal
     from history_pipeline.types import parse_data_type
 
@@ -671,6 +677,28 @@ def test_a_fetched_row_of_any_type_survives_its_arrow_form(data_type, wal_value)
     assert response.column_uuid_mapping == ("c-1",)
     assert same(response.as_row(), row)
     assert fetch_row_from_arrow(fetch_row_to_arrow(descriptor, None)).as_row() is None
+    # the server's stream of it: the bytes an Arrow IPC writer makes of that table, read back alike
+    rows, stream = fetch_row_stream(descriptor, row)
+    assert rows == 1 and stream == answer_bytes(fetch_row_to_arrow(descriptor, row), 1000).to_pybytes()
+    for _ in range(2):  # the second read takes the schema it read the first time
+        streamed = fetch_row_from_stream(stream)
+        assert streamed.column_uuid_mapping == ("c-1",) and same(streamed.as_row(), row)
+    rows, stream = fetch_row_stream(descriptor, None)
+    assert rows == 0 and fetch_row_from_stream(stream) == fetch_row_from_arrow(fetch_row_to_arrow(descriptor, None))
+    assert fetch_row_from_stream(pa.py_buffer(stream)).as_row() is None
+
+
+def test_a_fetch_row_answer_that_is_no_arrow_stream_of_a_row_is_a_service_error():
+    from history_pipeline.schema import ColumnDescriptor, TableDescriptor
+    from history_pipeline.service.protocol import fetch_row_from_stream, fetch_row_stream
+    from history_pipeline.types import parse_data_type
+
+    column = ColumnDescriptor("c-1", "c", parse_data_type("BIGINT"), True, "a", "c-1-1")
+    _, stream = fetch_row_stream(TableDescriptor("T", "t", (column,)), {"c": 7})
+    with pytest.raises(ServiceError, match="not an Arrow stream"):
+        fetch_row_from_stream(b"not arrow")
+    with pytest.raises(ServiceError, match="not an Arrow stream"):
+        fetch_row_from_stream(stream[: len(stream) // 2])
 
 
 def test_tokens_are_stored_hashed_and_checked():

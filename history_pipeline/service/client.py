@@ -106,7 +106,7 @@ class HistoryClient:
             raise _as_history_error(exc) from None
         if len(results) != 1:
             raise ServiceError(f"a FetchRow answer is one result, got {len(results)}: is the server of this version?")
-        return p.fetch_row_from_arrow(pa.ipc.open_stream(results[0].body).read_all())
+        return p.fetch_row_from_stream(results[0].body)
 
     def load_table_response(self, request: p.LoadTableRequest) -> p.LoadTableResponse:
         """LoadTable: a whole table as of T."""

@@ -40,7 +40,7 @@ import pyarrow as pa
 
 from history_pipeline.query.diff import diff_to_dict
 from history_pipeline.schema import TableDescriptor
-from history_pipeline.service.errors import InvalidRequestError
+from history_pipeline.service.errors import InvalidRequestError, ServiceError
 from history_pipeline.types import DataType, Interval, arrow_type, from_arrow_value, parse_data_type, to_arrow_value
 
 # --- requests ------------------------------------------------------------------------
@@ -211,6 +211,14 @@ def encode_request(request: Request) -> bytes:
     return json.dumps({"op": operation(request), **asdict(request)}).encode()
 
 
+@functools.cache
+def _field_names(cls: type) -> tuple[frozenset[str], frozenset[str]]:
+    """A request message's fields, and those it must be given: a field with a default may be left
+    out (a ticket of a client from before the field)."""
+    return (frozenset(f.name for f in fields(cls)),
+            frozenset(f.name for f in fields(cls) if f.default is MISSING and f.default_factory is MISSING))
+
+
 def decode_request(ticket: bytes) -> Request:
     """A Flight ticket back to its request message (InvalidRequestError when it is not one)."""
     try:
@@ -223,10 +231,8 @@ def decode_request(ticket: bytes) -> Request:
             f"known: {', '.join(OPERATIONS)}"
         )
     cls = OPERATIONS[body.pop("op")]
-    expected = {f.name for f in fields(cls)}
-    # a field with a default may be left out (a ticket of a client from before the field)
-    required = {f.name for f in fields(cls) if f.default is MISSING and f.default_factory is MISSING}
-    if not required <= set(body) <= expected:
+    expected, required = _field_names(cls)
+    if not required <= body.keys() <= expected:
         raise InvalidRequestError(
             f"{cls.__name__} takes the fields {sorted(expected)}, got {sorted(body)}"
         )
@@ -365,45 +371,111 @@ def _wire_type(arrow: pa.DataType) -> pa.DataType:
 _RowColumns = tuple[tuple[str, str, DataType], ...]
 
 
+#: the end of an Arrow IPC stream: a continuation marker and a zero length
+_END_OF_STREAM = b"\xff\xff\xff\xff\x00\x00\x00\x00"
+
+
+@dataclass(frozen=True)
+class _RowShape:
+    """A FetchRow answer's schema, its fields as one struct (the row converts from Python in one
+    call) and the schema as the first message of an Arrow IPC stream."""
+
+    schema: pa.Schema
+    row_type: pa.StructType
+    head: bytes
+
+
 @functools.lru_cache(maxsize=1024)
-def _fetch_row_schema(columns: _RowColumns, found: bool) -> pa.Schema:
-    """The schema of a FetchRow answer (built once per table schema: a lookup's answer is sent
+def _fetch_row_shape(columns: _RowColumns, found: bool) -> _RowShape:
+    """The shape of a FetchRow answer (built once per table schema: a lookup's answer is sent
     for every event, and building the fields costs several times the row's own arrays)."""
-    return pa.schema(
+    schema = pa.schema(
         [pa.field(name, _wire_type(arrow_type(data_type)),
                   metadata={"column_uuid": uuid_, "data_type": str(data_type)})
          for uuid_, name, data_type in columns],
         metadata={"found": "true" if found else "false"},
     )
+    return _RowShape(schema, pa.struct(list(schema)), schema.serialize().to_pybytes())
+
+
+def _fetch_row_batch(descriptor: TableDescriptor, row: Mapping[str, Any] | None) -> tuple[_RowShape, pa.RecordBatch]:
+    shape = _fetch_row_shape(tuple((c.column_uuid, c.column_name, c.data_type) for c in descriptor.columns),
+                             row is not None)
+    values = [] if row is None else [
+        {c.column_name: to_arrow_value(c.data_type, row[c.column_name]) for c in descriptor.columns}
+    ]
+    return shape, pa.RecordBatch.from_arrays(pa.array(values, shape.row_type).flatten(), schema=shape.schema)
 
 
 def fetch_row_to_arrow(descriptor: TableDescriptor, row: Mapping[str, Any] | None) -> pa.Table:
     """A fetched row as a typed Arrow table of zero or one row (see the module docstring)."""
-    schema = _fetch_row_schema(tuple((c.column_uuid, c.column_name, c.data_type) for c in descriptor.columns),
-                               row is not None)
-    arrays = [
-        pa.array([] if row is None else [to_arrow_value(column.data_type, row[column.column_name])], field.type)
-        for column, field in zip(descriptor.columns, schema, strict=True)
-    ]
-    return pa.Table.from_arrays(arrays, schema=schema)
+    return pa.Table.from_batches([_fetch_row_batch(descriptor, row)[1]])
+
+
+def fetch_row_stream(descriptor: TableDescriptor, row: Mapping[str, Any] | None) -> tuple[int, bytes]:
+    """:func:`fetch_row_to_arrow`'s table as the Arrow IPC stream the server sends, and its rows:
+    the schema's message (kept per table schema), the row's batch and the end of the stream."""
+    shape, batch = _fetch_row_batch(descriptor, row)
+    return batch.num_rows, b"".join((shape.head, batch.serialize().to_pybytes(), _END_OF_STREAM))
 
 
 #: a column's SQL type from its text (the same few texts come with every answer)
 _data_type = functools.lru_cache(maxsize=1024)(parse_data_type)
 
 
+@dataclass(frozen=True)
+class _RowReading:
+    """What a FetchRow answer's schema says: the schema, each column's uuid, name and SQL type, and
+    whether a row was found."""
+
+    schema: pa.Schema
+    column_uuids: tuple[str, ...]
+    column_names: tuple[str, ...]
+    data_types: tuple[DataType, ...]
+    found: bool
+
+
+def _reading(schema: pa.Schema) -> _RowReading:
+    metas = [field.metadata or {} for field in schema]
+    return _RowReading(schema, tuple(meta[b"column_uuid"].decode() for meta in metas), tuple(schema.names),
+                       tuple(_data_type(meta[b"data_type"].decode()) for meta in metas),
+                       (schema.metadata or {}).get(b"found") == b"true")
+
+
+@functools.lru_cache(maxsize=1024)
+def _stream_reading(schema_message: bytes) -> _RowReading:
+    """``_reading`` of an answer's schema message (the same bytes head every answer of a table)."""
+    return _reading(pa.ipc.read_schema(pa.py_buffer(schema_message)))
+
+
+def _response(reading: _RowReading, columns: Sequence[pa.Array | pa.ChunkedArray]) -> FetchRowResponse:
+    values = None
+    if reading.found:
+        values = tuple(from_arrow_value(data_type, column.to_pylist()[0])
+                       for data_type, column in zip(reading.data_types, columns, strict=True))
+    return FetchRowResponse(reading.column_uuids, reading.column_names, values)
+
+
 def fetch_row_from_arrow(table: pa.Table) -> FetchRowResponse:
     """The FetchRowResponse a :func:`fetch_row_to_arrow` table carries."""
-    found = (table.schema.metadata or {}).get(b"found") == b"true"
-    uuids, names, values = [], [], []
-    for index, field in enumerate(table.schema):
-        meta = field.metadata or {}
-        uuids.append(meta[b"column_uuid"].decode())
-        names.append(field.name)
-        if found:
-            data_type = _data_type(meta[b"data_type"].decode())
-            values.append(from_arrow_value(data_type, table.column(index)[0].as_py()))
-    return FetchRowResponse(tuple(uuids), tuple(names), tuple(values) if found else None)
+    return _response(_reading(table.schema), table.columns)
+
+
+def fetch_row_from_stream(body: pa.Buffer | bytes) -> FetchRowResponse:
+    """The FetchRowResponse of a FetchRow answer as its Arrow IPC stream (:func:`fetch_row_stream`'s
+    bytes): the schema message read once per table schema, then the row's batch against it
+    (ServiceError when the bytes are not such a stream)."""
+    try:
+        messages = pa.ipc.MessageReader.open_stream(body)
+        reading = _stream_reading(messages.read_next_message().serialize().to_pybytes())
+        if not reading.found:
+            return _response(reading, ())
+        batch = pa.ipc.read_record_batch(messages.read_next_message(), reading.schema)
+    except (pa.ArrowException, StopIteration, KeyError) as exc:
+        raise ServiceError(f"the FetchRow answer is not an Arrow stream of a row: {exc}") from None
+    if batch.num_rows != 1:
+        raise ServiceError(f"a found FetchRow answer has one row, got {batch.num_rows}")
+    return _response(reading, batch.columns)
 
 
 def load_table_to_arrow(descriptor: TableDescriptor, table: pa.Table) -> pa.Table:

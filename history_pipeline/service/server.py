@@ -38,7 +38,6 @@ from history_pipeline.service.errors import (
     error_payload,
     redact,
 )
-from history_pipeline.service.execute import answer_bytes, execute
 from history_pipeline.service.limits import ConcurrencyGate, Limits
 from history_pipeline.service.protocol import (
     FETCH_ROW_ACTION,
@@ -50,6 +49,7 @@ from history_pipeline.service.protocol import (
     TableSchemasRequest,
     decode_request,
     encode_request,
+    fetch_row_stream,
     operation,
     status_from_arrow,
     table_schemas_from_arrow,
@@ -310,7 +310,7 @@ class HistoryServer(flight.FlightServerBase):
         limits: Limits = self.config.limits_of(tenant)
         with self._gate.slot(tenant.name, limits.max_concurrent_queries):
             if isinstance(request, FetchRowRequest):
-                return self._lookup(tenant.database, request, limits)
+                return self._lookup(tenant.database, request)
             job = Job(self.config.root, tenant.database, ticket, limits, self.config.batch_rows)
             return self._pool.run(job, cancelled=context.is_cancelled)
 
@@ -318,7 +318,7 @@ class HistoryServer(flight.FlightServerBase):
         """``_run`` of a request made here (a Flight SQL call's), encoded as its ticket would be."""
         return self._run(tenant, encode_request(request), request, context)
 
-    def _fetch_row_action(self, context: flight.ServerCallContext, body: bytes) -> pa.Buffer:
+    def _fetch_row_action(self, context: flight.ServerCallContext, body: bytes) -> bytes:
         """A FetchRow sent as a DoAction: the same slot, lookup, answer, errors and log line as its
         DoGet, in one round trip (the answer's Arrow stream is the one result: no stream of
         messages to run on this server's threads)."""
@@ -334,33 +334,35 @@ class HistoryServer(flight.FlightServerBase):
                 )
             limits = self._limits[tenant.name]
             with self._gate.slot(tenant.name, limits.max_concurrent_queries):
-                table = self._lookup_table(tenant.database, request, limits)
-            answer = answer_bytes(table, self.config.batch_rows)
+                rows, answer = self._lookup_answer(tenant.database, request)
         except HistoryError as exc:
             self._record(tenant.name, call, started, error=type(exc).__name__)
             raise flight_error(exc, self._roots) from None
         except Exception as exc:  # a bug: a typed ServiceError for the client, not the server's stack trace
             self._record(tenant.name, call, started, error=type(exc).__name__)
             raise self._internal(exc) from None
-        self._record(tenant.name, call, started, table.num_rows, answer.size)
+        self._record(tenant.name, call, started, rows, len(answer))
         return answer
 
-    def _lookup(self, database: str, request: FetchRowRequest, limits: Limits) -> pa.Buffer:
+    def _lookup(self, database: str, request: FetchRowRequest) -> pa.Buffer:
         """A FetchRow answered in the server process, from a store kept open per database.
 
         A lookup's work is bounded (an index search per file, then one row group of one file),
         so it needs no process to be killed in; handing it to a worker and back cost about as
         much as the lookup itself. The store's catalog log is re-read on every call, as a
         worker's is, and the key indexes it builds stay warm in this process."""
-        return answer_bytes(self._lookup_table(database, request, limits), self.config.batch_rows)
+        return pa.py_buffer(self._lookup_answer(database, request)[1])
 
-    def _lookup_table(self, database: str, request: FetchRowRequest, limits: Limits) -> pa.Table:
-        """``_lookup``'s answer as a table (a row, or none)."""
+    def _lookup_answer(self, database: str, request: FetchRowRequest) -> tuple[int, bytes]:
+        """``_lookup``'s answer as the bytes of its Arrow IPC stream, and its rows (one, or none)."""
         with self._lock:
             store = self._stores.get(database)
             if store is None:
                 store = self._stores[database] = HistoryStore.open(self.config.root, database=database)
-        return execute(store, request, limits)
+        # the row and its columns' names and types from one state, as ``execute`` answers it
+        descriptor, row = store.fetch_row_described(request.table_uuid, request.synthetic_key,
+                                                    request.query_timestamp)
+        return fetch_row_stream(descriptor, row)
 
     # --- Arrow Flight SQL -------------------------------------------------------------------
 
