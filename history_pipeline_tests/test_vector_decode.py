@@ -11,7 +11,6 @@ import random
 from pathlib import Path
 
 import pyarrow as pa
-import pyarrow.compute as pc
 import pytest
 
 from history_pipeline.catalog.model import CatalogState
@@ -109,41 +108,13 @@ def _rows(work: frames.TableWork, lines: list[tuple[int, bytes]], fast: bool) ->
     return sorted(out.to_pylist(), key=lambda r: r["line"])
 
 
-def _routed_rows(work: frames.TableWork, lines: list[tuple[int, bytes]]) -> list[dict] | None:
-    """The fast path over the lines the driver would route to table T, with the envelopes it
-    would hand on (``frames.ENVELOPE_RE`` over the same bytes); None when the driver would not
-    route the batch (bad UTF-8)."""
-    try:
-        text = pa.array([t for _, t in lines], pa.binary()).cast(pa.string())
-    except pa.ArrowInvalid:
-        return None
-    head = pc.extract_regex(text, frames.ENVELOPE_RE)
-    mine = pc.and_kleene(head.is_valid(), pc.equal(head.field("table"), "T")).fill_null(False)
-    head = head.filter(mine)
-    batch = pa.RecordBatch.from_arrays(
-        [pa.array([n for n, _ in lines], pa.int64()).filter(mine), text.filter(mine).cast(pa.binary()),
-         head.field("key").cast(pa.int64()), head.field("t").cast(pa.int64()),
-         pc.index_in(head.field("op"), pa.array(frames.ROUTE_OPS)).cast(pa.int64())],
-        names=["line", "text", "key", "t", "op"],
-    )
-    if not batch.num_rows:
-        return []
-    out = pa.Table.from_batches(list(frames._decoder(work, SEGMENT)(iter([batch]))))
-    return sorted(out.to_pylist(), key=lambda r: r["line"])
-
-
 def _compare(lines: list[tuple[int, bytes]], records: list[tuple[int, bytes]] | None = None) -> tuple[int, int]:
-    """Both decoders over ``lines``, and the fast path over the lines routed to T with their routed
-    envelopes; returns (rows, rows the fast path decoded)."""
+    """Both decoders over ``lines``; returns (rows, rows the fast path decoded)."""
     work = _work(records if records is not None else _schema_records())
     fast, reference = _rows(work, lines, True), _rows(work, lines, False)
     assert len(fast) == len(reference) == len(lines)
     for got, want in zip(fast, reference, strict=True):
         assert repr(got) == repr(want), (got["line"], got, want)  # repr: NaN equals itself, -0.0 is not 0.0
-    routed = _routed_rows(work, lines)
-    if routed is not None:
-        by_line = {r["line"]: r for r in reference}
-        assert [repr(r) for r in routed] == [repr(by_line[r["line"]]) for r in routed]
     batch_lines = pa.array([n for n, _ in lines], pa.int64())
     _, left = decode_canonical(batch_lines, pa.array([t for _, t in lines], pa.binary()), "T", work.epoch_lines,
                                frames._epochs(work), work.supercolumns_after)

@@ -57,7 +57,7 @@ from history_pipeline.compaction.order import (
     order_error,
 )
 from history_pipeline.compaction.plan import Backfill, TablePlan, _apply_schema
-from history_pipeline.compaction.vector_decode import OPS, Envelopes, Epoch, decode_canonical, row_names
+from history_pipeline.compaction.vector_decode import Epoch, decode_canonical, row_names
 from history_pipeline.errors import (
     CastError,
     HistoryConflictError,
@@ -190,7 +190,7 @@ def _line_start(body: bytes, offset: int) -> int:
 
 
 #: the start of a row event exactly as the WAL writer prints it (its table is read without parsing)
-ENVELOPE_RE = (r'^\{"op":"(?P<op>insert|update|delete)","t":(?P<t>0|[1-9][0-9]{0,17}),'
+ENVELOPE_RE = (r'^\{"op":"(?:insert|update|delete)","t":(?P<t>0|[1-9][0-9]{0,17}),'
                r'"table_uuid":"(?P<table>[^"\\\x00-\x1f]+)","key":(?P<key>0|-?[1-9][0-9]{0,17})[,}]')
 #: the driver routes a segment itself only with at most this many other lines (schema changes ...)
 MAX_SCANNED_RECORDS = 10_000
@@ -219,35 +219,19 @@ def lines_at(data: bytes, starts: np.ndarray, ends: np.ndarray) -> pa.BinaryArra
     return spans.take(pa.array(np.arange(0, 2 * n - 1, 2)))
 
 
-#: a row event's op as a route file holds it (its index here)
-ROUTE_OPS = OPS
-#: the int64 columns of a route file's rows
-ROUTE_COLUMNS = 6
-
-
 @dataclass(frozen=True)
 class RowLines:
     """Where one table's row events are in a segment (ascending line numbers, their byte ranges in
-    the file without the newline) and their envelopes as the driver read them (key, t, op as an
-    index of ``ROUTE_OPS``): what a fold task needs to read only its own lines and not cut their
-    envelopes again."""
+    the file without the newline, their keys): what a fold task needs to read only its own lines."""
 
     lines: np.ndarray
     starts: np.ndarray
     ends: np.ndarray
     keys: np.ndarray
-    ts: np.ndarray
-    ops: np.ndarray
 
     def take(self, picked: np.ndarray) -> RowLines:
         """The lines at positions (or where the mask is true) ``picked``."""
-        return RowLines(self.lines[picked], self.starts[picked], self.ends[picked], self.keys[picked],
-                        self.ts[picked], self.ops[picked])
-
-    @staticmethod
-    def empty() -> RowLines:
-        """No lines."""
-        return RowLines(*(np.zeros(0, np.int64) for _ in range(ROUTE_COLUMNS)))
+        return RowLines(self.lines[picked], self.starts[picked], self.ends[picked], self.keys[picked])
 
 
 #: where the driver lists a segment's row events for the fold tasks: ``<wal_dir>/routes``, beside
@@ -263,7 +247,7 @@ def routes_dir(wal_dir: Path) -> Path:
 @dataclass(frozen=True)
 class RouteTable:
     """Where one table's row events in a segment are: a route file beside the segment of int64 rows
-    (line number, byte start and end in the segment without the newline, key, t, op), in line order, with
+    (line number, byte start and end in the segment without the newline, key), in line order, with
     their count, largest t and key range. The driver writes it while it verifies the segment and
     keeps only this; a fold task reads the rows of its own keys."""
 
@@ -275,8 +259,8 @@ class RouteTable:
 
     def load(self) -> RowLines:
         """The rows of the file (the reader is a fold task, or a test)."""
-        data = np.fromfile(self.path, dtype="<i8").reshape(-1, ROUTE_COLUMNS)
-        return RowLines(*(np.ascontiguousarray(data[:, i]) for i in range(ROUTE_COLUMNS)))
+        data = np.fromfile(self.path, dtype="<i8").reshape(-1, 4)
+        return RowLines(*(np.ascontiguousarray(data[:, i]) for i in range(4)))
 
 
 @dataclass(frozen=True)
@@ -404,7 +388,6 @@ class _Router:
         tables = head.field("table").filter(mask).dictionary_encode()
         codes = np.asarray(tables.indices.to_numpy(zero_copy_only=False))
         keys = np.asarray(head.field("key").filter(mask).cast(pa.int64()).to_numpy())
-        ops = np.asarray(pc.index_in(head.field("op").filter(mask), pa.array(ROUTE_OPS)).to_numpy(), np.int64)
         at = np.flatnonzero(row)
         for code, uuid in enumerate(tables.dictionary.to_pylist()):
             if uuid not in self.found:
@@ -415,8 +398,7 @@ class _Router:
                 self.found[uuid] = [path, 0, -1, None, None]
             entry = self.found[uuid]
             mine, its_keys = at[codes == code], keys[codes == code]
-            rows = np.stack([first_line + mine, offset + starts[mine], offset + ends[mine], its_keys,
-                             ts[codes == code], ops[codes == code]], axis=1)
+            rows = np.stack([first_line + mine, offset + starts[mine], offset + ends[mine], its_keys], axis=1)
             with open(entry[0], "ab") as f:
                 rows.astype("<i8").tofile(f)
             low, high = int(its_keys.min()), int(its_keys.max())
@@ -502,9 +484,8 @@ def _coalesced(batches: Iterator[pa.RecordBatch], size: int) -> Iterator[pa.Reco
 
 
 def _read_lines(path: str, rows: RowLines) -> Iterator[pa.RecordBatch]:
-    """(line, text, key, t, op) batches of exactly the lines ``rows`` names (their envelopes as
-    routed), read from the segment file in spans of at most ``ROUTE_BYTES`` that skip gaps of
-    ``SKIP_GAP`` or more."""
+    """(line, text) batches of exactly the lines ``rows`` names, read from the segment file in
+    spans of at most ``ROUTE_BYTES`` that skip gaps of ``SKIP_GAP`` or more."""
     n = len(rows.lines)
     if not n:
         return
@@ -519,9 +500,7 @@ def _read_lines(path: str, rows: RowLines) -> Iterator[pa.RecordBatch]:
                 f.seek(base)
                 data = f.read(int(rows.ends[j - 1]) - base)
                 text = lines_at(data, rows.starts[i:j] - base, rows.ends[i:j] - base)
-                yield pa.RecordBatch.from_arrays(
-                    [pa.array(rows.lines[i:j]), text, pa.array(rows.keys[i:j]), pa.array(rows.ts[i:j]),
-                     pa.array(rows.ops[i:j])], names=["line", "text", "key", "t", "op"])
+                yield pa.RecordBatch.from_arrays([pa.array(rows.lines[i:j]), text], names=["line", "text"])
                 i = j
 
 
@@ -732,9 +711,8 @@ def _decoder(
 ) -> Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]:
     """An Arrow UDF: (line, text) rows of one table in, decoded and checked mutations out.
 
-    Rows in the writer's canonical form are decoded as Arrow kernels (``vector_decode``), with
-    the envelopes the driver routed when the rows carry them (``_read_lines``); the others (and
-    every row with ``fast=False``) by the reference decoder, row by row."""
+    Rows in the writer's canonical form are decoded as Arrow kernels (``vector_decode``); the
+    others (and every row with ``fast=False``) by the reference decoder, row by row."""
     supercolumns = work.supercolumns_after
 
     def decode(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
@@ -744,10 +722,8 @@ def _decoder(
                 continue
             rest = batch
             if fast:
-                # (line, text, key, t, op) rows carry their routed envelopes (``_read_lines``)
-                routed = Envelopes(*(batch.column(i) for i in (3, 4, 2))) if batch.num_columns == 5 else None
                 decoded, left = decode_canonical(
-                    batch.column(0), batch.column(1), work.table_uuid, work.epoch_lines, epochs, supercolumns, routed
+                    batch.column(0), batch.column(1), work.table_uuid, work.epoch_lines, epochs, supercolumns
                 )
                 if decoded is not None and decoded.num_rows:
                     yield decoded
@@ -1145,7 +1121,7 @@ class GroupTask:
     def rows(self, step: GroupStep) -> RowLines:
         """This part's rows of one step, read from its route file."""
         if step.route is None:
-            return RowLines.empty()
+            return RowLines(*(np.zeros(0, np.int64) for _ in range(4)))
         rows = step.route.load()
         return rows if self.parts == 1 else rows.take(part_of_keys(rows.keys, self.parts, self.cuts) == self.part)
 

@@ -257,22 +257,6 @@ def row_names(width: int) -> list[str]:
     ]
 
 
-#: a row event's op as an index (how route files and ``Envelopes`` give it)
-OPS = ("insert", "update", "delete")
-
-
-@dataclass(frozen=True)
-class Envelopes:
-    """The envelopes of a batch's lines as the driver routed them from the same bytes (int64 t,
-    op as an index of ``OPS``, int64 key), all of one table: the decode need not cut them again.
-    Only the lines the decode finds canonical use them, and for those the route's expression and
-    ``LINE_RE`` read the same fields."""
-
-    t: pa.Array
-    op: pa.Array
-    key: pa.Array
-
-
 def decode_canonical(
     lines: pa.Array,
     texts: pa.Array,
@@ -280,10 +264,8 @@ def decode_canonical(
     epoch_lines: Sequence[int],
     epochs: Sequence[Epoch],
     supercolumns: Sequence[Supercolumn],
-    routed: Envelopes | None = None,
 ) -> tuple[pa.RecordBatch | None, np.ndarray]:
-    """The rows of a batch decoded as Arrow kernels, and the positions left to the reference
-    decoder; with ``routed`` (lines routed to ``table_uuid``) the envelopes are taken from it."""
+    """The rows of a batch decoded as Arrow kernels, and the positions left to the reference decoder."""
     n = len(lines)
     everything = np.arange(n)
     try:
@@ -293,14 +275,9 @@ def decode_canonical(
     canonical = _flags(pc.match_substring_regex(text, LINE_RE))  # a DFA: no captures over the whole line
     if not canonical.any():
         return None, everything
-    if routed is None:
-        parts, has_values, cut = _envelopes(text, canonical)
-        canonical &= _flags(pc.equal(parts.field("table"), table_uuid))
-    else:  # the route holds only this table's lines
-        has_values, cut = _cut(text, canonical)
-        op = pc.take(pa.array(OPS), routed.op)
-        parts = pa.StructArray.from_arrays([op, routed.t, routed.key], names=["op", "t", "key"])
+    parts, has_values, cut = _envelopes(text, canonical)
     is_delete = _flags(pc.equal(parts.field("op"), "delete"))
+    canonical &= _flags(pc.equal(parts.field("table"), table_uuid))
     canonical &= is_delete != has_values  # a delete carries no values, an insert or update does
     line_numbers = _np(lines).astype(np.int64)
     epoch_of = np.searchsorted(np.asarray(epoch_lines, np.int64), line_numbers, side="left") - 1
@@ -359,27 +336,23 @@ def _envelopes(text: pa.Array, canonical: np.ndarray) -> tuple[pa.StructArray, n
     'table_uuid', ':', table, ',', 'key', ':<key>,' (or ':<key>}' for a delete), then 'values',
     ':{' and the pieces of the values' body, the last one ending in '}}'.
     """
-    has_values, cut = _cut(text, canonical)
-    pieces = cut.pieces
-    fields = [pc.list_element(pieces, 3), pc.utf8_slice_codeunits(pc.list_element(pieces, 6), 1, -1),
-              pc.list_element(pieces, 9), pc.utf8_slice_codeunits(pc.list_element(pieces, 12), 1, -1)]
-    if len(pieces) != len(text):
-        index = pa.array(cut.list_of, mask=cut.list_of < 0)
-        fields = [pc.take(f, index) for f in fields]
-    return pa.StructArray.from_arrays(fields, names=["op", "t", "table", "key"]), has_values, cut
-
-
-def _cut(text: pa.Array, canonical: np.ndarray) -> tuple[np.ndarray, _Cut]:
-    """Which lines carry values, and the canonical lines cut at every '"' (see ``_envelopes``)."""
     n = len(text)
     at = np.nonzero(canonical)[0]
-    pieces = pc.split_pattern(text if len(at) == n else pc.take(text, pa.array(at)), '"')
+    every = len(at) == n
+    pieces = pc.split_pattern(text if every else pc.take(text, pa.array(at)), '"')
     starts = _np(pieces.offsets)
+    with_values = (starts[1:] - starts[:-1]) > VALUES_AT
+    fields = [pc.list_element(pieces, 3), pc.utf8_slice_codeunits(pc.list_element(pieces, 6), 1, -1),
+              pc.list_element(pieces, 9), pc.utf8_slice_codeunits(pc.list_element(pieces, 12), 1, -1)]
     list_of = np.full(n, -1, np.int64)
     list_of[at] = np.arange(len(at))
+    if not every:
+        index = pa.array(list_of, mask=list_of < 0)
+        fields = [pc.take(f, index) for f in fields]
+    parts = pa.StructArray.from_arrays(fields, names=["op", "t", "table", "key"])
     has_values = np.zeros(n, bool)
-    has_values[at] = (starts[1:] - starts[:-1]) > VALUES_AT
-    return has_values, _Cut(pieces, list_of)
+    has_values[at] = with_values
+    return parts, has_values, _Cut(pieces, list_of)
 
 
 def _find_all(
