@@ -18,13 +18,7 @@ from history_pipeline.maintenance.snapshot_pieces import key_cuts_by_rows, plan_
 from history_pipeline.maintenance.snapshots import closed_intervals
 from history_pipeline.supertable import KEY
 from history_pipeline.supertable.read import dataset_of
-from history_pipeline_tests.test_closed_intervals import (
-    _check_items,
-    _closed,
-    _items_history,
-    _snapshots,
-    _turning_points,
-)
+from history_pipeline_tests.test_closed_intervals import _check_items, _closed, _items_history, _snapshots
 from history_pipeline_tests.test_compaction import _split, check_against_model, random_history, write
 from history_pipeline_tests.test_query_layers import CREATE, _insert, _load, _update
 
@@ -192,18 +186,16 @@ def test_maintenance_over_snapshots_in_pieces(tmp_path):
     store.merge(spark=False, small_file_bytes=1 << 30)
     _check_items(store, events, every)
 
-    # the steps below rewrite or re-read the pieces, cut by key ranges: which pieces a T reads
-    # changes only at a snapshot, so the answers around each snapshot and at a few T between
     erased = (3, 17, 44)
     store.erase("items", erased, requested_by="test", spark=False)
     events = [e for e in events if e.get("key") not in erased]
-    _check_items(store, events, _turning_points(store, seed=1))
+    _check_items(store, events, every)
     assert store.verify() == []
 
     before = {t: [f.path for f in files] for t, files in _points(store).items()}
     store.rebuild_catalog()
     assert {t: [f.path for f in files] for t, files in _points(store).items()} == before
-    _check_items(store, events, _turning_points(store, seed=2))
+    _check_items(store, events, every)
 
     from history_pipeline.io.store import open_store
     from history_pipeline.maintenance.export import load_export
@@ -221,7 +213,7 @@ def test_maintenance_over_snapshots_in_pieces(tmp_path):
     _check_items(store, events, range(purge, store.frontier + 2))
     assert store.verify() == []
     store.load_cold_tier(cold)
-    _check_items(store, events, _turning_points(store, seed=3))
+    _check_items(store, events, every)
     assert store.verify() == []
 
     # a later refresh snapshots in pieces again from the pieces of the newest snapshot
