@@ -15,8 +15,10 @@ from __future__ import annotations
 
 import math
 import random
+import shutil
 from datetime import timedelta
 from decimal import Decimal
+from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
@@ -288,11 +290,12 @@ def schema_history_rows(store: HistoryStore, as_of: int) -> list[tuple]:
 
 
 def check(store: HistoryStore, model: BaseDatabase, events: list[dict], erased: dict[str, set[int]] | None = None,
-          as_ofs: list[int] | str = "boundaries") -> None:
+          as_ofs: list[int] | str = "boundaries", diffs: bool = True, also: tuple[int, ...] = ()) -> None:
     """get_catalog and load_table against the model at every answerable T; every other query API
-    (load_table unordered and by uuid, fetch_row, SQL, diff) at ``as_ofs``: "every" T, the T
-    around snapshots and schema changes ("boundaries"), or a list (then only those T at all);
-    then row_history, the schema history and verify()."""
+    (load_table unordered and by uuid, fetch_row, SQL, and diff unless ``diffs`` is False) at
+    ``as_ofs``: "every" T, the T around snapshots and schema changes ("boundaries", plus the T of
+    ``also``), or a list (then only those T at all); then row_history, the schema history and
+    verify()."""
     erased = erased or {}
     earliest, frontier = store.earliest, store.frontier
     if earliest > 0:
@@ -300,7 +303,7 @@ def check(store: HistoryStore, model: BaseDatabase, events: list[dict], erased: 
             store.query_context().check_as_of(earliest - 1)
     every: Any = range(earliest, frontier + 2)
     if as_ofs == "boundaries":
-        as_ofs = _boundaries(store, events)
+        as_ofs = sorted({*_boundaries(store, events), *also})
     elif as_ofs != "every":
         every = as_ofs  # a list: those T only
     for as_of in every:
@@ -338,7 +341,7 @@ def check(store: HistoryStore, model: BaseDatabase, events: list[dict], erased: 
             if as_of in (earliest, frontier + 1):
                 streamed = store.sql_reader(f'SELECT * FROM "{name}"', as_of, batch_size=2).read_all()
                 assert rows_of(streamed, types) == by_value, where
-            if as_of - 1 >= earliest and uuid in model.state_as_of(as_of - 1) \
+            if diffs and as_of - 1 >= earliest and uuid in model.state_as_of(as_of - 1) \
                     and not _schema_change_between(events, uuid, as_of - 1, as_of):
                 _check_diff(store, model, events, uuid, name, as_of - 1, as_of)
                 lo = max(earliest, *(e["t"] + 1 for e in events if e.get("table_uuid") == uuid
@@ -387,11 +390,36 @@ def compacted(root, settings=SMALL, every=3, seed=1):
     return store, model, events
 
 
+@pytest.fixture(scope="module")
+def compacted_copy(tmp_path_factory):
+    """``compacted`` at ``root`` as a copy of one compaction per settings made once for the
+    module: the scenarios start from the same compacted history, and each changes its own copy."""
+    made: dict[StoreSettings, Path] = {}
+
+    def copy(root: Path, settings: StoreSettings = SMALL):
+        if settings not in made:
+            made[settings] = tmp_path_factory.mktemp("compacted") / "root"
+            compacted(made[settings], settings)
+        shutil.copytree(made[settings], root)
+        store = HistoryStore.open(root, database="db", settings=settings)
+        events = typed_history()
+        model = BaseDatabase()
+        for e in events:
+            model.apply(e)
+        return store, model, events
+
+    return copy
+
+
 @pytest.mark.slow
-def test_every_type_and_schema_change_reads_back_exactly(tmp_path):
-    store, model, events = compacted(tmp_path)
+def test_every_type_and_schema_change_reads_back_exactly(tmp_path, compacted_copy):
+    store, model, events = compacted_copy(tmp_path / "root")
     assert store.catalog_state().files_of("TA", FileKind.SNAPSHOT), "snapshots must happen on this history"
-    check(store, model, events, as_ofs="every")
+    # every T is read whole; every other API at the T where the files or the schema a read uses
+    # change (each snapshot, schema change, creation, rename, drop, the ends) and at a few T in
+    # between, drawn with a fixed seed: between two boundaries a read takes the same files and schema
+    between = [t for t in range(store.earliest, store.frontier + 2) if t not in _boundaries(store, events)]
+    check(store, model, events, also=tuple(random.Random(11).sample(between, 5)))
 
 
 def _schema_ts(events, uuid="TA"):
@@ -456,14 +484,16 @@ def _purge_points(store, events):
 def run_checked(store, model, events, steps, points, cold_uri):
     """Run ``steps`` (``retain@name`` purges to ``points[name]``, skipped below ``earliest``),
     checking against the model after each retention, load-back and rebuild, and at the end."""
-    for step in steps:
+    for i, step in enumerate(steps):
         if step.startswith("retain@"):
             step = f"retain@{points[step.split('@')[1]]}"
             if int(step.split("@")[1]) < store.earliest:
                 continue
         run_step(store, step, cold_uri)
-        if step.startswith("retain@") or step in ("load_back", "rebuild"):
-            check(store, model, events, as_ofs=_probe(store, events))
+        if i < len(steps) - 1 and (step.startswith("retain@") or step in ("load_back", "rebuild")):
+            # not after the last step: the boundaries checked below hold the probe's T. Diffs are
+            # checked at every boundary after the last step; here the reads they are the change of
+            check(store, model, events, as_ofs=_probe(store, events), diffs=False)
     check(store, model, events)
 
 
@@ -478,8 +508,8 @@ SEQUENCES = {
 
 @pytest.mark.slow
 @pytest.mark.parametrize("sequence", sorted(SEQUENCES))
-def test_maintenance_sequences_keep_every_answer(tmp_path, sequence):
-    store, model, events = compacted(tmp_path / "root")
+def test_maintenance_sequences_keep_every_answer(tmp_path, compacted_copy, sequence):
+    store, model, events = compacted_copy(tmp_path / "root")
     cold_uri = str(tmp_path / "cold")
     points = _purge_points(store, events)
     run_checked(store, model, events, SEQUENCES[sequence], points, cold_uri)
@@ -523,8 +553,8 @@ def _check_export(loaded: dict[str, pa.Table], model: BaseDatabase, as_of: int) 
 
 
 @pytest.mark.slow
-def test_export_load_back_around_schema_changes_and_after_erasure(tmp_path):
-    store, model, events = compacted(tmp_path / "root")
+def test_export_load_back_around_schema_changes_and_after_erasure(tmp_path, compacted_copy):
+    store, model, events = compacted_copy(tmp_path / "root")
     target = str(tmp_path / "exports")
     cold_uri = str(tmp_path / "cold")
     as_ofs = sorted({p for t in _schema_ts(events) + _schema_ts(events, "TB") for p in (t, t + 1)}
@@ -671,10 +701,10 @@ def _lose(store, *prefixes):
 
 
 @pytest.mark.slow
-def test_rebuild_after_the_log_is_lost_following_every_kind_of_maintenance(tmp_path):
+def test_rebuild_after_the_log_is_lost_following_every_kind_of_maintenance(tmp_path, compacted_copy):
     """The transaction log deleted after merge, retention, erasure, load-back and cleanup: the
     rebuilt catalog answers as before (the commit records survive the log)."""
-    store, model, events = compacted(tmp_path / "root", PIECES)
+    store, model, events = compacted_copy(tmp_path / "root", PIECES)
     cold_uri = str(tmp_path / "cold")
     points = _purge_points(store, events)
     store.merge(spark=False, small_file_bytes=10**9)
@@ -700,8 +730,8 @@ def test_rebuild_after_the_log_is_lost_following_every_kind_of_maintenance(tmp_p
     "compaction files: after merge + cleanup the merged files are treated as orphans, every table "
     "reads empty and verify() reports nothing. Adopting maintenance outputs whose replaced files "
     "are gone (and restoring earliest from a retention file) is a larger change to upkeep.rebuild"))
-def test_rebuild_from_files_alone_after_merge_and_cleanup(tmp_path):
-    store, model, events = compacted(tmp_path / "root")
+def test_rebuild_from_files_alone_after_merge_and_cleanup(tmp_path, compacted_copy):
+    store, model, events = compacted_copy(tmp_path / "root")
     store.merge(spark=False, small_file_bytes=10**9)
     store.cleanup(grace=timedelta(0))
     _lose(store, "_catalog", "_history_catalog/commits")
@@ -734,7 +764,10 @@ def test_every_type_through_maintenance_on_s3(tmp_path, s3_bucket, s3_options):
     store.load_cold_tier(cold_uri)
     store.cleanup(grace=timedelta(0))
     store.rebuild_catalog()
-    check(store, model, events, erased={"TA": set(keys)}, as_ofs=few)
+    # what the load-back brought back (a snapshot, a retype, a rename: below the purge point), the
+    # purge point and the frontier; the T above it read the files checked above
+    back = [points["snap"], points["after_retype"], points["rename"], points["after_rename"], store.frontier + 1]
+    check(store, model, events, erased={"TA": set(keys)}, as_ofs=back)
     target = s3_bucket.replace("/warehouse", "/exports")
     for as_of in (points["after_rename"],):
         store.export(as_of, target)
@@ -795,11 +828,11 @@ def _check_with_table_purge_points(store, model, as_ofs):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("order", ["retain_then_ttl", "ttl_then_retain"])
-def test_load_back_after_a_table_ttl_purged_past_the_purge_point(tmp_path, order):
+def test_load_back_after_a_table_ttl_purged_past_the_purge_point(tmp_path, compacted_copy, order):
     """A database purge to P1 (cold tier), a table's TTL purge to P2 > P1, then the load-back:
     the load-back restored the table's files below P2 too, so keys deleted between P1 and P2
     came back to life in every answer at or after P2."""
-    store, model, events = compacted(tmp_path / "root")
+    store, model, events = compacted_copy(tmp_path / "root")
     cold_uri = str(tmp_path / "cold")
     points = _purge_points(store, events)
     p1, p2 = points["retype"], points["after_rename"]
@@ -880,12 +913,12 @@ ON_REQUEST = StoreSettings(snapshot_min_versions=10**9, spark_master=None)
 
 
 @pytest.mark.slow
-def test_load_back_after_an_interval_closed_over_the_purge(tmp_path):
+def test_load_back_after_an_interval_closed_over_the_purge(tmp_path, compacted_copy):
     """Retention, then a snapshot whose closing moves the versions current at it (the rows
     retention kept or rewrote) into snapshot pieces holding versions, then the load-back: it
     removed the duplicates from version files only, so those versions were live twice (row_history
     listed them twice; verify reported duplicate versions)."""
-    store, model, events = compacted(tmp_path / "root", ON_REQUEST)
+    store, model, events = compacted_copy(tmp_path / "root", ON_REQUEST)
     cold_uri = str(tmp_path / "cold")
     store.retain(purge_before=_purge_points(store, events)["after_drop"], cold_tier=cold_uri, spark=False)
     store.refresh_snapshots(force=True, spark=False)
