@@ -409,6 +409,8 @@ def test_instance_limits_compaction_runs_per_database_and_over_all_databases(tmp
         queue = instance.run_coordinator.get_run_queue_config()
         # each tick is stored with the cursor (O(databases)): idle ticks are not kept for a week
         assert instance.get_settings("retention")["sensor"]["purge_after_days"]["skipped"] == 1
+        # a run whose process died is failed by monitoring (the launcher reports its worker's health)
+        assert instance.run_monitoring_enabled and instance.run_launcher.supports_check_run_worker_health
     limits = {limit["key"]: limit for limit in queue.tag_concurrency_limits}
     assert limits[DATABASE_TAG]["limit"] == 1 and limits[DATABASE_TAG]["value"] == {"applyLimitPerUniqueValue": True}
     assert 1 <= limits[COMPACTION_TAG]["limit"] < queue.max_concurrent_runs  # a slot stays for maintenance
