@@ -438,7 +438,7 @@ class QueryContext:
                 source = _renamed_reader(source, [*exact.names, *source.schema.names[len(exact.names):]])
             try:
                 result_schema = _exact_texts(_restore_types(source.schema.empty_table(), duck_types),
-                                             exact.texts).schema
+                                             exact.texts, exact.shown_columns).schema
             except pa.ArrowNotImplementedError as exc:  # e.g. a UNION value: pyarrow cannot build one
                 names = ", ".join(f"{f.name} ({f.type})" for f in source.schema)
                 raise QueryError(f"the result's columns {names} include a type Arrow cannot hand back ({exc}); "
@@ -447,16 +447,16 @@ class QueryContext:
             con.close()
             raise
         return pa.RecordBatchReader.from_batches(
-            result_schema, self._batches(pooled, kept, schema, source, duck_types, as_of, wide, exact.texts))
+            result_schema, self._batches(pooled, kept, schema, source, duck_types, as_of, wide, exact))
 
     def _batches(self, pooled: PooledCursor, kept: SandboxViews, schema: str, source: Any, duck_types: list[str],
-                 as_of: int, wide: list[str], texts: tuple[ResultQuotient, ...]) -> Any:
+                 as_of: int, wide: list[str], exact: _Rewrite) -> Any:
         finished = False
         try:
             with self._sql_errors(as_of, wide):
                 for batch in source:
                     table = _restore_types(pa.Table.from_batches([batch]), duck_types)
-                    yield from _exact_texts(table, texts).to_batches()
+                    yield from _exact_texts(table, exact.texts, exact.shown_columns).to_batches()
             finished = True
         finally:
             source.close()
@@ -631,6 +631,7 @@ class _Rewrite:
     macros: tuple[str, ...]
     names: tuple[str, ...] | None
     texts: tuple[ResultQuotient, ...] = ()
+    shown_columns: int = 0  # see ExactRewrite
 
 
 def _rewrite(con: Any, query: str) -> _Rewrite:
@@ -641,12 +642,13 @@ def _rewrite(con: Any, query: str) -> _Rewrite:
             names = tuple(con.sql(query).columns)  # the user's column names
         except duckdb.Error:  # it calls what only the rewrite defines (div): the rewritten query's names
             names = None
-    return _Rewrite(exact.query, exact.macros, names, exact.quotients)
+    return _Rewrite(exact.query, exact.macros, names, exact.quotients, exact.shown_columns)
 
 
-def _exact_texts(table: pa.Table, quotients: tuple[ResultQuotient, ...]) -> pa.Table:
+def _exact_texts(table: pa.Table, quotients: tuple[ResultQuotient, ...], width: int) -> pa.Table:
     """Each quotient column of the result as PostgreSQL's exact digits (read back as Decimal),
-    computed from its operands' hidden columns, and the hidden columns dropped."""
+    computed from its operands' columns (hidden, or the user's own), and the columns from ``width``
+    on (the hidden ones) dropped."""
     if not quotients:
         return table
     columns = list(table.columns)
@@ -656,7 +658,6 @@ def _exact_texts(table: pa.Table, quotients: tuple[ResultQuotient, ...]) -> pa.T
         except ArithmeticError as exc:  # PostgreSQL's own refusals: division by zero, ln(0), sqrt(-1)
             raise QueryError(f"the query failed: {exc}") from None
         columns[q.shown] = numeric_result_array(pa.array(texts, pa.string()))
-    width = min(min(q.columns) for q in quotients)
     return pa.table(columns[:width], names=table.column_names[:width])
 
 
