@@ -55,7 +55,7 @@ def run(con: duckdb.DuckDBPyConnection, query: str) -> list[tuple]:
     for q in exact.quotients:
         texts = quotient_texts([table.column(i) for i in q.columns], q)
         columns[q.shown] = [None if t is None else Decimal(t) for t in texts]
-    width = min((min(q.columns) for q in exact.quotients), default=len(columns))
+    width = exact.shown_columns if exact.quotients else len(columns)
     return list(zip(*columns[:width], strict=True)) if columns else []
 
 
@@ -122,6 +122,21 @@ def test_every_form_of_average_is_rewritten_and_other_types_keep_duckdbs():
     assert con.sql(unchanged).types == ["DOUBLE", "INTERVAL", "DOUBLE"]
     # a query without an average or a division is not even parsed
     assert exact_numeric_rewrite(con, "SELECT 1").query == "SELECT 1"
+
+
+def test_an_average_beside_its_sum_reads_the_shown_sum():
+    con = duckdb.connect()
+    con.execute("CREATE TABLE t AS SELECT * FROM (VALUES ('a', 1.25::DECIMAL(9,2)), ('a', NULL), ('a', 2.50), "
+                "('b', 0.01)) v(g, q)")
+    query = "SELECT g, sum(q) AS s, avg(q) AS a, count(*) AS n FROM t GROUP BY g ORDER BY g"
+    exact = exact_numeric_rewrite(con, query)
+    # the sum the query shows is read as the average's dividend; only count(q) rides along hidden
+    assert [q.columns for q in exact.quotients] == [(1, 4)]
+    assert exact.shown_columns == 4
+    assert con.sql(exact.query).columns[4:] == [c for c in con.sql(exact.query).columns if c.startswith("__hp")]
+    assert len(con.sql(exact.query).columns) == 5
+    assert run(con, query) == [("a", Decimal("3.75"), Decimal("1.8750000000000000"), 3),
+                               ("b", Decimal("0.01"), Decimal("0.01000000000000000000"), 1)]
 
 
 def test_result_scales_keep_room_for_digits():

@@ -412,11 +412,21 @@ class QueryContext:
             tables = [
                 d for d in self.get_catalog(as_of) if referenced is None or d.table_name.lower() in referenced
             ]
-            wide = self._create_views(pooled, kept, tables, as_of,
-                                      with_history=referenced is None or not referenced.isdisjoint(_HISTORY_NAMES))
+            with_history = referenced is None or not referenced.isdisjoint(_HISTORY_NAMES)
+            wide, shapes = self._create_views(pooled, kept, tables, as_of, with_history)
             with self._sql_errors(as_of, wide):
-                exact = _cached(_REWRITES, (*self._sandbox_key(), as_of, query),
-                                lambda: _rewrite(con, query))
+                # the rewrite depends on the query and the column types it sees, not on T: a worker's
+                # every query is the first at its T, and probing costs more than the query itself
+                key = (*self._sandbox_key(), query, as_of if shapes is None else shapes)
+                made: list[_Rewrite] = []
+
+                def make() -> _Rewrite:
+                    made.append(_rewrite(con, query))
+                    return made[0]
+
+                exact = _cached(_REWRITES, key, make)
+                if made:  # the probe created its macros on this very cursor
+                    pooled.done.update(exact.macros)
                 for macro in exact.macros:
                     if macro not in pooled.done:  # made by the probe on its cursor, or by an earlier query
                         con.execute(macro)
@@ -428,7 +438,7 @@ class QueryContext:
                 source = _renamed_reader(source, [*exact.names, *source.schema.names[len(exact.names):]])
             try:
                 result_schema = _exact_texts(_restore_types(source.schema.empty_table(), duck_types),
-                                             exact.texts).schema
+                                             exact.texts, exact.shown_columns).schema
             except pa.ArrowNotImplementedError as exc:  # e.g. a UNION value: pyarrow cannot build one
                 names = ", ".join(f"{f.name} ({f.type})" for f in source.schema)
                 raise QueryError(f"the result's columns {names} include a type Arrow cannot hand back ({exc}); "
@@ -437,16 +447,16 @@ class QueryContext:
             con.close()
             raise
         return pa.RecordBatchReader.from_batches(
-            result_schema, self._batches(pooled, kept, schema, source, duck_types, as_of, wide, exact.texts))
+            result_schema, self._batches(pooled, kept, schema, source, duck_types, as_of, wide, exact))
 
     def _batches(self, pooled: PooledCursor, kept: SandboxViews, schema: str, source: Any, duck_types: list[str],
-                 as_of: int, wide: list[str], texts: tuple[ResultQuotient, ...]) -> Any:
+                 as_of: int, wide: list[str], exact: _Rewrite) -> Any:
         finished = False
         try:
             with self._sql_errors(as_of, wide):
                 for batch in source:
                     table = _restore_types(pa.Table.from_batches([batch]), duck_types)
-                    yield from _exact_texts(table, texts).to_batches()
+                    yield from _exact_texts(table, exact.texts, exact.shown_columns).to_batches()
             finished = True
         finally:
             source.close()
@@ -483,10 +493,11 @@ class QueryContext:
         return [self.store.full_path(f.path) for f in self.state.files.values()]
 
     def _create_views(self, pooled: PooledCursor, kept: SandboxViews, tables: Sequence[TableDescriptor],
-                      as_of: int, with_history: bool = True) -> list[str]:
+                      as_of: int, with_history: bool = True) -> tuple[list[str], tuple[Any, ...] | None]:
         """Resolve the query's table names to their live rows at ``as_of``, under their names then,
         plus the schema history when the query may read it. Returns the NUMERIC columns too wide
-        for DECIMAL(38, s).
+        for DECIMAL(38, s), and what fixes the views' column types (their names and select lists;
+        None when a table with array columns, typed by its rows, is among them).
 
         What a view reads and how it is typed depends only on (state, T, table): its SQL and its
         NUMERIC probe are made once per process (``_VIEWS``), the view itself once per sandbox in
@@ -503,11 +514,13 @@ class QueryContext:
         schema = AS_OF_SCHEMA.format(as_of=as_of)
         kept.ensure(con, schema, None)
         wide: list[str] = []
+        shapes: list[tuple[str, str]] | None = []
         for index, descriptor in enumerate(tables):
             self.check_table_as_of(descriptor, as_of)
             if any(c.data_type.kind is TypeKind.ARRAY for c in descriptor.columns):
                 # its TEMP view holds this query's reconstruction: the cursor is not kept for another
                 pooled.poolable = False
+                shapes = None
                 wide.extend(self._expose_materialized(con, descriptor, as_of, index))
                 continue
             view = _cached(_VIEWS, (*key, descriptor.table_uuid),
@@ -520,10 +533,12 @@ class QueryContext:
             elif kept.deferred:  # a pooled cursor's second query at T keeps what the first deferred
                 kept.ensure(con, schema, descriptor.table_name)
             wide.extend(view.wide)
+            if shapes is not None:
+                shapes.append((descriptor.table_name, view.columns))
         if "use" not in done:  # USE costs about a millisecond
             con.execute(f"USE {_ident(schema)}")
             done.add("use")
-        return wide
+        return wide, None if shapes is None else (with_history, *shapes)
 
     def _table_view(self, con: Any, descriptor: TableDescriptor, as_of: int) -> _TableView:
         """The SELECT a table's view runs as of ``as_of``; unconstrained NUMERIC as DECIMAL(p, s)
@@ -557,7 +572,7 @@ class QueryContext:
                     else f"SELECT {columns} FROM ({live.materialized_sql}) live")
             changes = (live.changes_sql, live.changes_bytes, view)
         return _TableView(f"SELECT {columns} FROM ({live.sql}) live", live.datasets, tuple(wide), changes,
-                          live.live_bytes)
+                          live.live_bytes, columns)
 
     def _expose_materialized(self, con: Any, descriptor: TableDescriptor, as_of: int, index: int) -> list[str]:
         """A table with array columns is exposed from its reconstructed Arrow table: arrays are stored
@@ -604,6 +619,7 @@ class _TableView:
     wide: tuple[str, ...]
     changes: tuple[str, int, str] | None = None  # see SandboxViews.ensure
     live_bytes: int = 0  # see SandboxViews.ensure
+    columns: str = ""  # the select list: the view's column names and types
 
 
 @dataclass(frozen=True)
@@ -615,6 +631,7 @@ class _Rewrite:
     macros: tuple[str, ...]
     names: tuple[str, ...] | None
     texts: tuple[ResultQuotient, ...] = ()
+    shown_columns: int = 0  # see ExactRewrite
 
 
 def _rewrite(con: Any, query: str) -> _Rewrite:
@@ -625,12 +642,13 @@ def _rewrite(con: Any, query: str) -> _Rewrite:
             names = tuple(con.sql(query).columns)  # the user's column names
         except duckdb.Error:  # it calls what only the rewrite defines (div): the rewritten query's names
             names = None
-    return _Rewrite(exact.query, exact.macros, names, exact.quotients)
+    return _Rewrite(exact.query, exact.macros, names, exact.quotients, exact.shown_columns)
 
 
-def _exact_texts(table: pa.Table, quotients: tuple[ResultQuotient, ...]) -> pa.Table:
+def _exact_texts(table: pa.Table, quotients: tuple[ResultQuotient, ...], width: int) -> pa.Table:
     """Each quotient column of the result as PostgreSQL's exact digits (read back as Decimal),
-    computed from its operands' hidden columns, and the hidden columns dropped."""
+    computed from its operands' columns (hidden, or the user's own), and the columns from ``width``
+    on (the hidden ones) dropped."""
     if not quotients:
         return table
     columns = list(table.columns)
@@ -640,7 +658,6 @@ def _exact_texts(table: pa.Table, quotients: tuple[ResultQuotient, ...]) -> pa.T
         except ArithmeticError as exc:  # PostgreSQL's own refusals: division by zero, ln(0), sqrt(-1)
             raise QueryError(f"the query failed: {exc}") from None
         columns[q.shown] = numeric_result_array(pa.array(texts, pa.string()))
-    width = min(min(q.columns) for q in quotients)
     return pa.table(columns[:width], names=table.column_names[:width])
 
 

@@ -233,7 +233,7 @@ class ResultQuotient:
 
     @property
     def columns(self) -> tuple[int, ...]:
-        """The hidden columns it reads, in order."""
+        """The columns it reads (hidden, or the user's own when it shows an operand as is), in order."""
         return tuple(c for operand in self.operands for c in operand.columns)
 
 
@@ -246,6 +246,7 @@ class ExactRewrite:
     query: str
     macros: tuple[str, ...] = ()
     quotients: tuple[ResultQuotient, ...] = ()
+    shown_columns: int = 0  # the user's columns (before the hidden ones) when there are quotients
 
 
 def exact_numeric_rewrite(con: duckdb.DuckDBPyConnection, query: str) -> ExactRewrite:
@@ -322,6 +323,11 @@ def exact_numeric_rewrite(con: duckdb.DuckDBPyConnection, query: str) -> ExactRe
                 key = copy.deepcopy(operands[0]) if function in INCREASING else None
             _order_exactly(top, position, key, function)
     quotients: list[ResultQuotient] = []
+    width = len(top["select_list"]) if top is not None else 0
+    # an operand the user's select list shows as is (Q1's sum beside its avg) is read from that
+    # column: the same expression in the same SELECT, so the same value and type
+    items = list(enumerate(top["select_list"])) if top is not None else []
+    visible = {_fingerprint(item): i for i, item in reversed(items)}  # the first of equal items
     if top is not None:
         for n, (position, operands, types, function) in enumerate(shown):
             specs = []
@@ -330,6 +336,10 @@ def exact_numeric_rewrite(con: duckdb.DuckDBPyConnection, query: str) -> ExactRe
                 parts = [a["expression"] for a in operand["arguments"]] if inner else [operand]
                 columns = []
                 for part in parts:
+                    same = visible.get(_fingerprint(part))
+                    if same is not None and same < width:
+                        columns.append(same)
+                        continue
                     columns.append(len(top["select_list"]))
                     top["select_list"].append({**copy.deepcopy(part),
                                                "alias": f"{OPERAND_COLUMN}{n}_{len(top['select_list'])}"})
@@ -341,7 +351,7 @@ def exact_numeric_rewrite(con: duckdb.DuckDBPyConnection, query: str) -> ExactRe
     rewritten_query = _deserialize(con, tree)
     if rewritten_query is None:
         return ExactRewrite(query)
-    return ExactRewrite(rewritten_query, tuple(macros.values()), tuple(quotients))
+    return ExactRewrite(rewritten_query, tuple(macros.values()), tuple(quotients), width)
 
 
 def _refuse_missing(tree: Any) -> None:
