@@ -217,9 +217,9 @@ def task_slots(master: str) -> int:
 
 
 def warm_engine(url: str, scope: str | None = None, slots: int = 2, now: float | None = None) -> None:
-    """Run a tiny job of the runs' kind (an Arrow UDF over one task a slot) on the engine at
-    ``url`` (one task per slot of ``slots``), so that the first runs find its JVM code paths compiled and its Python workers
-    started with the package loaded. With ``scope`` (a Dagster instance's root directory) the
+    """Run a tiny job of the runs' kind (an Arrow UDF, one task for each of ``slots`` task slots)
+    on the engine at ``url``, so that the first runs find its JVM code paths compiled and its
+    Python workers started with the package loaded. With ``scope`` (a Dagster instance's root directory) the
     job runs in the engine session the runs of that instance share now (the engine starts Python
     workers per session), which stays open for them; else in a session of its own, released."""
     import uuid
