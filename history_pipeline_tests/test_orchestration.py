@@ -453,6 +453,24 @@ def test_a_lost_engine_is_one_clear_error():
     assert not engine_failure(ValueError("a bug in the work"))
     raise_engine_failure(ValueError("a bug in the work"), "sc://h:1")  # other errors pass through
 
+    # the engine lost while a run asks for its master: that loss, not a master taken for a remote one
+    from history_pipeline.execution import spark_master
+
+    class Conf:
+        def __init__(self, error):
+            self.error = error
+
+        def get(self, key):
+            raise self.error
+
+    class Session:
+        def __init__(self, error):
+            self.conf = Conf(error)
+
+    with pytest.raises(SparkConnectGrpcException):
+        spark_master(Session(lost))
+    assert spark_master(Session(ValueError("not exposed"))) == "unknown"
+
 
 def test_sensor_removes_partitions_of_segments_gone_from_the_wal(root):
     import shutil
