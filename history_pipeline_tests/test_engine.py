@@ -82,6 +82,24 @@ def test_engine_commands_without_an_engine(tmp_path, capsys):
     assert main(["--root", root, "engine", "status"]) == 3
 
 
+def test_engine_start_warms_the_session_of_the_dagster_instance_at_dagster_home(tmp_path, monkeypatch, capsys):
+    import history_pipeline.engine as engine
+    from history_pipeline.cli import main
+
+    asked: list[str | None] = []
+
+    def start(folder, **options):
+        asked.append(options.get("scope"))
+        return engine.EngineInfo("sc://127.0.0.1:1", 1, "local[2]", "2g", "log", 0.0)
+
+    monkeypatch.setattr(engine, "start_engine", start)
+    monkeypatch.setenv("DAGSTER_HOME", str(tmp_path / "home"))
+    assert main(["--root", str(tmp_path / "data"), "engine", "start"]) == 0
+    monkeypatch.delenv("DAGSTER_HOME")
+    assert main(["--root", str(tmp_path / "data"), "engine", "start"]) == 0
+    assert asked == [str(tmp_path / "home"), None]
+
+
 @pytest.mark.daemon
 @pytest.mark.jvm
 def test_runs_compact_on_the_engine_and_survive_losing_it(tmp_path):
