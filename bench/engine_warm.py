@@ -4,7 +4,7 @@ instance's runs share, before it reports the engine up. Baseline: the same engin
 it, in the same run. Measured: the engine's start (listening, plus the warm-up when on) and the
 first segment's compaction through the runs' shared session right after, as a Dagster run does.
 
-    python -m bench.engine_warm [--rounds N]
+    python -m bench.engine_warm [--repeats N]
 """
 
 from __future__ import annotations
@@ -48,12 +48,12 @@ def first_run(work: Path, warm: bool) -> tuple[float, float]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Cold and warmed engines, alternately, ``--rounds`` times each."""
+    """Cold and warmed engines, alternately, ``--repeats`` times each."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--rounds", type=int, default=1)
+    parser.add_argument("--repeats", type=int, default=1)
     args = parser.parse_args(argv)
     figures: dict[str, list[tuple[float, float]]] = {"cold": [], "warmed": []}
-    for _ in range(args.rounds):
+    for _ in range(args.repeats):
         for kind in ("cold", "warmed"):
             with tempfile.TemporaryDirectory(prefix="engine-warm-") as scratch:
                 figures[kind].append(first_run(Path(scratch), kind == "warmed"))
@@ -63,7 +63,7 @@ def main(argv: list[str] | None = None) -> int:
             for kind, v in figures.items()}
     table = "| engine | start (s) | first run's compaction (s) |\n|---|---|---|\n" + "".join(
         f"| {kind} | {r['start_s']:.1f} | {r['first_run_s']:.1f} |\n" for kind, r in rows.items())
-    write_results("engine_warm", {"rounds": args.rounds, "median": rows, "all": figures}, table)
+    write_results("engine_warm", {"repeats": args.repeats, "median": rows, "all": figures}, table)
     print(table)
     return 0
 
