@@ -716,7 +716,8 @@ def cmd_engine(args: argparse.Namespace) -> int:
     if args.action == "start":
         up = running_engine(folder)
         # the runs of the Dagster instance at $DAGSTER_HOME share one engine session: warm that one
-        scope = os.environ.get("DAGSTER_HOME") or None
+        # (Dagster's instance root: the variable with ~ expanded)
+        scope = os.path.expanduser(os.environ["DAGSTER_HOME"]) if os.environ.get("DAGSTER_HOME") else None
         if up is None:
             print(f"starting the Spark engine ({args.master}, driver memory {args.driver_memory}) and "
                   f"warming it with a first job ...", file=sys.stderr)
