@@ -26,21 +26,15 @@ Writes ``bench/results/freshness.json`` and ``freshness.md`` (date, commit, mach
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import os
 import platform
-import shutil
-import signal
-import socket
 import statistics
 import subprocess
 import sys
 import tempfile
 import threading
 import time
-import urllib.request
-from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -50,55 +44,11 @@ TABLE = "tbl-fresh"
 EVENTS_PER_T = 10  # events per transaction (one logical timestamp)
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def _pct(values: list[float], q: float) -> float:
     ordered = sorted(values)
     if not ordered:
         return float("nan")
     return ordered[min(len(ordered) - 1, int(round(q / 100 * (len(ordered) - 1))))]
-
-
-@contextlib.contextmanager
-def dagster_dev(workdir: Path, env: dict[str, str]) -> Iterator[tuple[int, Path]]:
-    """`dagster dev` in ``workdir`` (a fresh DAGSTER_HOME with the repository's dagster.yaml);
-    stopped by its process group on exit."""
-    home = workdir / "dagster_home"
-    home.mkdir()
-    shutil.copy(REPO / "dagster.yaml", home / "dagster.yaml")
-    port = _free_port()
-    launcher = ("import os, signal, sys; signal.signal(signal.SIGINT, signal.SIG_DFL); "
-                "os.execv(sys.argv[1], sys.argv[1:])")
-    full_env = {**os.environ, "DAGSTER_HOME": str(home), "SPARK_LOCAL_IP": "127.0.0.1",
-                "PYSPARK_PYTHON": sys.executable, **env}
-    log = open(workdir / "dagster_dev.log", "wb")  # noqa: SIM115 - closed with the process
-    proc = subprocess.Popen(
-        [sys.executable, "-c", launcher, str(Path(sys.executable).parent / "dagster"), "dev", "-w",
-         str(REPO / "workspace.yaml"), "-h", "127.0.0.1", "-p", str(port)],
-        cwd=workdir, env=full_env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-    try:
-        give_up = time.monotonic() + 180
-        while True:
-            try:
-                with urllib.request.urlopen(f"http://127.0.0.1:{port}/server_info", timeout=5):
-                    break
-            except OSError:
-                if time.monotonic() > give_up or proc.poll() is not None:
-                    raise RuntimeError(f"dagster dev did not come up; see {workdir / 'dagster_dev.log'}") from None
-                time.sleep(0.5)
-        yield port, home
-    finally:
-        os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(60)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait(10)
-        log.close()
 
 
 class Tenant:
@@ -407,6 +357,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
 
     from history_pipeline.engine import start_engine, stop_engine
+    from history_pipeline_tests.dagster_support import dagster_home, running_dagster_dev
 
     results: dict = {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "commit": _commit(),
                      "command": "python -m bench.freshness " + " ".join(argv if argv is not None else sys.argv[1:]),
@@ -417,7 +368,8 @@ def main(argv: list[str] | None = None) -> int:
         engine = work / "engine"
         try:
             started = time.time()
-            info = start_engine(engine)
+            # warmed in the session the runs of the Dagster instance below share, as engine start does
+            info = start_engine(engine, scope=str(dagster_home(work)))
             results["engine_start_s"] = time.time() - started
             print(f"engine up at {info.url} in {results['engine_start_s']:.1f}s", file=sys.stderr)
             root = work / "data"
@@ -425,7 +377,8 @@ def main(argv: list[str] | None = None) -> int:
                 from history_pipeline.cli import main as cli
 
                 cli(["--root", str(root), "sample"])
-            with dagster_dev(work, {"HISTORY_PIPELINE_SPARK": info.url}) as (_, home):
+            with running_dagster_dev(work, {"HISTORY_PIPELINE_SPARK": info.url}):
+                home = dagster_home(work)
                 if args.demo_only:
                     results["demo"] = measure_demo(root, args.timeout)
                     print(json.dumps(results["demo"], indent=2), file=sys.stderr)

@@ -715,10 +715,14 @@ def cmd_engine(args: argparse.Namespace) -> int:
     folder = engine_dir(default_wal_base(args.root))
     if args.action == "start":
         up = running_engine(folder)
+        # the runs of the Dagster instance at $DAGSTER_HOME share one engine session: warm that one
+        # (Dagster's instance root: the variable with ~ expanded)
+        scope = os.path.expanduser(os.environ["DAGSTER_HOME"]) if os.environ.get("DAGSTER_HOME") else None
         if up is None:
-            print(f"starting the Spark engine ({args.master}, driver memory {args.driver_memory}) ...",
-                  file=sys.stderr)
-        info = up or start_engine(folder, port=args.port, master=args.master, driver_memory=args.driver_memory)
+            print(f"starting the Spark engine ({args.master}, driver memory {args.driver_memory}) and "
+                  f"warming it with a first job ...", file=sys.stderr)
+        info = up or start_engine(folder, port=args.port, master=args.master, driver_memory=args.driver_memory,
+                                  scope=scope)
         print(f"engine up at {info.url} (pid {info.pid}{', already running' if up else ''}); log: {info.log}")
         print(f"Dagster runs use it with: export HISTORY_PIPELINE_SPARK={info.url}")
         return 0
@@ -1042,8 +1046,10 @@ def build_parser() -> argparse.ArgumentParser:
     p = _command(sub, "engine", cmd_engine, "start, show or stop the Spark engine the CLI and Dagster runs use",
                  "A local Spark Connect server, long-lived: compaction, merge and retention from this CLI "
                  "and from Dagster runs (HISTORY_PIPELINE_SPARK=its URL) attach to it instead of starting "
-                 "a JVM each. Its record and log are under <WAL base>/_engine/. status exits 3 when none "
-                 "is running.")
+                 "a JVM each. start runs a tiny first job before it reports the engine up (in the engine "
+                 "session the runs of the Dagster instance at $DAGSTER_HOME share, when that is set), so "
+                 "the first runs find it warm. Its record and log are under <WAL base>/_engine/. status "
+                 "exits 3 when none is running.")
     p.add_argument("action", choices=["start", "status", "stop"], help="what to do")
     p.add_argument("--port", type=int, default=0, help="port on 127.0.0.1 (0: a free one)")
     p.add_argument("--master", default="local[2]", help="the engine's Spark master")

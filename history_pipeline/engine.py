@@ -29,6 +29,10 @@ DEFAULT_MASTER = "local[2]"
 DEFAULT_DRIVER_MEMORY = "2g"
 #: seconds a Connect server takes to listen on a loaded 2-core machine, at most
 START_TIMEOUT_S = 180.0
+#: the Spark job tag of the engine's warm-up job
+WARM_TAG = "history-pipeline-warm-up"
+#: what a compaction's Python workers import first (named, not imported here: the workers load them)
+WARM_MODULES = ("history_pipeline.compaction.frames", "history_pipeline.compaction.compactor")
 
 
 class EngineError(HistoryError):
@@ -154,9 +158,11 @@ def server_command(port: int, master: str = DEFAULT_MASTER, driver_memory: str =
 
 def start_engine(folder: str | Path, port: int = 0, master: str = DEFAULT_MASTER,
                  driver_memory: str = DEFAULT_DRIVER_MEMORY, conf: dict[str, str] | None = None,
-                 timeout: float = START_TIMEOUT_S, on_wait: object = None) -> EngineInfo:
-    """Start a Spark Connect server on 127.0.0.1 (``port`` 0: a free one) and wait until it
-    listens; the one already up in ``folder`` is returned as it is."""
+                 timeout: float = START_TIMEOUT_S, on_wait: object = None, warm: bool = True,
+                 scope: str | None = None) -> EngineInfo:
+    """Start a Spark Connect server on 127.0.0.1 (``port`` 0: a free one), wait until it listens
+    and (``warm``) warm it with :func:`warm_engine` for the runs of ``scope``; the one already up
+    in ``folder`` is returned as it is."""
     folder = Path(folder)
     up = running_engine(folder)
     if up is not None:
@@ -177,6 +183,13 @@ def start_engine(folder: str | Path, port: int = 0, master: str = DEFAULT_MASTER
         if proc.poll() is not None:
             raise EngineError(f"the Spark engine exited with code {proc.returncode} while starting; see {log}")
         if reachable(info.url):
+            if warm:
+                try:
+                    warm_engine(info.url, scope, task_slots(master))
+                except Exception as exc:  # an engine that cannot run the runs' kind of job is no engine
+                    _terminate(proc.pid, 30)
+                    raise EngineError(f"the Spark engine started but failed its first job ({type(exc).__name__}); "
+                                      f"see {log}") from None
             (folder / "engine.json").write_text(json.dumps(asdict(info)))
             return info
         if callable(on_wait):
@@ -184,6 +197,48 @@ def start_engine(folder: str | Path, port: int = 0, master: str = DEFAULT_MASTER
         time.sleep(0.5)
     _terminate(proc.pid, 30)
     raise EngineError(f"the Spark engine did not listen on {info.url} within {timeout:.0f}s; see {log}")
+
+
+def _warm_task(index: int) -> int:
+    """One task of the warm-up job: loads the modules a compaction's Python worker loads."""
+    import importlib
+
+    for name in WARM_MODULES:
+        importlib.import_module(name)
+    return index
+
+
+def task_slots(master: str) -> int:
+    """Task slots of a ``local[N]`` master (``local[*]``: the cores here); 2 for any other."""
+    inside = master[len("local["):-1] if master.startswith("local[") and master.endswith("]") else ""
+    if inside == "*":
+        return os.cpu_count() or 2
+    return int(inside.split(",")[0]) if inside.split(",")[0].isdigit() else 2
+
+
+def warm_engine(url: str, scope: str | None = None, slots: int = 2, now: float | None = None) -> None:
+    """Run a tiny job of the runs' kind (an Arrow UDF, one task for each of ``slots`` task slots)
+    on the engine at ``url``, so that the first runs find its JVM code paths compiled and its
+    Python workers started with the package loaded. With ``scope`` (a Dagster instance's root directory) the
+    job runs in the engine session the runs of that instance share now (the engine starts Python
+    workers per session), which stays open for them; else in a session of its own, released."""
+    import uuid
+
+    from history_pipeline.execution import map_tasks, shared_session_url, spark_session
+
+    base = url.rstrip("/")
+    shared = scope is not None
+    session_url = (shared_session_url(base, time.time() if now is None else now, scope) if shared
+                   else f"{base}/;session_id={uuid.uuid4()}")
+    session = spark_session(session_url)
+    try:
+        session.addTag(WARM_TAG)
+        map_tasks(session, _warm_task, list(range(max(1, slots))))
+    finally:
+        session.clearTags()
+        # a shared session stays on the engine for the runs; only this client's channel closes
+        session.release_session_on_close = not shared
+        session.stop()
 
 
 def _terminate(pid: int, timeout: float) -> None:

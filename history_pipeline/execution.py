@@ -199,7 +199,9 @@ def spark_master(spark: Any) -> str:
     """The session's master URL (under Spark Connect: the server's)."""
     try:
         return str(spark.conf.get("spark.master"))
-    except Exception:  # noqa: BLE001 - a Connect server may not expose it; treat as remote
+    except Exception as exc:  # noqa: BLE001 - a Connect server may not expose it; treat as remote
+        if engine_failure(exc):  # a lost engine is said as such, not taken for a remote master
+            raise
         return "unknown"
 
 

@@ -5,17 +5,9 @@ process (``HISTORY_PIPELINE_SPARK=in-process``): what is tested here is the daem
 sensor, the queue, the runs and what the UI shows; test_engine.py runs the same path on a
 long-lived Spark Connect engine, and the classic local session is tested without the daemon."""
 
-import contextlib
 import json
-import os
-import shutil
-import signal
-import socket
-import subprocess
-import sys
 import time
 import urllib.request
-from pathlib import Path
 
 import pytest
 
@@ -23,15 +15,8 @@ from history_pipeline import HistoryStore
 from history_pipeline.orchestration.launcher import PID_TAG
 from history_pipeline.orchestration.resources import ENGINE_ENV, IN_PROCESS
 from history_pipeline.wal import SegmentState
+from history_pipeline_tests.dagster_support import running_dagster_dev
 from history_pipeline_tests.test_compaction import example_events, write
-
-REPO = Path(__file__).resolve().parents[1]
-
-
-def _free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _get(url, data=None, timeout=5):
@@ -50,40 +35,6 @@ def _wait(predicate, timeout, what):
             pass
         time.sleep(1)
     raise AssertionError(f"timed out after {timeout}s waiting for {what}")
-
-
-@contextlib.contextmanager
-def running_dagster_dev(workdir, env=None):
-    """`dagster dev` in ``workdir`` with a temporary DAGSTER_HOME (``env``: extra variables);
-    yields its webserver port once it answers, and stops every process it started."""
-    home = workdir / "dagster_home"
-    home.mkdir()
-    shutil.copy(REPO / "dagster.yaml", home / "dagster.yaml")
-    port = _free_port()
-    dagster = str(Path(sys.executable).parent / "dagster")
-    launcher = (
-        "import os, signal, sys; signal.signal(signal.SIGINT, signal.SIG_DFL); "
-        "os.execv(sys.argv[1], sys.argv[1:])"
-    )
-    env = {**os.environ, "DAGSTER_HOME": str(home), "SPARK_LOCAL_IP": "127.0.0.1", "PYSPARK_PYTHON": sys.executable,
-           **(env or {})}
-    log = open(workdir / "dagster_dev.log", "wb")
-    proc = subprocess.Popen(
-        [sys.executable, "-c", launcher, dagster, "dev", "-w", str(REPO / "workspace.yaml"),
-         "-h", "127.0.0.1", "-p", str(port)],
-        cwd=workdir, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
-    )
-    try:
-        _wait(lambda: _get(f"http://127.0.0.1:{port}/server_info"), 120, "the webserver")
-        yield port
-    finally:
-        os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(60)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait(10)
-        log.close()
 
 
 @pytest.fixture

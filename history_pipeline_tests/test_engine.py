@@ -15,12 +15,15 @@ import time
 import pytest
 
 from history_pipeline import HistoryStore
-from history_pipeline.engine import engine_dir, running_engine, start_engine, stop_engine
+from history_pipeline.engine import WARM_TAG, engine_dir, running_engine, start_engine, stop_engine
+from history_pipeline.execution import shared_session_url
 from history_pipeline.orchestration.resources import ENGINE_ENV, run_tag
 from history_pipeline.orchestration.sensors import COMPACTION_TAG
 from history_pipeline.wal import SegmentState
+from history_pipeline_tests.dagster_support import free_port as _free_port
+from history_pipeline_tests.dagster_support import running_dagster_dev
 from history_pipeline_tests.test_compaction import example_events, write
-from history_pipeline_tests.test_end_to_end import _free_port, _get, _wait, running_dagster_dev
+from history_pipeline_tests.test_end_to_end import _get, _wait
 
 RUNS = """
 { runsOrError { ... on Runs { results { runId status tags { key value } } } } }
@@ -48,6 +51,12 @@ def _tagged_runs(events) -> set[str]:
     return set(re.findall(re.escape(run_tag("")) + r"([0-9a-f-]{36})", text))
 
 
+def _tag_sessions(events, tag: str) -> set[str]:
+    """Engine session ids of the jobs in the engine's event log that carry the job tag ``tag``."""
+    text = "".join(p.read_text(errors="replace") for p in events.rglob("*") if p.is_file())
+    return set(re.findall(r"Session_([0-9a-f-]{36})_Tag_" + re.escape(tag), text))
+
+
 def _bulk(first_t: int, rows: int) -> list[dict]:
     """Inserts of ``rows`` keys into the example table, one timestamp each (a segment that takes the
     engine a few seconds, so that it can be killed while working on it)."""
@@ -73,6 +82,24 @@ def test_engine_commands_without_an_engine(tmp_path, capsys):
     assert main(["--root", root, "engine", "status"]) == 3
 
 
+def test_engine_start_warms_the_session_of_the_dagster_instance_at_dagster_home(tmp_path, monkeypatch, capsys):
+    import history_pipeline.engine as engine
+    from history_pipeline.cli import main
+
+    asked: list[str | None] = []
+
+    def start(folder, **options):
+        asked.append(options.get("scope"))
+        return engine.EngineInfo("sc://127.0.0.1:1", 1, "local[2]", "2g", "log", 0.0)
+
+    monkeypatch.setattr(engine, "start_engine", start)
+    monkeypatch.setenv("DAGSTER_HOME", str(tmp_path / "home"))
+    assert main(["--root", str(tmp_path / "data"), "engine", "start"]) == 0
+    monkeypatch.delenv("DAGSTER_HOME")
+    assert main(["--root", str(tmp_path / "data"), "engine", "start"]) == 0
+    assert asked == [str(tmp_path / "home"), None]
+
+
 @pytest.mark.daemon
 @pytest.mark.jvm
 def test_runs_compact_on_the_engine_and_survive_losing_it(tmp_path):
@@ -88,7 +115,9 @@ def test_runs_compact_on_the_engine_and_survive_losing_it(tmp_path):
     url = f"sc://127.0.0.1:{port}"
     try:
         with running_dagster_dev(tmp_path, {ENGINE_ENV: url}) as web:
-            start_engine(folder, port=port, conf=conf, driver_memory="1g")
+            # warmed for the runs of this instance (its root directory is the run's DAGSTER_HOME)
+            started = time.time()
+            start_engine(folder, port=port, conf=conf, driver_memory="1g", scope=str(tmp_path / "dagster_home"))
             store = HistoryStore.open(tmp_path / "data", database="tenant_engine")
             write(store, example_events())
             _wait(lambda: store.frontier == 5, 120, "the sensor's run to compact the segment")
@@ -97,6 +126,12 @@ def test_runs_compact_on_the_engine_and_survive_losing_it(tmp_path):
             assert len(first) == 1
             # the run's work reached the engine: its jobs carry the run's tag
             _wait(lambda: first[0]["runId"] in _tagged_runs(events), 30, "the run's jobs in the engine's log")
+            # the engine ran its warm-up job before it was up, in the session this instance's runs share
+            warmed = _tag_sessions(events, WARM_TAG)
+            expected = shared_session_url(url, started, str(tmp_path / "dagster_home")).rsplit("=", 1)[1]
+            assert warmed == {expected}
+            if shared_session_url(url, time.time(), str(tmp_path / "dagster_home")).endswith(expected):
+                assert _tag_sessions(events, run_tag(first[0]["runId"])) == warmed
 
             # the engine is killed while the next segment is on it
             write(store, _bulk(6, bulk))

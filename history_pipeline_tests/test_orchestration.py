@@ -7,7 +7,8 @@ import time
 import dagster as dg
 import pytest
 
-from history_pipeline.orchestration.assets import compacted_batches, supertables, wal_segments
+from history_pipeline.errors import SegmentNotFoundError
+from history_pipeline.orchestration.assets import compacted_batches, segment_refs, supertables, wal_segments
 from history_pipeline.orchestration.checks import (
     catalog_verifies_check,
     frontier_lag_check,
@@ -56,6 +57,13 @@ def _sealed_example(root, database="db"):
     events = example_events()
     write(store, events[:3], events[3:])
     return store
+
+
+def test_a_request_gets_its_segments_in_its_order_or_fails_naming_the_first_missing(root):
+    store = _sealed_example(root)
+    assert [ref.segment_id for ref in segment_refs(store, [2, 1])] == [2, 1]
+    with pytest.raises(SegmentNotFoundError, match=r"segment 0+3 of db is not in .*wal \(removed from the WAL\?\)"):
+        segment_refs(store, [1, 3, 4])
 
 
 def test_materialize_a_segment_partition_on_spark(root, resources):
@@ -444,6 +452,24 @@ def test_a_lost_engine_is_one_clear_error():
         raise_engine_failure(lost, "sc://h:1")
     assert not engine_failure(ValueError("a bug in the work"))
     raise_engine_failure(ValueError("a bug in the work"), "sc://h:1")  # other errors pass through
+
+    # the engine lost while a run asks for its master: that loss, not a master taken for a remote one
+    from history_pipeline.execution import spark_master
+
+    class Conf:
+        def __init__(self, error):
+            self.error = error
+
+        def get(self, key):
+            raise self.error
+
+    class Session:
+        def __init__(self, error):
+            self.conf = Conf(error)
+
+    with pytest.raises(SparkConnectGrpcException):
+        spark_master(Session(lost))
+    assert spark_master(Session(ValueError("not exposed"))) == "unknown"
 
 
 def test_sensor_removes_partitions_of_segments_gone_from_the_wal(root):

@@ -4,7 +4,7 @@ history and the cold tier. Bodies stay thin: open the store, call the core, repo
 
 import json
 import os
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 import dagster as dg
@@ -31,15 +31,21 @@ from history_pipeline.wal.segments import (
 GROUP = "history"
 
 
+def segment_refs(store: HistoryStore, segment_ids: Sequence[int]) -> list[SegmentRef]:
+    """The WAL's segments of ``segment_ids``, in that order; the first one missing fails the whole
+    request before anything is applied (segments apply in order)."""
+    refs = {ref.segment_id: ref for ref in store.segments()}
+    missing = [i for i in segment_ids if i not in refs]
+    if missing:
+        raise SegmentNotFoundError(f"segment {segment_name(missing[0])} of {store.database} is not in "
+                                   f"{store.wal_dir} (removed from the WAL?)")
+    return [refs[i] for i in segment_ids]
+
+
 def _segment_ref(history: HistoryRootResource, partition_key: str) -> tuple[HistoryStore, SegmentRef]:
     database, segment_id = parse_segment_partition_key(partition_key)
     store = history.open(database)
-    for ref in store.segments():
-        if ref.segment_id == segment_id:
-            return store, ref
-    raise SegmentNotFoundError(
-        f"segment {segment_name(segment_id)} of {database} is not in {store.wal_dir} (removed from the WAL?)"
-    )
+    return store, segment_refs(store, [segment_id])[0]
 
 
 def value_free(store: HistoryStore, exc: SegmentQuarantinedError) -> SegmentQuarantinedError:

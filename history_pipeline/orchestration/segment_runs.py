@@ -16,13 +16,14 @@ from dataclasses import dataclass
 
 import dagster as dg
 
-from history_pipeline.errors import HistoryError, SegmentNotFoundError, SegmentQuarantinedError
+from history_pipeline.errors import HistoryError, SegmentQuarantinedError
 from history_pipeline.execution import engine_failure, raise_engine_failure
 from history_pipeline.orchestration.assets import (
     applied_metadata,
     compacted_batches,
     report_quarantine,
     retry_when_engine_is_back,
+    segment_refs,
     value_free,
     verified_metadata,
     wal_segments,
@@ -30,7 +31,7 @@ from history_pipeline.orchestration.assets import (
 from history_pipeline.orchestration.partitions import parse_segment_partition_key
 from history_pipeline.orchestration.resources import HistoryRootResource, SparkResource
 from history_pipeline.store import HistoryStore
-from history_pipeline.wal.segments import SegmentRef, segment_name
+from history_pipeline.wal.segments import SegmentRef
 
 OP_NAME = "compact_segments"
 
@@ -87,13 +88,9 @@ def compact_segments(context: dg.OpExecutionContext, config: SegmentsConfig, his
                      spark: SparkResource) -> None:
     batch = parse_batch(config.partition_keys)
     store = history.open(batch.database)
-    refs = {ref.segment_id: ref for ref in store.segments()}
-    missing = [i for i in batch.segment_ids if i not in refs]
-    if missing:
-        # an earlier one missing fails the run before anything is applied: order is never broken
-        raise SegmentNotFoundError(f"segment {segment_name(missing[0])} of {batch.database} is not in "
-                                   f"{store.wal_dir} (removed from the WAL?)")
-    ordered = [refs[i] for i in batch.segment_ids]
+    # an earlier one missing fails the run before anything is applied: order is never broken
+    ordered = segment_refs(store, batch.segment_ids)
+    refs = {ref.segment_id: ref for ref in ordered}
     keys = dict(zip(batch.segment_ids, config.partition_keys, strict=True))
     # verified first: a segment that does not verify is quarantined, and the batch is the ones before it
     verified: dict[int, dict] = {}
