@@ -90,19 +90,28 @@ def reachable(url: str, timeout: float = 1.0) -> bool:
         return False
 
 
-def _alive(pid: int) -> bool:
-    try:
-        # reaps it when it is our own child that exited (a zombie still answers kill 0)
-        if os.waitpid(pid, os.WNOHANG)[0] == pid:
-            return False
-    except ChildProcessError:
-        pass
+def process_alive(pid: int, *, reap: bool = False, foreign: bool = False) -> bool:
+    """Whether a process of this pid exists. With ``reap``, our own child that exited is reaped and
+    counts as gone (a zombie still answers kill 0); a process we may not signal (another user's)
+    counts as ``foreign``."""
+    if reap:
+        try:
+            if os.waitpid(pid, os.WNOHANG)[0] == pid:
+                return False
+        except ChildProcessError:
+            pass
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
     except PermissionError:
-        pass
+        return foreign
+    return True
+
+
+def _alive(pid: int) -> bool:
+    if not process_alive(pid, reap=True, foreign=True):
+        return False
     try:
         # a pid reused by another program after the engine died is not the engine
         return b"SparkConnectServer" in Path(f"/proc/{pid}/cmdline").read_bytes()

@@ -10,12 +10,14 @@ import json
 import os
 import re
 import signal
+import subprocess
+import sys
 import time
 
 import pytest
 
 from history_pipeline import HistoryStore
-from history_pipeline.engine import WARM_TAG, engine_dir, running_engine, start_engine, stop_engine
+from history_pipeline.engine import WARM_TAG, engine_dir, process_alive, running_engine, start_engine, stop_engine
 from history_pipeline.execution import shared_session_url
 from history_pipeline.orchestration.resources import ENGINE_ENV, run_tag
 from history_pipeline.orchestration.sensors import COMPACTION_TAG
@@ -62,6 +64,18 @@ def _bulk(first_t: int, rows: int) -> list[dict]:
     engine a few seconds, so that it can be killed while working on it)."""
     return [{"op": "insert", "t": first_t + i, "table_uuid": "tbl-example", "key": 1000 + i,
              "values": {"col1": f"v{i}"}} for i in range(rows)]
+
+
+def test_process_alive_sees_an_exited_child_only_when_reaping():
+    assert process_alive(os.getpid())
+    child = subprocess.Popen([sys.executable, "-c", "pass"])
+    try:
+        os.waitid(os.P_PID, child.pid, os.WEXITED | os.WNOWAIT)  # exited, not reaped: a zombie
+        assert process_alive(child.pid)  # a zombie still answers kill 0
+        assert not process_alive(child.pid, reap=True)
+        assert not process_alive(child.pid)  # reaped: gone
+    finally:
+        child.returncode = 0  # reaped above: Popen must not wait for it again
 
 
 def test_engine_commands_without_an_engine(tmp_path, capsys):

@@ -12,6 +12,7 @@ import dagster as dg
 import pytest
 from dagster._core.launcher.base import WorkerStatus
 
+from history_pipeline.engine import process_alive
 from history_pipeline.orchestration.launcher import PID_TAG, WarmRunLauncher, worker_handle
 
 #: the process that imported this module: in a warm run, the fork server, not the run's own
@@ -103,7 +104,7 @@ def test_runs_fork_warm_terminate_and_stay_isolated(instance, tmp_path):
     _wait(lambda: _status(instance, run_id) == dg.DagsterRunStatus.CANCELED)
     pid = int(instance.get_run_by_id(run_id).tags[PID_TAG])
     _wait(lambda: launcher.check_run_worker_health(instance.get_run_by_id(run_id)).status is not WorkerStatus.RUNNING)
-    assert not _alive(pid)
+    assert not process_alive(pid, reap=True)  # reaped in case it were ours (the fork server reaps it)
     assert not launcher.terminate(run_id)  # finished: nothing to terminate
 
     # a run's process killed: monitoring sees it failed; the next run is unharmed
@@ -119,14 +120,3 @@ def test_runs_fork_warm_terminate_and_stay_isolated(instance, tmp_path):
     assert _status(instance, run_id) == dg.DagsterRunStatus.SUCCESS
     assert Path(config.report + ".after").exists()
 
-
-def _alive(pid):
-    try:
-        os.waitpid(pid, os.WNOHANG)  # not ours: the fork server reaps it
-    except ChildProcessError:
-        pass
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    return True

@@ -36,6 +36,8 @@ from dagster import _check as check
 from dagster._core.launcher.base import CheckRunHealthResult, LaunchRunContext, RunLauncher, WorkerStatus
 from dagster._serdes import ConfigurableClass, ConfigurableClassData, serialize_value
 
+from history_pipeline.engine import process_alive
+
 #: modules the fork server imports once; every run process starts with them loaded
 DEFAULT_PRELOAD = (
     "dagster",
@@ -72,17 +74,6 @@ def worker_handle(tags: Mapping[str, str]) -> WorkerHandle | None:
     if pid is None or host is None or not pid.isdigit():
         return None
     return WorkerHandle(int(pid), host)
-
-
-def _alive(pid: int) -> bool:
-    """Whether a process of this pid exists (it may be a zombie not yet reaped)."""
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # someone else's process now holds the pid
-        return False
-    return True
 
 
 def run_worker(run_id: str, instance_ref: str) -> None:
@@ -183,7 +174,7 @@ class WarmRunLauncher(RunLauncher, ConfigurableClass):
         process = self._process_of(run_id)
         if process is not None and process.exitcode is not None:
             return False
-        if process is None and not _alive(handle.pid):
+        if process is None and not process_alive(handle.pid):
             return False
         self._instance.report_run_canceling(run)
         try:
@@ -209,7 +200,7 @@ class WarmRunLauncher(RunLauncher, ConfigurableClass):
         handle = worker_handle(run.tags)
         if handle is None or handle.host != socket.gethostname():
             return CheckRunHealthResult(WorkerStatus.UNKNOWN, "the run was not launched by this host's launcher")
-        if _alive(handle.pid):
+        if process_alive(handle.pid):
             return CheckRunHealthResult(WorkerStatus.RUNNING, run_worker_id=str(handle.pid))
         return CheckRunHealthResult(WorkerStatus.NOT_FOUND, f"no process {handle.pid} for the run",
                                     run_worker_id=str(handle.pid))

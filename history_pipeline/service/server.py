@@ -17,6 +17,7 @@ import secrets
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
@@ -278,8 +279,8 @@ class HistoryServer(flight.FlightServerBase):
     def do_get(self, context: flight.ServerCallContext, ticket: flight.Ticket) -> flight.FlightDataStream:
         tenant: Tenant = context.get_middleware("auth").tenant
         started = time.monotonic()
-        call = "DoGet"
-        try:
+        call = "DoGet"  # named more precisely as the ticket is read
+        with self._failures_recorded(tenant.name, lambda: call, started):
             command = fsql.unpack(ticket.ticket)
             if command is not None:
                 call = "FlightSQL"
@@ -289,14 +290,21 @@ class HistoryServer(flight.FlightServerBase):
                 call = operation(request)
                 answer = self._run(tenant, ticket.ticket, request, context)
             reader = pa.ipc.open_stream(answer)
-        except HistoryError as exc:
-            self._record(tenant.name, call, started, error=type(exc).__name__)
-            raise flight_error(exc, self._roots) from None
-        except Exception as exc:  # a bug: a typed ServiceError for the client, not the server's stack trace
-            self._record(tenant.name, call, started, error=type(exc).__name__)
-            raise self._internal(exc) from None
         logged = _Logged(tenant.name, call, started, answer.size)
         return flight.GeneratorStream(reader.schema, self._stream(reader, logged))
+
+    @contextmanager
+    def _failures_recorded(self, tenant: str, call: Callable[[], str], started: float) -> Iterator[None]:
+        """A call's failure logged (as ``call()`` names it when it fails) and sent to the client as
+        a typed Flight error."""
+        try:
+            yield
+        except HistoryError as exc:
+            self._record(tenant, call(), started, error=type(exc).__name__)
+            raise flight_error(exc, self._roots) from None
+        except Exception as exc:  # a bug: a typed ServiceError for the client, not the server's stack trace
+            self._record(tenant, call(), started, error=type(exc).__name__)
+            raise self._internal(exc) from None
 
     def _record(self, tenant: str, call: str, started: float, rows: int = 0, size: int = 0,
                 error: str | None = None) -> None:
@@ -325,7 +333,7 @@ class HistoryServer(flight.FlightServerBase):
         tenant: Tenant = context.get_middleware("auth").tenant
         started = time.monotonic()
         call = FETCH_ROW_ACTION
-        try:
+        with self._failures_recorded(tenant.name, lambda: call, started):
             request = decode_request(body)
             if not isinstance(request, FetchRowRequest):
                 raise InvalidRequestError(
@@ -335,12 +343,6 @@ class HistoryServer(flight.FlightServerBase):
             limits = self._limits[tenant.name]
             with self._gate.slot(tenant.name, limits.max_concurrent_queries):
                 rows, answer = self._lookup_answer(tenant.database, request)
-        except HistoryError as exc:
-            self._record(tenant.name, call, started, error=type(exc).__name__)
-            raise flight_error(exc, self._roots) from None
-        except Exception as exc:  # a bug: a typed ServiceError for the client, not the server's stack trace
-            self._record(tenant.name, call, started, error=type(exc).__name__)
-            raise self._internal(exc) from None
         self._record(tenant.name, call, started, rows, len(answer))
         return answer
 

@@ -17,7 +17,8 @@ from __future__ import annotations
 import os
 import threading
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 import numpy as np
@@ -219,9 +220,7 @@ def read_version(store: ObjectStore, version: Version, target: pa.Schema) -> pa.
         # one row of each kept column: no page decoded again
         return conform(pa.Table.from_arrays([columns[c].slice(version.row, 1) for c in stored], names=stored),
                        target)
-    spot = (store.uri, version.path, dictionaries)
-    reader = _open_readers.take(spot) or _open(store, version.path, cached, dictionaries)
-    try:
+    with _kept_reader(store, version.path, cached, dictionaries) as reader:
         # the row group's batches up to the one holding the row: the rows after it are not decoded
         # (a page is decompressed whole either way)
         seen = 0
@@ -231,12 +230,6 @@ def read_version(store: ObjectStore, version: Version, target: pa.Schema) -> pa.
                 # only the row is decoded from dictionaries and cast
                 return conform(pa.Table.from_batches([batch.slice(version.row - seen, 1)]), target)
             seen += batch.num_rows
-    except BaseException:
-        reader.close()  # a reader that failed is not kept
-        raise
-    finally:
-        if not reader.closed:
-            _open_readers.give_back(spot, reader)
     raise DataFileError(version.path, f"row group {version.row_group} holds no row {version.row}: the file changed "
                                       "under its index")
 
@@ -244,10 +237,18 @@ def read_version(store: ObjectStore, version: Version, target: pa.Schema) -> pa.
 def _read_row_group(store: ObjectStore, version: Version, cached: Footer, columns: list[str]) -> pa.Table:
     """``columns`` of the row group ``version`` is in, whole (to be kept decoded): strings as
     strings, not dictionaries, so that a row taken from them needs no cast."""
-    spot = (store.uri, version.path, ())
-    reader = _open_readers.take(spot) or _open(store, version.path, cached, ())
-    try:
+    with _kept_reader(store, version.path, cached, ()) as reader:
         return reader.parquet.read_row_groups([version.row_group], columns=columns, use_threads=False)
+
+
+@contextmanager
+def _kept_reader(store: ObjectStore, path: str, cached: Footer, dictionaries: tuple[str, ...]) -> Iterator[_Reader]:
+    """A reader of ``path`` taken from the kept ones (or opened) and given back after use, unless
+    its use failed: then it is closed."""
+    spot = (store.uri, path, dictionaries)
+    reader = _open_readers.take(spot) or _open(store, path, cached, dictionaries)
+    try:
+        yield reader
     except BaseException:
         reader.close()  # a reader that failed is not kept
         raise
