@@ -513,3 +513,36 @@ def test_queries_of_one_state_and_time_reuse_a_set_up_cursor_and_answer_alike(tm
     with pytest.raises(Exception, match="(?i)division by zero"):
         store.sql("SELECT v / (v - v) FROM customers", as_of=5)
     assert len(views.idle["__hp_asof_5"]) <= 2
+
+
+def test_the_first_query_at_a_new_t_reuses_an_idle_cursor_of_another_t_and_answers_as_at_that_t(tmp_path):
+    """A finished query's cursor serves the first query at another T of the same state: its macros are
+    kept, its schema in use and schema-history rows are those of the new T, so answers are the new T's."""
+    from history_pipeline.query import sandbox
+
+    store = HistoryStore.open(tmp_path, database="db")
+    with store.wal_writer() as wal:
+        wal.append({"op": "create_table", "t": 1, "table_uuid": "A", "table_name": "customers",
+                    "columns": [{"column_uuid": "Av", "column_name": "v", "data_type": "NUMERIC(9,2)"}]})
+        for k in range(3):
+            wal.append({"op": "insert", "t": 2, "table_uuid": "A", "key": k, "values": {"Av": f"{k}.50"}})
+        wal.append({"op": "update", "t": 3, "table_uuid": "A", "key": 0, "values": {"Av": "9.00"}})
+        wal.append({"op": "add_column", "t": 4, "table_uuid": "A",
+                    "column": {"column_uuid": "Aw", "column_name": "w", "data_type": "TEXT"}})
+        wal.append({"op": "close", "t": 4})
+        wal.seal()
+    store.compact(spark=False)
+    query = "SELECT avg(v) AS a, sum(v) / count(*) AS per_row FROM customers"
+    assert store.sql(query, as_of=5).to_pylist() == [{"a": Decimal("4.3333333333333333"),
+                                                      "per_row": Decimal("4.3333333333333333")}]
+    views = sandbox._sandboxes[store.query_context()._sandbox_key()][1]
+    (pooled,) = views.idle["__hp_asof_5"]
+    assert store.sql(query, as_of=3).to_pylist() == [{"a": Decimal("1.5000000000000000"),
+                                                      "per_row": Decimal("1.5000000000000000")}]
+    assert views.idle["__hp_asof_3"] == [pooled] and not views.idle["__hp_asof_5"]
+    assert pooled.macros  # the exact average's macros, made at T=5, served T=3
+    assert store.sql("SELECT count(*) AS n FROM _history_catalog.schema_history", as_of=4).to_pylist() == [{"n": 1}]
+    assert store.sql("SELECT count(*) AS n FROM _history_catalog.schema_history", as_of=5).to_pylist() == [{"n": 2}]
+    assert store.sql("SELECT * FROM customers WHERE synthetic_key = 1", as_of=3).column_names == ["synthetic_key", "v"]
+    assert store.sql("SELECT v FROM customers ORDER BY v", as_of=3).column("v").to_pylist() == [
+        Decimal("0.50"), Decimal("1.50"), Decimal("2.50")]

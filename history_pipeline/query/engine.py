@@ -426,11 +426,11 @@ class QueryContext:
 
                 exact = _cached(_REWRITES, key, make)
                 if made:  # the probe created its macros on this very cursor
-                    pooled.done.update(exact.macros)
+                    pooled.macros.update(exact.macros)
                 for macro in exact.macros:
-                    if macro not in pooled.done:  # made by the probe on its cursor, or by an earlier query
+                    if macro not in pooled.macros:  # made by the probe on its cursor, or by an earlier query
                         con.execute(macro)
-                        pooled.done.add(macro)
+                        pooled.macros.add(macro)
                 relation = con.sql(exact.query)
                 duck_types = [str(t) for t in relation.types]
                 source = relation.to_arrow_reader(batch_size)
@@ -528,6 +528,7 @@ class QueryContext:
             if descriptor.table_uuid not in done:
                 for name, dataset in view.datasets:
                     con.register(name, dataset)
+                    pooled.registered.append(name)
                 kept.ensure(con, schema, descriptor.table_name, view.sql, view.changes, view.live_bytes)
                 done.add(descriptor.table_uuid)
             elif kept.deferred:  # a pooled cursor's second query at T keeps what the first deferred

@@ -58,6 +58,10 @@ class PooledCursor:
     def __init__(self, con: duckdb.DuckDBPyConnection) -> None:
         self.con = con
         self.done: set[str] = set()
+        #: the TEMP macros made on it: they depend on the state and query only, so they serve every T
+        self.macros: set[str] = set()
+        #: the datasets registered on it (object-store reads): named per T, dropped when it serves another
+        self.registered: list[str] = []
         self.poolable = True
 
 
@@ -75,10 +79,22 @@ class SandboxViews:
         self.deferred: dict[tuple[str, str], int] = {}
 
     def take(self, schema: str) -> PooledCursor | None:
-        """An idle cursor that a finished query of ``schema`` gave back (already ``USE``-ing it)."""
+        """An idle cursor that a finished query of ``schema`` gave back (already ``USE``-ing it); else
+        one of another T, set up anew for ``schema`` but for its macros (``macros``); else None."""
         with self.lock:
             idle = self.idle.get(schema)
-            return idle.pop() if idle else None
+            if idle:
+                return idle.pop()
+            other = next((cursors for cursors in self.idle.values() if cursors), None)
+            if other is None:
+                return None
+            pooled = other.pop()
+        # its schema history, registrations and USE were those of its T: they are made again
+        for name in pooled.registered:
+            pooled.con.unregister(name)
+        pooled.registered.clear()
+        pooled.done.clear()
+        return pooled
 
     def give_back(self, schema: str, cursor: PooledCursor) -> None:
         """Keep a finished query's cursor for the next query of ``schema`` (at most ``IDLE_CURSORS``)."""
