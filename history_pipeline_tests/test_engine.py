@@ -149,10 +149,16 @@ def test_runs_compact_on_the_engine_and_survive_losing_it(tmp_path):
 
             # the engine is killed while the next segment is on it
             write(store, _bulk(6, bulk))
-            _wait(lambda: _tagged_runs(events) - {first[0]["runId"]}, 120, "the second run's first job")
             engine = running_engine(folder)
             assert engine is not None
+            # polled often: on the warm engine the run's work takes a second or two, and a kill that
+            # lands after it tests nothing
+            deadline = time.time() + 120
+            while not _tagged_runs(events) - {first[0]["runId"]}:
+                assert time.time() < deadline, "timed out after 120s waiting for the second run's first job"
+                time.sleep(0.05)
             os.kill(engine.pid, signal.SIGKILL)
+            assert store.frontier == 5, "the kill landed after the run's work was committed: it tests nothing"
             _wait(lambda: any(r["status"] == "FAILURE" for r in _runs(web)), 120, "the run to fail")
             failed = next(r for r in _runs(web) if r["status"] == "FAILURE")
             failures = [e for e in _graphql(web, FAILURES, id=failed["runId"])["logsForRun"]["events"]
