@@ -128,14 +128,33 @@ class Footer:
         lows, highs = self._key_bounds
         chosen = (lows <= key) & (highs >= key)
         if lower is not None or upper is not None or current_at is not None:
+            chosen &= self._times_allowing(lower, upper, current_at)
+        return chosen.nonzero()[0].tolist()
+
+    def _times_allowing(self, lower: int | None, upper: int | None, current_at: int | None) -> np.ndarray:
+        """Which row groups' times allow a row with ``lower <= t < upper``, current as of
+        ``current_at``: kept for the last few bounds asked, as a worker's lookups ask the same T
+        again and again (each a few NumPy operations less, per file a lookup asks)."""
+        bounds = (lower, upper, current_at)
+        masks = self._time_masks
+        mask = masks.get(bounds)
+        if mask is None:
             min_t, max_t, max_superseded, settled = self._time_bounds
+            mask = np.ones(len(min_t), dtype=bool)
             if upper is not None:
-                chosen &= min_t < upper
+                mask &= min_t < upper
             if lower is not None:
-                chosen &= max_t >= lower
+                mask &= max_t >= lower
             if current_at is not None:
-                chosen &= (min_t < current_at) & ~(settled & (max_superseded < current_at))
-        return np.flatnonzero(chosen).tolist()
+                mask &= (min_t < current_at) & ~(settled & (max_superseded < current_at))
+            if len(masks) >= TIME_MASKS:
+                masks.clear()
+            masks[bounds] = mask
+        return mask
+
+    @functools.cached_property
+    def _time_masks(self) -> dict[tuple[int | None, int | None, int | None], np.ndarray]:
+        return {}
 
     @functools.cached_property
     def _time_bounds(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
@@ -160,6 +179,10 @@ class Footer:
     def row_groups_current(self, as_of: int) -> list[int]:
         """The row groups that may hold a row current as of ``as_of`` (see ``RowGroupTimes``)."""
         return [rg for rg, times in enumerate(self.times) if times.may_be_current(as_of)]
+
+
+#: the time bounds a file's footer keeps the row groups allowed by (``Footer.row_groups_spanning``)
+TIME_MASKS = 16
 
 
 @dataclass(frozen=True)
