@@ -208,10 +208,10 @@ def test_the_filter_cache_keeps_within_its_budget_and_counts_what_it_holds(tmp_p
     for i, path in enumerate(paths):
         blooms = footer(store, path).blooms
         assert blooms is not None
-        _, data = read_module._bloom_bytes(blooms)
-        one_file = one_file or len(data)
+        words = read_module._filter_words(blooms)
+        one_file = one_file or words.nbytes
         if i == 0:  # room for two files' filters, not three
             monkeypatch.setattr(read_module, "_BLOOM_CACHE_BYTES", 2 * one_file + one_file // 2)
-        held = sum(len(d) for _, d in read_module._BLOOMS.values())
+        held = sum(kept.words.nbytes for kept in read_module._BLOOMS.values())
         assert read_module._bloom_held[0] == held <= max(read_module._BLOOM_CACHE_BYTES, one_file)
     assert [p for _, p in read_module._BLOOMS] == paths[-2:]  # the oldest went first

@@ -10,10 +10,13 @@ from __future__ import annotations
 import random
 from dataclasses import replace
 
+import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
 from history_pipeline import HistoryStore, PurgedTimestampError, supertable
+from history_pipeline.catalog.files import newest_of_key, select_files
+from history_pipeline.errors import DataFileError
 from history_pipeline.supertable import DELETED, KEY, LT, SUPERSEDED, key_index, row_cache
 from history_pipeline_tests.test_closed_intervals import (
     HOT_KEY,
@@ -283,3 +286,51 @@ def test_a_warm_lookup_reads_through_a_kept_reader_and_the_kept_readers_stay_bou
     assert 0 < len(kept) <= 2 and not any(reader.closed for reader in kept)
     key_index.forget_indexes()
     assert all(reader.closed for reader in kept) and not key_index._open_readers._idle
+
+
+def test_the_row_groups_a_footer_allows_are_those_of_a_fresh_footer_for_any_bounds(tmp_path, small_row_groups):
+    """The row groups a file's footer allows for a key and time bounds (kept for the last few bounds
+    asked) are those a footer never asked before finds, bounds repeated, alternating and more of them
+    than are kept."""
+    store = HistoryStore.open(tmp_path, database="db", settings=SMALL_SNAPSHOTS)
+    _items_history(store, hot=True)
+    rng = random.Random(11)
+    ts = list(range(0, store.frontier + 3))
+    # few (lower, upper) pairs, many current_at: bounds alike but for one of them
+    pairs = [(None, store.frontier + 1), (None, store.frontier // 2), (store.frontier // 3, store.frontier + 1)]
+    bounds = [(*rng.choice(pairs), rng.choice([None, *ts])) for _ in range(3 * supertable.read.TIME_MASKS)]
+    compared = 0
+    for path, entry in store.query_context().state.files.items():
+        if entry.table_uuid is None:  # the schema history's files hold no keys
+            continue
+        cached = supertable.read.footer(store.objects, path)
+        if cached.meta.num_row_groups < 2:
+            continue
+        for lower, upper, current_at in bounds + bounds[::-1] + bounds:
+            key = rng.choice(KEYS)
+            fresh = replace(cached)  # nothing kept
+            assert cached.row_groups_spanning(key, lower, upper, current_at) == \
+                fresh.row_groups_spanning(key, lower, upper, current_at), (path, key, lower, upper, current_at)
+            compared += 1
+    assert compared > 0
+
+
+@pytest.mark.parametrize("kept_row_groups", [False, True], ids=["row-cache-off", "row-cache-on"])
+def test_a_row_its_row_group_does_not_hold_is_a_data_file_error_naming_the_file(tmp_path, kept_row_groups):
+    """A row index past its row group's rows (the file changed under its index) is one clear error
+    naming the file, read through the row cache or without it."""
+    if not kept_row_groups:
+        row_cache.set_row_cache_bytes(0)
+    store = HistoryStore.open(tmp_path, database="db", settings=SMALL_SNAPSHOTS)
+    _items_history(store)
+    context = store.query_context()
+    as_of = store.frontier + 1
+    descriptor = context.resolve("items", as_of)
+    key = context.load_table("items", as_of).column("synthetic_key")[0].as_py()
+    found = newest_of_key(store.objects, select_files(context.state, descriptor.table_uuid, as_of, (key,)), as_of, key)
+    assert found is not None and not found.deleted
+    schema = supertable.supertable_schema(context.supercolumns(descriptor.table_uuid))
+    target = pa.schema([schema.field(c.supercolumn) for c in descriptor.columns])
+    assert key_index.read_version(store.objects, found, target).num_rows == 1
+    with pytest.raises(DataFileError, match=found.path):
+        key_index.read_version(store.objects, replace(found, row=10**6), target)

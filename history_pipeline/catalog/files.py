@@ -344,12 +344,18 @@ def live_row(
 ) -> pa.Table | None:
     """The live row of ``key`` as of ``as_of`` (``columns`` of it, cast to the supertable's types as
     ``live_rows`` returns them), or None: ``live_rows`` of one key, reading only its row's row
-    group (``newest_of_key``)."""
+    group (``newest_of_key``). ``supercolumns`` are the table's in ``state``."""
     version = newest_of_key(store, select_files(state, table_uuid, as_of, (key,)), as_of, key)
     if version is None or version.deleted:
         return None
-    schema = supertable_schema(supercolumns)
-    return read_version(store, version, pa.schema([schema.field(c) for c in columns]))
+    # the row's schema, kept with the state (its supercolumns are the state's): building it, and
+    # hashing the supercolumns to find the supertable's schema, cost a lookup tens of microseconds
+    memo = state.derived.setdefault(("row_schema", table_uuid), {})
+    target = memo.get(tuple(columns))
+    if target is None:
+        schema = supertable_schema(supercolumns)
+        target = memo[tuple(columns)] = pa.schema([schema.field(c) for c in columns])
+    return read_version(store, version, target)
 
 
 def dictionary_reads(store: ObjectStore, files: Sequence[FileEntry], columns: Iterable[str]) -> list[str]:

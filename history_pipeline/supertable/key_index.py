@@ -31,10 +31,6 @@ from history_pipeline.supertable import DELETED, KEY, LT, SUPERSEDED
 from history_pipeline.supertable.read import Footer, StoredFile, as_numpy, conform, footer
 from history_pipeline.supertable.row_cache import forget_row_groups, row_cache
 
-#: rows decoded at a time when reading a row: a lookup decodes its row group up to the batch
-#: holding its row (measured at 16,384-row groups: about a fifth less than decoding the whole)
-ROW_BATCH = 4096
-
 #: a lookup tests a file's Bloom filters on all its candidate row groups (not only on those not
 #: indexed yet) when more than this many span its key
 BLOOM_FIRST = 4
@@ -221,17 +217,22 @@ def read_version(store: ObjectStore, version: Version, target: pa.Schema) -> pa.
         return conform(pa.Table.from_arrays([columns[c].slice(version.row, 1) for c in stored], names=stored),
                        target)
     with _kept_reader(store, version.path, cached, dictionaries) as reader:
-        # the row group's batches up to the one holding the row: the rows after it are not decoded
-        # (a page is decompressed whole either way)
-        seen = 0
-        for batch in reader.parquet.iter_batches(batch_size=ROW_BATCH, row_groups=[version.row_group],
-                                                 columns=stored, use_threads=False):
-            if seen + batch.num_rows > version.row:
-                # only the row is decoded from dictionaries and cast
-                return conform(pa.Table.from_batches([batch.slice(version.row - seen, 1)]), target)
-            seen += batch.num_rows
-    raise DataFileError(version.path, f"row group {version.row_group} holds no row {version.row}: the file changed "
-                                      "under its index")
+        # one batch of the row group's rows up to the row: the pages after it are neither
+        # decompressed nor decoded, and no row past it is (measured at 10M versions, 16,384-row
+        # groups: 0.46 against 0.56 ms a row read in batches of 4,096, the last one decoded whole)
+        batch = next(reader.parquet.iter_batches(batch_size=version.row + 1, row_groups=[version.row_group],
+                                                 columns=stored, use_threads=False), None)
+    if batch is None or batch.num_rows <= version.row:
+        raise DataFileError(version.path, f"row group {version.row_group} holds no row {version.row}: the file "
+                                          "changed under its index")
+    # only the row is decoded from dictionaries (a take of one value: measured 39 against 69 us
+    # for a cast of the one-row table) and cast where its file stores another type
+    row = batch.slice(version.row, 1)
+    for name in dictionaries:
+        at = row.schema.get_field_index(name)
+        row = row.set_column(at, row.schema.field(at).with_type(row.column(at).type.value_type),
+                             row.column(at).dictionary_decode())
+    return conform(pa.Table.from_batches([row]), target)
 
 
 def _read_row_group(store: ObjectStore, version: Version, cached: Footer, columns: list[str]) -> pa.Table:

@@ -128,14 +128,33 @@ class Footer:
         lows, highs = self._key_bounds
         chosen = (lows <= key) & (highs >= key)
         if lower is not None or upper is not None or current_at is not None:
+            chosen &= self._times_allowing(lower, upper, current_at)
+        return chosen.nonzero()[0].tolist()
+
+    def _times_allowing(self, lower: int | None, upper: int | None, current_at: int | None) -> np.ndarray:
+        """Which row groups' times allow a row with ``lower <= t < upper``, current as of
+        ``current_at``: kept for the last few bounds asked, as a worker's lookups ask the same T
+        again and again (each a few NumPy operations less, per file a lookup asks)."""
+        bounds = (lower, upper, current_at)
+        masks = self._time_masks
+        mask = masks.get(bounds)
+        if mask is None:
             min_t, max_t, max_superseded, settled = self._time_bounds
+            mask = np.ones(len(min_t), dtype=bool)
             if upper is not None:
-                chosen &= min_t < upper
+                mask &= min_t < upper
             if lower is not None:
-                chosen &= max_t >= lower
+                mask &= max_t >= lower
             if current_at is not None:
-                chosen &= (min_t < current_at) & ~(settled & (max_superseded < current_at))
-        return np.flatnonzero(chosen).tolist()
+                mask &= (min_t < current_at) & ~(settled & (max_superseded < current_at))
+            if len(masks) >= TIME_MASKS:
+                masks.clear()
+            masks[bounds] = mask
+        return mask
+
+    @functools.cached_property
+    def _time_masks(self) -> dict[tuple[int | None, int | None, int | None], np.ndarray]:
+        return {}
 
     @functools.cached_property
     def _time_bounds(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
@@ -162,6 +181,10 @@ class Footer:
         return [rg for rg, times in enumerate(self.times) if times.may_be_current(as_of)]
 
 
+#: the time bounds a file's footer keeps the row groups allowed by (``Footer.row_groups_spanning``)
+TIME_MASKS = 16
+
+
 @dataclass(frozen=True)
 class KeyBlooms:
     """Where a file's Bloom filters on the key column are: (offset, length) per row group, None
@@ -176,60 +199,72 @@ class KeyBlooms:
         chosen = np.asarray(groups, dtype=np.int64)
         if not len(chosen):
             return []
-        start, bitsets = _bloom_bytes(self)
-        first_bytes, blocks = self._bitsets
+        words = _filter_words(self)
+        first, blocks = self._layout
         high, bits = hashed_key(key)
-        count = blocks[chosen]
-        # the block each filter's bitset maps the key to (Parquet's: the hash's high half scaled
-        # to the blocks); a row group without a filter points at the first bytes and is kept
-        at = np.where(count > 0, first_bytes[chosen] - start + ((high * count) >> 32) * BLOCK_BYTES, 0)
-        words = bitsets[at[:, None] + _BLOCK_SPAN].view("<u4")
-        kept = ((words & bits) == bits).all(axis=1) | (count == 0)
+        # the block each filter maps the key to (Parquet's: the hash's high half scaled to the
+        # blocks); a row group without a filter has no blocks and points at a block of all ones,
+        # which rules nothing out. The filters' words are kept aligned, one block a row: a test
+        # is a gather and a compare (measured: 16 against 39 us for 42 row groups)
+        spots = first[chosen] + ((high * blocks[chosen]) >> 32)
+        kept = ((words[spots] & bits) == bits).all(axis=1)
         return chosen[kept].tolist()
 
     @functools.cached_property
-    def _bitsets(self) -> tuple[np.ndarray, np.ndarray]:
-        """Per row group: where its bitset starts in the file, and its blocks (0: no filter)."""
-        first_bytes = np.zeros(len(self.filters), dtype=np.int64)
-        blocks = np.zeros(len(self.filters), dtype=np.int64)
-        for rg, spot in enumerate(self.filters):
-            if spot is not None:
-                offset, length = spot
-                size = bitset_bytes(length)
-                first_bytes[rg], blocks[rg] = offset + length - size, size // BLOCK_BYTES
-        return first_bytes, blocks
+    def _layout(self) -> tuple[np.ndarray, np.ndarray]:
+        """Per row group: the row of ``_filter_words`` its bitset's first block is (0, a block of
+        all ones, where it has no filter), and its blocks (0: no filter)."""
+        blocks = np.array([0 if spot is None else bitset_bytes(spot[1]) // BLOCK_BYTES for spot in self.filters],
+                          dtype=np.int64)
+        first = np.where(blocks > 0, 1 + np.cumsum(blocks) - blocks, 0)
+        return first, blocks
 
 
-_BLOCK_SPAN = np.arange(BLOCK_BYTES)
+@dataclass(frozen=True)
+class _FilterWords:
+    """A file's Bloom filter bitsets, read for ``filters``: a block of all ones, then each row
+    group's blocks in row-group order, as rows of eight little-endian 32-bit words."""
+
+    filters: tuple[tuple[int, int] | None, ...]
+    words: np.ndarray
 
 
-#: the Bloom filter bytes of the files lookups touched, newest use last, within a byte budget
-_BLOOMS: OrderedDict[tuple[str, str], tuple[int, np.ndarray]] = OrderedDict()
+#: the Bloom filter words of the files lookups touched, newest use last, within a byte budget
+_BLOOMS: OrderedDict[tuple[str, str], _FilterWords] = OrderedDict()
 _BLOOM_CACHE_BYTES = 256 * 1024 * 1024
 _bloom_lock = threading.Lock()
 _bloom_held = [0]  # the bytes in ``_BLOOMS``, kept as files come and go
 
 
-def _bloom_bytes(blooms: KeyBlooms) -> tuple[int, np.ndarray]:
-    """The span of the file holding all its key filters (they are written together): its start, its bytes."""
+def _filter_words(blooms: KeyBlooms) -> np.ndarray:
+    """The file's filter bitsets as ``_FilterWords.words``, read in one request (they are written
+    together) on the file's first test and kept."""
     cache_key = (blooms.store.uri, blooms.path)
     with _bloom_lock:
         cached = _BLOOMS.get(cache_key)
-        if cached is not None:
+        if cached is not None and (cached.filters is blooms.filters or cached.filters == blooms.filters):
             _BLOOMS.move_to_end(cache_key)
-            return cached
+            return cached.words
     spots = [spot for spot in blooms.filters if spot is not None]
     start, end = min(o for o, _ in spots), max(o + n for o, n in spots)
     fs, _ = blooms.store.arrow_filesystem()
     with fs.open_input_file(blooms.store.full_path(blooms.path)) as handle:
-        data = np.frombuffer(handle.read_at(end - start, start), dtype=np.uint8)
+        data = handle.read_at(end - start, start)
+    rows = [b"\xff" * BLOCK_BYTES]
+    for offset, length in spots:  # a filter's bitset is its last bytes, after its header
+        size = bitset_bytes(length)
+        rows.append(data[offset + length - size - start:offset + length - start])
+    words = np.frombuffer(b"".join(rows), dtype="<u4").reshape(-1, BLOCK_BYTES // 4)
+    kept = _FilterWords(blooms.filters, words)
     with _bloom_lock:
-        if cache_key not in _BLOOMS:  # (another thread may have read it meanwhile)
-            _BLOOMS[cache_key] = (start, data)
-            _bloom_held[0] += len(data)
+        replaced = _BLOOMS.pop(cache_key, None)
+        if replaced is not None:
+            _bloom_held[0] -= replaced.words.nbytes
+        _BLOOMS[cache_key] = kept
+        _bloom_held[0] += words.nbytes
         while _bloom_held[0] > _BLOOM_CACHE_BYTES and len(_BLOOMS) > 1:
-            _bloom_held[0] -= len(_BLOOMS.popitem(last=False)[1][1])
-    return start, data
+            _bloom_held[0] -= _BLOOMS.popitem(last=False)[1].words.nbytes
+    return words
 
 
 _FOOTERS: OrderedDict[tuple[str, str], Footer] = OrderedDict()
