@@ -98,3 +98,30 @@ def test_the_live_rows_are_not_kept_past_the_sandbox_budget(tmp_path, monkeypatc
     assert damage_column(store, "T", "n-1")
     with pytest.raises(QueryError):
         store.sql(QUERY, as_of)
+
+
+def test_forgetting_a_t_frees_what_it_kept_and_the_next_query_there_answers_the_same(tmp_path):
+    """``QueryContext.forget(T)`` drops T's views, kept tables and idle cursors and frees their bytes
+    from the sandbox's budget (another T's stay); the next queries at T keep them again, counted once.
+    ``forget()`` drops the state's whole sandbox. Answers never change."""
+    store = HistoryStore.open(tmp_path, database="db", settings=LAYERED)
+    events = _history(store, marked=False)
+    as_of, other = store.frontier + 1, store.frontier
+    for t in (other, as_of):
+        for _ in range(2):
+            assert store.sql(QUERY, t).to_pylist() == _expected(events, t)
+    key = store.query_context()._sandbox_key()
+    con, kept = sandbox._sandboxes[key]
+    both = kept.kept_bytes
+    schema = sandbox.AS_OF_SCHEMA.format(as_of=as_of)
+    store.query_context().forget(as_of)
+    assert 0 < kept.kept_bytes < both
+    assert schema not in kept.schemas and schema not in kept.idle
+    assert con.sql(f"SELECT count(*) FROM duckdb_tables() WHERE schema_name LIKE '{schema}%'").fetchall() == [(0,)]
+    assert sandbox.AS_OF_SCHEMA.format(as_of=other) in kept.schemas
+    for _ in range(2):
+        assert store.sql(QUERY, as_of).to_pylist() == _expected(events, as_of)
+    assert kept.kept_bytes == both
+    store.query_context().forget()
+    assert key not in sandbox._sandboxes
+    assert store.sql(QUERY, as_of).to_pylist() == _expected(events, as_of)

@@ -45,6 +45,9 @@ from history_pipeline.query.sandbox import (
     register_schema_history,
     sandbox_cursor,
 )
+from history_pipeline.query.sandbox import (
+    forget as sandbox_forget,
+)
 from history_pipeline.query.scan import COLUMNS_TOKEN, key_versions, live_sql, live_view
 from history_pipeline.schema import (
     SchemaHistoryEntry,
@@ -481,6 +484,20 @@ class QueryContext:
                 hint = (f"; note: {', '.join(wide)} hold NUMERIC values wider than DECIMAL(38) as of {as_of}, "
                         "so SQL sees them as exact text (cast them, e.g. to DOUBLE, to compute approximately)")
             raise QueryError(f"the query failed as of {as_of}: {exc}{hint}") from None
+
+    def forget(self, as_of: int | None = None) -> None:
+        """Drop what this process keeps for the queries of this catalog state as of ``as_of`` (its
+        views, the tables kept for them, idle cursors, prepared SQL), or for every T with None (the
+        state's sandbox too). The next query there is prepared anew; answers are the same."""
+        key = self._sandbox_key()
+        width = len(key)
+        with _cache_lock:
+            for cache in (_VIEWS, _HISTORIES, _CATALOGS, _REWRITES):
+                # a rewrite is kept per state and view shapes; only one of array tables holds T
+                at = width + 1 if cache is _REWRITES else width
+                for k in [k for k in cache if k[:width] == key and (as_of is None or k[at] == as_of)]:
+                    del cache[k]
+        sandbox_forget(key, None if as_of is None else AS_OF_SCHEMA.format(as_of=as_of))
 
     def _sandbox_key(self) -> tuple[str, ...]:
         return (type(self.store).__name__, self.store.full_path(self.database), str(self.state.txn_id),

@@ -74,6 +74,8 @@ class SandboxViews:
         self.created: set[tuple[str, str]] = set()
         self.schemas: set[str] = set()
         self.kept_bytes = 0
+        #: the part of ``kept_bytes`` each as-of schema's tables take (freed when it is forgotten)
+        self.schema_bytes: dict[str, int] = {}
         self.idle: dict[str, list[PooledCursor]] = {}
         #: views whose live rows are kept as a table when next named (``live_bytes``): their bound
         self.deferred: dict[tuple[str, str], int] = {}
@@ -129,18 +131,36 @@ class SandboxViews:
                 if bound and self.kept_bytes + bound <= KEPT_BYTES:
                     live = self._keep(cursor, schema + "_live", name, f"SELECT * FROM {view}")
                     if live is not None:
-                        self.kept_bytes += bound
+                        self._count(schema, bound)
                         cursor.execute(f"CREATE OR REPLACE VIEW {view} AS SELECT * FROM {live}")
                 return
             if changes is not None and self.kept_bytes + changes[1] <= KEPT_BYTES:
                 kept = self._keep(cursor, schema + "_changes", name, changes[0])
                 if kept is not None:
-                    self.kept_bytes += changes[1]
+                    self._count(schema, changes[1])
                     sql = changes[2].replace(CHANGES_TOKEN, kept)
             cursor.execute(f"CREATE OR REPLACE VIEW {view} AS {sql}")
             self.created.add((schema, name))
             if live_bytes:
                 self.deferred[(schema, name)] = live_bytes
+
+    def _count(self, schema: str, size: int) -> None:
+        self.kept_bytes += size
+        self.schema_bytes[schema] = self.schema_bytes.get(schema, 0) + size
+
+    def forget(self, database: duckdb.DuckDBPyConnection, schema: str) -> None:
+        """Drop what this sandbox keeps for the queries of one as-of schema: its views, the tables
+        kept for them (their bytes freed from ``KEPT_BYTES``) and its idle cursors."""
+        with self.lock:
+            for pooled in self.idle.pop(schema, []):
+                pooled.con.close()
+            if schema in self.schemas:
+                for name in (schema, schema + "_changes", schema + "_live"):
+                    database.execute(f"DROP SCHEMA IF EXISTS {_ident(name)} CASCADE")
+                self.schemas.discard(schema)
+            self.created = {c for c in self.created if c[0] != schema}
+            self.deferred = {c: b for c, b in self.deferred.items() if c[0] != schema}
+            self.kept_bytes -= self.schema_bytes.pop(schema, 0)
 
     @staticmethod
     def _keep(cursor: duckdb.DuckDBPyConnection, schema: str, name: str, select: str) -> str | None:
@@ -218,6 +238,26 @@ def sandbox_cursor(
         else:
             _sandboxes.move_to_end(key)
         return entry[0].cursor(), entry[1]
+
+
+def forget(key: tuple[str, ...], schema: str | None) -> None:
+    """Drop what the sandbox of catalog state ``key`` keeps for the queries of one as-of schema, or
+    the whole sandbox with None (cursors still reading keep it alive until they close)."""
+    with _lock:
+        entry = _sandboxes.get(key)
+        if entry is None:
+            return
+        if schema is None:
+            del _sandboxes[key]
+    database, views = entry
+    if schema is not None:
+        views.forget(database, schema)
+        return
+    with views.lock:
+        for cursors in views.idle.values():
+            for pooled in cursors:
+                pooled.con.close()
+        views.idle.clear()
 
 
 def reader_cursor() -> duckdb.DuckDBPyConnection:
