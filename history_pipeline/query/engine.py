@@ -48,7 +48,7 @@ from history_pipeline.query.sandbox import (
 from history_pipeline.query.sandbox import (
     forget as sandbox_forget,
 )
-from history_pipeline.query.scan import COLUMNS_TOKEN, key_versions, live_sql, live_view
+from history_pipeline.query.scan import CHANGES_TOKEN, COLUMNS_TOKEN, key_versions, live_sql, live_view
 from history_pipeline.schema import (
     SchemaHistoryEntry,
     TableDescriptor,
@@ -546,7 +546,8 @@ class QueryContext:
                 for name, dataset in view.datasets:
                     con.register(name, dataset)
                     pooled.registered.append(name)
-                kept.ensure(con, schema, descriptor.table_name, view.sql, view.changes, view.live_bytes)
+                kept.ensure(con, schema, descriptor.table_name, view.sql, view.changes, view.live_bytes,
+                            view.interval)
                 done.add(descriptor.table_uuid)
             elif kept.deferred:  # a pooled cursor's second query at T keeps what the first deferred
                 kept.ensure(con, schema, descriptor.table_name)
@@ -589,8 +590,12 @@ class QueryContext:
             view = (live.materialized_sql.replace(COLUMNS_TOKEN, columns) if live.kept_tail
                     else f"SELECT {columns} FROM ({live.materialized_sql}) live")
             changes = (live.changes_sql, live.changes_bytes, view)
+        interval = None
+        if live.interval is not None:
+            name, build, where, size = live.interval
+            interval = (name, build, f"SELECT {columns} FROM {CHANGES_TOKEN} WHERE {where}", size)
         return _TableView(f"SELECT {columns} FROM ({live.sql}) live", live.datasets, tuple(wide), changes,
-                          live.live_bytes, columns)
+                          live.live_bytes, columns, interval)
 
     def _expose_materialized(self, con: Any, descriptor: TableDescriptor, as_of: int, index: int) -> list[str]:
         """A table with array columns is exposed from its reconstructed Arrow table: arrays are stored
@@ -638,6 +643,7 @@ class _TableView:
     changes: tuple[str, int, str] | None = None  # see SandboxViews.ensure
     live_bytes: int = 0  # see SandboxViews.ensure
     columns: str = ""  # the select list: the view's column names and types
+    interval: tuple[str, str, str, int] | None = None  # see SandboxViews.ensure
 
 
 @dataclass(frozen=True)

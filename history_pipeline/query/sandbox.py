@@ -79,6 +79,10 @@ class SandboxViews:
         self.idle: dict[str, list[PooledCursor]] = {}
         #: views whose live rows are kept as a table when next named (``live_bytes``): their bound
         self.deferred: dict[tuple[str, str], int] = {}
+        #: tables of an open read's rows with their next t (``LiveSql.interval``), kept for every T
+        #: reading the same files: by name, the qualified table and its bytes; how many T asked for each
+        self.intervals: dict[str, tuple[str, int]] = {}
+        self.interval_asks: dict[str, int] = {}
 
     def take(self, schema: str) -> PooledCursor | None:
         """An idle cursor that a finished query of ``schema`` gave back (already ``USE``-ing it); else
@@ -108,7 +112,8 @@ class SandboxViews:
         cursor.con.close()
 
     def ensure(self, cursor: duckdb.DuckDBPyConnection, schema: str, name: str | None, sql: str = "",
-               changes: tuple[str, int, str] | None = None, live_bytes: int = 0) -> None:
+               changes: tuple[str, int, str] | None = None, live_bytes: int = 0,
+               interval: tuple[str, str, str, int] | None = None) -> None:
         """Create ``schema`` and view ``schema.name AS sql`` through ``cursor`` unless made before.
 
         ``changes`` (SELECT of what to keep: (key, newest t) of the table's changes or a small tail's
@@ -118,6 +123,10 @@ class SandboxViews:
         table ``<schema>_live.name`` and the view reads it from then on (the first query at T reads
         the files: one query at T would pay for keeping every column for nothing). This sandbox
         keeps at most ``KEPT_BYTES`` in all; past it, views read the files as before.
+        ``interval`` (``LiveSql.interval`` with the view's select list at ``COLUMNS_TOKEN``): when a
+        second T reads the same files, their rows are kept once as a table for this state, each with
+        its key's next t, and the view of this and every later such T is a filter over it (a first
+        query at T then reads memory, no join); the first T asked reads as above.
         """
         with self.lock:
             if schema not in self.schemas:
@@ -134,6 +143,15 @@ class SandboxViews:
                         self._count(schema, bound)
                         cursor.execute(f"CREATE OR REPLACE VIEW {view} AS SELECT * FROM {live}")
                 return
+            rows = None if interval is None else self._interval(cursor, interval)
+            if rows is not None:
+                assert interval is not None
+                cursor.execute(f"CREATE OR REPLACE VIEW {view} AS "
+                               f"{interval[2].replace(CHANGES_TOKEN, rows)}")
+                self.created.add((schema, name))
+                if live_bytes:
+                    self.deferred[(schema, name)] = live_bytes
+                return
             if changes is not None and self.kept_bytes + changes[1] <= KEPT_BYTES:
                 kept = self._keep(cursor, schema + "_changes", name, changes[0])
                 if kept is not None:
@@ -143,6 +161,21 @@ class SandboxViews:
             self.created.add((schema, name))
             if live_bytes:
                 self.deferred[(schema, name)] = live_bytes
+
+    def _interval(self, cursor: duckdb.DuckDBPyConnection, interval: tuple[str, str, str, int]) -> str | None:
+        """The kept table of ``interval`` (made when a second T asks for it), or None."""
+        name, build, _, size = interval
+        if name in self.intervals:
+            return self.intervals[name][0]
+        asked = self.interval_asks[name] = self.interval_asks.get(name, 0) + 1
+        # one T alone would pay for keeping every row of the files for nothing
+        if asked < 2 or self.kept_bytes + size > KEPT_BYTES:
+            return None
+        kept = self._keep(cursor, INTERVALS_SCHEMA, name, build)
+        if kept is not None:
+            self.kept_bytes += size
+            self.intervals[name] = (kept, size)
+        return kept
 
     def _count(self, schema: str, size: int) -> None:
         self.kept_bytes += size
@@ -178,6 +211,8 @@ class SandboxViews:
 
 #: the schema a query as of T resolves its table names in (``USE``); users may not name it
 AS_OF_SCHEMA = "__hp_asof_{as_of}"
+#: the schema of the tables a sandbox keeps for every T (``LiveSql.interval``)
+INTERVALS_SCHEMA = AS_OF_SCHEMA.split("{")[0] + "rows"
 
 _sandboxes: OrderedDict[tuple[str, ...], tuple[duckdb.DuckDBPyConnection, SandboxViews]] = OrderedDict()
 _parser: list[duckdb.DuckDBPyConnection] = []
