@@ -128,6 +128,7 @@ def test_forgetting_a_t_frees_what_it_kept_and_the_next_query_there_answers_the_
     per_t = lambda: kept.kept_bytes - sum(size for _, size in kept.intervals.values())  # noqa: E731
     both = per_t()
     schema = sandbox.AS_OF_SCHEMA.format(as_of=as_of)
+    cursors = list(kept.idle[schema])
     store.query_context().forget(as_of)
     without = per_t()
     assert 0 < without < both
@@ -136,6 +137,7 @@ def test_forgetting_a_t_frees_what_it_kept_and_the_next_query_there_answers_the_
     assert sandbox.AS_OF_SCHEMA.format(as_of=other) in kept.schemas
     for _ in range(2):
         assert store.sql(QUERY, as_of).to_pylist() == _expected(events, as_of)
+    assert kept.idle[schema] and set(kept.idle[schema]) <= set(cursors)  # its cursors served T again, set up anew
     assert per_t() > without
     store.query_context().forget(as_of)  # what T kept again is freed again: nothing counted twice
     assert per_t() == without

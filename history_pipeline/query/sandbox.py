@@ -49,6 +49,8 @@ _lock = threading.Lock()
 
 #: idle cursors kept per as-of schema of a sandbox, for the next queries of that T
 IDLE_CURSORS = 4
+#: where ``SandboxViews.idle`` keeps the cursors of a forgotten T, for a query at any T
+_SPARE = ""
 
 
 class PooledCursor:
@@ -183,10 +185,17 @@ class SandboxViews:
 
     def forget(self, database: duckdb.DuckDBPyConnection, schema: str) -> None:
         """Drop what this sandbox keeps for the queries of one as-of schema: its views, the tables
-        kept for them (their bytes freed from ``KEPT_BYTES``) and its idle cursors."""
+        kept for them (their bytes freed from ``KEPT_BYTES``), and what its idle cursors set up for
+        it; the cursors themselves, and their macros (which depend on the state only), stay for
+        the next query at any T, as a finished query's cursor serves another T's."""
         with self.lock:
+            spare = self.idle.setdefault(_SPARE, [])
             for pooled in self.idle.pop(schema, []):
-                pooled.con.close()
+                if len(spare) < IDLE_CURSORS:
+                    pooled.con.execute("USE memory.main")  # out of the schema dropped below
+                    spare.append(pooled)
+                else:
+                    pooled.con.close()
             if schema in self.schemas:
                 for name in (schema, schema + "_changes", schema + "_live"):
                     database.execute(f"DROP SCHEMA IF EXISTS {_ident(name)} CASCADE")
