@@ -529,7 +529,6 @@ class QueryContext:
             done.add("history")
         _refuse_names_only_case_tells_apart(tables, as_of)
         schema = AS_OF_SCHEMA.format(as_of=as_of)
-        kept.ensure(con, schema, None)
         wide: list[str] = []
         shapes: list[tuple[str, str]] | None = []
         for index, descriptor in enumerate(tables):
@@ -555,7 +554,7 @@ class QueryContext:
             if shapes is not None:
                 shapes.append((descriptor.table_name, view.columns))
         if "use" not in done:  # USE costs about a millisecond
-            con.execute(f"USE {_ident(schema)}")
+            kept.use(con, schema)
             done.add("use")
         return wide, None if shapes is None else (with_history, *shapes)
 
