@@ -11,10 +11,10 @@ of one run mean anything). Two workloads:
 
 Each query's ratio is printed; the verdict is every ratio <= 2 and the geometric mean <= 1.5.
 Beside it, each query's first run at a T (``first at T``): before each of its timings, what the
-process keeps for that T (its views, kept tables, idle cursors) is forgotten through
-``QueryContext.forget``, so every timing is a first query at a T in a state already read, as a
-worker's every query is (it runs one query at the T of each event); DuckDB on the copies is timed
-interleaved as before.
+process keeps for that T (its views and kept tables; its idle cursors serve it again set up anew,
+as a previous T's do) is forgotten through ``QueryContext.forget``, so every timing is a first
+query at a T in a state already read, as a worker's every query is (it runs one query at the T of
+each event); DuckDB on the copies is timed interleaved as before.
 
     python -m bench.sql_as_of --quick
     python -m bench.sql_as_of
