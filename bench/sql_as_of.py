@@ -11,9 +11,10 @@ of one run mean anything). Two workloads:
 
 Each query's ratio is printed; the verdict is every ratio <= 2 and the geometric mean <= 1.5.
 Beside it, each query's first run at a T (``first at T``): before each of its timings, what the
-process kept for that T (its views, rewrites, kept tables and cursors) is dropped, so every timing is
-a first query at a T in a state already read, as a worker's every query is (it runs one query at
-the T of each event); DuckDB on the copies is timed interleaved as before.
+process keeps for that T (its views and kept tables; its idle cursors serve it again set up anew,
+as a previous T's do) is forgotten through ``QueryContext.forget``, so every timing is a first
+query at a T in a state already read, as a worker's every query is (it runs one query at the T of
+each event); DuckDB on the copies is timed interleaved as before.
 
     python -m bench.sql_as_of --quick
     python -m bench.sql_as_of
@@ -39,7 +40,6 @@ import duckdb
 
 from bench.read_path import TPCH_QUERIES, TPCH_TABLES, _compact_and_maintain, _same_answer, answer_file, build_tpch
 from history_pipeline import HistoryStore
-from history_pipeline.query import engine, sandbox
 
 RESULTS = Path(__file__).parent / "results"
 
@@ -129,37 +129,14 @@ def _time(fn: Any) -> float:
     return time.perf_counter() - start
 
 
-def _forget_as_of(as_of: int) -> None:
-    """Drop what this process kept for queries as of ``as_of`` in every state (views, rewrites,
-    schema-history rows, catalog, the sandbox schemas of T and their idle cursors); what is kept
-    per state (sandboxes, footers, the state's replays) stays, as it does for a worker."""
-    for cache in (engine._VIEWS, engine._REWRITES, engine._HISTORIES, engine._CATALOGS):
-        with engine._cache_lock:
-            for key in [k for k in cache if len(k) > 4 and k[4] == as_of]:
-                del cache[key]
-    schema = sandbox.AS_OF_SCHEMA.format(as_of=as_of)
-    for database, views in list(sandbox._sandboxes.values()):
-        with views.lock:
-            for cursor in views.idle.pop(schema, []):
-                cursor.con.close()
-            if schema not in views.schemas:
-                continue
-            for name in (schema, schema + "_changes", schema + "_live"):
-                database.execute(f'DROP SCHEMA IF EXISTS "{name}" CASCADE')
-            views.schemas.discard(schema)
-            views.created = {c for c in views.created if c[0] != schema}
-            views.deferred = {c: b for c, b in views.deferred.items() if c[0] != schema}
-
-
 def _first_at_t(store: HistoryStore, con: Any, query: str, as_of: int, samples: int) -> tuple[float, float]:
-    """Medians of ``samples`` interleaved timings: ``sql()`` as the first query at T, DuckDB on the copies."""
-    # what T kept is dropped with it: its bytes no longer count against the sandbox's bound
-    kept = {id(views): views.kept_bytes for _, views in sandbox._sandboxes.values()}
+    """Medians of ``samples`` interleaved timings: ``sql()`` as the first query at T, DuckDB on the copies.
+
+    Before each, what the process keeps for queries at T is forgotten (``QueryContext.forget``); what
+    is kept per state (its sandbox, footers, rewrites, replays) stays, as it does for a worker."""
     ours, theirs = [], []
     for _ in range(samples):
-        _forget_as_of(as_of)
-        for _, views in sandbox._sandboxes.values():
-            views.kept_bytes = kept.get(id(views), views.kept_bytes)
+        store.query_context().forget(as_of)
         ours.append(_time(lambda: store.sql(query, as_of)))
         theirs.append(_time(lambda: con.sql(query).to_arrow_table()))
     return statistics.median(ours), statistics.median(theirs)

@@ -28,6 +28,11 @@ def _read(store, as_of):
             else "marked" if is_marked_read(store.objects, selection) else "layered")
 
 
+def _files(store, as_of):
+    selection = select_files(store.catalog_state(), "T", as_of)
+    return selection.snapshot, selection.snapshot_as_of, selection.versions
+
+
 def _history(store, marked):
     """Inserts, then batches of updates, deletes and re-inserts, each compacted; with ``marked`` a
     snapshot, then enough updates for the open interval to be marked, then a few more above the marks."""
@@ -51,11 +56,15 @@ def _history(store, marked):
     return events
 
 
-def _expected(events, as_of):
+def _model(events, as_of):
     model = BaseDatabase()
     for e in events:
         model.apply(e)
-    rows = (model.table_as_of("items", as_of) or {}).values()
+    return model.table_as_of("items", as_of)
+
+
+def _expected(events, as_of):
+    rows = (_model(events, as_of) or {}).values()
     return [{"c": len(rows), "s": sum(r["a"] for r in rows if r["a"] is not None) if rows else None,
              "m": max((r["note"] for r in rows if r["note"] is not None), default=None)}]
 
@@ -80,8 +89,11 @@ def test_an_open_read_keeps_its_live_rows_as_a_table_from_the_second_query_at_t(
     assert damage_column(store, "T", "n-1")
     assert store.sql(QUERY, as_of).to_pylist() == expected
     assert store.sql("SELECT a, note FROM items WHERE a >= 100 ORDER BY synthetic_key", as_of).num_rows > 0
-    with pytest.raises(QueryError):
-        store.sql(QUERY, other)
+    if _files(store, other) == _files(store, as_of):  # both T read the same files: their rows are kept once
+        assert store.sql(QUERY, other).to_pylist() == _expected(events, other)
+    else:
+        with pytest.raises(QueryError):
+            store.sql(QUERY, other)
 
 
 def test_the_live_rows_are_not_kept_past_the_sandbox_budget(tmp_path, monkeypatch):
@@ -98,3 +110,71 @@ def test_the_live_rows_are_not_kept_past_the_sandbox_budget(tmp_path, monkeypatc
     assert damage_column(store, "T", "n-1")
     with pytest.raises(QueryError):
         store.sql(QUERY, as_of)
+
+
+def test_forgetting_a_t_frees_what_it_kept_and_the_next_query_there_answers_the_same(tmp_path):
+    """``QueryContext.forget(T)`` drops T's views, kept tables and idle cursors and frees their bytes
+    from the sandbox's budget (another T's stay); the next queries at T keep them again, freed again.
+    ``forget()`` drops the state's whole sandbox. Answers never change."""
+    store = HistoryStore.open(tmp_path, database="db", settings=LAYERED)
+    events = _history(store, marked=False)
+    as_of, other = store.frontier + 1, store.frontier
+    for t in (other, as_of):
+        for _ in range(2):
+            assert store.sql(QUERY, t).to_pylist() == _expected(events, t)
+    key = store.query_context()._sandbox_key()
+    con, kept = sandbox._sandboxes[key]
+    # a state's tables kept for every T reading the same files stay; those of one T go with it
+    per_t = lambda: kept.kept_bytes - sum(size for _, size in kept.intervals.values())  # noqa: E731
+    both = per_t()
+    schema = sandbox.AS_OF_SCHEMA.format(as_of=as_of)
+    cursors = list(kept.idle[schema])
+    store.query_context().forget(as_of)
+    without = per_t()
+    assert 0 < without < both
+    assert schema not in kept.schemas and schema not in kept.idle
+    assert con.sql(f"SELECT count(*) FROM duckdb_tables() WHERE schema_name LIKE '{schema}%'").fetchall() == [(0,)]
+    assert sandbox.AS_OF_SCHEMA.format(as_of=other) in kept.schemas
+    for _ in range(2):
+        assert store.sql(QUERY, as_of).to_pylist() == _expected(events, as_of)
+    assert kept.idle[schema] and set(kept.idle[schema]) <= set(cursors)  # its cursors served T again, set up anew
+    assert per_t() > without
+    store.query_context().forget(as_of)  # what T kept again is freed again: nothing counted twice
+    assert per_t() == without
+    store.query_context().forget()
+    assert key not in sandbox._sandboxes
+    assert store.sql(QUERY, as_of).to_pylist() == _expected(events, as_of)
+
+
+@pytest.mark.parametrize("read", ["layered", "marked", "closed"])
+def test_the_rows_every_t_of_the_same_files_reads_are_kept_once_from_the_second_t(tmp_path, read):
+    """The first query at a second T reading the same files as an earlier T keeps their rows once for
+    the state, each with its key's next t; the first query at every later such T is a filter over
+    them (no table kept per T), equal to the model at each T, even once the files' bytes are damaged."""
+    store = HistoryStore.open(tmp_path, database="db", settings=LAYERED if read == "layered" else MARKED)
+    events = _history(store, marked=read != "layered")
+    t = store.frontier + 1
+    alive = set(_model(events, t) or {})
+    # one compaction of updates, deletes and re-inserts at several t: every T among them reads its file
+    events += _load(store, [[_update(t + i, k, 50 + i) for i, k in enumerate(sorted(alive)[:6])] +
+                            [_delete(t + 6, min(alive)), _insert(t + 7, min(alive), 3)]], alive)
+    if read == "closed":  # the interval below the newest snapshot, closed by it
+        store.refresh_snapshots(force=True, spark=False)
+    groups: dict = {}
+    for t in range(1, store.frontier + 2):
+        groups.setdefault(_files(store, t), []).append(t)
+    times = max((ts for ts in groups.values() if _read(store, ts[0]) == read), key=len)
+    assert len(times) >= 4
+    assert store.sql(QUERY, times[0]).to_pylist() == _expected(events, times[0])
+    con, kept = sandbox._sandboxes[store.query_context()._sandbox_key()]
+    assert not kept.intervals
+    assert store.sql(QUERY, times[1]).to_pylist() == _expected(events, times[1])
+    (table,) = kept.intervals.values()
+    assert damage_column(store, "T", "n-1")
+    for t in times[2:]:
+        assert store.sql(QUERY, t).to_pylist() == _expected(events, t)
+        assert store.sql("SELECT count(*) AS c FROM items WHERE a >= 100", t).to_pylist() == [
+            {"c": sum(1 for r in (_model(events, t) or {}).values() if r["a"] is not None and r["a"] >= 100)}]
+    assert list(kept.intervals.values()) == [table]
+    per_t = {sandbox.AS_OF_SCHEMA.format(as_of=t) + "_changes" for t in times[2:]}
+    assert not [s for (s,) in con.sql("SELECT schema_name FROM duckdb_tables()").fetchall() if s in per_t]

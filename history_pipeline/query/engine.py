@@ -45,7 +45,10 @@ from history_pipeline.query.sandbox import (
     register_schema_history,
     sandbox_cursor,
 )
-from history_pipeline.query.scan import COLUMNS_TOKEN, key_versions, live_sql, live_view
+from history_pipeline.query.sandbox import (
+    forget as sandbox_forget,
+)
+from history_pipeline.query.scan import CHANGES_TOKEN, COLUMNS_TOKEN, key_versions, live_sql, live_view
 from history_pipeline.schema import (
     SchemaHistoryEntry,
     TableDescriptor,
@@ -482,6 +485,20 @@ class QueryContext:
                         "so SQL sees them as exact text (cast them, e.g. to DOUBLE, to compute approximately)")
             raise QueryError(f"the query failed as of {as_of}: {exc}{hint}") from None
 
+    def forget(self, as_of: int | None = None) -> None:
+        """Drop what this process keeps for the queries of this catalog state as of ``as_of`` (its
+        views, the tables kept for them, idle cursors, prepared SQL), or for every T with None (the
+        state's sandbox too). The next query there is prepared anew; answers are the same."""
+        key = self._sandbox_key()
+        width = len(key)
+        with _cache_lock:
+            for cache in (_VIEWS, _HISTORIES, _CATALOGS, _REWRITES):
+                # a rewrite is kept per state and view shapes; only one of array tables holds T
+                at = width + 1 if cache is _REWRITES else width
+                for k in [k for k in cache if k[:width] == key and (as_of is None or k[at] == as_of)]:
+                    del cache[k]
+        sandbox_forget(key, None if as_of is None else AS_OF_SCHEMA.format(as_of=as_of))
+
     def _sandbox_key(self) -> tuple[str, ...]:
         return (type(self.store).__name__, self.store.full_path(self.database), str(self.state.txn_id),
                 self.state.txn_uuid or "")
@@ -512,7 +529,6 @@ class QueryContext:
             done.add("history")
         _refuse_names_only_case_tells_apart(tables, as_of)
         schema = AS_OF_SCHEMA.format(as_of=as_of)
-        kept.ensure(con, schema, None)
         wide: list[str] = []
         shapes: list[tuple[str, str]] | None = []
         for index, descriptor in enumerate(tables):
@@ -529,7 +545,8 @@ class QueryContext:
                 for name, dataset in view.datasets:
                     con.register(name, dataset)
                     pooled.registered.append(name)
-                kept.ensure(con, schema, descriptor.table_name, view.sql, view.changes, view.live_bytes)
+                kept.ensure(con, schema, descriptor.table_name, view.sql, view.changes, view.live_bytes,
+                            view.interval)
                 done.add(descriptor.table_uuid)
             elif kept.deferred:  # a pooled cursor's second query at T keeps what the first deferred
                 kept.ensure(con, schema, descriptor.table_name)
@@ -537,7 +554,7 @@ class QueryContext:
             if shapes is not None:
                 shapes.append((descriptor.table_name, view.columns))
         if "use" not in done:  # USE costs about a millisecond
-            con.execute(f"USE {_ident(schema)}")
+            kept.use(con, schema)
             done.add("use")
         return wide, None if shapes is None else (with_history, *shapes)
 
@@ -572,8 +589,12 @@ class QueryContext:
             view = (live.materialized_sql.replace(COLUMNS_TOKEN, columns) if live.kept_tail
                     else f"SELECT {columns} FROM ({live.materialized_sql}) live")
             changes = (live.changes_sql, live.changes_bytes, view)
+        interval = None
+        if live.interval is not None:
+            name, build, where, size = live.interval
+            interval = (name, build, f"SELECT {columns} FROM {CHANGES_TOKEN} WHERE {where}", size)
         return _TableView(f"SELECT {columns} FROM ({live.sql}) live", live.datasets, tuple(wide), changes,
-                          live.live_bytes, columns)
+                          live.live_bytes, columns, interval)
 
     def _expose_materialized(self, con: Any, descriptor: TableDescriptor, as_of: int, index: int) -> list[str]:
         """A table with array columns is exposed from its reconstructed Arrow table: arrays are stored
@@ -621,6 +642,7 @@ class _TableView:
     changes: tuple[str, int, str] | None = None  # see SandboxViews.ensure
     live_bytes: int = 0  # see SandboxViews.ensure
     columns: str = ""  # the select list: the view's column names and types
+    interval: tuple[str, str, str, int] | None = None  # see SandboxViews.ensure
 
 
 @dataclass(frozen=True)

@@ -49,6 +49,8 @@ _lock = threading.Lock()
 
 #: idle cursors kept per as-of schema of a sandbox, for the next queries of that T
 IDLE_CURSORS = 4
+#: where ``SandboxViews.idle`` keeps the cursors of a forgotten T, for a query at any T
+_SPARE = ""
 
 
 class PooledCursor:
@@ -74,9 +76,15 @@ class SandboxViews:
         self.created: set[tuple[str, str]] = set()
         self.schemas: set[str] = set()
         self.kept_bytes = 0
+        #: the part of ``kept_bytes`` each as-of schema's tables take (freed when it is forgotten)
+        self.schema_bytes: dict[str, int] = {}
         self.idle: dict[str, list[PooledCursor]] = {}
         #: views whose live rows are kept as a table when next named (``live_bytes``): their bound
         self.deferred: dict[tuple[str, str], int] = {}
+        #: tables of an open read's rows with their next t (``LiveSql.interval``), kept for every T
+        #: reading the same files: by name, the qualified table and its bytes; how many T asked for each
+        self.intervals: dict[str, tuple[str, int]] = {}
+        self.interval_asks: dict[str, int] = {}
 
     def take(self, schema: str) -> PooledCursor | None:
         """An idle cursor that a finished query of ``schema`` gave back (already ``USE``-ing it); else
@@ -106,7 +114,8 @@ class SandboxViews:
         cursor.con.close()
 
     def ensure(self, cursor: duckdb.DuckDBPyConnection, schema: str, name: str | None, sql: str = "",
-               changes: tuple[str, int, str] | None = None, live_bytes: int = 0) -> None:
+               changes: tuple[str, int, str] | None = None, live_bytes: int = 0,
+               interval: tuple[str, str, str, int] | None = None) -> None:
         """Create ``schema`` and view ``schema.name AS sql`` through ``cursor`` unless made before.
 
         ``changes`` (SELECT of what to keep: (key, newest t) of the table's changes or a small tail's
@@ -116,12 +125,19 @@ class SandboxViews:
         table ``<schema>_live.name`` and the view reads it from then on (the first query at T reads
         the files: one query at T would pay for keeping every column for nothing). This sandbox
         keeps at most ``KEPT_BYTES`` in all; past it, views read the files as before.
+        ``interval`` (``LiveSql.interval`` with the view's select list at ``COLUMNS_TOKEN``): when a
+        second T reads the same files, their rows are kept once as a table for this state, each with
+        its key's next t, and the view of this and every later such T is a filter over it (a first
+        query at T then reads memory, no join); the first T asked reads as above.
         """
         with self.lock:
-            if schema not in self.schemas:
-                cursor.execute(f"CREATE SCHEMA IF NOT EXISTS {_ident(schema)}")
-                self.schemas.add(schema)
+            # a new schema is made in the same call as its first view (each call to DuckDB costs
+            # about half a millisecond beside the statement)
+            make = "" if schema in self.schemas else f"CREATE SCHEMA IF NOT EXISTS {_ident(schema)}; "
             if name is None:
+                if make:
+                    cursor.execute(make)
+                    self.schemas.add(schema)
                 return
             view = f"{_ident(schema)}.{_ident(name)}"
             if (schema, name) in self.created:
@@ -129,18 +145,76 @@ class SandboxViews:
                 if bound and self.kept_bytes + bound <= KEPT_BYTES:
                     live = self._keep(cursor, schema + "_live", name, f"SELECT * FROM {view}")
                     if live is not None:
-                        self.kept_bytes += bound
+                        self._count(schema, bound)
                         cursor.execute(f"CREATE OR REPLACE VIEW {view} AS SELECT * FROM {live}")
+                return
+            rows = None if interval is None else self._interval(cursor, interval)
+            if rows is not None:
+                assert interval is not None
+                cursor.execute(f"{make}CREATE OR REPLACE VIEW {view} AS "
+                               f"{interval[2].replace(CHANGES_TOKEN, rows)}")
+                self.schemas.add(schema)
+                self.created.add((schema, name))
+                if live_bytes:
+                    self.deferred[(schema, name)] = live_bytes
                 return
             if changes is not None and self.kept_bytes + changes[1] <= KEPT_BYTES:
                 kept = self._keep(cursor, schema + "_changes", name, changes[0])
                 if kept is not None:
-                    self.kept_bytes += changes[1]
+                    self._count(schema, changes[1])
                     sql = changes[2].replace(CHANGES_TOKEN, kept)
-            cursor.execute(f"CREATE OR REPLACE VIEW {view} AS {sql}")
+            cursor.execute(f"{make}CREATE OR REPLACE VIEW {view} AS {sql}")
+            self.schemas.add(schema)
             self.created.add((schema, name))
             if live_bytes:
                 self.deferred[(schema, name)] = live_bytes
+
+    def use(self, cursor: duckdb.DuckDBPyConnection, schema: str) -> None:
+        """``USE`` ``schema`` on ``cursor``, made first (in the same call) when no view made it."""
+        with self.lock:
+            make = "" if schema in self.schemas else f"CREATE SCHEMA IF NOT EXISTS {_ident(schema)}; "
+            cursor.execute(f"{make}USE {_ident(schema)}")
+            self.schemas.add(schema)
+
+    def _interval(self, cursor: duckdb.DuckDBPyConnection, interval: tuple[str, str, str, int]) -> str | None:
+        """The kept table of ``interval`` (made when a second T asks for it), or None."""
+        name, build, _, size = interval
+        if name in self.intervals:
+            return self.intervals[name][0]
+        asked = self.interval_asks[name] = self.interval_asks.get(name, 0) + 1
+        # one T alone would pay for keeping every row of the files for nothing
+        if asked < 2 or self.kept_bytes + size > KEPT_BYTES:
+            return None
+        kept = self._keep(cursor, INTERVALS_SCHEMA, name, build)
+        if kept is not None:
+            self.kept_bytes += size
+            self.intervals[name] = (kept, size)
+        return kept
+
+    def _count(self, schema: str, size: int) -> None:
+        self.kept_bytes += size
+        self.schema_bytes[schema] = self.schema_bytes.get(schema, 0) + size
+
+    def forget(self, database: duckdb.DuckDBPyConnection, schema: str) -> None:
+        """Drop what this sandbox keeps for the queries of one as-of schema: its views, the tables
+        kept for them (their bytes freed from ``KEPT_BYTES``), and what its idle cursors set up for
+        it; the cursors themselves, and their macros (which depend on the state only), stay for
+        the next query at any T, as a finished query's cursor serves another T's."""
+        with self.lock:
+            spare = self.idle.setdefault(_SPARE, [])
+            for pooled in self.idle.pop(schema, []):
+                if len(spare) < IDLE_CURSORS:
+                    pooled.con.execute("USE memory.main")  # out of the schema dropped below
+                    spare.append(pooled)
+                else:
+                    pooled.con.close()
+            if schema in self.schemas:
+                for name in (schema, schema + "_changes", schema + "_live"):
+                    database.execute(f"DROP SCHEMA IF EXISTS {_ident(name)} CASCADE")
+                self.schemas.discard(schema)
+            self.created = {c for c in self.created if c[0] != schema}
+            self.deferred = {c: b for c, b in self.deferred.items() if c[0] != schema}
+            self.kept_bytes -= self.schema_bytes.pop(schema, 0)
 
     @staticmethod
     def _keep(cursor: duckdb.DuckDBPyConnection, schema: str, name: str, select: str) -> str | None:
@@ -158,6 +232,8 @@ class SandboxViews:
 
 #: the schema a query as of T resolves its table names in (``USE``); users may not name it
 AS_OF_SCHEMA = "__hp_asof_{as_of}"
+#: the schema of the tables a sandbox keeps for every T (``LiveSql.interval``)
+INTERVALS_SCHEMA = AS_OF_SCHEMA.split("{")[0] + "rows"
 
 _sandboxes: OrderedDict[tuple[str, ...], tuple[duckdb.DuckDBPyConnection, SandboxViews]] = OrderedDict()
 _parser: list[duckdb.DuckDBPyConnection] = []
@@ -218,6 +294,26 @@ def sandbox_cursor(
         else:
             _sandboxes.move_to_end(key)
         return entry[0].cursor(), entry[1]
+
+
+def forget(key: tuple[str, ...], schema: str | None) -> None:
+    """Drop what the sandbox of catalog state ``key`` keeps for the queries of one as-of schema, or
+    the whole sandbox with None (cursors still reading keep it alive until they close)."""
+    with _lock:
+        entry = _sandboxes.get(key)
+        if entry is None:
+            return
+        if schema is None:
+            del _sandboxes[key]
+    database, views = entry
+    if schema is not None:
+        views.forget(database, schema)
+        return
+    with views.lock:
+        for cursors in views.idle.values():
+            for pooled in cursors:
+                pooled.con.close()
+        views.idle.clear()
 
 
 def reader_cursor() -> duckdb.DuckDBPyConnection:

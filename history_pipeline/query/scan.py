@@ -5,6 +5,7 @@ planned and run by DuckDB.
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -72,6 +73,12 @@ class LiveSql:
     #: (keeping reads every column of them, which a single query at T would pay for nothing): a
     #: bound on the bytes that table takes (``kept_table_bytes``); 0 when too large to keep
     live_bytes: int = 0
+    #: an open read's rows, every one with the t of its key's next version (``NEXT_T``), worth
+    #: keeping once for every T that reads the same files (``SandboxViews.ensure``): its name there
+    #: (by the files, base and columns), its SELECT, the filter giving the live rows as of T, and the
+    #: bytes it may take; None for a closed read (a filter over the files already), no version since
+    #: the base, or rows too large to keep
+    interval: tuple[str, str, str, int] | None = None
 
 
 #: up to this many version rows since the snapshot, all of them are the changes (else the tail)
@@ -86,6 +93,8 @@ TAIL_SHARE = 4
 #: a table's live rows as of T are kept as a table when it takes at most these bytes by
 #: ``kept_table_bytes`` (the sandbox's own budget bounds every kept table together)
 KEPT_LIVE_BYTES = 64_000_000
+#: the column of a key's next version's t in ``LiveSql.interval``'s table (NULL: none in its files)
+NEXT_T = "__hp_next_t"
 #: where ``LiveSql.materialized_sql`` names the kept table
 CHANGES_TOKEN = "__HP_CHANGES_TABLE__"
 #: where a flat ``materialized_sql`` (``LiveSql.kept_tail``) takes the view's select list
@@ -201,6 +210,7 @@ def live_sql(
     lower = "" if selection.snapshot_as_of is None else f" AND {lt} >= {selection.snapshot_as_of}"
     in_range = f" WHERE {lt} < {as_of}{lower}"
     closed = is_closed_read(store, selection)
+    rows_read = sum(f.row_count for f in (*selection.snapshot, *selection.versions))
     # the live rows themselves are worth keeping as a table when small: every later query at T then
     # scans memory, not the versions beneath them (a closed read's filter columns of several times
     # the live rows; an open read's snapshot or marked rows joined with the changes since)
@@ -282,7 +292,26 @@ def live_sql(
         if selection.versions:
             parts.append(source(selection.versions, "versions", f"{in_range}{current}"))
         sql = " UNION ALL ".join(f"(SELECT * FROM {part})" for part in parts)
-        return LiveSql(sql, tuple(datasets), tuple(paths), live_bytes=live_bytes)
+        interval = None
+        if live_bytes:
+            # every row with its superseded_at as its next t: the same filter answers at every T
+            marked_rows = []
+            for files, part, where in ((selection.snapshot, "snapshot", ""),
+                                       (selection.versions, "versions", lower.replace(" AND", " WHERE", 1))):
+                if files:
+                    relation_, projected = scan(files, part)
+                    marked_rows.append(f"SELECT {', '.join(projected)}, {sup} AS {_quote(NEXT_T)} "
+                                       f"FROM {relation_}{where}")
+            interval = _interval(selection, "closed", wanted, table_uuid, as_of,
+                                 " UNION ALL ".join(marked_rows), False, live_bytes + 8 * rows_read)
+        return LiveSql(sql, tuple(datasets), tuple(paths), live_bytes=live_bytes, interval=interval)
+    interval = None
+    if selection.versions and live_bytes:
+        base = source(selection.snapshot, "snapshot", at_marks) if selection.snapshot else None
+        since = source(selection.versions, "versions", lower.replace(" AND", " WHERE", 1))
+        interval = _interval(selection, "marked" if marks is not None else "open", wanted, table_uuid, as_of,
+                             " UNION ALL ".join(f"SELECT * FROM {part}" for part in (base, since) if part),
+                             True, live_bytes + 8 * rows_read)
     head, tail = version_layers(selection.versions)
     if head and selection.snapshot and keeps_tail((), selection.versions, selection.snapshot):
         # changes small beside the snapshot are kept whole, head included: a query then scans only
@@ -325,7 +354,25 @@ def live_sql(
         newest_rows = f"(SELECT r.* FROM {part} r SEMI JOIN {CHANGES_TOKEN} m USING ({k}, {lt}))"
         materialized_sql = assemble(first, newest_rows, keys)
     return LiveSql(sql, tuple(datasets), tuple(paths), changes_sql, changes_bytes, materialized_sql, kept_tail,
-                   live_bytes)
+                   live_bytes, interval)
+
+
+def _interval(selection: FileSelection, read: str, wanted: Sequence[str], table_uuid: str, as_of: int,
+              rows: str, lead: bool, size: int) -> tuple[str, str, str, int]:
+    """``LiveSql.interval``: every row read (``rows``: the base's, a snapshot's or the marked rows
+    current at the marks, then every version since), each with its key's next t: computed among
+    them with ``lead``, else ``rows`` give it (a closed interval's superseded_at). (key, t) is
+    unique and the base's rows are older than every version since, so the row of a key live as of
+    any T these files are read for is the one with t < T <= its next t, unless it is a delete;
+    a later version in a file not read for T is at or above T, so it changes no row's answer."""
+    k, lt, d, nxt = _quote(KEY), _quote(LT), _quote(DELETED), _quote(NEXT_T)
+    build = (f"SELECT *, lead({lt}) OVER (PARTITION BY {k} ORDER BY {lt}) AS {nxt} FROM ({rows})" if lead
+             else f"SELECT * FROM ({rows})")
+    files = (table_uuid, read, selection.snapshot_as_of, tuple(f.path for f in selection.snapshot),
+             tuple(f.path for f in selection.versions), tuple(wanted))
+    name = "rows_" + hashlib.sha1(repr(files).encode()).hexdigest()[:20]
+    where = f"{lt} < {as_of} AND ({nxt} IS NULL OR {nxt} >= {as_of}) AND NOT {d}"
+    return name, build, where, size
 
 
 def live_view(
