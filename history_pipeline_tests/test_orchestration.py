@@ -8,7 +8,7 @@ import dagster as dg
 import pytest
 
 from history_pipeline.errors import SegmentNotFoundError
-from history_pipeline.orchestration.assets import compacted_batches, segment_refs, supertables, wal_segments
+from history_pipeline.orchestration.assets import compacted_batches, supertables, wal_segments
 from history_pipeline.orchestration.checks import (
     catalog_verifies_check,
     frontier_lag_check,
@@ -61,9 +61,20 @@ def _sealed_example(root, database="db"):
 
 def test_a_request_gets_its_segments_in_its_order_or_fails_naming_the_first_missing(root):
     store = _sealed_example(root)
-    assert [ref.segment_id for ref in segment_refs(store, [2, 1])] == [2, 1]
+    assert [ref.segment_id for ref in store.segment_refs([2, 1])] == [2, 1]
     with pytest.raises(SegmentNotFoundError, match=r"segment 0+3 of db is not in .*wal \(removed from the WAL\?\)"):
-        segment_refs(store, [1, 3, 4])
+        store.segment_refs([1, 3, 4])
+
+
+def test_every_compaction_entry_refuses_a_missing_segment_in_the_same_words(root):
+    """The run's op, a batch and a single segment look segments up the same way: one error."""
+    store = _sealed_example(root)
+    expected = r"segment 0+3 of db is not in .*wal \(removed from the WAL\?\)"
+    with pytest.raises(SegmentNotFoundError, match=expected):
+        store.compact_batch([1, 3], spark=False)
+    with pytest.raises(SegmentNotFoundError, match=expected):
+        store.compact(spark=False, only_segment=3)
+    assert [r.segment_id for r in store.segments(SegmentState.SEALED)] == [1, 2]  # nothing applied
 
 
 def test_materialize_a_segment_partition_on_spark(root, resources):
@@ -563,3 +574,39 @@ def test_connect_urls_name_one_engine_session_per_period():
     assert shared_session_url(url, start, "/srv/a") == shared_session_url(url, start + 1, "/srv/a")
     assert shared_session_url(url, start, "/srv/a") != shared_session_url(url, start, "/srv/b")
     assert SHARED_SESSION_SECONDS < 3600  # Spark Connect closes an idle session after 60 min by default
+
+
+def test_an_engine_warmed_near_a_periods_end_warms_the_next_periods_session_too(monkeypatch):
+    """Runs move to the next period's shared session at the period's end: an engine started just
+    before it warms that session as well, so the runs after the turn find it warm."""
+    from history_pipeline import engine, execution
+    from history_pipeline.execution import SHARED_SESSION_SECONDS, WARM_NEXT_WITHIN_SECONDS, shared_session_url
+
+    warmed: list[str] = []
+
+    class FakeSession:
+        def __init__(self, url):
+            self.url = url
+
+        def addTag(self, tag):  # noqa: N802 (pyspark's name)
+            pass
+
+        def clearTags(self):  # noqa: N802
+            pass
+
+        def stop(self):
+            pass
+
+    monkeypatch.setattr(execution, "spark_session", lambda url, conf=None: FakeSession(url))
+    monkeypatch.setattr(execution, "map_tasks", lambda session, fn, items: warmed.append(session.url))
+    url, scope, start = "sc://127.0.0.1:15002", "/srv/home", 10 * SHARED_SESSION_SECONDS
+    early = start + 60
+    engine.warm_engine(url, scope, now=early)
+    assert warmed == [shared_session_url(url, early, scope)]
+    warmed.clear()
+    late = start + SHARED_SESSION_SECONDS - WARM_NEXT_WITHIN_SECONDS + 1
+    engine.warm_engine(url, scope, now=late)
+    turn = late + SHARED_SESSION_SECONDS
+    assert warmed == [shared_session_url(url, late, scope), shared_session_url(url, turn, scope)]
+    # the next session is first used before the engine would close it for idleness (60 min)
+    assert WARM_NEXT_WITHIN_SECONDS + SHARED_SESSION_SECONDS < 3600
