@@ -171,14 +171,15 @@ class Daemon:
     """Evaluates the sensor as the daemon does: keeps its cursor between ticks and applies its
     partition requests to the instance."""
 
-    def __init__(self, root, instance=None, spark=None):
+    def __init__(self, root, instance=None, spark=None, history=None):
         self.root = root
         self.instance = instance or dg.DagsterInstance.ephemeral()
         self.cursor = None
         self.spark = spark or SparkResource()
+        self.history = history or history_root(str(root))
 
     def tick(self):
-        resources = {"history": history_root(str(self.root)), "spark": self.spark}
+        resources = {"history": self.history, "spark": self.spark}
         with dg.build_sensor_context(instance=self.instance, cursor=self.cursor, resources=resources) as context:
             result = finished_wal_segments_sensor(context)
         self.cursor = result.cursor
@@ -610,3 +611,35 @@ def test_an_engine_warmed_near_a_periods_end_warms_the_next_periods_session_too(
     assert warmed == [shared_session_url(url, late, scope), shared_session_url(url, turn, scope)]
     # the next session is first used before the engine would close it for idleness (60 min)
     assert WARM_NEXT_WITHIN_SECONDS + SHARED_SESSION_SECONDS < 3600
+
+
+def test_a_quiet_tick_listens_to_the_journal_and_requests_a_segment_sealed_meanwhile(root):
+    """With nothing due, a tick waits for the change journal: a segment sealed while it waits is
+    requested by that tick, not by the daemon's next evaluation."""
+    import threading
+
+    from history_pipeline.orchestration.resources import HistoryRootResource, S3Settings
+
+    store = _sealed_example(root)
+    listening = HistoryRootResource(root=str(root), s3=S3Settings(), sensor_listen_seconds=60)
+    daemon = Daemon(root, history=listening)
+    assert [keys_of(r) for r in daemon.tick().run_requests] == [["db.00000000000000000001", "db.00000000000000000002"]]
+    later = threading.Timer(1.0, write, (store, [{"op": "insert", "t": 9, "table_uuid": "tbl-example", "key": 5,
+                                                   "values": {"col1": "v"}}]))
+    later.start()
+    try:
+        # segments 1 and 2 are requested and not yet applied: nothing is due, the tick listens
+        assert [keys_of(r) for r in daemon.tick().run_requests] == [["db.00000000000000000003"]]
+    finally:
+        later.join()
+
+
+def test_a_tick_listens_only_when_nothing_is_due():
+    from history_pipeline.orchestration.sensors import SensorCursor, listen_due
+
+    steady = SensorCursor("epoch", generation=3, since_full_scan=1)
+    assert listen_due(steady, journal_present=True, pending=False)
+    assert not listen_due(steady, journal_present=True, pending=True)  # a marker or a held database
+    assert not listen_due(steady, journal_present=False, pending=False)  # no journal: a full scan
+    assert not listen_due(SensorCursor("epoch"), journal_present=True, pending=False)  # first tick: a full scan
+    assert not listen_due(SensorCursor("epoch", 3, 59), journal_present=True, pending=False, every=60)

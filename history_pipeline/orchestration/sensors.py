@@ -54,7 +54,14 @@ from history_pipeline.orchestration.sensor_marks import (
 )
 from history_pipeline.store import _DATABASE_RE
 from history_pipeline.wal import SegmentState
-from history_pipeline.wal.journal import Marker, consume, ensure_journal, journal_dir, read_journal
+from history_pipeline.wal.journal import (
+    Marker,
+    consume,
+    ensure_journal,
+    journal_dir,
+    read_journal,
+    wait_for_marker,
+)
 from history_pipeline.wal.segments import applied_dir, list_segments, public_reason, segment_name
 
 #: materializes one partition from the UI or the CLI; the sensor requests ``compact_segments_job``
@@ -396,6 +403,29 @@ class _Gathered:
     consumed: tuple[Marker, ...]  # markers to delete once the tick is planned
 
 
+def listen_due(cursor: SensorCursor, journal_present: bool, pending: bool, every: int = FULL_SCAN_EVERY) -> bool:
+    """Whether a tick may listen to the change journal before it looks: a steady tick (no full
+    scan due) with no database pending; a tick with something to do looks at once."""
+    return cursor.epoch is not None and not pending and not full_scan_due(cursor, journal_present, every)
+
+
+def _listen(history: HistoryRootResource, store: MarksStore, cursor: SensorCursor, every: int) -> float:
+    """Wait (up to ``sensor_listen_seconds``) for a marker in an empty journal when nothing else is
+    due: a segment sealed meanwhile is looked at within a poll, not at the daemon's next loop.
+    Returns the seconds waited."""
+    seconds = history.sensor_listen_seconds
+    if seconds <= 0:
+        return 0.0
+    journal = journal_dir(history.wal_base())
+    markers = read_journal(journal)
+    pending = bool(markers) or bool(store.pending(cursor.epoch or "", cursor.generation))
+    if not listen_due(cursor, markers is not None, pending, every):
+        return 0.0
+    started = time.monotonic()
+    wait_for_marker(journal, seconds)
+    return time.monotonic() - started
+
+
 def _gather(context: dg.SensorEvaluationContext, history: HistoryRootResource, store: MarksStore,
             cursor: SensorCursor, every: int) -> _Gathered:
     base = str(history.wal_base())
@@ -499,14 +529,18 @@ def finished_wal_segments_sensor(context: dg.SensorEvaluationContext, history: H
     skipped or released (a new file) runs again. Partitions of segments that left the WAL are
     removed; a quarantined segment's partition gets an observation saying so and why.
     """
-    now_ns = time.time_ns()
     every = full_scan_every(history)
     with MarksStore.open(marks_path(history.wal_base())) as store:
         cursor = _begin(store, SensorCursor.from_json(context.cursor))
+        listened = _listen(history, store, cursor, every)
+        now_ns = time.time_ns()
+        looked = time.monotonic()
         got = _gather(context, history, store, cursor, every)
+        gathered = time.monotonic()
         # probed after the runs in flight are read: a run that failed because the engine went away
         # is seen failed only after that, so the probe cannot predate the loss and retry at once
         engine_ready = spark.reachable()  # a socket connect to a Connect server or master, no session
+        probed = time.monotonic()
         plan = plan_tick(cursor, got.marks, got.stamps, got.listings, got.facts, now_ns, got.full_scan,
                          engine_ready)
         epoch = cursor.epoch or ""
@@ -515,8 +549,11 @@ def finished_wal_segments_sensor(context: dg.SensorEvaluationContext, history: H
         # written at the plan's generation: they count only once Dagster stores the plan's cursor
         store.write(epoch, cursor.generation, plan.marks, plan.gone)
         skip = None if plan.runs else skip_reason(plan, store.blocked(epoch, NAMED_IN_SKIP))
+    done = time.monotonic()
     context.log.info(f"{plan.cursor.databases} database(s), {'full scan' if got.full_scan else 'journal read'}, "
-                     f"{len(plan.listed)} listed, {len(plan.runs)} run(s) requested")
+                     f"{len(plan.listed)} listed, {len(plan.runs)} run(s) requested; listened {listened:.2f} s, "
+                     f"looked in {gathered - looked:.3f} s, engine probe {probed - gathered:.3f} s, "
+                     f"planned and marked in {done - probed:.3f} s")
     if not engine_ready:
         skip = f"the Spark engine at {spark.master} does not answer: sealed segments wait for it; {skip}"
     if skip:
