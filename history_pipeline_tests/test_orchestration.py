@@ -634,12 +634,42 @@ def test_a_quiet_tick_listens_to_the_journal_and_requests_a_segment_sealed_meanw
         later.join()
 
 
-def test_a_tick_listens_only_when_nothing_is_due():
+def test_a_tick_listens_only_while_nothing_can_be_requested():
     from history_pipeline.orchestration.sensors import SensorCursor, listen_due
 
     steady = SensorCursor("epoch", generation=3, since_full_scan=1)
-    assert listen_due(steady, journal_present=True, pending=False)
-    assert not listen_due(steady, journal_present=True, pending=True)  # a marker or a held database
-    assert not listen_due(steady, journal_present=False, pending=False)  # no journal: a full scan
-    assert not listen_due(SensorCursor("epoch"), journal_present=True, pending=False)  # first tick: a full scan
-    assert not listen_due(SensorCursor("epoch", 3, 59), journal_present=True, pending=False, every=60)
+    assert listen_due(steady, True, [], [])  # nothing named: wait for a marker
+    assert not listen_due(steady, True, ["db_a"], [])  # a marker or a pending database: look now
+    # every database named is held behind its run in flight: wait for a run's end (or a marker)
+    assert listen_due(steady, True, ["db_a"], ["db_a", "db_b"])
+    assert not listen_due(steady, True, ["db_a", "db_c"], ["db_a"])  # db_c can be requested now
+    assert not listen_due(steady, False, [], [])  # no journal: a full scan
+    assert not listen_due(SensorCursor("epoch"), True, [], [])  # first tick: a full scan
+    assert not listen_due(SensorCursor("epoch", 3, 59), True, [], [], every=60)
+
+
+def test_a_tick_held_behind_a_run_in_flight_requests_the_next_batch_when_that_run_ends(root):
+    """A database whose run is in flight is pending: a tick listens for that run's end and then
+    requests the database's waiting segments, instead of leaving them to the daemon's next loop."""
+    import threading
+
+    from history_pipeline.orchestration.resources import HistoryRootResource, S3Settings
+
+    _sealed_example(root)
+    listening = HistoryRootResource(root=str(root), s3=S3Settings(), sensor_listen_seconds=60)
+    daemon = Daemon(root, history=listening)
+    run = in_flight(daemon.instance, "db")
+    assert daemon.tick().run_requests == []  # held behind the run in flight
+    ends = threading.Timer(1.0, daemon.instance.report_run_canceled, (run,))
+    # a tick that listened on after the run's end would see this segment too
+    store = HistoryStore.open(root, database="db")
+    sealed_late = threading.Timer(30.0, write, (store, [{"op": "insert", "t": 9, "table_uuid": "tbl-example",
+                                                         "key": 5, "values": {"col1": "v"}}]))
+    ends.start()
+    sealed_late.start()
+    try:
+        assert [keys_of(r) for r in daemon.tick().run_requests] == [["db.00000000000000000001",
+                                                                     "db.00000000000000000002"]]
+    finally:
+        sealed_late.cancel()
+        ends.join()

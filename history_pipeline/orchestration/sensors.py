@@ -54,14 +54,7 @@ from history_pipeline.orchestration.sensor_marks import (
 )
 from history_pipeline.store import _DATABASE_RE
 from history_pipeline.wal import SegmentState
-from history_pipeline.wal.journal import (
-    Marker,
-    consume,
-    ensure_journal,
-    journal_dir,
-    read_journal,
-    wait_for_marker,
-)
+from history_pipeline.wal.journal import Marker, consume, ensure_journal, journal_dir, read_journal
 from history_pipeline.wal.segments import applied_dir, list_segments, public_reason, segment_name
 
 #: materializes one partition from the UI or the CLI; the sensor requests ``compact_segments_job``
@@ -403,27 +396,40 @@ class _Gathered:
     consumed: tuple[Marker, ...]  # markers to delete once the tick is planned
 
 
-def listen_due(cursor: SensorCursor, journal_present: bool, pending: bool, every: int = FULL_SCAN_EVERY) -> bool:
-    """Whether a tick may listen to the change journal before it looks: a steady tick (no full
-    scan due) with no database pending; a tick with something to do looks at once."""
-    return cursor.epoch is not None and not pending and not full_scan_due(cursor, journal_present, every)
+def listen_due(cursor: SensorCursor, journal_present: bool, named: Iterable[str], in_flight: Iterable[str],
+               every: int = FULL_SCAN_EVERY) -> bool:
+    """Whether a tick keeps listening instead of looking: a steady tick (no full scan due) where
+    every database it would look at (``named``: by a journal marker or pending) has a compaction
+    run in flight, whose end it waits for (none named: it waits for a marker)."""
+    if cursor.epoch is None or full_scan_due(cursor, journal_present, every):
+        return False
+    return frozenset(named) <= frozenset(in_flight)
 
 
-def _listen(history: HistoryRootResource, store: MarksStore, cursor: SensorCursor, every: int) -> float:
-    """Wait (up to ``sensor_listen_seconds``) for a marker in an empty journal when nothing else is
-    due: a segment sealed meanwhile is looked at within a poll, not at the daemon's next loop.
-    Returns the seconds waited."""
+#: seconds between two looks at the change journal (and at the runs in flight) while a tick listens
+LISTEN_POLL_S = 0.1
+
+
+def _listen(context: dg.SensorEvaluationContext, history: HistoryRootResource, store: MarksStore,
+            cursor: SensorCursor, every: int) -> float:
+    """Wait (up to ``sensor_listen_seconds``) while nothing can be requested yet: until a journal
+    marker names a database without a run in flight, or the run in flight of a database the tick
+    would look at ends. A segment sealed meanwhile, or the next batch of a database whose run just
+    ended, is requested within a poll, not at the daemon's next loop. Returns the seconds waited."""
     seconds = history.sensor_listen_seconds
     if seconds <= 0:
         return 0.0
     journal = journal_dir(history.wal_base())
-    markers = read_journal(journal)
-    pending = bool(markers) or bool(store.pending(cursor.epoch or "", cursor.generation))
-    if not listen_due(cursor, markers is not None, pending, every):
-        return 0.0
+    pending = store.pending(cursor.epoch or "", cursor.generation)
     started = time.monotonic()
-    wait_for_marker(journal, seconds)
-    return time.monotonic() - started
+    while True:
+        markers = read_journal(journal)
+        named = set(pending) | {m.database for m in markers or ()}
+        in_flight = _databases_in_flight(context.instance) if named else frozenset()
+        waited = time.monotonic() - started
+        if waited >= seconds or not listen_due(cursor, markers is not None, named, in_flight, every):
+            return waited
+        time.sleep(min(LISTEN_POLL_S, seconds - waited))
 
 
 def _gather(context: dg.SensorEvaluationContext, history: HistoryRootResource, store: MarksStore,
@@ -532,7 +538,7 @@ def finished_wal_segments_sensor(context: dg.SensorEvaluationContext, history: H
     every = full_scan_every(history)
     with MarksStore.open(marks_path(history.wal_base())) as store:
         cursor = _begin(store, SensorCursor.from_json(context.cursor))
-        listened = _listen(history, store, cursor, every)
+        listened = _listen(context, history, store, cursor, every)
         now_ns = time.time_ns()
         looked = time.monotonic()
         got = _gather(context, history, store, cursor, every)

@@ -90,23 +90,6 @@ def read_journal(journal: str | Path) -> tuple[Marker, ...] | None:
     return tuple(parse_marker(n) for n in sorted(names))
 
 
-def wait_for_marker(journal: str | Path, seconds: float, poll: float = 0.05) -> bool:
-    """Wait up to ``seconds`` for a marker in the journal folder (a folder read every ``poll``
-    seconds); True as soon as there is one (at once when there is one already), False when the time
-    runs out or the folder is missing."""
-    give_up = time.monotonic() + seconds
-    while True:
-        markers = read_journal(journal)
-        if markers is None:
-            return False
-        if markers:
-            return True
-        left = give_up - time.monotonic()
-        if left <= 0:
-            return False
-        time.sleep(min(poll, left))
-
-
 def ensure_journal(wal_base: str | Path) -> bool:
     """Create the journal folder under an existing WAL base; False when the base does not exist."""
     if not os.path.isdir(wal_base):
