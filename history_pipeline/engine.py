@@ -230,15 +230,25 @@ def warm_engine(url: str, scope: str | None = None, slots: int = 2, now: float |
     on the engine at ``url``, so that the first runs find its JVM code paths compiled and its
     Python workers started with the package loaded. With ``scope`` (a Dagster instance's root directory) the
     job runs in the engine session the runs of that instance share now (the engine starts Python
-    workers per session), which stays open for them; else in a session of its own, released."""
+    workers per session), and in the next period's too when the current one is about to end
+    (:func:`~history_pipeline.execution.shared_periods_to_warm`); those stay open for the runs.
+    Else in a session of its own, released."""
     import uuid
 
-    from history_pipeline.execution import map_tasks, shared_session_url, spark_session
+    from history_pipeline.execution import shared_periods_to_warm, shared_session_url
 
     base = url.rstrip("/")
-    shared = scope is not None
-    session_url = (shared_session_url(base, time.time() if now is None else now, scope) if shared
-                   else f"{base}/;session_id={uuid.uuid4()}")
+    if scope is None:
+        _warm_session(f"{base}/;session_id={uuid.uuid4()}", slots, shared=False)
+        return
+    for at in shared_periods_to_warm(time.time() if now is None else now):
+        _warm_session(shared_session_url(base, at, scope), slots, shared=True)
+
+
+def _warm_session(session_url: str, slots: int, shared: bool) -> None:
+    """The warm-up job in the engine session ``session_url`` names."""
+    from history_pipeline.execution import map_tasks, spark_session
+
     session = spark_session(session_url)
     try:
         session.addTag(WARM_TAG)

@@ -87,6 +87,21 @@ def shared_session_url(url: str, now: float, scope: str = "") -> str:
     return f"{url}{'' if '/;' in url else '/'};session_id={session_id}"
 
 
+#: an engine warmed less than this long before its shared session's period ends warms the next
+#: period's session too: the runs move to it at the period's end and would find it cold
+WARM_NEXT_WITHIN_SECONDS = 600
+
+
+def shared_periods_to_warm(now: float) -> tuple[float, ...]:
+    """Times naming the shared sessions (:func:`shared_session_url`) an engine warmed at ``now``
+    warms: the current period's, and the next one's when fewer than
+    :data:`WARM_NEXT_WITHIN_SECONDS` of the current period remain. That next session is then first
+    used within ``WARM_NEXT_WITHIN_SECONDS + SHARED_SESSION_SECONDS`` (below the engine's idle
+    timeout), so it is still open when the runs reach it."""
+    next_start = (int(now // SHARED_SESSION_SECONDS) + 1) * SHARED_SESSION_SECONDS
+    return (now, float(next_start)) if next_start - now < WARM_NEXT_WITHIN_SECONDS else (now,)
+
+
 def spark_session(master: str = "local[*]", conf: dict[str, str] | None = None) -> Any:
     """A session on ``master``: a Spark Connect client for ``sc://host:port`` (no JVM in this
     process; it fails fast when the engine stops answering), else a classic session

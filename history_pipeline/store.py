@@ -61,7 +61,7 @@ from history_pipeline.query.engine import QueryContext
 from history_pipeline.schema import TableDescriptor
 from history_pipeline.wal import SegmentRef, SegmentState, WalWriter, list_segments
 from history_pipeline.wal.repair import RepairRecord, repair_records, repair_segment, skip_segment
-from history_pipeline.wal.segments import public_reason, quarantine_reason, read_segment, release_segment
+from history_pipeline.wal.segments import public_reason, quarantine_reason, read_segment, release_segment, segment_name
 
 _DATABASE_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")
 
@@ -105,6 +105,12 @@ class StoreSettings:
     #: snapshots are spaced further apart (``snapshots.marking_share``): a read as of the latest T
     #: then decodes the rows current at the marks and at most that many versions more (0: never)
     mark_open_fraction: float = 0.25
+
+
+def _quarantined_error(ref: SegmentRef) -> SegmentQuarantinedError:
+    """The error a compaction of a quarantined segment raises: its name and recorded reason."""
+    reason = quarantine_reason(ref) or {}
+    return SegmentQuarantinedError(ref.name, str(reason.get("error", "see its .error.json")))
 
 
 def default_wal_base(root: str | Path) -> Path:
@@ -418,10 +424,49 @@ class HistoryStore:
         # a session is started only when there is work for it
         session = self.spark(spark) if self.segments(SegmentState.SEALED) else None
         summary = compact_pending(self, session, on_step or (lambda step: None))
-        if summary.segments_applied:
-            # snapshots that became due; marking the open interval is the maintenance's
-            self.refresh_snapshots(spark=session if session is not None else False, mark=False)
+        self._refresh_after(summary, session)
         return summary
+
+    def segment_refs(self, segment_ids: Iterable[int]) -> list[SegmentRef]:
+        """The WAL's sealed, quarantined or applied segments of ``segment_ids``, in that order;
+        the first one missing (an open one, or none of that id) raises :class:`SegmentNotFoundError`
+        before anything is done with the others (segments apply in order)."""
+        ids = list(segment_ids)
+        refs = {r.segment_id: r for r in self.segments() if r.state is not SegmentState.OPEN}
+        missing = [i for i in ids if i not in refs]
+        if missing:
+            raise SegmentNotFoundError(f"segment {segment_name(missing[0])} of {self.database} is not in "
+                                       f"{self.wal_dir} (removed from the WAL?)")
+        return [refs[i] for i in ids]
+
+    def _check_can_compact(self, state: CatalogState, ids: list[int]) -> list[SegmentRef]:
+        """The refs of ``ids`` (increasing), once the catalog is known not lost and no pending
+        segment of the database outside ``ids`` comes before or between them."""
+        from history_pipeline.compaction.compactor import check_catalog_not_lost
+
+        check_catalog_not_lost(self, state)
+        refs = self.segment_refs(ids)
+        wanted = set(ids)
+        waiting = [
+            r for r in self.segments()
+            if r.segment_id < ids[-1] and r.segment_id not in wanted
+            and r.state in (SegmentState.SEALED, SegmentState.QUARANTINED)
+            and r.segment_id not in state.applied_segments
+        ]
+        if waiting:
+            first = waiting[0]
+            later = next(r for r in refs if r.segment_id > first.segment_id)
+            raise SegmentOrderError(
+                f"segment {later.name} of {self.database} waits for the earlier segment {first.name} "
+                f"({first.state.value}): segments apply in order; compact (or repair) that one first"
+            )
+        return refs
+
+    def _refresh_after(self, summary: CompactionSummary, session: Any | None) -> None:
+        """Refresh the snapshots that became due when a compaction applied segments; marking the
+        open intervals is the maintenance's."""
+        if summary.segments_applied:
+            self.refresh_snapshots(spark=session if session is not None else False, mark=False)
 
     def compact_batch(self, segment_ids: Iterable[int], spark: Any | None = None, on_step: Any = None) -> BatchOutcome:
         """Compact exactly these segments, in increasing id order, in one call: on Spark
@@ -433,38 +478,17 @@ class HistoryStore:
         applied before it: a quarantined segment (one found quarantined, or quarantined now) stops
         the batch there, as does an engine loss; the segments after it stay pending.
         """
-        from history_pipeline.compaction.compactor import check_catalog_not_lost, compact_in_order
+        from history_pipeline.compaction.compactor import compact_in_order
 
         ids = list(segment_ids)
         if not ids or any(b <= a for a, b in zip(ids, ids[1:], strict=False)):
             raise HistoryError(f"a batch of segments is one or more segment ids in increasing order, not {ids}")
         state = self.catalog.latest()
-        check_catalog_not_lost(self, state)
-        refs = {r.segment_id: r for r in self.segments() if r.state is not SegmentState.OPEN}
-        missing = [i for i in ids if i not in refs]
-        if missing:
-            raise SegmentNotFoundError(
-                f"no sealed segment {missing[0]} in the WAL of {self.database} at {self.wal_dir}"
-            )
-        wanted = set(ids)
-        waiting = [
-            r for i, r in sorted(refs.items())
-            if i < ids[-1] and i not in wanted
-            and r.state in (SegmentState.SEALED, SegmentState.QUARANTINED) and i not in state.applied_segments
-        ]
-        if waiting:
-            first, later = waiting[0], next(i for i in ids if i > waiting[0].segment_id)
-            raise SegmentOrderError(
-                f"segment {refs[later].name} of {self.database} waits for the earlier segment {first.name} "
-                f"({first.state.value}), which is not in the batch: segments apply in order"
-            )
         todo: list[SegmentRef] = []
         stop: Exception | None = None
-        for i in ids:
-            ref = refs[i]
+        for ref in self._check_can_compact(state, ids):
             if ref.state is SegmentState.QUARANTINED:  # the ones before it are applied, then the batch stops
-                reason = quarantine_reason(ref) or {}
-                stop = SegmentQuarantinedError(ref.name, str(reason.get("error", "see its .error.json")))
+                stop = _quarantined_error(ref)
                 break
             if ref.state is SegmentState.SEALED:
                 todo.append(ref)
@@ -473,9 +497,7 @@ class HistoryStore:
         try:
             session = self.spark(spark) if todo else None
             compact_in_order(self, todo, session, summary, on_step or (lambda step: None))
-            if summary.segments_applied:
-                # snapshots that became due; marking the open interval is the maintenance's
-                self.refresh_snapshots(spark=session if session is not None else False, mark=False)
+            self._refresh_after(summary, session)
         except Exception as exc:  # returned with what was applied before it
             error = exc
         applied_now = self.catalog.latest().applied_segments
@@ -490,34 +512,15 @@ class HistoryStore:
         state = self.catalog.latest()
         check_catalog_not_lost(self, state)
         summary = CompactionSummary(frontier=state.frontier)
-        refs = self.segments()
-        target = next((r for r in refs if r.segment_id == segment_id and r.state is not SegmentState.OPEN), None)
-        if target is None:
-            raise SegmentNotFoundError(
-                f"no sealed segment {segment_id} in the WAL of {self.database} at {self.wal_dir}"
-            )
+        target = self.segment_refs([segment_id])[0]
         if target.state is SegmentState.QUARANTINED:
-            reason = quarantine_reason(target) or {}
-            raise SegmentQuarantinedError(target.name, str(reason.get("error", "see its .error.json")))
+            raise _quarantined_error(target)
         if target.state is SegmentState.APPLIED:
             return summary
-        waiting = [
-            r for r in refs
-            if r.segment_id < segment_id
-            and r.state in (SegmentState.SEALED, SegmentState.QUARANTINED)
-            and r.segment_id not in state.applied_segments
-        ]
-        if waiting:
-            first = waiting[0]
-            raise SegmentOrderError(
-                f"segment {target.name} of {self.database} waits for the earlier segment {first.name} "
-                f"({first.state.value}): segments apply in order; compact (or repair) that one first"
-            )
+        self._check_can_compact(state, [segment_id])
         session = self.spark(spark)
         compact_segment(self, target, session, summary, on_step)
-        if summary.segments_applied:
-            # snapshots that became due; marking the open interval is the maintenance's
-            self.refresh_snapshots(spark=session if session is not None else False, mark=False)
+        self._refresh_after(summary, session)
         return summary
 
     def refresh_snapshots(self, force: bool = False, spark: Any | None = None, mark: bool = True) -> SnapshotSummary:

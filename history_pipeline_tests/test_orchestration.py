@@ -8,7 +8,7 @@ import dagster as dg
 import pytest
 
 from history_pipeline.errors import SegmentNotFoundError
-from history_pipeline.orchestration.assets import compacted_batches, segment_refs, supertables, wal_segments
+from history_pipeline.orchestration.assets import compacted_batches, supertables, wal_segments
 from history_pipeline.orchestration.checks import (
     catalog_verifies_check,
     frontier_lag_check,
@@ -61,9 +61,20 @@ def _sealed_example(root, database="db"):
 
 def test_a_request_gets_its_segments_in_its_order_or_fails_naming_the_first_missing(root):
     store = _sealed_example(root)
-    assert [ref.segment_id for ref in segment_refs(store, [2, 1])] == [2, 1]
+    assert [ref.segment_id for ref in store.segment_refs([2, 1])] == [2, 1]
     with pytest.raises(SegmentNotFoundError, match=r"segment 0+3 of db is not in .*wal \(removed from the WAL\?\)"):
-        segment_refs(store, [1, 3, 4])
+        store.segment_refs([1, 3, 4])
+
+
+def test_every_compaction_entry_refuses_a_missing_segment_in_the_same_words(root):
+    """The run's op, a batch and a single segment look segments up the same way: one error."""
+    store = _sealed_example(root)
+    expected = r"segment 0+3 of db is not in .*wal \(removed from the WAL\?\)"
+    with pytest.raises(SegmentNotFoundError, match=expected):
+        store.compact_batch([1, 3], spark=False)
+    with pytest.raises(SegmentNotFoundError, match=expected):
+        store.compact(spark=False, only_segment=3)
+    assert [r.segment_id for r in store.segments(SegmentState.SEALED)] == [1, 2]  # nothing applied
 
 
 def test_materialize_a_segment_partition_on_spark(root, resources):
@@ -160,14 +171,15 @@ class Daemon:
     """Evaluates the sensor as the daemon does: keeps its cursor between ticks and applies its
     partition requests to the instance."""
 
-    def __init__(self, root, instance=None, spark=None):
+    def __init__(self, root, instance=None, spark=None, history=None):
         self.root = root
         self.instance = instance or dg.DagsterInstance.ephemeral()
         self.cursor = None
         self.spark = spark or SparkResource()
+        self.history = history or history_root(str(root))
 
     def tick(self):
-        resources = {"history": history_root(str(self.root)), "spark": self.spark}
+        resources = {"history": self.history, "spark": self.spark}
         with dg.build_sensor_context(instance=self.instance, cursor=self.cursor, resources=resources) as context:
             result = finished_wal_segments_sensor(context)
         self.cursor = result.cursor
@@ -563,3 +575,105 @@ def test_connect_urls_name_one_engine_session_per_period():
     assert shared_session_url(url, start, "/srv/a") == shared_session_url(url, start + 1, "/srv/a")
     assert shared_session_url(url, start, "/srv/a") != shared_session_url(url, start, "/srv/b")
     assert SHARED_SESSION_SECONDS < 3600  # Spark Connect closes an idle session after 60 min by default
+
+
+def test_an_engine_warmed_near_a_periods_end_warms_the_next_periods_session_too(monkeypatch):
+    """Runs move to the next period's shared session at the period's end: an engine started just
+    before it warms that session as well, so the runs after the turn find it warm."""
+    from history_pipeline import engine, execution
+    from history_pipeline.execution import SHARED_SESSION_SECONDS, WARM_NEXT_WITHIN_SECONDS, shared_session_url
+
+    warmed: list[str] = []
+
+    class FakeSession:
+        def __init__(self, url):
+            self.url = url
+
+        def addTag(self, tag):  # noqa: N802 (pyspark's name)
+            pass
+
+        def clearTags(self):  # noqa: N802
+            pass
+
+        def stop(self):
+            pass
+
+    monkeypatch.setattr(execution, "spark_session", lambda url, conf=None: FakeSession(url))
+    monkeypatch.setattr(execution, "map_tasks", lambda session, fn, items: warmed.append(session.url))
+    url, scope, start = "sc://127.0.0.1:15002", "/srv/home", 10 * SHARED_SESSION_SECONDS
+    early = start + 60
+    engine.warm_engine(url, scope, now=early)
+    assert warmed == [shared_session_url(url, early, scope)]
+    warmed.clear()
+    late = start + SHARED_SESSION_SECONDS - WARM_NEXT_WITHIN_SECONDS + 1
+    engine.warm_engine(url, scope, now=late)
+    turn = late + SHARED_SESSION_SECONDS
+    assert warmed == [shared_session_url(url, late, scope), shared_session_url(url, turn, scope)]
+    # the next session is first used before the engine would close it for idleness (60 min)
+    assert WARM_NEXT_WITHIN_SECONDS + SHARED_SESSION_SECONDS < 3600
+
+
+def test_a_quiet_tick_listens_to_the_journal_and_requests_a_segment_sealed_meanwhile(root):
+    """With nothing due, a tick waits for the change journal: a segment sealed while it waits is
+    requested by that tick, not by the daemon's next evaluation."""
+    import threading
+
+    from history_pipeline.orchestration.resources import HistoryRootResource, S3Settings
+
+    store = _sealed_example(root)
+    # folders changed long ago: the first tick leaves the database settled, not pending
+    for folder in (store.wal_dir / "segments", store.wal_dir / "quarantine"):
+        if folder.exists():
+            os.utime(folder, (time.time() - 60, time.time() - 60))
+    listening = HistoryRootResource(root=str(root), s3=S3Settings(), sensor_listen_seconds=60)
+    daemon = Daemon(root, history=listening)
+    assert [keys_of(r) for r in daemon.tick().run_requests] == [["db.00000000000000000001", "db.00000000000000000002"]]
+    later = threading.Timer(1.0, write, (store, [{"op": "insert", "t": 9, "table_uuid": "tbl-example", "key": 5,
+                                                   "values": {"col1": "v"}}]))
+    later.start()
+    try:
+        # segments 1 and 2 are requested and not yet applied: nothing is due, the tick listens
+        assert [keys_of(r) for r in daemon.tick().run_requests] == [["db.00000000000000000003"]]
+    finally:
+        later.join()
+
+
+def test_a_tick_listens_only_while_nothing_can_be_requested():
+    from history_pipeline.orchestration.sensors import SensorCursor, listen_due
+
+    steady = SensorCursor("epoch", generation=3, since_full_scan=1)
+    assert listen_due(steady, True, [], [])  # nothing named: wait for a marker
+    assert not listen_due(steady, True, ["db_a"], [])  # a marker or a pending database: look now
+    # every database named is held behind its run in flight: wait for a run's end (or a marker)
+    assert listen_due(steady, True, ["db_a"], ["db_a", "db_b"])
+    assert not listen_due(steady, True, ["db_a", "db_c"], ["db_a"])  # db_c can be requested now
+    assert not listen_due(steady, False, [], [])  # no journal: a full scan
+    assert not listen_due(SensorCursor("epoch"), True, [], [])  # first tick: a full scan
+    assert not listen_due(SensorCursor("epoch", 3, 59), True, [], [], every=60)
+
+
+def test_a_tick_held_behind_a_run_in_flight_requests_the_next_batch_when_that_run_ends(root):
+    """A database whose run is in flight is pending: a tick listens for that run's end and then
+    requests the database's waiting segments, instead of leaving them to the daemon's next loop."""
+    import threading
+
+    from history_pipeline.orchestration.resources import HistoryRootResource, S3Settings
+
+    _sealed_example(root)
+    listening = HistoryRootResource(root=str(root), s3=S3Settings(), sensor_listen_seconds=60)
+    daemon = Daemon(root, history=listening)
+    run = in_flight(daemon.instance, "db")
+    assert daemon.tick().run_requests == []  # held behind the run in flight
+    ends = threading.Timer(1.0, daemon.instance.report_run_canceled, (run,))
+    # a tick that listened on after the run's end would see this segment too
+    store = HistoryStore.open(root, database="db")
+    sealed_late = threading.Timer(30.0, write, (store, [{"op": "insert", "t": 9, "table_uuid": "tbl-example",
+                                                         "key": 5, "values": {"col1": "v"}}]))
+    ends.start()
+    sealed_late.start()
+    try:
+        assert [keys_of(r) for r in daemon.tick().run_requests] == [["db.00000000000000000001",
+                                                                     "db.00000000000000000002"]]
+    finally:
+        sealed_late.cancel()
+        ends.join()

@@ -4,13 +4,13 @@ history and the cold tier. Bodies stay thin: open the store, call the core, repo
 
 import json
 import os
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import dagster as dg
 
 from history_pipeline.compaction.compactor import AppliedSegment
-from history_pipeline.errors import SegmentNotFoundError, SegmentQuarantinedError
+from history_pipeline.errors import SegmentQuarantinedError
 from history_pipeline.events import OP_NAMES
 from history_pipeline.execution import engine_failure, raise_engine_failure
 from history_pipeline.io.store import open_store
@@ -23,7 +23,6 @@ from history_pipeline.wal.journal import note_change
 from history_pipeline.wal.segments import (
     SegmentRef,
     public_reason,
-    segment_name,
     verify_or_quarantine,
     without_values,
 )
@@ -31,21 +30,10 @@ from history_pipeline.wal.segments import (
 GROUP = "history"
 
 
-def segment_refs(store: HistoryStore, segment_ids: Sequence[int]) -> list[SegmentRef]:
-    """The WAL's segments of ``segment_ids``, in that order; the first one missing fails the whole
-    request before anything is applied (segments apply in order)."""
-    refs = {ref.segment_id: ref for ref in store.segments()}
-    missing = [i for i in segment_ids if i not in refs]
-    if missing:
-        raise SegmentNotFoundError(f"segment {segment_name(missing[0])} of {store.database} is not in "
-                                   f"{store.wal_dir} (removed from the WAL?)")
-    return [refs[i] for i in segment_ids]
-
-
 def _segment_ref(history: HistoryRootResource, partition_key: str) -> tuple[HistoryStore, SegmentRef]:
     database, segment_id = parse_segment_partition_key(partition_key)
     store = history.open(database)
-    return store, segment_refs(store, [segment_id])[0]
+    return store, store.segment_refs([segment_id])[0]
 
 
 def value_free(store: HistoryStore, exc: SegmentQuarantinedError) -> SegmentQuarantinedError:

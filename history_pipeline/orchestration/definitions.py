@@ -17,7 +17,13 @@ from history_pipeline.orchestration.checks import (
     reconstruction_invariant_check,
 )
 from history_pipeline.orchestration.erasure import erasure_job
-from history_pipeline.orchestration.resources import HistoryRootResource, S3Settings, SparkResource, spark_engine
+from history_pipeline.orchestration.resources import (
+    SENSOR_LISTEN_SECONDS,
+    HistoryRootResource,
+    S3Settings,
+    SparkResource,
+    spark_engine,
+)
 from history_pipeline.orchestration.schedules import (
     cleanup_job,
     cleanup_schedule,
@@ -52,6 +58,7 @@ def s3_history_root() -> HistoryRootResource:
     return HistoryRootResource(
         root=dg.EnvVar("HISTORY_PIPELINE_ROOT"),  # s3://bucket/prefix
         wal_root=dg.EnvVar("HISTORY_PIPELINE_WAL_ROOT"),  # local folder with one WAL folder per database
+        sensor_listen_seconds=SENSOR_LISTEN_SECONDS,
         s3=S3Settings(
             endpoint_url=dg.EnvVar("AWS_ENDPOINT_URL"),
             region_name=dg.EnvVar("AWS_REGION"),
@@ -63,4 +70,5 @@ def s3_history_root() -> HistoryRootResource:
 
 #: The embedded default: ``data/`` under the working directory (``make demo``). A deployment on S3
 #: loads ``history_pipeline.orchestration.s3_deployment`` instead (see README, "Scaling out").
-defs = build_definitions(HistoryRootResource(root="data", s3=S3Settings()))
+defs = build_definitions(HistoryRootResource(root="data", s3=S3Settings(),
+                                             sensor_listen_seconds=SENSOR_LISTEN_SECONDS))

@@ -23,6 +23,10 @@ if TYPE_CHECKING:
 #: the sensor scans every WAL once in this many ticks by default (catches WALs written without a
 #: journal marker: old writers, hand copies); ``HistoryRootResource.sensor_full_scan_every`` sets it
 FULL_SCAN_EVERY = 60
+#: how long the code locations' sensor tick listens to the change journal when nothing is due
+#: (``HistoryRootResource.sensor_listen_seconds``): just under the sensor daemon's 5 s loop, so a
+#: segment sealed between two evaluations is requested within a journal poll, not at the next loop
+SENSOR_LISTEN_SECONDS = 4.5
 
 
 def folder_stamp(wal_dir: str | Path) -> tuple[int, int] | None:
@@ -67,6 +71,9 @@ class HistoryRootResource(dg.ConfigurableResource):
     wal_root: str | None = None
     #: ticks between the sensor's full scans of every WAL (1: every tick); ``dg.EnvVar.int(...)`` works
     sensor_full_scan_every: int = FULL_SCAN_EVERY
+    #: seconds a sensor tick with nothing due waits for a change journal marker before it looks
+    #: (0: it looks at once); the code locations set :data:`SENSOR_LISTEN_SECONDS`
+    sensor_listen_seconds: float = 0.0
 
     def wal_base(self) -> Path:
         """The local folder holding one folder per database's WAL."""

@@ -23,7 +23,6 @@ from history_pipeline.orchestration.assets import (
     compacted_batches,
     report_quarantine,
     retry_when_engine_is_back,
-    segment_refs,
     value_free,
     verified_metadata,
     wal_segments,
@@ -89,7 +88,7 @@ def compact_segments(context: dg.OpExecutionContext, config: SegmentsConfig, his
     batch = parse_batch(config.partition_keys)
     store = history.open(batch.database)
     # an earlier one missing fails the run before anything is applied: order is never broken
-    ordered = segment_refs(store, batch.segment_ids)
+    ordered = store.segment_refs(batch.segment_ids)
     refs = {ref.segment_id: ref for ref in ordered}
     keys = dict(zip(batch.segment_ids, config.partition_keys, strict=True))
     # verified first: a segment that does not verify is quarantined, and the batch is the ones before it

@@ -396,6 +396,42 @@ class _Gathered:
     consumed: tuple[Marker, ...]  # markers to delete once the tick is planned
 
 
+def listen_due(cursor: SensorCursor, journal_present: bool, named: Iterable[str], in_flight: Iterable[str],
+               every: int = FULL_SCAN_EVERY) -> bool:
+    """Whether a tick keeps listening instead of looking: a steady tick (no full scan due) where
+    every database it would look at (``named``: by a journal marker or pending) has a compaction
+    run in flight, whose end it waits for (none named: it waits for a marker)."""
+    if cursor.epoch is None or full_scan_due(cursor, journal_present, every):
+        return False
+    return frozenset(named) <= frozenset(in_flight)
+
+
+#: seconds between two looks at the change journal (and at the runs in flight) while a tick listens
+LISTEN_POLL_S = 0.1
+
+
+def _listen(context: dg.SensorEvaluationContext, history: HistoryRootResource, store: MarksStore,
+            cursor: SensorCursor, every: int) -> float:
+    """Wait (up to ``sensor_listen_seconds``) while nothing can be requested yet: until a journal
+    marker names a database without a run in flight, or the run in flight of a database the tick
+    would look at ends. A segment sealed meanwhile, or the next batch of a database whose run just
+    ended, is requested within a poll, not at the daemon's next loop. Returns the seconds waited."""
+    seconds = history.sensor_listen_seconds
+    if seconds <= 0:
+        return 0.0
+    journal = journal_dir(history.wal_base())
+    pending = store.pending(cursor.epoch or "", cursor.generation)
+    started = time.monotonic()
+    while True:
+        markers = read_journal(journal)
+        named = set(pending) | {m.database for m in markers or ()}
+        in_flight = _databases_in_flight(context.instance) if named else frozenset()
+        waited = time.monotonic() - started
+        if waited >= seconds or not listen_due(cursor, markers is not None, named, in_flight, every):
+            return waited
+        time.sleep(min(LISTEN_POLL_S, seconds - waited))
+
+
 def _gather(context: dg.SensorEvaluationContext, history: HistoryRootResource, store: MarksStore,
             cursor: SensorCursor, every: int) -> _Gathered:
     base = str(history.wal_base())
@@ -499,14 +535,18 @@ def finished_wal_segments_sensor(context: dg.SensorEvaluationContext, history: H
     skipped or released (a new file) runs again. Partitions of segments that left the WAL are
     removed; a quarantined segment's partition gets an observation saying so and why.
     """
-    now_ns = time.time_ns()
     every = full_scan_every(history)
     with MarksStore.open(marks_path(history.wal_base())) as store:
         cursor = _begin(store, SensorCursor.from_json(context.cursor))
+        listened = _listen(context, history, store, cursor, every)
+        now_ns = time.time_ns()
+        looked = time.monotonic()
         got = _gather(context, history, store, cursor, every)
+        gathered = time.monotonic()
         # probed after the runs in flight are read: a run that failed because the engine went away
         # is seen failed only after that, so the probe cannot predate the loss and retry at once
         engine_ready = spark.reachable()  # a socket connect to a Connect server or master, no session
+        probed = time.monotonic()
         plan = plan_tick(cursor, got.marks, got.stamps, got.listings, got.facts, now_ns, got.full_scan,
                          engine_ready)
         epoch = cursor.epoch or ""
@@ -515,8 +555,11 @@ def finished_wal_segments_sensor(context: dg.SensorEvaluationContext, history: H
         # written at the plan's generation: they count only once Dagster stores the plan's cursor
         store.write(epoch, cursor.generation, plan.marks, plan.gone)
         skip = None if plan.runs else skip_reason(plan, store.blocked(epoch, NAMED_IN_SKIP))
+    done = time.monotonic()
     context.log.info(f"{plan.cursor.databases} database(s), {'full scan' if got.full_scan else 'journal read'}, "
-                     f"{len(plan.listed)} listed, {len(plan.runs)} run(s) requested")
+                     f"{len(plan.listed)} listed, {len(plan.runs)} run(s) requested; listened {listened:.2f} s, "
+                     f"looked in {gathered - looked:.3f} s, engine probe {probed - gathered:.3f} s, "
+                     f"planned and marked in {done - probed:.3f} s")
     if not engine_ready:
         skip = f"the Spark engine at {spark.master} does not answer: sealed segments wait for it; {skip}"
     if skip:
