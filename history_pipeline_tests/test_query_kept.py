@@ -178,3 +178,48 @@ def test_the_rows_every_t_of_the_same_files_reads_are_kept_once_from_the_second_
     assert list(kept.intervals.values()) == [table]
     per_t = {sandbox.AS_OF_SCHEMA.format(as_of=t) + "_changes" for t in times[2:]}
     assert not [s for (s,) in con.sql("SELECT schema_name FROM duckdb_tables()").fetchall() if s in per_t]
+
+
+@pytest.mark.parametrize("read", ["marked", "closed"])
+def test_the_first_query_at_every_later_t_of_the_same_files_reads_views_those_t_share(tmp_path, read):
+    """From the third T reading the same files, a first query at T makes no schema or view of its
+    own: it reads views those T share, T set as a variable of its own cursor (a DuckDB variable is
+    per connection), so queries at different T open at once each answer at their own T; a second
+    query at such a T makes T's own views and keeps its live rows, as before."""
+    store = HistoryStore.open(tmp_path, database="db", settings=MARKED)
+    events = _history(store, marked=True)
+    t = store.frontier + 1
+    alive = set(_model(events, t) or {})
+    events += _load(store, [[_update(t + i, k, 50 + i) for i, k in enumerate(sorted(alive)[:6])] +
+                            [_delete(t + 6, min(alive)), _insert(t + 7, min(alive), 3)]], alive)
+    if read == "closed":
+        store.refresh_snapshots(force=True, spark=False)
+    groups: dict = {}
+    for t in range(1, store.frontier + 2):
+        groups.setdefault(_files(store, t), []).append(t)
+    times = max((ts for ts in groups.values() if _read(store, ts[0]) == read), key=len)
+    assert len(times) >= 5
+    for t in times[:2]:
+        assert store.sql(QUERY, t).to_pylist() == _expected(events, t)
+    con, kept = sandbox._sandboxes[store.query_context()._sandbox_key()]
+    later = times[2:-1][:sandbox.IDLE_CURSORS]
+    # one cursor each, all open before any is read; read newest first
+    readers = [store.sql_reader(QUERY, t) for t in later]
+    assert [r.read_all().to_pylist() for r in reversed(readers)] == [_expected(events, t) for t in reversed(later)]
+    own = {sandbox.AS_OF_SCHEMA.format(as_of=t) for t in later}
+    assert not own & kept.schemas
+    (shared,) = [s for s in kept.schemas if s.startswith(sandbox.AS_OF_SCHEMA.format(as_of="s"))]
+    cursors = kept.idle[shared]
+    assert sorted(pooled.as_of for pooled in cursors) == later
+    for pooled in cursors:  # each cursor kept reads its own T
+        assert pooled.con.sql(QUERY).to_arrow_table().to_pylist() == _expected(events, pooled.as_of)
+    # a finished query's cursor serves the next T of the shared views, its variable set anew
+    t = times[-1]
+    history = len([e for e in store.catalog_state().schema_history if e.logical_timestamp < t])
+    both = "SELECT (SELECT count(*) FROM items) AS c, count(*) AS h FROM _history_catalog.schema_history"
+    assert store.sql(both, t).to_pylist() == [{"c": _expected(events, t)[0]["c"], "h": history}]
+    assert sandbox.AS_OF_SCHEMA.format(as_of=t) not in kept.schemas
+    # the second query at a T the shared views served makes its own, keeping its live rows
+    before = kept.kept_bytes
+    assert store.sql(QUERY, later[0]).to_pylist() == _expected(events, later[0])
+    assert sandbox.AS_OF_SCHEMA.format(as_of=later[0]) in kept.schemas and kept.kept_bytes > before

@@ -48,7 +48,15 @@ from history_pipeline.query.sandbox import (
 from history_pipeline.query.sandbox import (
     forget as sandbox_forget,
 )
-from history_pipeline.query.scan import CHANGES_TOKEN, COLUMNS_TOKEN, key_versions, live_sql, live_view
+from history_pipeline.query.scan import (
+    AS_OF_VARIABLE,
+    CHANGES_TOKEN,
+    COLUMNS_TOKEN,
+    interval_filter,
+    key_versions,
+    live_sql,
+    live_view,
+)
 from history_pipeline.schema import (
     SchemaHistoryEntry,
     TableDescriptor,
@@ -400,10 +408,20 @@ class QueryContext:
         """
         self.check_as_of(as_of)
         _check_read_only(query)
-        # a cursor a finished query of this (state, T) gave back has its schema, registrations and
-        # macros set up already: taking one costs nothing, setting them up about a millisecond each
-        schema = AS_OF_SCHEMA.format(as_of=as_of)
         fresh, kept = sandbox_cursor(self._sandbox_key(), self._readable_paths)
+        try:
+            referenced = _referenced_tables(query)
+            tables = [
+                d for d in self.get_catalog(as_of) if referenced is None or d.table_name.lower() in referenced
+            ]
+            with_history = referenced is None or not referenced.isdisjoint(_HISTORY_NAMES)
+            views = self._views(fresh, tables, as_of)
+            schema, shared = self._schema_for(kept, views, as_of)
+        except BaseException:
+            fresh.close()
+            raise
+        # a cursor a finished query of this schema gave back has it, its registrations and macros set
+        # up already: taking one costs nothing, setting them up about a millisecond each
         pooled = kept.take(schema)
         if pooled is None:
             pooled = PooledCursor(fresh)
@@ -411,12 +429,7 @@ class QueryContext:
             fresh.close()
         con = pooled.con
         try:
-            referenced = _referenced_tables(query)
-            tables = [
-                d for d in self.get_catalog(as_of) if referenced is None or d.table_name.lower() in referenced
-            ]
-            with_history = referenced is None or not referenced.isdisjoint(_HISTORY_NAMES)
-            wide, shapes = self._create_views(pooled, kept, tables, as_of, with_history)
+            wide, shapes = self._create_views(pooled, kept, views, as_of, schema, shared, with_history)
             with self._sql_errors(as_of, wide):
                 # the rewrite depends on the query and the column types it sees, not on T: a worker's
                 # every query is the first at its T, and probing costs more than the query itself
@@ -509,46 +522,91 @@ class QueryContext:
             return None
         return [self.store.full_path(f.path) for f in self.state.files.values()]
 
-    def _create_views(self, pooled: PooledCursor, kept: SandboxViews, tables: Sequence[TableDescriptor],
-                      as_of: int, with_history: bool = True) -> tuple[list[str], tuple[Any, ...] | None]:
+    def _views(self, con: Any, tables: Sequence[TableDescriptor], as_of: int
+               ) -> list[tuple[TableDescriptor, _TableView | None]]:
+        """Each table's view at ``as_of`` (None for a table with array columns, exposed per query),
+        its SQL and NUMERIC probe made once per process (``_VIEWS``) on ``con``."""
+        _refuse_names_only_case_tells_apart(tables, as_of)
+        key = (*self._sandbox_key(), as_of)
+        views: list[tuple[TableDescriptor, _TableView | None]] = []
+        for descriptor in tables:
+            self.check_table_as_of(descriptor, as_of)
+            if any(c.data_type.kind is TypeKind.ARRAY for c in descriptor.columns):
+                views.append((descriptor, None))
+                continue
+            views.append((descriptor, _cached(_VIEWS, (*key, descriptor.table_uuid),
+                                              lambda d=descriptor: self._table_view(con, d, as_of))))
+        return views
+
+    @staticmethod
+    def _schema_for(kept: SandboxViews, views: Sequence[tuple[TableDescriptor, _TableView | None]],
+                    as_of: int) -> tuple[str, bool]:
+        """The schema a query at ``as_of`` reads its views in, and whether it is shared by other T:
+        shared when every view is a filter over rows this sandbox keeps for the same files (their
+        SQL then differs between such T only by T, taken from ``AS_OF_VARIABLE``), for the first
+        query at T; a second query at T makes T's own schema, whose live rows are kept, and a T with
+        its own schema already reads it."""
+        own = AS_OF_SCHEMA.format(as_of=as_of)
+        parts = []
+        for descriptor, view in views:
+            if view is None or view.interval is None or view.interval[0] not in kept.intervals:
+                return own, False
+            parts.append((descriptor.table_name, view.interval[0], view.columns))
+        # a T with views of its own reads them (its second query keeps its live rows)
+        if not parts or own in kept.schemas or kept.served_shared(own):
+            return own, False
+        return AS_OF_SCHEMA.format(as_of="s" + hashlib.sha1(repr(parts).encode()).hexdigest()[:20]), True
+
+    def _create_views(self, pooled: PooledCursor, kept: SandboxViews,
+                      views: Sequence[tuple[TableDescriptor, _TableView | None]], as_of: int, schema: str,
+                      shared: bool, with_history: bool = True) -> tuple[list[str], tuple[Any, ...] | None]:
         """Resolve the query's table names to their live rows at ``as_of``, under their names then,
         plus the schema history when the query may read it. Returns the NUMERIC columns too wide
         for DECIMAL(38, s), and what fixes the views' column types (their names and select lists;
         None when a table with array columns, typed by its rows, is among them).
 
-        What a view reads and how it is typed depends only on (state, T, table): its SQL and its
-        NUMERIC probe are made once per process (``_VIEWS``), the view itself once per sandbox in
-        the schema of T (``AS_OF_SCHEMA``), which the cursor ``USE``s; a table with array columns
-        is a TEMP view of its reconstruction, which the cursor finds first.
+        A view is made once per sandbox in ``schema``, which the cursor ``USE``s: T's own
+        (``AS_OF_SCHEMA``), or with ``shared`` one every T whose views read the same kept rows
+        shares, T set as ``AS_OF_VARIABLE`` on the cursor (the schema history then registered whole,
+        filtered by it too); a table with array columns is a TEMP view of its reconstruction, which
+        the cursor finds first.
         """
         con, done = pooled.con, pooled.done
-        key = (*self._sandbox_key(), as_of)
+        if pooled.as_of != as_of and (shared or pooled.as_of is not None):
+            # the cursor's variable outlives its move from a shared schema: it filters the history
+            con.execute(f"SET VARIABLE {AS_OF_VARIABLE} = CAST({int(as_of)} AS BIGINT)")
+            pooled.as_of = as_of
         if with_history and "history" not in done:  # registering it costs about a millisecond
-            register_schema_history(con, _cached(_HISTORIES, key, lambda: schema_history_table(
-                [e for e in self.state.schema_history if e.logical_timestamp < as_of])))
+            at = None if shared else as_of
+            register_schema_history(con, _cached(_HISTORIES, (*self._sandbox_key(), at), lambda: schema_history_table(
+                [e for e in self.state.schema_history if at is None or e.logical_timestamp < at])))
             done.add("history")
-        _refuse_names_only_case_tells_apart(tables, as_of)
-        schema = AS_OF_SCHEMA.format(as_of=as_of)
+        # a T a shared schema served before asks again: its own views keep its live rows at once
+        again = not shared and schema in kept.shared_at
         wide: list[str] = []
         shapes: list[tuple[str, str]] | None = []
-        for index, descriptor in enumerate(tables):
-            self.check_table_as_of(descriptor, as_of)
-            if any(c.data_type.kind is TypeKind.ARRAY for c in descriptor.columns):
+        for index, (descriptor, view) in enumerate(views):
+            if view is None:
                 # its TEMP view holds this query's reconstruction: the cursor is not kept for another
                 pooled.poolable = False
                 shapes = None
                 wide.extend(self._expose_materialized(con, descriptor, as_of, index))
                 continue
-            view = _cached(_VIEWS, (*key, descriptor.table_uuid),
-                           lambda d=descriptor: self._table_view(con, d, as_of))
             if descriptor.table_uuid not in done:
-                for name, dataset in view.datasets:
-                    con.register(name, dataset)
-                    pooled.registered.append(name)
-                kept.ensure(con, schema, descriptor.table_name, view.sql, view.changes, view.live_bytes,
-                            view.interval)
+                if shared:
+                    assert view.interval is not None
+                    kept.ensure_shared(con, schema, descriptor.table_name, view.shared_sql.replace(
+                        CHANGES_TOKEN, kept.intervals[view.interval[0]][0]))
+                else:
+                    for name, dataset in view.datasets:
+                        con.register(name, dataset)
+                        pooled.registered.append(name)
+                    kept.ensure(con, schema, descriptor.table_name, view.sql, view.changes, view.live_bytes,
+                                view.interval)
+                    if again:
+                        kept.ensure(con, schema, descriptor.table_name)
                 done.add(descriptor.table_uuid)
-            elif kept.deferred:  # a pooled cursor's second query at T keeps what the first deferred
+            elif kept.deferred and not shared:  # a pooled cursor's second query at T keeps what the first deferred
                 kept.ensure(con, schema, descriptor.table_name)
             wide.extend(view.wide)
             if shapes is not None:
@@ -590,11 +648,14 @@ class QueryContext:
                     else f"SELECT {columns} FROM ({live.materialized_sql}) live")
             changes = (live.changes_sql, live.changes_bytes, view)
         interval = None
+        shared = ""
         if live.interval is not None:
             name, build, where, size = live.interval
             interval = (name, build, f"SELECT {columns} FROM {CHANGES_TOKEN} WHERE {where}", size)
+            shared = (f"SELECT {columns} FROM {CHANGES_TOKEN} "
+                      f"WHERE {interval_filter(f'getvariable({AS_OF_VARIABLE!r})')}")
         return _TableView(f"SELECT {columns} FROM ({live.sql}) live", live.datasets, tuple(wide), changes,
-                          live.live_bytes, columns, interval)
+                          live.live_bytes, columns, interval, shared)
 
     def _expose_materialized(self, con: Any, descriptor: TableDescriptor, as_of: int, index: int) -> list[str]:
         """A table with array columns is exposed from its reconstructed Arrow table: arrays are stored
@@ -643,6 +704,7 @@ class _TableView:
     live_bytes: int = 0  # see SandboxViews.ensure
     columns: str = ""  # the select list: the view's column names and types
     interval: tuple[str, str, str, int] | None = None  # see SandboxViews.ensure
+    shared_sql: str = ""  # the interval's view taking T from AS_OF_VARIABLE (SandboxViews.ensure_shared)
 
 
 @dataclass(frozen=True)

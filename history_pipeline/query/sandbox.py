@@ -25,7 +25,7 @@ from typing import Any
 import duckdb
 import pyarrow as pa
 
-from history_pipeline.query.scan import CHANGES_TOKEN
+from history_pipeline.query.scan import AS_OF_VARIABLE, CHANGES_TOKEN
 
 #: the sandboxes kept (the newest states of the stores a process reads)
 KEPT = 4
@@ -33,6 +33,9 @@ KEPT = 4
 #: snapshot (16 bytes a key), a small tail's newest rows (their files' uncompressed bytes), and the
 #: live rows of tables asked at one T twice (``kept_table_bytes``)
 KEPT_BYTES = 160_000_000
+#: the most T one sandbox remembers a shared schema served (past it they are forgotten: a second
+#: query at such a T then reads the shared schema again, its answer the same)
+KEPT_SHARED_AT = 4096
 #: the most as-of schemas one sandbox holds; past it the state gets a fresh sandbox (a service asked
 #: at ever new T would otherwise grow one schema of views per T for the state's lifetime)
 KEPT_AS_OF = 256
@@ -65,6 +68,8 @@ class PooledCursor:
         #: the datasets registered on it (object-store reads): named per T, dropped when it serves another
         self.registered: list[str] = []
         self.poolable = True
+        #: the T in its ``AS_OF_VARIABLE`` (None: never set), which outlives a move to another schema
+        self.as_of: int | None = None
 
 
 class SandboxViews:
@@ -85,6 +90,9 @@ class SandboxViews:
         #: reading the same files: by name, the qualified table and its bytes; how many T asked for each
         self.intervals: dict[str, tuple[str, int]] = {}
         self.interval_asks: dict[str, int] = {}
+        #: the as-of schemas whose T a shared schema served (``ensure_shared``): a second query at
+        #: such a T makes its own schema and keeps its live rows at once, as a T's second query does
+        self.shared_at: set[str] = set()
 
     def take(self, schema: str) -> PooledCursor | None:
         """An idle cursor that a finished query of ``schema`` gave back (already ``USE``-ing it); else
@@ -169,6 +177,28 @@ class SandboxViews:
             if live_bytes:
                 self.deferred[(schema, name)] = live_bytes
 
+    def ensure_shared(self, cursor: duckdb.DuckDBPyConnection, schema: str, name: str, sql: str) -> None:
+        """Create view ``schema.name AS sql`` (a filter over a kept ``interval`` table taking T from
+        ``AS_OF_VARIABLE``) unless made before: ``schema`` is shared by every T whose views these are,
+        so a first query at such a T sets the variable instead of making a schema and views."""
+        with self.lock:
+            if (schema, name) in self.created:
+                return
+            make = "" if schema in self.schemas else f"CREATE SCHEMA IF NOT EXISTS {_ident(schema)}; "
+            cursor.execute(f"{make}CREATE OR REPLACE VIEW {_ident(schema)}.{_ident(name)} AS {sql}")
+            self.schemas.add(schema)
+            self.created.add((schema, name))
+
+    def served_shared(self, schema: str) -> bool:
+        """Record that a shared schema served the T of as-of schema ``schema``; was it so before?"""
+        with self.lock:
+            if schema in self.shared_at:
+                return True
+            if len(self.shared_at) >= KEPT_SHARED_AT:  # a service asked at ever new T
+                self.shared_at.clear()
+            self.shared_at.add(schema)
+            return False
+
     def use(self, cursor: duckdb.DuckDBPyConnection, schema: str) -> None:
         """``USE`` ``schema`` on ``cursor``, made first (in the same call) when no view made it."""
         with self.lock:
@@ -215,6 +245,7 @@ class SandboxViews:
             self.created = {c for c in self.created if c[0] != schema}
             self.deferred = {c: b for c, b in self.deferred.items() if c[0] != schema}
             self.kept_bytes -= self.schema_bytes.pop(schema, 0)
+            self.shared_at.discard(schema)
 
     @staticmethod
     def _keep(cursor: duckdb.DuckDBPyConnection, schema: str, name: str, select: str) -> str | None:
@@ -261,7 +292,10 @@ def _new_sandbox(allowed_paths: Sequence[str] | None) -> duckdb.DuckDBPyConnecti
     # every query's own schema-history rows are registered on its cursor under this name
     database.execute("CREATE SCHEMA _history_catalog")
     database.register("__schema_history", _SCHEMA_HISTORY_SCHEMA.empty_table())
-    database.execute("CREATE VIEW _history_catalog.schema_history AS SELECT * FROM __schema_history")
+    # a query at T through a shared schema registers every row and sets T as a variable; one
+    # through its own schema registers the rows before T (the variable, when set, is the same T)
+    database.execute("CREATE VIEW _history_catalog.schema_history AS SELECT * FROM __schema_history "
+                     f"WHERE logical_timestamp < coalesce(getvariable('{AS_OF_VARIABLE}'), {2**63 - 1})")
     database.unregister("__schema_history")
     # catalog files are immutable: their footers are kept instead of re-read at every bind
     database.execute("SET GLOBAL parquet_metadata_cache = true")

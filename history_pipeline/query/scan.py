@@ -95,6 +95,10 @@ TAIL_SHARE = 4
 KEPT_LIVE_BYTES = 64_000_000
 #: the column of a key's next version's t in ``LiveSql.interval``'s table (NULL: none in its files)
 NEXT_T = "__hp_next_t"
+#: the DuckDB variable (one per connection) holding T for the views shared by every T reading the
+#: same files (``interval_filter``): DuckDB folds it to a constant when it binds the query, so the
+#: filter still reaches the scan
+AS_OF_VARIABLE = "__hp_as_of"
 #: where ``LiveSql.materialized_sql`` names the kept table
 CHANGES_TOKEN = "__HP_CHANGES_TABLE__"
 #: where a flat ``materialized_sql`` (``LiveSql.kept_tail``) takes the view's select list
@@ -365,14 +369,20 @@ def _interval(selection: FileSelection, read: str, wanted: Sequence[str], table_
     unique and the base's rows are older than every version since, so the row of a key live as of
     any T these files are read for is the one with t < T <= its next t, unless it is a delete;
     a later version in a file not read for T is at or above T, so it changes no row's answer."""
-    k, lt, d, nxt = _quote(KEY), _quote(LT), _quote(DELETED), _quote(NEXT_T)
+    k, lt, nxt = _quote(KEY), _quote(LT), _quote(NEXT_T)
     build = (f"SELECT *, lead({lt}) OVER (PARTITION BY {k} ORDER BY {lt}) AS {nxt} FROM ({rows})" if lead
              else f"SELECT * FROM ({rows})")
     files = (table_uuid, read, selection.snapshot_as_of, tuple(f.path for f in selection.snapshot),
              tuple(f.path for f in selection.versions), tuple(wanted))
     name = "rows_" + hashlib.sha1(repr(files).encode()).hexdigest()[:20]
-    where = f"{lt} < {as_of} AND ({nxt} IS NULL OR {nxt} >= {as_of}) AND NOT {d}"
-    return name, build, where, size
+    return name, build, interval_filter(str(int(as_of))), size
+
+
+def interval_filter(as_of: str) -> str:
+    """The filter giving the live rows as of ``as_of`` (SQL: a literal, or the variable a view shared
+    by every T reads, ``AS_OF_VARIABLE``) over a ``LiveSql.interval`` table."""
+    lt, nxt = _quote(LT), _quote(NEXT_T)
+    return f"{lt} < {as_of} AND ({nxt} IS NULL OR {nxt} >= {as_of}) AND NOT {_quote(DELETED)}"
 
 
 def live_view(
