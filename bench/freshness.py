@@ -11,7 +11,9 @@ long-lived Spark engine (a local Spark Connect server), as ``make demo`` runs it
 p50 / p90 / p99, split into the chain's stages, read from the Dagster instance's run records and
 events: seal -> run created (the sensor), created -> launched (the queue), launched -> started
 (the run's process and code load), started -> first step, and the work (first step -> the
-frontier covering the segment, as a reader sees it).
+frontier covering the segment, as a reader sees it). And the run's tail, which the next segment
+(sealed at queryable) waits behind: queryable -> the run's last materialization -> its step's end
+-> the run's success -> the database's next run created.
 
 (c) As ``make demo``: the sample workload is written (sealed segments), then the engine and
 ``dagster dev`` start; the time from the UI answering to every sample segment applied.
