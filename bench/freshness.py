@@ -11,7 +11,9 @@ long-lived Spark engine (a local Spark Connect server), as ``make demo`` runs it
 p50 / p90 / p99, split into the chain's stages, read from the Dagster instance's run records and
 events: seal -> run created (the sensor), created -> launched (the queue), launched -> started
 (the run's process and code load), started -> first step, and the work (first step -> the
-frontier covering the segment, as a reader sees it).
+frontier covering the segment, as a reader sees it). And the run's tail, which the next segment
+(sealed at queryable) waits behind: queryable -> the run's last materialization -> its step's end
+-> the run's success -> the database's next run created.
 
 (c) As ``make demo``: the sample workload is written (sealed segments), then the engine and
 ``dagster dev`` start; the time from the UI answering to every sample segment applied.
@@ -104,6 +106,10 @@ class SegmentTiming:
     launched: float | None = None
     started: float | None = None
     first_step: float | None = None
+    materialized: float | None = None
+    step_end: float | None = None
+    run_end: float | None = None
+    next_created: float | None = None
 
     @property
     def latency(self) -> float:
@@ -116,6 +122,17 @@ class SegmentTiming:
                 "launched->started": self.started - self.launched,
                 "started->first step": self.first_step - self.started,
                 "work (first step->queryable)": self.queryable - self.first_step}
+
+    def tail(self) -> dict[str, float] | None:
+        """After the commit: until the run's last materialization, its step's end, the run's
+        success, and the database's next run created (the next segment is sealed at queryable)."""
+        if None in (self.materialized, self.step_end, self.run_end, self.next_created):
+            return None
+        return {"queryable->materialized": self.materialized - self.queryable,
+                "materialized->step end": self.step_end - self.materialized,
+                "step end->run success": self.run_end - self.step_end,
+                "run success->next run created": self.next_created - self.run_end,
+                "queryable->next run created": self.next_created - self.queryable}
 
 
 def _run_stages(home: Path) -> dict[str, dict[str, float]]:
@@ -144,6 +161,12 @@ def _run_stages(home: Path) -> dict[str, dict[str, float]]:
                     times.setdefault("started", entry.timestamp)
                 elif kind == "STEP_START":
                     times.setdefault("first_step", entry.timestamp)
+                elif kind == "ASSET_MATERIALIZATION":
+                    times["materialized"] = entry.timestamp
+                elif kind == "STEP_SUCCESS":
+                    times["step_end"] = entry.timestamp
+                elif kind == "PIPELINE_SUCCESS":
+                    times["run_end"] = entry.timestamp
             for key in keys:
                 if key not in out or out[key]["created"] < times["created"]:
                     out[key] = times
@@ -175,10 +198,12 @@ def measure_latency(root: Path, home: Path, segments: int, events: int, timeout:
     time.sleep(2)  # the last run's success event
     stages = _run_stages(home)
     out = []
-    for number, sealed, queryable in raw:
+    for k, (number, sealed, queryable) in enumerate(raw):
         s = stages.get(_segment_key("fresh_a", number), {})
+        following = stages.get(_segment_key("fresh_a", raw[k + 1][0]), {}) if k + 1 < len(raw) else {}
         out.append(SegmentTiming("fresh_a", number, sealed, queryable, s.get("created"), s.get("launched"),
-                                 s.get("started"), s.get("first_step")))
+                                 s.get("started"), s.get("first_step"), s.get("materialized"), s.get("step_end"),
+                                 s.get("run_end"), following.get("created")))
     return out
 
 
@@ -261,6 +286,11 @@ def summarize(timings: list[SegmentTiming]) -> dict:
     if split:
         out["stages_p50_s"] = {k: statistics.median(s[k] for s in split) for k in split[0]}
         out["stages_p90_s"] = {k: _pct([s[k] for s in split], 90) for k in split[0]}
+    tails = [t.tail() for t in timings]
+    tails = [t for t in tails if t is not None]
+    if tails:
+        out["tail_p50_s"] = {k: statistics.median(t[k] for t in tails) for k in tails[0]}
+        out["tail_p90_s"] = {k: _pct([t[k] for t in tails], 90) for k in tails[0]}
     ordered = sorted(timings, key=lambda t: t.sealed)
     third = len(ordered) // 3
     if third:
@@ -328,6 +358,10 @@ def write_results(results: dict, name: str = "freshness") -> None:
     if a and "stages_p50_s" in a:
         lines += ["", "Stages of (a), p50 / p90 (s):", "", "| stage | p50 | p90 |", "|---|---|---|"]
         lines += [f"| {k} | {v:.2f} | {a['stages_p90_s'][k]:.2f} |" for k, v in a["stages_p50_s"].items()]
+    if a and "tail_p50_s" in a:
+        lines += ["", "After the commit, until the next segment's run is created, p50 / p90 (s):", "",
+                  "| stage | p50 | p90 |", "|---|---|---|"]
+        lines += [f"| {k} | {v:.2f} | {a['tail_p90_s'][k]:.2f} |" for k, v in a["tail_p50_s"].items()]
     for part, label in (("latency", "(a)"), ("load", "(b)"), ("demo", "(c)")):
         if part in results and "date" in results[part]:
             lines += ["", f"{label} is from an earlier run: {results[part]['date']}, commit {results[part]['commit']}, "

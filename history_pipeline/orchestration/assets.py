@@ -17,6 +17,8 @@ from history_pipeline.io.store import open_store
 from history_pipeline.orchestration.metadata import md_table
 from history_pipeline.orchestration.partitions import parse_segment_partition_key, segment_partitions
 from history_pipeline.orchestration.resources import HistoryRootResource, SparkResource
+from history_pipeline.query.engine import QueryContext
+from history_pipeline.schema import TableDescriptor
 from history_pipeline.store import HistoryStore
 from history_pipeline.wal import SegmentState
 from history_pipeline.wal.journal import note_change
@@ -149,6 +151,9 @@ def applied_metadata(store: HistoryStore, ref: SegmentRef, applied: AppliedSegme
     else:
         newly = True
     as_of = applied.frontier + 1
+    # one catalog state for the names and the preview: the newest, which covers this segment's frontier
+    context = store.query_context()
+    tables = context.get_catalog(as_of)
     return {
         "database": store.database,
         "segment": ref.name,
@@ -160,8 +165,8 @@ def applied_metadata(store: HistoryStore, ref: SegmentRef, applied: AppliedSegme
         "schema_changes": applied.schema_changes,
         "timestamp_range": f"[{applied.frontier_before + 1}, {as_of})",
         "frontier": applied.frontier,
-        "tables_touched": ", ".join(_table_names(store, applied.tables_touched, as_of)) or "none",
-        "preview": dg.MetadataValue.md(_preview(store, as_of)),
+        "tables_touched": ", ".join(_table_names(tables, applied.tables_touched)) or "none",
+        "preview": dg.MetadataValue.md(_preview(context, tables, as_of)),
     }
 
 
@@ -176,21 +181,20 @@ def retry_when_engine_is_back(store: HistoryStore, ref: SegmentRef) -> None:
     note_change(store.wal_dir)
 
 
-def _table_names(store: HistoryStore, table_uuids: Iterable[str], as_of: int) -> list[str]:
-    """Names (as of ``as_of``) of the touched tables; a uuid when the table is gone."""
-    names = {d.table_uuid: d.table_name for d in store.get_catalog(as_of)}
+def _table_names(tables: Iterable[TableDescriptor], table_uuids: Iterable[str]) -> list[str]:
+    """Names (as in ``tables``) of the touched tables; a uuid when the table is gone."""
+    names = {d.table_uuid: d.table_name for d in tables}
     return sorted(names.get(u, u) for u in table_uuids)
 
 
-def _preview(store: HistoryStore, as_of: int) -> str:
+def _preview(context: QueryContext, tables: Iterable[TableDescriptor], as_of: int) -> str:
     """Each table's columns and row count as of ``as_of``: never a value, since Dagster keeps its
-    metadata for good, beyond an erasure's reach (``history-pipeline query`` shows the rows)."""
+    metadata for good, beyond an erasure's reach (``history-pipeline query`` shows the rows). The
+    counts are read without SQL's sandbox: the next run of the database waits for this one's end."""
     rows = []
-    for descriptor in store.get_catalog(as_of):
-        quoted = descriptor.table_name.replace('"', '""')
-        count = store.sql(f'SELECT count(*) AS n FROM "{quoted}"', as_of).column("n")[0].as_py()
+    for descriptor in tables:
         columns = ", ".join(f"{c.column_name} {c.data_type}" for c in descriptor.columns)
-        rows.append((descriptor.table_name, count, columns))
+        rows.append((descriptor.table_name, context.count_rows(descriptor, as_of), columns))
     return md_table(["table", "rows", "columns"], rows, empty="(no tables)").value
 
 

@@ -12,6 +12,7 @@ are handed back to the sensor (their files touched, their database named in the 
 they wait behind the quarantine, or for the engine, and a later run compacts them.
 """
 
+import threading
 from dataclasses import dataclass
 
 import dagster as dg
@@ -29,6 +30,7 @@ from history_pipeline.orchestration.assets import (
 )
 from history_pipeline.orchestration.partitions import parse_segment_partition_key
 from history_pipeline.orchestration.resources import HistoryRootResource, SparkResource
+from history_pipeline.query.sandbox import reader_cursor
 from history_pipeline.store import HistoryStore
 from history_pipeline.wal.segments import SegmentRef
 
@@ -74,6 +76,10 @@ class SegmentsConfig(dg.Config):
     partition_keys: list[str]
 
 
+def _open_reader() -> None:
+    reader_cursor().close()
+
+
 def _hand_back(store: HistoryStore, refs: list[SegmentRef]) -> None:
     """Have the sensor request these segments again: each touched file is a new version of its
     segment, the journal marker makes the sensor look at the database."""
@@ -81,11 +87,15 @@ def _hand_back(store: HistoryStore, refs: list[SegmentRef]) -> None:
         retry_when_engine_is_back(store, ref)
 
 
-@dg.op(name=OP_NAME, description="Verify and compact the run's segments of one database, in order, in one "
+@dg.op(name=OP_NAME, out={}, description="Verify and compact the run's segments of one database, in order, in one "
        "compaction; each segment recorded on its own partitions.")
 def compact_segments(context: dg.OpExecutionContext, config: SegmentsConfig, history: HistoryRootResource,
-                     spark: SparkResource) -> None:
+                     spark: SparkResource):  # noqa: ANN201 - Dagster takes an annotation as an output
+    # no output (``out={}``): nothing reads one, and its events would be written after the commit
     batch = parse_batch(config.partition_keys)
+    # the previews after the commit count rows on the process-wide DuckDB reader: opened while the
+    # segments compact, not after their commit, which the database's next run waits behind
+    threading.Thread(target=_open_reader, name="open-duckdb-reader", daemon=True).start()
     store = history.open(batch.database)
     # an earlier one missing fails the run before anything is applied: order is never broken
     ordered = store.segment_refs(batch.segment_ids)

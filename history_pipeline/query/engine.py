@@ -244,6 +244,20 @@ class QueryContext:
 
         return pa.RecordBatchReader.from_batches(schema, batches())
 
+    def count_rows(self, descriptor: TableDescriptor, as_of: int) -> int:
+        """How many rows the table ``descriptor`` (in force as of ``as_of``) has as of ``as_of``:
+        counted by DuckDB over the catalog's files on the process-wide reader (no user SQL, so no
+        sandbox to make nor statement to parse), reading the key column only."""
+        self.check_as_of(as_of)
+        con = reader_cursor()
+        try:
+            view = live_view(con, self.store, self.state, descriptor.table_uuid,
+                             self.supercolumns(descriptor.table_uuid), as_of, [], "__count")
+            row = con.execute(f"SELECT count(*) FROM {_ident(view.name)}").fetchone()
+            return int(row[0]) if row else 0
+        finally:
+            con.close()
+
     def _scan_order_answers(self, descriptor: TableDescriptor, as_of: int) -> bool:
         """Do the rows come in DuckDB's scan order when no order is asked for? Where a filter alone
         answers (a closed read); elsewhere the reconstruction gives key order anyway."""
