@@ -44,10 +44,11 @@ EVENTS = [
 @pytest.mark.spark
 def test_append_compact_query_history_diff(tmp_path):
     lines = "\n".join(json.dumps(e) for e in EVENTS) + "\n"
-    appended = run_script(tmp_path, "append", "--seal", stdin=lines)
+    appended = run(tmp_path, "append", "--seal", stdin=lines)  # no JVM: this process's entry point will do
     assert appended.returncode == 0, appended.stderr
     assert "appended 4 events" in appended.stdout
-    compacted = run_script(tmp_path, "compact", "--format", "json")  # a Spark session of its own, local[*]
+    # the installed script: a Spark session of its own (local[*]), whose JVM output only a process shows
+    compacted = run_script(tmp_path, "compact", "--format", "json")
     assert compacted.returncode == 0 and json.loads(compacted.stdout)["frontier"] == 3
     assert "WARN" not in compacted.stderr and "Stage" not in compacted.stderr  # the JVM's output is set aside
     out = run(tmp_path, "sql", "SELECT amount FROM orders", "--as-of", "3", "--format", "json")
