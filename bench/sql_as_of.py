@@ -238,11 +238,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--wide-live", type=int, default=90_000)
     parser.add_argument("--wide-versions", type=int, default=400_000)
     parser.add_argument("--samples", type=int, default=15)
-    parser.add_argument("--out", default="sql_as_of", help="results file name (under bench/results/)")
+    parser.add_argument("--out", default=None,
+                        help="results file name under bench/results/ (sql_as_of, or sql_as_of_quick with --quick)")
     args = parser.parse_args(argv)
     if args.quick:
         args.tpch_orders, args.cycles, args.samples = [2000, 8000], 2, 9
         args.wide_live, args.wide_versions = 20_000, 80_000
+    if args.out is None:
+        args.out = "sql_as_of_quick" if args.quick else "sql_as_of"
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
                             cwd=Path(__file__).parent).stdout.strip() or "unknown"
     when = dt.datetime.now(dt.UTC).strftime("%Y-%m-%d %H:%M UTC")
