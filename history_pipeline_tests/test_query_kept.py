@@ -146,16 +146,14 @@ def test_forgetting_a_t_frees_what_it_kept_and_the_next_query_there_answers_the_
     assert store.sql(QUERY, as_of).to_pylist() == _expected(events, as_of)
 
 
-@pytest.mark.parametrize("read", ["layered", "marked", "closed"])
-def test_the_rows_every_t_of_the_same_files_reads_are_kept_once_from_the_second_t(tmp_path, read):
-    """The first query at a second T reading the same files as an earlier T keeps their rows once for
-    the state, each with its key's next t; the first query at every later such T is a filter over
-    them (no table kept per T), equal to the model at each T, even once the files' bytes are damaged."""
+def _same_files_history(tmp_path, read: str) -> tuple[HistoryStore, list, list[int]]:
+    """A store whose history ends in one compaction of updates, deletes and re-inserts at several t,
+    its events, and the longest run of T that all read the same files by ``read``."""
     store = HistoryStore.open(tmp_path, database="db", settings=LAYERED if read == "layered" else MARKED)
     events = _history(store, marked=read != "layered")
     t = store.frontier + 1
     alive = set(_model(events, t) or {})
-    # one compaction of updates, deletes and re-inserts at several t: every T among them reads its file
+    # every T among these t reads the compaction's file
     events += _load(store, [[_update(t + i, k, 50 + i) for i, k in enumerate(sorted(alive)[:6])] +
                             [_delete(t + 6, min(alive)), _insert(t + 7, min(alive), 3)]], alive)
     if read == "closed":  # the interval below the newest snapshot, closed by it
@@ -164,6 +162,15 @@ def test_the_rows_every_t_of_the_same_files_reads_are_kept_once_from_the_second_
     for t in range(1, store.frontier + 2):
         groups.setdefault(_files(store, t), []).append(t)
     times = max((ts for ts in groups.values() if _read(store, ts[0]) == read), key=len)
+    return store, events, times
+
+
+@pytest.mark.parametrize("read", ["layered", "marked", "closed"])
+def test_the_rows_every_t_of_the_same_files_reads_are_kept_once_from_the_second_t(tmp_path, read):
+    """The first query at a second T reading the same files as an earlier T keeps their rows once for
+    the state, each with its key's next t; the first query at every later such T is a filter over
+    them (no table kept per T), equal to the model at each T, even once the files' bytes are damaged."""
+    store, events, times = _same_files_history(tmp_path, read)
     assert len(times) >= 4
     assert store.sql(QUERY, times[0]).to_pylist() == _expected(events, times[0])
     con, kept = sandbox._sandboxes[store.query_context()._sandbox_key()]
@@ -186,18 +193,7 @@ def test_the_first_query_at_every_later_t_of_the_same_files_reads_views_those_t_
     own: it reads views those T share, T set as a variable of its own cursor (a DuckDB variable is
     per connection), so queries at different T open at once each answer at their own T; a second
     query at such a T makes T's own views and keeps its live rows, as before."""
-    store = HistoryStore.open(tmp_path, database="db", settings=MARKED)
-    events = _history(store, marked=True)
-    t = store.frontier + 1
-    alive = set(_model(events, t) or {})
-    events += _load(store, [[_update(t + i, k, 50 + i) for i, k in enumerate(sorted(alive)[:6])] +
-                            [_delete(t + 6, min(alive)), _insert(t + 7, min(alive), 3)]], alive)
-    if read == "closed":
-        store.refresh_snapshots(force=True, spark=False)
-    groups: dict = {}
-    for t in range(1, store.frontier + 2):
-        groups.setdefault(_files(store, t), []).append(t)
-    times = max((ts for ts in groups.values() if _read(store, ts[0]) == read), key=len)
+    store, events, times = _same_files_history(tmp_path, read)
     assert len(times) >= 5
     for t in times[:2]:
         assert store.sql(QUERY, t).to_pylist() == _expected(events, t)
