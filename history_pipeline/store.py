@@ -446,10 +446,16 @@ class HistoryStore:
 
         check_catalog_not_lost(self, state)
         refs = self.segment_refs(ids)
-        wanted = set(ids)
+        self._check_order(state, refs)
+        return refs
+
+    def _check_order(self, state: CatalogState, refs: list[SegmentRef]) -> None:
+        """Refuse ``refs`` (increasing) when a pending segment of the database outside them comes
+        before or between them: segments apply in order."""
+        wanted = {r.segment_id for r in refs}
         waiting = [
             r for r in self.segments()
-            if r.segment_id < ids[-1] and r.segment_id not in wanted
+            if r.segment_id < refs[-1].segment_id and r.segment_id not in wanted
             and r.state in (SegmentState.SEALED, SegmentState.QUARANTINED)
             and r.segment_id not in state.applied_segments
         ]
@@ -460,7 +466,6 @@ class HistoryStore:
                 f"segment {later.name} of {self.database} waits for the earlier segment {first.name} "
                 f"({first.state.value}): segments apply in order; compact (or repair) that one first"
             )
-        return refs
 
     def _refresh_after(self, summary: CompactionSummary, session: Any | None) -> None:
         """Refresh the snapshots that became due when a compaction applied segments; marking the
@@ -517,7 +522,7 @@ class HistoryStore:
             raise _quarantined_error(target)
         if target.state is SegmentState.APPLIED:
             return summary
-        self._check_can_compact(state, [segment_id])
+        self._check_order(state, [target])
         session = self.spark(spark)
         compact_segment(self, target, session, summary, on_step)
         self._refresh_after(summary, session)
