@@ -139,13 +139,8 @@ class SandboxViews:
         query at T then reads memory, no join); the first T asked reads as above.
         """
         with self.lock:
-            # a new schema is made in the same call as its first view (each call to DuckDB costs
-            # about half a millisecond beside the statement)
-            make = "" if schema in self.schemas else f"CREATE SCHEMA IF NOT EXISTS {_ident(schema)}; "
             if name is None:
-                if make:
-                    cursor.execute(make)
-                    self.schemas.add(schema)
+                self._in_schema(cursor, schema, "")
                 return
             view = f"{_ident(schema)}.{_ident(name)}"
             if (schema, name) in self.created:
@@ -159,9 +154,8 @@ class SandboxViews:
             rows = None if interval is None else self._interval(cursor, interval)
             if rows is not None:
                 assert interval is not None
-                cursor.execute(f"{make}CREATE OR REPLACE VIEW {view} AS "
-                               f"{interval[2].replace(CHANGES_TOKEN, rows)}")
-                self.schemas.add(schema)
+                self._in_schema(cursor, schema, f"CREATE OR REPLACE VIEW {view} AS "
+                                                f"{interval[2].replace(CHANGES_TOKEN, rows)}")
                 self.created.add((schema, name))
                 if live_bytes:
                     self.deferred[(schema, name)] = live_bytes
@@ -171,8 +165,7 @@ class SandboxViews:
                 if kept is not None:
                     self._count(schema, changes[1])
                     sql = changes[2].replace(CHANGES_TOKEN, kept)
-            cursor.execute(f"{make}CREATE OR REPLACE VIEW {view} AS {sql}")
-            self.schemas.add(schema)
+            self._in_schema(cursor, schema, f"CREATE OR REPLACE VIEW {view} AS {sql}")
             self.created.add((schema, name))
             if live_bytes:
                 self.deferred[(schema, name)] = live_bytes
@@ -184,9 +177,7 @@ class SandboxViews:
         with self.lock:
             if (schema, name) in self.created:
                 return
-            make = "" if schema in self.schemas else f"CREATE SCHEMA IF NOT EXISTS {_ident(schema)}; "
-            cursor.execute(f"{make}CREATE OR REPLACE VIEW {_ident(schema)}.{_ident(name)} AS {sql}")
-            self.schemas.add(schema)
+            self._in_schema(cursor, schema, f"CREATE OR REPLACE VIEW {_ident(schema)}.{_ident(name)} AS {sql}")
             self.created.add((schema, name))
 
     def served_shared(self, schema: str) -> bool:
@@ -202,9 +193,15 @@ class SandboxViews:
     def use(self, cursor: duckdb.DuckDBPyConnection, schema: str) -> None:
         """``USE`` ``schema`` on ``cursor``, made first (in the same call) when no view made it."""
         with self.lock:
-            make = "" if schema in self.schemas else f"CREATE SCHEMA IF NOT EXISTS {_ident(schema)}; "
-            cursor.execute(f"{make}USE {_ident(schema)}")
-            self.schemas.add(schema)
+            self._in_schema(cursor, schema, f"USE {_ident(schema)}")
+
+    def _in_schema(self, cursor: duckdb.DuckDBPyConnection, schema: str, statement: str) -> None:
+        """Run ``statement`` (may be empty) through ``cursor``, ``schema`` made first when new, in the
+        same call: each call to DuckDB costs about half a millisecond beside its statement."""
+        make = "" if schema in self.schemas else f"CREATE SCHEMA IF NOT EXISTS {_ident(schema)}; "
+        if make or statement:
+            cursor.execute(make + statement)
+        self.schemas.add(schema)
 
     def _interval(self, cursor: duckdb.DuckDBPyConnection, interval: tuple[str, str, str, int]) -> str | None:
         """The kept table of ``interval`` (made when a second T asks for it), or None."""
