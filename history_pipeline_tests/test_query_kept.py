@@ -219,3 +219,82 @@ def test_the_first_query_at_every_later_t_of_the_same_files_reads_views_those_t_
     before = kept.kept_bytes
     assert store.sql(QUERY, later[0]).to_pylist() == _expected(events, later[0])
     assert sandbox.AS_OF_SCHEMA.format(as_of=later[0]) in kept.schemas and kept.kept_bytes > before
+
+
+def _kept_alone(store, as_of) -> int:
+    """The bytes the sandbox keeps for two queries at ``as_of`` in a fresh sandbox (dropped after)."""
+    store.query_context().forget()
+    for _ in range(2):
+        store.sql(QUERY, as_of)
+    kept = sandbox._sandboxes[store.query_context()._sandbox_key()][1].kept_bytes
+    store.query_context().forget()
+    return kept
+
+
+def test_past_the_budget_what_the_least_recent_t_kept_gives_way_to_the_t_asked_now(tmp_path, monkeypatch):
+    """With room for one T's kept live rows only, the second query at a newer T drops what an older
+    T kept (its views and tables, their bytes freed) and keeps its own: its repeated queries read
+    memory, not the files; the older T, asked again, reads the files, then keeps its rows again."""
+    store = HistoryStore.open(tmp_path, database="db", settings=LAYERED)
+    events = _history(store, marked=False)
+    old, new = store.frontier, store.frontier + 1
+    assert _files(store, old) != _files(store, new)
+    sizes = {t: _kept_alone(store, t) for t in (old, new)}
+    assert all(sizes.values())
+    monkeypatch.setattr(sandbox, "KEPT_BYTES", max(sizes.values()))
+    for _ in range(2):
+        assert store.sql(QUERY, old).to_pylist() == _expected(events, old)
+    con, kept = sandbox._sandboxes[store.query_context()._sandbox_key()]
+    old_schema, new_schema = (sandbox.AS_OF_SCHEMA.format(as_of=t) for t in (old, new))
+    assert kept.schema_bytes == {old_schema: sizes[old]}
+    for _ in range(2):
+        assert store.sql(QUERY, new).to_pylist() == _expected(events, new)
+    assert kept.schema_bytes == {new_schema: sizes[new]} and kept.kept_bytes == sizes[new]
+    assert old_schema not in kept.schemas and not kept.deferred
+    assert con.sql(f"SELECT count(*) FROM duckdb_tables() WHERE schema_name LIKE '{old_schema}%'").fetchall() == [(0,)]
+    assert damage_column(store, "T", "n-1")
+    assert store.sql(QUERY, new).to_pylist() == _expected(events, new)  # from memory
+    with pytest.raises(QueryError):  # its rows were dropped: it reads the files
+        store.sql(QUERY, old)
+
+
+def test_a_query_running_while_its_t_gives_way_answers_and_its_cursor_serves_that_t_again(tmp_path, monkeypatch):
+    """A query still being read while another T's keeping drops its T's views answers in full, and
+    its cursor, given back, is set up anew for the next query at that T."""
+    store = HistoryStore.open(tmp_path, database="db", settings=LAYERED)
+    events = _history(store, marked=False)
+    old, new = store.frontier, store.frontier + 1
+    monkeypatch.setattr(sandbox, "KEPT_BYTES", max(_kept_alone(store, t) for t in (old, new)))
+    for _ in range(2):
+        assert store.sql(QUERY, old).to_pylist() == _expected(events, old)
+    reader = store.sql_reader(QUERY, old)
+    for _ in range(2):
+        assert store.sql(QUERY, new).to_pylist() == _expected(events, new)
+    _, kept = sandbox._sandboxes[store.query_context()._sandbox_key()]
+    assert sandbox.AS_OF_SCHEMA.format(as_of=old) not in kept.schemas
+    assert reader.read_all().to_pylist() == _expected(events, old)
+    for _ in range(3):
+        assert store.sql(QUERY, old).to_pylist() == _expected(events, old)
+
+
+def test_past_the_budget_the_rows_kept_for_a_set_of_files_give_way_with_the_views_over_them(tmp_path, monkeypatch):
+    """The rows kept for the T reading the same files give way, when least recent, to what a T of
+    other files keeps now: the views over them (each T's own and the shared ones) go with them, and
+    every such T answers again, equal to the model, from the files or rows kept anew."""
+    store, events, times = _same_files_history(tmp_path, "marked")
+    other = next(t for t in range(store.frontier + 1, 0, -1) if _files(store, t) != _files(store, times[0]))
+    alone = _kept_alone(store, other)
+    for t in times[:3]:
+        assert store.sql(QUERY, t).to_pylist() == _expected(events, t)
+    con, kept = sandbox._sandboxes[store.query_context()._sandbox_key()]
+    assert kept.intervals and any(s.startswith(sandbox.AS_OF_SCHEMA.format(as_of="s")) for s in kept.schemas)
+    monkeypatch.setattr(sandbox, "KEPT_BYTES", max(kept.kept_bytes, alone))
+    (interval,) = kept.intervals.values()
+    for _ in range(2):
+        assert store.sql(QUERY, other).to_pylist() == _expected(events, other)
+    assert not kept.intervals and sandbox.AS_OF_SCHEMA.format(as_of=other) in kept.schema_bytes
+    assert not [s for s in kept.schemas if s.startswith(sandbox.AS_OF_SCHEMA.format(as_of="s"))]
+    assert con.sql(f"SELECT count(*) FROM duckdb_tables() WHERE schema_name || '.' || table_name = "
+                   f"'{interval[0].replace(chr(34), '')}'").fetchall() == [(0,)]
+    for t in times:
+        assert store.sql(QUERY, t).to_pylist() == _expected(events, t)

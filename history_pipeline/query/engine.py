@@ -436,11 +436,7 @@ class QueryContext:
             raise
         # a cursor a finished query of this schema gave back has it, its registrations and macros set
         # up already: taking one costs nothing, setting them up about a millisecond each
-        pooled = kept.take(schema)
-        if pooled is None:
-            pooled = PooledCursor(fresh)
-        else:
-            fresh.close()
+        pooled = kept.take(schema, fresh)
         con = pooled.con
         try:
             wide, shapes = self._create_views(pooled, kept, views, as_of, schema, shared, with_history)
@@ -610,7 +606,7 @@ class QueryContext:
                 if shared:
                     assert view.interval is not None
                     kept.ensure_shared(con, schema, descriptor.table_name, view.shared_sql.replace(
-                        CHANGES_TOKEN, kept.intervals[view.interval[0]][0]))
+                        CHANGES_TOKEN, kept.intervals[view.interval[0]][0]), view.interval[0])
                 else:
                     for name, dataset in view.datasets:
                         con.register(name, dataset)

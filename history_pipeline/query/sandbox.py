@@ -30,9 +30,12 @@ from history_pipeline.query.scan import AS_OF_VARIABLE, CHANGES_TOKEN
 #: the sandboxes kept (the newest states of the stores a process reads)
 KEPT = 4
 #: the most bytes one sandbox keeps as tables, over every T: each key's newest change since a
-#: snapshot (16 bytes a key), a small tail's newest rows (their files' uncompressed bytes), and the
-#: live rows of tables asked at one T twice (``kept_table_bytes``)
-KEPT_BYTES = 160_000_000
+#: snapshot (16 bytes a key), a small tail's newest rows (their files' uncompressed bytes), the
+#: live rows of tables asked at one T twice (``kept_table_bytes``) and the rows of each set of files
+#: read (``LiveSql.interval``); past it, what the least recent queries read is dropped first
+KEPT_BYTES = 512_000_000
+#: the ask for a set of files' rows (``LiveSql.interval``) from which they are kept
+KEEP_ROWS_FROM = 2
 #: the most T one sandbox remembers a shared schema served (past it they are forgotten: a second
 #: query at such a T then reads the shared schema again, its answer the same)
 KEPT_SHARED_AT = 4096
@@ -70,6 +73,9 @@ class PooledCursor:
         self.poolable = True
         #: the T in its ``AS_OF_VARIABLE`` (None: never set), which outlives a move to another schema
         self.as_of: int | None = None
+        #: how many times the schema it was taken for had been dropped then (``SandboxViews.drops``):
+        #: dropped again while it ran, what it set up for it is gone and it is given back set up anew
+        self.drops = 0
 
 
 class SandboxViews:
@@ -93,28 +99,45 @@ class SandboxViews:
         #: the as-of schemas whose T a shared schema served (``ensure_shared``): a second query at
         #: such a T makes its own schema and keeps its live rows at once, as a T's second query does
         self.shared_at: set[str] = set()
+        #: the schemas (as-of and shared) and kept ``intervals`` by how recently a query read them,
+        #: least recent first: past ``KEPT_BYTES``, the least recent's kept tables are dropped first
+        self.recent: OrderedDict[str, None] = OrderedDict()
+        #: the kept ``intervals`` each schema's views read (dropping one drops those schemas too)
+        self.reads: dict[str, set[str]] = {}
+        #: how many times each schema was dropped (``PooledCursor.drops``)
+        self.drops: dict[str, int] = {}
 
-    def take(self, schema: str) -> PooledCursor | None:
+    def take(self, schema: str, fresh: duckdb.DuckDBPyConnection) -> PooledCursor:
         """An idle cursor that a finished query of ``schema`` gave back (already ``USE``-ing it); else
-        one of another T, set up anew for ``schema`` but for its macros (``macros``); else None."""
+        one of another T, set up anew for ``schema`` but for its macros (``macros``); else ``fresh``
+        (closed when not used). Marks ``schema`` and the kept rows it reads as the most recent."""
         with self.lock:
+            for name in (schema, *self.reads.get(schema, ())):
+                self.recent[name] = None
+                self.recent.move_to_end(name)
+            drops = self.drops.get(schema, 0)
             idle = self.idle.get(schema)
-            if idle:
-                return idle.pop()
-            other = next((cursors for cursors in self.idle.values() if cursors), None)
-            if other is None:
-                return None
-            pooled = other.pop()
-        # its schema history, registrations and USE were those of its T: they are made again
-        for name in pooled.registered:
-            pooled.con.unregister(name)
-        pooled.registered.clear()
-        pooled.done.clear()
+            pooled = idle.pop() if idle else None
+            other = None if pooled else next((cursors for cursors in self.idle.values() if cursors), None)
+            if other is not None:
+                pooled = other.pop()
+        if pooled is None:
+            pooled = PooledCursor(fresh)
+        else:
+            fresh.close()
+            if other is not None:
+                _reset(pooled)
+        pooled.drops = drops
         return pooled
 
     def give_back(self, schema: str, cursor: PooledCursor) -> None:
         """Keep a finished query's cursor for the next query of ``schema`` (at most ``IDLE_CURSORS``)."""
         with self.lock:
+            if cursor.drops != self.drops.get(schema, 0):
+                # its schema was dropped while it ran (past the budget): set up for none, it serves any T
+                schema = _SPARE
+                cursor.con.execute("USE memory.main")
+                _reset(cursor)
             idle = self.idle.setdefault(schema, [])
             if len(idle) < IDLE_CURSORS:
                 idle.append(cursor)
@@ -145,22 +168,23 @@ class SandboxViews:
             view = f"{_ident(schema)}.{_ident(name)}"
             if (schema, name) in self.created:
                 bound = self.deferred.pop((schema, name), 0)
-                if bound and self.kept_bytes + bound <= KEPT_BYTES:
+                if bound and self._room(cursor, bound, schema):
                     live = self._keep(cursor, schema + "_live", name, f"SELECT * FROM {view}")
                     if live is not None:
                         self._count(schema, bound)
                         cursor.execute(f"CREATE OR REPLACE VIEW {view} AS SELECT * FROM {live}")
                 return
-            rows = None if interval is None else self._interval(cursor, interval)
+            rows = None if interval is None else self._interval(cursor, interval, schema)
             if rows is not None:
                 assert interval is not None
+                self.reads.setdefault(schema, set()).add(interval[0])
                 self._in_schema(cursor, schema, f"CREATE OR REPLACE VIEW {view} AS "
                                                 f"{interval[2].replace(CHANGES_TOKEN, rows)}")
                 self.created.add((schema, name))
                 if live_bytes:
                     self.deferred[(schema, name)] = live_bytes
                 return
-            if changes is not None and self.kept_bytes + changes[1] <= KEPT_BYTES:
+            if changes is not None and self._room(cursor, changes[1], schema):
                 kept = self._keep(cursor, schema + "_changes", name, changes[0])
                 if kept is not None:
                     self._count(schema, changes[1])
@@ -170,13 +194,16 @@ class SandboxViews:
             if live_bytes:
                 self.deferred[(schema, name)] = live_bytes
 
-    def ensure_shared(self, cursor: duckdb.DuckDBPyConnection, schema: str, name: str, sql: str) -> None:
-        """Create view ``schema.name AS sql`` (a filter over a kept ``interval`` table taking T from
-        ``AS_OF_VARIABLE``) unless made before: ``schema`` is shared by every T whose views these are,
-        so a first query at such a T sets the variable instead of making a schema and views."""
+    def ensure_shared(self, cursor: duckdb.DuckDBPyConnection, schema: str, name: str, sql: str,
+                      interval: str) -> None:
+        """Create view ``schema.name AS sql`` (a filter over the kept ``intervals`` table ``interval``
+        taking T from ``AS_OF_VARIABLE``) unless made before: ``schema`` is shared by every T whose
+        views these are, so a first query at such a T sets the variable instead of making a schema
+        and views."""
         with self.lock:
             if (schema, name) in self.created:
                 return
+            self.reads.setdefault(schema, set()).add(interval)
             self._in_schema(cursor, schema, f"CREATE OR REPLACE VIEW {_ident(schema)}.{_ident(name)} AS {sql}")
             self.created.add((schema, name))
 
@@ -203,20 +230,46 @@ class SandboxViews:
             cursor.execute(make + statement)
         self.schemas.add(schema)
 
-    def _interval(self, cursor: duckdb.DuckDBPyConnection, interval: tuple[str, str, str, int]) -> str | None:
-        """The kept table of ``interval`` (made when a second T asks for it), or None."""
+    def _interval(self, cursor: duckdb.DuckDBPyConnection, interval: tuple[str, str, str, int],
+                  schema: str) -> str | None:
+        """The kept table of ``interval`` (made when a second T asks for it, for ``schema``), or None."""
         name, build, _, size = interval
         if name in self.intervals:
             return self.intervals[name][0]
         asked = self.interval_asks[name] = self.interval_asks.get(name, 0) + 1
         # one T alone would pay for keeping every row of the files for nothing
-        if asked < 2 or self.kept_bytes + size > KEPT_BYTES:
+        if asked < KEEP_ROWS_FROM or not self._room(cursor, size, schema):
             return None
         kept = self._keep(cursor, INTERVALS_SCHEMA, name, build)
         if kept is not None:
             self.kept_bytes += size
             self.intervals[name] = (kept, size)
+            self.recent[name] = None
         return kept
+
+    def _room(self, cursor: duckdb.DuckDBPyConnection, size: int, schema: str) -> bool:
+        """Can ``size`` more bytes be kept for a query reading ``schema``? Past ``KEPT_BYTES``, the
+        tables kept for the least recently read schemas and rows are dropped first (as a cache does:
+        a worker's T move on), but never those ``schema`` reads: its views are in use."""
+        if size > KEPT_BYTES:
+            return False
+        used = {schema, *self.reads.get(schema, ())}
+        for name in list(self.recent):
+            if self.kept_bytes + size <= KEPT_BYTES:
+                break
+            if name in used:
+                continue
+            if name in self.intervals:
+                # the views over it go first (none is this query's: it reads what ``used`` holds)
+                for reader in [s for s, names in self.reads.items() if name in names]:
+                    self._forget(cursor, reader)
+                table, freed = self.intervals.pop(name)
+                cursor.execute(f"DROP TABLE IF EXISTS {table}")
+                self.kept_bytes -= freed
+                del self.recent[name]
+            elif name in self.schema_bytes:
+                self._forget(cursor, name)
+        return self.kept_bytes + size <= KEPT_BYTES
 
     def _count(self, schema: str, size: int) -> None:
         self.kept_bytes += size
@@ -228,21 +281,28 @@ class SandboxViews:
         it; the cursors themselves, and their macros (which depend on the state only), stay for
         the next query at any T, as a finished query's cursor serves another T's."""
         with self.lock:
-            spare = self.idle.setdefault(_SPARE, [])
-            for pooled in self.idle.pop(schema, []):
-                if len(spare) < IDLE_CURSORS:
-                    pooled.con.execute("USE memory.main")  # out of the schema dropped below
-                    spare.append(pooled)
-                else:
-                    pooled.con.close()
-            if schema in self.schemas:
-                for name in (schema, schema + "_changes", schema + "_live"):
-                    database.execute(f"DROP SCHEMA IF EXISTS {_ident(name)} CASCADE")
-                self.schemas.discard(schema)
-            self.created = {c for c in self.created if c[0] != schema}
-            self.deferred = {c: b for c, b in self.deferred.items() if c[0] != schema}
-            self.kept_bytes -= self.schema_bytes.pop(schema, 0)
-            self.shared_at.discard(schema)
+            self._forget(database, schema)
+
+    def _forget(self, database: duckdb.DuckDBPyConnection, schema: str) -> None:
+        """``forget``, the lock held."""
+        spare = self.idle.setdefault(_SPARE, [])
+        for pooled in self.idle.pop(schema, []):
+            if len(spare) < IDLE_CURSORS:
+                pooled.con.execute("USE memory.main")  # out of the schema dropped below
+                spare.append(pooled)
+            else:
+                pooled.con.close()
+        if schema in self.schemas:
+            for name in (schema, schema + "_changes", schema + "_live"):
+                database.execute(f"DROP SCHEMA IF EXISTS {_ident(name)} CASCADE")
+            self.schemas.discard(schema)
+        self.created = {c for c in self.created if c[0] != schema}
+        self.deferred = {c: b for c, b in self.deferred.items() if c[0] != schema}
+        self.kept_bytes -= self.schema_bytes.pop(schema, 0)
+        self.shared_at.discard(schema)
+        self.reads.pop(schema, None)
+        self.recent.pop(schema, None)
+        self.drops[schema] = self.drops.get(schema, 0) + 1
 
     @staticmethod
     def _keep(cursor: duckdb.DuckDBPyConnection, schema: str, name: str, select: str) -> str | None:
@@ -256,6 +316,15 @@ class SandboxViews:
             # chunk) fails only the queries that name it, as with the files alone
             return None
         return kept
+
+
+def _reset(pooled: PooledCursor) -> None:
+    """Undo what a cursor set up for its schema (schema history, registrations, ``USE``): it serves
+    another now, set up anew for it but for its macros."""
+    for name in pooled.registered:
+        pooled.con.unregister(name)
+    pooled.registered.clear()
+    pooled.done.clear()
 
 
 #: the schema a query as of T resolves its table names in (``USE``); users may not name it
