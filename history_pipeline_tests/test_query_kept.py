@@ -258,23 +258,42 @@ def test_past_the_budget_what_the_least_recent_t_kept_gives_way_to_the_t_asked_n
         store.sql(QUERY, old)
 
 
-def test_a_query_running_while_its_t_gives_way_answers_and_its_cursor_serves_that_t_again(tmp_path, monkeypatch):
-    """A query still being read while another T's keeping drops its T's views answers in full, and
-    its cursor, given back, is set up anew for the next query at that T."""
+def test_what_a_running_query_reads_does_not_give_way_until_it_is_done(tmp_path, monkeypatch):
+    """A query still being read holds what its T kept: a newer T's second query finds no room and
+    reads the files (its answer the same); once the older query is read, the newer T's next query
+    keeps its rows, what the older T kept giving way, and the older T answers again."""
     store = HistoryStore.open(tmp_path, database="db", settings=LAYERED)
     events = _history(store, marked=False)
     old, new = store.frontier, store.frontier + 1
     monkeypatch.setattr(sandbox, "KEPT_BYTES", max(_kept_alone(store, t) for t in (old, new)))
     for _ in range(2):
         assert store.sql(QUERY, old).to_pylist() == _expected(events, old)
+    _, kept = sandbox._sandboxes[store.query_context()._sandbox_key()]
+    old_schema, new_schema = (sandbox.AS_OF_SCHEMA.format(as_of=t) for t in (old, new))
     reader = store.sql_reader(QUERY, old)
     for _ in range(2):
         assert store.sql(QUERY, new).to_pylist() == _expected(events, new)
-    _, kept = sandbox._sandboxes[store.query_context()._sandbox_key()]
-    assert sandbox.AS_OF_SCHEMA.format(as_of=old) not in kept.schemas
+    assert old_schema in kept.schema_bytes and new_schema not in kept.schema_bytes
     assert reader.read_all().to_pylist() == _expected(events, old)
+    assert store.sql(QUERY, new).to_pylist() == _expected(events, new)
+    assert new_schema in kept.schema_bytes and old_schema not in kept.schemas
     for _ in range(3):
         assert store.sql(QUERY, old).to_pylist() == _expected(events, old)
+
+
+def test_a_query_running_while_its_t_is_forgotten_answers_and_its_cursor_serves_that_t_again(tmp_path):
+    """``forget(T)`` while a query at T is still being read: it answers in full, and its cursor,
+    given back, is set up anew for the next queries at T."""
+    store = HistoryStore.open(tmp_path, database="db", settings=LAYERED)
+    events = _history(store, marked=False)
+    as_of = store.frontier + 1
+    for _ in range(2):
+        assert store.sql(QUERY, as_of).to_pylist() == _expected(events, as_of)
+    reader = store.sql_reader(QUERY, as_of)
+    store.query_context().forget(as_of)
+    assert reader.read_all().to_pylist() == _expected(events, as_of)
+    for _ in range(3):
+        assert store.sql(QUERY, as_of).to_pylist() == _expected(events, as_of)
 
 
 def test_past_the_budget_the_rows_kept_for_a_set_of_files_give_way_with_the_views_over_them(tmp_path, monkeypatch):

@@ -470,7 +470,7 @@ class QueryContext:
                 raise QueryError(f"the result's columns {names} include a type Arrow cannot hand back ({exc}); "
                                  "cast it in the query, e.g. CAST(column AS VARCHAR)") from None
         except BaseException:
-            con.close()
+            kept.give_back(schema, pooled, keep=False)
             raise
         return pa.RecordBatchReader.from_batches(
             result_schema, self._batches(pooled, kept, schema, source, duck_types, as_of, wide, exact))
@@ -486,10 +486,7 @@ class QueryContext:
             finished = True
         finally:
             source.close()
-            if finished and pooled.poolable:
-                kept.give_back(schema, pooled)
-            else:
-                pooled.con.close()
+            kept.give_back(schema, pooled, keep=finished and pooled.poolable)
 
     @contextlib.contextmanager
     def _sql_errors(self, as_of: int, wide: list[str]) -> Any:

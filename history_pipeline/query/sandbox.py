@@ -106,12 +106,17 @@ class SandboxViews:
         self.reads: dict[str, set[str]] = {}
         #: how many times each schema was dropped (``PooledCursor.drops``)
         self.drops: dict[str, int] = {}
+        #: how many queries hold a cursor taken for each schema (``take`` to ``give_back``): what
+        #: they read is never dropped to make room
+        self.using: dict[str, int] = {}
 
     def take(self, schema: str, fresh: duckdb.DuckDBPyConnection) -> PooledCursor:
         """An idle cursor that a finished query of ``schema`` gave back (already ``USE``-ing it); else
         one of another T, set up anew for ``schema`` but for its macros (``macros``); else ``fresh``
-        (closed when not used). Marks ``schema`` and the kept rows it reads as the most recent."""
+        (closed when not used). Marks ``schema`` and the kept rows it reads as the most recent, and in
+        use until the cursor is given back."""
         with self.lock:
+            self.using[schema] = self.using.get(schema, 0) + 1
             for name in (schema, *self.reads.get(schema, ())):
                 self.recent[name] = None
                 self.recent.move_to_end(name)
@@ -130,18 +135,23 @@ class SandboxViews:
         pooled.drops = drops
         return pooled
 
-    def give_back(self, schema: str, cursor: PooledCursor) -> None:
-        """Keep a finished query's cursor for the next query of ``schema`` (at most ``IDLE_CURSORS``)."""
+    def give_back(self, schema: str, cursor: PooledCursor, keep: bool = True) -> None:
+        """A query taken for ``schema`` is done: with ``keep``, its cursor is kept for the next query
+        of ``schema`` (at most ``IDLE_CURSORS``); else closed."""
         with self.lock:
-            if cursor.drops != self.drops.get(schema, 0):
-                # its schema was dropped while it ran (past the budget): set up for none, it serves any T
-                schema = _SPARE
-                cursor.con.execute("USE memory.main")
-                _reset(cursor)
-            idle = self.idle.setdefault(schema, [])
-            if len(idle) < IDLE_CURSORS:
-                idle.append(cursor)
-                return
+            left = self.using.pop(schema, 1) - 1
+            if left:
+                self.using[schema] = left
+            if keep:
+                if cursor.drops != self.drops.get(schema, 0):
+                    # its schema was dropped while it ran (forgotten): set up for none, it serves any T
+                    schema = _SPARE
+                    cursor.con.execute("USE memory.main")
+                    _reset(cursor)
+                idle = self.idle.setdefault(schema, [])
+                if len(idle) < IDLE_CURSORS:
+                    idle.append(cursor)
+                    return
         cursor.con.close()
 
     def ensure(self, cursor: duckdb.DuckDBPyConnection, schema: str, name: str | None, sql: str = "",
@@ -168,7 +178,10 @@ class SandboxViews:
             view = f"{_ident(schema)}.{_ident(name)}"
             if (schema, name) in self.created:
                 bound = self.deferred.pop((schema, name), 0)
-                if bound and self._room(cursor, bound, schema):
+                if bound and not self._room(cursor, bound, schema):
+                    if bound <= KEPT_BYTES:  # what other queries read now may give way later
+                        self.deferred[(schema, name)] = bound
+                elif bound:
                     live = self._keep(cursor, schema + "_live", name, f"SELECT * FROM {view}")
                     if live is not None:
                         self._count(schema, bound)
@@ -250,26 +263,43 @@ class SandboxViews:
     def _room(self, cursor: duckdb.DuckDBPyConnection, size: int, schema: str) -> bool:
         """Can ``size`` more bytes be kept for a query reading ``schema``? Past ``KEPT_BYTES``, the
         tables kept for the least recently read schemas and rows are dropped first (as a cache does:
-        a worker's T move on), but never those ``schema`` reads: its views are in use."""
-        if size > KEPT_BYTES:
-            return False
-        used = {schema, *self.reads.get(schema, ())}
-        for name in list(self.recent):
-            if self.kept_bytes + size <= KEPT_BYTES:
+        a worker's T move on), never what ``schema`` or a query still running reads; when even that
+        leaves no room, nothing is dropped."""
+        if self.kept_bytes + size <= KEPT_BYTES:
+            return True
+        busy = {schema, *(s for s, n in self.using.items() if n)}
+        used = busy.union(*(self.reads.get(s, ()) for s in busy))
+        plan: list[str] = []
+        gone: set[str] = set()
+        freed = 0
+        for name in self.recent:
+            if self.kept_bytes - freed + size <= KEPT_BYTES:
                 break
             if name in used:
                 continue
             if name in self.intervals:
-                # the views over it go first (none is this query's: it reads what ``used`` holds)
+                # the views over it go with it (none is a busy schema's: those are in ``used``)
+                readers = {s for s, names in self.reads.items() if name in names} - gone
+                freed += self.intervals[name][1] + sum(self.schema_bytes.get(r, 0) for r in readers)
+                gone |= readers
+                plan.append(name)
+            elif name in self.schema_bytes and name not in gone:
+                freed += self.schema_bytes[name]
+                gone.add(name)
+                plan.append(name)
+        if self.kept_bytes - freed + size > KEPT_BYTES:
+            return False
+        for name in plan:
+            if name in self.intervals:
                 for reader in [s for s, names in self.reads.items() if name in names]:
                     self._forget(cursor, reader)
-                table, freed = self.intervals.pop(name)
+                table, size_kept = self.intervals.pop(name)
                 cursor.execute(f"DROP TABLE IF EXISTS {table}")
-                self.kept_bytes -= freed
+                self.kept_bytes -= size_kept
                 del self.recent[name]
             elif name in self.schema_bytes:
                 self._forget(cursor, name)
-        return self.kept_bytes + size <= KEPT_BYTES
+        return True
 
     def _count(self, schema: str, size: int) -> None:
         self.kept_bytes += size
