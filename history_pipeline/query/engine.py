@@ -430,7 +430,7 @@ class QueryContext:
             ]
             with_history = referenced is None or not referenced.isdisjoint(_HISTORY_NAMES)
             views = self._views(fresh, tables, as_of)
-            schema, shared, past = self._schema_for(kept, views, as_of)
+            schema, shared = self._schema_for(kept, views, as_of)
         except BaseException:
             fresh.close()
             raise
@@ -439,7 +439,7 @@ class QueryContext:
         pooled = kept.take(schema, fresh)
         con = pooled.con
         try:
-            wide, shapes = self._create_views(pooled, kept, views, as_of, schema, shared, with_history, past)
+            wide, shapes = self._create_views(pooled, kept, views, as_of, schema, shared, with_history)
             with self._sql_errors(as_of, wide):
                 # the rewrite depends on the query and the column types it sees, not on T: a worker's
                 # every query is the first at its T, and probing costs more than the query itself
@@ -547,37 +547,26 @@ class QueryContext:
 
     @staticmethod
     def _schema_for(kept: SandboxViews, views: Sequence[tuple[TableDescriptor, _TableView | None]],
-                    as_of: int) -> tuple[str, bool, bool]:
-        """The schema a query at ``as_of`` reads its views in, whether it is shared by other T as a
-        filter, and whether it is shared by other T as the same views.
-
-        Past the files: when every table read is past every row of its (local) files
-        (``LiveSql.past``), every T past the same files has the same live rows, so those T share one
-        schema of views made as T's own would be (the first T's SQL answers for all of them) and
-        its live rows, kept from its second query on.
-        A filter: when every view is a filter over rows this sandbox keeps for the same files (their
+                    as_of: int) -> tuple[str, bool]:
+        """The schema a query at ``as_of`` reads its views in, and whether it is shared by other T:
+        shared when every view is a filter over rows this sandbox keeps for the same files (their
         SQL then differs between such T only by T, taken from ``AS_OF_VARIABLE``), for the first
         query at T; a second query at T makes T's own schema, whose live rows are kept, and a T with
         its own schema already reads it."""
         own = AS_OF_SCHEMA.format(as_of=as_of)
-        if views and own not in kept.schemas and all(
-                view is not None and view.past and not view.datasets for _, view in views):
-            same = [(descriptor.table_name, view.past, view.columns) for descriptor, view in views if view]
-            return AS_OF_SCHEMA.format(as_of="p" + hashlib.sha1(repr(same).encode()).hexdigest()[:20]), False, True
         parts = []
         for descriptor, view in views:
             if view is None or view.interval is None or view.interval[0] not in kept.intervals:
-                return own, False, False
+                return own, False
             parts.append((descriptor.table_name, view.interval[0], view.columns))
         # a T with views of its own reads them (its second query keeps its live rows)
         if not parts or own in kept.schemas or kept.served_shared(own):
-            return own, False, False
-        return AS_OF_SCHEMA.format(as_of="s" + hashlib.sha1(repr(parts).encode()).hexdigest()[:20]), True, False
+            return own, False
+        return AS_OF_SCHEMA.format(as_of="s" + hashlib.sha1(repr(parts).encode()).hexdigest()[:20]), True
 
     def _create_views(self, pooled: PooledCursor, kept: SandboxViews,
                       views: Sequence[tuple[TableDescriptor, _TableView | None]], as_of: int, schema: str,
-                      shared: bool, with_history: bool = True,
-                      past: bool = False) -> tuple[list[str], tuple[Any, ...] | None]:
+                      shared: bool, with_history: bool = True) -> tuple[list[str], tuple[Any, ...] | None]:
         """Resolve the query's table names to their live rows at ``as_of``, under their names then,
         plus the schema history when the query may read it. Returns the NUMERIC columns too wide
         for DECIMAL(38, s), and what fixes the views' column types (their names and select lists;
@@ -586,23 +575,21 @@ class QueryContext:
         A view is made once per sandbox in ``schema``, which the cursor ``USE``s: T's own
         (``AS_OF_SCHEMA``), or with ``shared`` one every T whose views read the same kept rows
         shares, T set as ``AS_OF_VARIABLE`` on the cursor (the schema history then registered whole,
-        filtered by it too); with ``past`` one every T past the same files shares, its views made
-        as T's own, the cursor set up as for ``shared``; a table with array columns is a TEMP view of
-        its reconstruction, which the cursor finds first.
+        filtered by it too); a table with array columns is a TEMP view of its reconstruction, which
+        the cursor finds first.
         """
         con, done = pooled.con, pooled.done
-        whole = shared or past  # the schema serves other T: T is the cursor's variable
-        if pooled.as_of != as_of and (whole or pooled.as_of is not None):
+        if pooled.as_of != as_of and (shared or pooled.as_of is not None):
             # the cursor's variable outlives its move from a shared schema: it filters the history
             con.execute(f"SET VARIABLE {AS_OF_VARIABLE} = CAST({int(as_of)} AS BIGINT)")
             pooled.as_of = as_of
         if with_history and "history" not in done:  # registering it costs about a millisecond
-            at = None if whole else as_of
+            at = None if shared else as_of
             register_schema_history(con, _cached(_HISTORIES, (*self._sandbox_key(), at), lambda: schema_history_table(
                 [e for e in self.state.schema_history if at is None or e.logical_timestamp < at])))
             done.add("history")
         # a T a shared schema served before asks again: its own views keep its live rows at once
-        again = not whole and schema in kept.shared_at
+        again = not shared and schema in kept.shared_at
         wide: list[str] = []
         shapes: list[tuple[str, str]] | None = []
         for index, (descriptor, view) in enumerate(views):
@@ -675,7 +662,7 @@ class QueryContext:
             shared = (f"SELECT {columns} FROM {CHANGES_TOKEN} "
                       f"WHERE {interval_filter(f'getvariable({AS_OF_VARIABLE!r})')}")
         return _TableView(f"SELECT {columns} FROM ({live.sql}) live", live.datasets, tuple(wide), changes,
-                          live.live_bytes, columns, interval, shared, live.past)
+                          live.live_bytes, columns, interval, shared)
 
     def _expose_materialized(self, con: Any, descriptor: TableDescriptor, as_of: int, index: int) -> list[str]:
         """A table with array columns is exposed from its reconstructed Arrow table: arrays are stored
@@ -725,7 +712,6 @@ class _TableView:
     columns: str = ""  # the select list: the view's column names and types
     interval: tuple[str, str, str, int] | None = None  # see SandboxViews.ensure
     shared_sql: str = ""  # the interval's view taking T from AS_OF_VARIABLE (SandboxViews.ensure_shared)
-    past: str = ""  # see LiveSql.past
 
 
 @dataclass(frozen=True)

@@ -79,10 +79,6 @@ class LiveSql:
     #: bytes it may take; None for a closed read (a filter over the files already), no version since
     #: the base, or rows too large to keep
     interval: tuple[str, str, str, int] | None = None
-    #: the files read, named, when every row they hold is older than ``as_of`` (local files): every T
-    #: past them reading the same files has the same live rows, so the same SELECT answers for all
-    #: of them; "" otherwise
-    past: str = ""
 
 
 #: up to this many version rows since the snapshot, all of them are the changes (else the tail)
@@ -218,15 +214,6 @@ def live_sql(
     lower = "" if selection.snapshot_as_of is None else f" AND {lt} >= {selection.snapshot_as_of}"
     in_range = f" WHERE {lt} < {as_of}{lower}"
     closed = is_closed_read(store, selection)
-    past = ""
-    read = (*selection.snapshot, *selection.versions)
-    if local and read and all(f.max_t is not None and f.max_t < as_of for f in read):
-        # no version is in [T1, T2) for two T past the same files (it would be in a file read at
-        # T2 only), so both have the same live rows, and the SELECT made for either answers both
-        files = (table_uuid, "closed" if closed else "marked" if marks is not None else "open",
-                 selection.snapshot_as_of, tuple(f.path for f in selection.snapshot),
-                 tuple(f.path for f in selection.versions), tuple(wanted))
-        past = "past_" + hashlib.sha1(repr(files).encode()).hexdigest()[:20]
     rows_read = sum(f.row_count for f in (*selection.snapshot, *selection.versions))
     # the live rows themselves are worth keeping as a table when small: every later query at T then
     # scans memory, not the versions beneath them (a closed read's filter columns of several times
@@ -321,7 +308,7 @@ def live_sql(
                                        f"FROM {relation_}{where}")
             interval = _interval(selection, "closed", wanted, table_uuid, as_of,
                                  " UNION ALL ".join(marked_rows), False, live_bytes + 8 * rows_read)
-        return LiveSql(sql, tuple(datasets), tuple(paths), live_bytes=live_bytes, interval=interval, past=past)
+        return LiveSql(sql, tuple(datasets), tuple(paths), live_bytes=live_bytes, interval=interval)
     interval = None
     if selection.versions and live_bytes:
         base = source(selection.snapshot, "snapshot", at_marks) if selection.snapshot else None
@@ -371,7 +358,7 @@ def live_sql(
         newest_rows = f"(SELECT r.* FROM {part} r SEMI JOIN {CHANGES_TOKEN} m USING ({k}, {lt}))"
         materialized_sql = assemble(first, newest_rows, keys)
     return LiveSql(sql, tuple(datasets), tuple(paths), changes_sql, changes_bytes, materialized_sql, kept_tail,
-                   live_bytes, interval, past)
+                   live_bytes, interval)
 
 
 def _interval(selection: FileSelection, read: str, wanted: Sequence[str], table_uuid: str, as_of: int,
