@@ -4,6 +4,8 @@ from memory, equal to the model; a T asked once reads the files; the sandbox's b
 
 from __future__ import annotations
 
+import gc
+
 import pytest
 
 from history_pipeline import HistoryStore, StoreSettings
@@ -279,6 +281,27 @@ def test_what_a_running_query_reads_does_not_give_way_until_it_is_done(tmp_path,
     assert new_schema in kept.schema_bytes and old_schema not in kept.schemas
     for _ in range(3):
         assert store.sql(QUERY, old).to_pylist() == _expected(events, old)
+
+
+def test_a_reader_dropped_unread_holds_nothing_kept(tmp_path, monkeypatch):
+    """A ``sql_reader`` dropped without being read gives its query up: what its T kept may give way
+    to a newer T's rows again, as after a query read in full."""
+    store = HistoryStore.open(tmp_path, database="db", settings=LAYERED)
+    events = _history(store, marked=False)
+    old, new = store.frontier, store.frontier + 1
+    monkeypatch.setattr(sandbox, "KEPT_BYTES", max(_kept_alone(store, t) for t in (old, new)))
+    for _ in range(2):
+        assert store.sql(QUERY, old).to_pylist() == _expected(events, old)
+    _, kept = sandbox._sandboxes[store.query_context()._sandbox_key()]
+    old_schema, new_schema = (sandbox.AS_OF_SCHEMA.format(as_of=t) for t in (old, new))
+    reader = store.sql_reader(QUERY, old)
+    assert kept.using.get(old_schema)
+    del reader
+    gc.collect()
+    assert not kept.using.get(old_schema)
+    for _ in range(2):
+        assert store.sql(QUERY, new).to_pylist() == _expected(events, new)
+    assert new_schema in kept.schema_bytes and old_schema not in kept.schemas
 
 
 def test_a_query_running_while_its_t_is_forgotten_answers_and_its_cursor_serves_that_t_again(tmp_path):

@@ -472,13 +472,15 @@ class QueryContext:
         except BaseException:
             kept.give_back(schema, pooled, keep=False)
             raise
-        return pa.RecordBatchReader.from_batches(
-            result_schema, self._batches(pooled, kept, schema, source, duck_types, as_of, wide, exact))
+        batches = self._batches(pooled, kept, schema, source, duck_types, as_of, wide, exact)
+        next(batches)  # started: a reader dropped unread closes it, giving its cursor back
+        return pa.RecordBatchReader.from_batches(result_schema, batches)
 
     def _batches(self, pooled: PooledCursor, kept: SandboxViews, schema: str, source: Any, duck_types: list[str],
                  as_of: int, wide: list[str], exact: _Rewrite) -> Any:
         finished = False
         try:
+            yield None  # the caller's first step: from here on, closing the generator runs ``finally``
             with self._sql_errors(as_of, wide):
                 for batch in source:
                     table = _restore_types(pa.Table.from_batches([batch]), duck_types)

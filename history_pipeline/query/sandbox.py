@@ -83,7 +83,9 @@ class SandboxViews:
     (``AS_OF_SCHEMA``), one view per table there (created on first use, from any cursor)."""
 
     def __init__(self) -> None:
-        self.lock = threading.Lock()
+        # reentrant: a sql_reader dropped unread gives its cursor back when it is collected, which
+        # may happen in this thread while it holds the lock
+        self.lock = threading.RLock()
         self.created: set[tuple[str, str]] = set()
         self.schemas: set[str] = set()
         self.kept_bytes = 0
