@@ -158,7 +158,9 @@ def test_marks_survive_merge_erasure_and_rebuild_and_retention_falls_back_where_
     snapshots = _snapshots(store)
     closed_ts = [t for t in range(3, store.frontier + 2) if t < snapshots[-1]]
 
-    summary = store.merge(small_file_bytes=1 << 30)
+    # merge and retention in-process (test_the_closed_layout_survives_maintenance runs both on Spark
+    # over marked files); the erasure below on Spark
+    summary = store.merge(spark=False, small_file_bytes=1 << 30)
     assert summary.files_removed > summary.files_added  # files of one interval were merged, marks kept
     assert all(_closed(store, t) for t in closed_ts)
     _check_layout(store)
@@ -177,7 +179,7 @@ def test_marks_survive_merge_erasure_and_rebuild_and_retention_falls_back_where_
     # retention inside an interval: its snapshot goes, the kept rows are a new unmarked file, so
     # reads in what is left of that interval fall back; intervals above the purge point stay closed
     purge = (snapshots[1] + snapshots[2]) // 2
-    store.retain(purge)
+    store.retain(purge, spark=False)
     with pytest.raises(PurgedTimestampError):
         store.load_table("items", purge - 1)
     left = range(purge, store.frontier + 2)
@@ -267,17 +269,6 @@ def test_random_histories_with_schema_changes_equal_the_model_and_use_the_filter
     assert closed > 0
     check_against_model(store, events)
     check_sql_against_model(store, events, range(0, store.frontier + 2))
-
-
-def test_closed_intervals_on_an_s3_root(tmp_path, s3_bucket, s3_options):
-    """On S3 the interval is closed through Arrow datasets (no local paths) and read the same way."""
-    store = HistoryStore.open(s3_bucket, database="db", wal_dir=tmp_path / "wal", s3=s3_options,
-                              settings=SMALL_SNAPSHOTS)
-    events = _items_history(store)
-    snapshots = _snapshots(store)
-    closed = [t for t in range(3, store.frontier + 2) if _closed(store, t)]
-    assert closed and max(closed) == snapshots[-1]
-    _check_items(store, events, [closed[0], closed[len(closed) // 2], closed[-1], store.frontier + 1])
 
 
 @pytest.mark.slow
@@ -610,10 +601,13 @@ def test_files_closed_in_the_key_sorted_layout_read_right_and_are_laid_out_again
 
 
 def test_the_closed_layout_on_an_s3_root(tmp_path, s3_bucket, s3_options, tiny_row_groups):
+    """On S3 the interval is closed through Arrow datasets (no local paths), in the closed layout,
+    and read the same way."""
     store = HistoryStore.open(s3_bucket, database="db", wal_dir=tmp_path / "wal", s3=s3_options,
                               settings=SMALL_SNAPSHOTS)
     events = _items_history(store)
     closed = [t for t in range(3, store.frontier + 2) if _closed(store, t)]
+    assert closed and max(closed) == _snapshots(store)[-1]
     _check_layout(store)
     _assert_skips_most(*_check_pruning(store, closed))
     picked = [closed[0], closed[len(closed) // 2], closed[-1], store.frontier + 1]
@@ -695,7 +689,6 @@ def test_closed_reads_that_skip_settled_columns_equal_the_model(tmp_path, tiny_r
 
 
 @pytest.mark.slow
-@pytest.mark.spark
 @pytest.mark.parametrize("mark_open_fraction", [0, 0.25])
 def test_reads_of_dictionary_strings_equal_the_model(tmp_path, mark_open_fraction):
     """A text column of few values is stored with a dictionary: a closed read, and a layered one
@@ -722,7 +715,9 @@ def test_reads_of_dictionary_strings_equal_the_model(tmp_path, mark_open_fractio
     events, alive = [], set()
     for batch in batches:
         events += _load(store, [batch], alive)
-        store.refresh_snapshots()  # the maintenance after compaction (which marks when due)
+        # the maintenance after compaction (which marks when due), in-process: the same tasks mark on
+        # Spark in test_intervals_are_closed_by_spark_tasks_over_key_ranges_on_s3
+        store.refresh_snapshots(spark=False)
     model = BaseDatabase()
     for e in events:
         model.apply(e)

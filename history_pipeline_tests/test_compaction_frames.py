@@ -4,6 +4,8 @@
 
 from __future__ import annotations
 
+import shutil
+
 import pytest
 
 from history_pipeline import HistoryStore, StoreSettings
@@ -145,14 +147,33 @@ BAD_SEGMENTS = {  # each second segment fails; the DataFrame engine must name th
 }
 
 
+@pytest.fixture(scope="module")
+def first_compacted(tmp_path_factory):
+    """A store at ``root`` holding ``FIRST`` compacted on ``session`` in ``routing``: a copy of one
+    compaction per routing and engine made once for the module (each bad segment is written to its
+    own copy; a bad segment in a group after good ones is test_frame_routing's)."""
+    made: dict[tuple[str, str], object] = {}
+
+    def copy(root, name: str, session, routing: str) -> HistoryStore:
+        if (routing, name) not in made:
+            made[routing, name] = tmp_path_factory.mktemp("first") / "root"
+            store = HistoryStore.open(made[routing, name], database="db", settings=FRAMES)
+            write(store, FIRST)
+            assert store.compact(spark=session).segments_applied == [1]
+        shutil.copytree(made[routing, name], root)
+        return HistoryStore.open(root, database="db", settings=FRAMES)
+
+    return copy
+
+
 @pytest.mark.parametrize("case", sorted(BAD_SEGMENTS))
-def test_bad_segments_fail_with_the_reference_line_and_reason(tmp_path, spark, case):
+def test_bad_segments_fail_with_the_reference_line_and_reason(tmp_path, spark, routing, first_compacted, case):
     from history_pipeline import SegmentQuarantinedError
 
     messages = []
     for name, session in (("frames", spark), ("reference", False)):
-        store = HistoryStore.open(tmp_path / name, database="db", settings=FRAMES)
-        write(store, FIRST, BAD_SEGMENTS[case])
+        store = first_compacted(tmp_path / name, name, session, routing)
+        write(store, BAD_SEGMENTS[case])
         with pytest.raises(SegmentQuarantinedError) as info:
             store.compact(spark=session)
         messages.append(str(info.value))

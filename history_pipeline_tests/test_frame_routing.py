@@ -60,6 +60,23 @@ def _two_tables(n: int) -> list[list[dict]]:
     return [first, second]
 
 
+@pytest.fixture(scope="module")
+def reference_answers(tmp_path_factory):
+    """Every answer of a history's segments compacted in-process, made once per history for the
+    module (several tests compare their stores with the same reference)."""
+    made: dict[str, dict] = {}
+
+    def answers_of(name: str, batches: list[list[dict]]) -> dict:
+        if name not in made:
+            store = HistoryStore.open(tmp_path_factory.mktemp("reference") / "root", database="db", settings=FRAMES)
+            write(store, *batches)
+            assert store.compact(spark=False).segments_applied == list(range(1, len(batches) + 1))
+            made[name] = answers(store)
+        return made[name]
+
+    return answers_of
+
+
 def _python_lines(path) -> dict[int, bytes]:
     """The reference: every line of the file by number, split in Python."""
     return dict(enumerate(path.read_bytes().split(b"\n")[:-1], start=1))
@@ -210,7 +227,8 @@ def test_inserts_past_the_held_keys_are_spread_over_the_parts(tmp_path, monkeypa
 
 
 @pytest.mark.parametrize("root", ["local", "s3"])
-def test_split_tables_with_byte_ranges_equal_the_reference(tmp_path, monkeypatch, spark, root, request):
+def test_split_tables_with_byte_ranges_equal_the_reference(tmp_path, monkeypatch, spark, root, request,
+                                                           reference_answers):
     """Compacted with tables split into parts and tasks reading small spans, on a local root and on
     the S3 endpoint: every answer at every T equals the per-event reference's."""
     monkeypatch.setattr(compactor, "SPLIT_THRESHOLD", 8)
@@ -223,19 +241,15 @@ def test_split_tables_with_byte_ranges_equal_the_reference(tmp_path, monkeypatch
     cuts = [i for i in range(1, len(events)) if events[i]["t"] > events[i - 1]["t"]]  # a t is not split
     a, b = cuts[len(cuts) // 3], cuts[2 * len(cuts) // 3]
     batches = [events[:a], events[a:b], events[b:]]
-    got = []
-    for name, session in (("frames", spark), ("reference", False)):
-        if root == "s3" and name == "frames":
-            store = HistoryStore.open(request.getfixturevalue("s3_bucket"), database="db", wal_dir=tmp_path / "wal",
-                                      s3=request.getfixturevalue("s3_options"), settings=FRAMES)
-        else:
-            store = HistoryStore.open(tmp_path / name, database="db", settings=FRAMES)
-        write(store, *batches)
-        store.compact(spark=session)
-        got.append(answers(store))
-        if name == "frames":
-            assert store.segments() and all(s.state is SegmentState.APPLIED for s in store.segments())
-    assert got[0] == got[1]
+    if root == "s3":
+        store = HistoryStore.open(request.getfixturevalue("s3_bucket"), database="db", wal_dir=tmp_path / "wal",
+                                  s3=request.getfixturevalue("s3_options"), settings=FRAMES)
+    else:
+        store = HistoryStore.open(tmp_path / "frames", database="db", settings=FRAMES)
+    write(store, *batches)
+    store.compact(spark=spark)
+    assert store.segments() and all(s.state is SegmentState.APPLIED for s in store.segments())
+    assert answers(store) == reference_answers("random history 5, three segments", batches)
     assert [members for members, _ in planned] == [3]  # every segment routed on the driver, one job
     tasks = planned[0][1]
     assert len({t.table_uuid for t in tasks}) < len(tasks)  # tables split
@@ -315,21 +329,18 @@ def _schema_changes_across(n: int) -> list[list[dict]]:
 
 
 @pytest.mark.parametrize("split", [False, True])
-def test_a_group_across_schema_changes_equals_the_reference(tmp_path, monkeypatch, spark, split):
+def test_a_group_across_schema_changes_equals_the_reference(tmp_path, monkeypatch, spark, split, reference_answers):
     """Three segments in one Spark job, with a column added, a rename and backfills (a default, a
     type change) in the middle of the group, whole and with the tables split into key parts (a
     backfill's snapshot then in one piece per part): every answer at every T is the reference's."""
     if split:
         monkeypatch.setattr(compactor, "SPLIT_THRESHOLD", 6)
     sizes = _record_groups(monkeypatch)
-    got = []
-    for name, session in (("frames", spark), ("reference", False)):
-        store = HistoryStore.open(tmp_path / name, database="db", settings=FRAMES)
-        write(store, *_schema_changes_across(60))
-        assert store.compact(spark=session).segments_applied == [1, 2, 3]
-        got.append(answers(store))
-    assert got[0] == got[1]
+    store = HistoryStore.open(tmp_path / "frames", database="db", settings=FRAMES)
+    write(store, *_schema_changes_across(60))
+    assert store.compact(spark=spark).segments_applied == [1, 2, 3]
     assert sizes == [3]
+    assert answers(store) == reference_answers("schema changes across 60", _schema_changes_across(60))
     pieces = HistoryStore.open(tmp_path / "frames", database="db", settings=FRAMES)
     snapshots = [f for f in pieces.catalog_state().files.values() if f.kind.value == "snapshot"]
     points = {(f.table_uuid, f.snapshot_as_of) for f in snapshots}
@@ -374,7 +385,7 @@ class Crash(Exception):
 
 
 @pytest.mark.parametrize("step", ["files_written", "schema_history_written", "committed"])
-def test_a_crash_between_the_commits_of_a_group_recovers(tmp_path, spark, step):
+def test_a_crash_between_the_commits_of_a_group_recovers(tmp_path, spark, step, reference_answers):
     """A crash after the group's job, at a step of its second segment (the first committed): the
     next run applies every segment exactly once and answers as the reference."""
     store = HistoryStore.open(tmp_path / "frames", database="db", settings=FRAMES)
@@ -396,10 +407,7 @@ def test_a_crash_between_the_commits_of_a_group_recovers(tmp_path, spark, step):
     # a segment committed before the crash is only moved (the catalog lists it already)
     assert summary.segments_applied == ([3] if step == "committed" else [2, 3])
     assert [s.state for s in again.segments()] == [SegmentState.APPLIED] * 3
-    reference = HistoryStore.open(tmp_path / "reference", database="db", settings=FRAMES)
-    write(reference, *batches)
-    reference.compact(spark=False)
-    assert answers(again) == answers(reference)
+    assert answers(again) == reference_answers("schema changes across 40", batches)
 
 
 def test_route_files_a_crashed_run_left_break_nothing_and_go(tmp_path, spark):

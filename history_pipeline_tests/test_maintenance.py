@@ -26,24 +26,27 @@ def all_answers(store, lowest=0):
     return out
 
 
-def compacted_random_store(path, seed):
+def compacted_random_store(path, seed, spark=None):
+    """A random history compacted on ``spark`` (None: the store's default session, False: in-process)."""
     events = random_history(seed, n_events=70)
     store = HistoryStore.open(path, database="db")
     write(store, *_split(events, random.Random(seed)))
-    store.compact()
+    store.compact(spark=spark)
     return store
 
 
-@pytest.mark.spark
+# Merge, retention and cleanup over random histories run in-process: the same tasks run on Spark
+# in test_merge_and_retention_on_spark, which checks every answer after each of them.
+@pytest.mark.slow
 @pytest.mark.parametrize("seed", [3, 17, 29, 101])
 def test_merge_and_retention_keep_every_answer_at_or_after_the_purge_point(tmp_path, seed):
-    store = compacted_random_store(tmp_path / "db", seed)
+    store = compacted_random_store(tmp_path / "db", seed, spark=False)
     before = all_answers(store)
-    merged = store.merge(small_file_bytes=10**9)
+    merged = store.merge(spark=False, small_file_bytes=10**9)
     assert merged.files_removed >= merged.files_added
     assert all_answers(store) == before
     t_purge = store.frontier // 2
-    store.retain(purge_before=t_purge)
+    store.retain(purge_before=t_purge, spark=False)
     assert store.earliest == t_purge
     after = all_answers(store)
     assert after == {k: v for k, v in before.items() if k[0] >= t_purge}
@@ -54,7 +57,7 @@ def test_merge_and_retention_keep_every_answer_at_or_after_the_purge_point(tmp_p
     assert store.verify() == []
 
 
-@pytest.mark.spark
+@pytest.mark.slow
 def test_row_inserted_at_the_beginning_of_time_survives_retention(tmp_path):
     store = HistoryStore.open(tmp_path, database="db")
     col = {"column_uuid": "c", "column_name": "v", "data_type": "INTEGER"}
@@ -68,8 +71,8 @@ def test_row_inserted_at_the_beginning_of_time_survives_retention(tmp_path):
         events.append({"op": "update", "t": day, "table_uuid": T1, "key": 2, "values": {"c": day}})
     events.append({"op": "delete", "t": 40, "table_uuid": T1, "key": 3})
     write(store, events)
-    store.compact()
-    summary = store.retain(purge_before=41)
+    store.compact(spark=False)
+    summary = store.retain(purge_before=41, spark=False)
     assert summary.versions_removed == 36 + 2  # 36 older versions of key 2, key 3 insert and delete
     assert store.load_table("t", 41).to_pylist() == [
         {"synthetic_key": 1, "v": 0},
@@ -91,12 +94,12 @@ def _crash_at(step_name):
     return hook
 
 
-@pytest.mark.spark
+@pytest.mark.slow
 def test_crash_during_merge_or_retention_changes_nothing(tmp_path):
-    store = compacted_random_store(tmp_path / "db", 5)
+    store = compacted_random_store(tmp_path / "db", 5, spark=False)
     before = all_answers(store)
     with pytest.raises(Crash):
-        store.merge(small_file_bytes=10**9, on_step=_crash_at("files_written"))
+        store.merge(spark=False, small_file_bytes=10**9, on_step=_crash_at("files_written"))
     assert all_answers(store) == before
     from history_pipeline.maintenance.retention import retain
 
@@ -107,15 +110,15 @@ def test_crash_during_merge_or_retention_changes_nothing(tmp_path):
     report = collect_garbage(store.catalog, store.objects, "db", 60, at=time.time() + 120)
     assert report.orphans_deleted  # what the crashes wrote is garbage, and only that
     assert all_answers(store) == before and store.verify() == []
-    store.merge(small_file_bytes=10**9)  # re-running after the crash works
+    store.merge(spark=False, small_file_bytes=10**9)  # re-running after the crash works
     assert all_answers(store) == before
 
 
-@pytest.mark.spark
+@pytest.mark.slow
 def test_cleanup_respects_grace_and_never_deletes_live_files(tmp_path):
-    store = compacted_random_store(tmp_path / "db", 8)
+    store = compacted_random_store(tmp_path / "db", 8, spark=False)
     before = all_answers(store)
-    store.merge(small_file_bytes=10**9)
+    store.merge(spark=False, small_file_bytes=10**9)
     tombstones = set(store.catalog_state().tombstones)
     assert tombstones
     from datetime import timedelta
@@ -132,7 +135,7 @@ def test_export_and_cold_tier_round_trip_through_s3(tmp_path, s3_bucket, s3_opti
     store = HistoryStore.open(tmp_path / "root", database="db", s3=s3_options)
     events = random_history(11, n_events=70)
     write(store, *_split(events, random.Random(2)))
-    store.compact()
+    store.compact(spark=False)  # about the exports and the cold tier on S3: in-process
     before = all_answers(store)
     as_of = store.frontier + 1
     manifest = store.export(as_of=as_of, to=s3_bucket)
@@ -144,7 +147,7 @@ def test_export_and_cold_tier_round_trip_through_s3(tmp_path, s3_bucket, s3_opti
     }
     assert len(manifest["tables"]) == len(loaded)
     t_purge = store.frontier // 2
-    store.retain(purge_before=t_purge, cold_tier=s3_bucket)
+    store.retain(purge_before=t_purge, cold_tier=s3_bucket, spark=False)
     with pytest.raises(PurgedTimestampError):
         store.load_table(before and next(iter(before))[1], 0)
     assert store.load_cold_tier(s3_bucket) == 0
@@ -171,7 +174,7 @@ class FlakyStore:
 def test_interrupted_export_leaves_nothing_visible(tmp_path, s3_bucket, s3_options):
     from history_pipeline.maintenance.export import export_database
 
-    store = compacted_random_store(tmp_path / "db", 13)
+    store = compacted_random_store(tmp_path / "db", 13, spark=False)
     cold = open_store(s3_bucket, s3_options)
     with pytest.raises(ConnectionError):
         export_database(store, store.frontier + 1, FlakyStore(cold, fail_after=1))

@@ -33,11 +33,15 @@ MARKED = StoreSettings(snapshot_min_versions=60, snapshot_ratio=0.2, mark_open_f
 
 
 def _load_and_mark(store, batches, alive):
-    """Each batch compacted, then the maintenance after it (which marks the open interval when due)."""
+    """Each batch compacted, then the maintenance after it (which marks the open interval when due).
+
+    In-process: the marking's tasks are those of closing an interval, run on Spark by
+    test_intervals_are_closed_by_spark_tasks_over_key_ranges_on_s3, and the open interval is marked
+    on Spark by test_the_refresh_reports_the_files_it_marked."""
     events = []
     for batch in batches:
         events += _load(store, [batch], alive)
-        store.refresh_snapshots()
+        store.refresh_snapshots(spark=False)
     return events
 
 
@@ -58,7 +62,7 @@ def _history(store, tail=5, alive=None):
         batches.append(batch)
     alive = set() if alive is None else alive
     events = _load_and_mark(store, batches, alive)
-    store.refresh_snapshots(force=True)
+    store.refresh_snapshots(force=True, spark=False)
     for n in (20, tail):
         if n:  # a timestamp each: every T between them is read
             keys = rng.sample(sorted(alive), n)
@@ -86,7 +90,7 @@ def _open_marks(store, table="T"):
     return max(marks - {None}, default=None)
 
 
-@pytest.mark.spark
+@pytest.mark.slow
 def test_every_t_up_to_the_open_marks_is_a_filter_and_above_them_an_overlay_equal_to_the_model(tmp_path):
     store = HistoryStore.open(tmp_path, database="db", settings=MARKED)
     events = _history(store)
@@ -111,7 +115,7 @@ def test_every_t_up_to_the_open_marks_is_a_filter_and_above_them_an_overlay_equa
     assert store.verify() == []  # every mark agrees with the versions
 
 
-@pytest.mark.spark
+@pytest.mark.slow
 def test_the_open_interval_is_marked_again_as_it_grows_and_closed_by_the_next_snapshot(tmp_path):
     store = HistoryStore.open(tmp_path, database="db", settings=MARKED)
     alive: set[int] = set()
@@ -141,7 +145,7 @@ def test_the_marking_share_is_of_the_snapshot_threshold_or_of_the_live_rows_when
     assert marking_share(10, 3.0, 0, 0.0) == 1.0
 
 
-@pytest.mark.spark
+@pytest.mark.slow
 @pytest.mark.usefixtures("tiny_row_groups")  # many row groups: buckets and cells in small files
 def test_sparse_snapshots_long_intervals_in_cells_by_t_and_marks_equal_the_model(tmp_path, monkeypatch):
     """Snapshots three times the live rows apart: the closed intervals are long (their superseded
@@ -179,7 +183,7 @@ def test_sparse_snapshots_long_intervals_in_cells_by_t_and_marks_equal_the_model
     assert store.verify() == []
 
 
-@pytest.mark.spark
+@pytest.mark.slow
 @pytest.mark.parametrize("seed", [5, 21])
 def test_random_histories_with_schema_changes_and_marks_equal_the_model(tmp_path, seed):
     events = random_history(seed, n_events=160)
@@ -190,7 +194,7 @@ def test_random_histories_with_schema_changes_and_marks_equal_the_model(tmp_path
     for batch in batches[:-1]:
         write(store, batch)
         store.compact(spark=False)
-        store.refresh_snapshots()  # the maintenance after compaction marks
+        store.refresh_snapshots(spark=False)  # the maintenance after compaction marks
     # the last batch neither marks nor snapshots (as between two markings): T above the marks
     unmarking = HistoryStore.open(tmp_path, database="db", settings=replace(
         store.settings, mark_open_fraction=0, snapshot_min_versions=10**9))
@@ -214,7 +218,7 @@ def test_marks_on_an_s3_root(tmp_path, s3_bucket, s3_options):
     _check_items(store, events, [marked[0] - 1, marked[0], store.frontier + 1])
 
 
-@pytest.mark.spark
+@pytest.mark.slow
 def test_merge_and_rebuild_keep_the_open_marks_right(tmp_path):
     store = HistoryStore.open(tmp_path, database="db", settings=replace(MARKED, interval_piece_rows=20))
     events = _history(store)
@@ -263,8 +267,8 @@ def test_an_overlay_of_rows_current_in_any_order_equals_a_dict_model(seed):
 
 @pytest.mark.spark
 def test_the_refresh_reports_the_files_it_marked(tmp_path):
-    """Versions compacted by a store that does not mark are marked by the next refresh, which says
-    how many files it replaced; a refresh with nothing due marks nothing."""
+    """Versions compacted by a store that does not mark are marked by the next refresh (on Spark),
+    which says how many files it replaced; a refresh with nothing due marks nothing."""
     alive: set[int] = set()
     store = HistoryStore.open(tmp_path, database="db", settings=MARKED)
     events = _history(store, tail=0, alive=alive)
