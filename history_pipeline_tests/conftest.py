@@ -39,6 +39,15 @@ MODULE_MARKERS = {
 
 IN_CHECK_TIER = os.environ.get("HISTORY_TEST_TIER") == "check"
 
+#: every JVM the tests start compiles with the quick JIT only: the local sessions, the command
+#: line's, Spark Connect engines (spark-submit reads SPARK_SUBMIT_OPTS), a standalone cluster's
+#: master and workers (SPARK_DAEMON_JAVA_OPTS) and its executors (``spark_scenario``). They live
+#: seconds to minutes over tiny data, where the optimising compiler costs more CPU than it wins
+#: back (test_compaction_frames.py on 2026-11-29, commit a2b89e4: 76 s of JVM CPU, 45 s with it).
+QUICK_JIT = "-XX:TieredStopAtLevel=1"
+for _variable in ("SPARK_SUBMIT_OPTS", "SPARK_DAEMON_JAVA_OPTS"):
+    os.environ.setdefault(_variable, QUICK_JIT)
+
 
 def pytest_collection_modifyitems(config, items):
     """Mark each test with the components its fixtures and parameters need."""

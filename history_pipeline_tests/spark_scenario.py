@@ -62,6 +62,8 @@ def session(spec: dict[str, Any]) -> Any:
         .config("spark.executor.memory", "512m")
         .config("spark.cores.max", "2")
         .config("spark.executorEnv.PYTHONPATH", os.environ.get("PYTHONPATH", ""))
+        # a cluster's executors compile as the test run's drivers do (conftest's QUICK_JIT)
+        .config("spark.executor.extraJavaOptions", os.environ.get("SPARK_SUBMIT_OPTS", ""))
     )
     return builder.getOrCreate()
 
