@@ -62,6 +62,8 @@ def session(spec: dict[str, Any]) -> Any:
         .config("spark.executor.memory", "512m")
         .config("spark.cores.max", "2")
         .config("spark.executorEnv.PYTHONPATH", os.environ.get("PYTHONPATH", ""))
+        # a cluster's executors compile as the test run's drivers do (conftest's QUICK_JIT)
+        .config("spark.executor.extraJavaOptions", os.environ.get("SPARK_SUBMIT_OPTS", ""))
     )
     return builder.getOrCreate()
 
@@ -89,8 +91,11 @@ def maintain(store: HistoryStore, spark: Any, purge_before: int) -> dict[str, An
 
 
 def run(spark: Any, spec: dict[str, Any]) -> dict[str, Any]:
-    """Write the segments, compact them on ``spark``, read every answer back (then, when the spec
-    says ``purge_before``, merge and retention on ``spark`` and the answers after them)."""
+    """Write the segments, compact them on ``spark`` (``False``: in this process), read every answer
+    back; then, as the spec says, snapshot every table in pieces of ``snapshot_piece_rows`` rows and
+    read every answer again, and merge and purge below ``purge_before`` and read the answers left.
+    With ``expect_refusal`` the compaction is first tried on a store that does not declare its paths
+    shared, and the refusal is the result (with ``refusal_only``, the whole result)."""
     result: dict[str, Any] = {}
     store = open_store(spec, shared=False)
     write_segments(store, spec["batches"])
@@ -100,6 +105,8 @@ def run(spark: Any, spec: dict[str, Any]) -> dict[str, Any]:
             result["refused"] = None
         except Exception as exc:  # noqa: BLE001 - the test checks the type and message
             result["refused"] = f"{type(exc).__name__}: {exc}"
+        if spec.get("refusal_only"):
+            return result
     store = open_store(spec, shared=spec.get("shared", False))
     summary = store.compact(spark=spark)
     result["segments_applied"] = summary.segments_applied

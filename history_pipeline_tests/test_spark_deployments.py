@@ -1,11 +1,11 @@
-"""The DataFrame compaction on the three places it must run: a local session (the test run's),
-a standalone cluster (master and two workers as separate JVMs on 127.0.0.1) and Spark Connect.
-The same segments must give identical answers at every T, with the root on local disk and on S3.
+"""The DataFrame compaction on the places beyond the test run's local session: a standalone
+cluster (master and two workers as separate JVMs on 127.0.0.1) and Spark Connect. The same
+segments must give, at every T, the answers of the in-process reference (which the local session's
+DataFrame compaction equals: ``test_compaction_frames``, ``test_engine_parity``).
 
 Cluster and Connect drivers run in a subprocess (``spark_scenario.py``): a Connect client and
 the test run's classic session must not share one process. Every JVM a test starts is stopped
-by its pid.
-"""
+by its pid."""
 
 from __future__ import annotations
 
@@ -21,8 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from history_pipeline import HistoryStore, StoreSettings
-from history_pipeline_tests.spark_scenario import answers, maintain, write_segments
+from history_pipeline_tests.spark_scenario import run
 from history_pipeline_tests.test_compaction import _split, random_history
 
 SPARK_HOME = Path(__import__("pyspark").__file__).parent
@@ -143,21 +142,13 @@ def _batches(seed: int, segments: int = 4) -> list[list[dict]]:
     return [[e for cut in cuts[i:i + per] for e in cut] for i in range(0, len(cuts), per)]
 
 
-def _reference(tmp_path: Path, batches, spark, purge_before: int | None = None) -> dict:
-    """The answers of the same segments compacted by the test run's local session (with
-    ``purge_before``: then merged and purged below it on that session, as ``maintenance``)."""
-    store = HistoryStore.open(tmp_path / "reference", database="db",
-                              settings=StoreSettings(spark_master=None, compaction_engine="dataframes"))
-    write_segments(store, batches)
-    store.compact(spark=spark)
-    inprocess = HistoryStore.open(tmp_path / "inprocess", database="db", settings=StoreSettings(spark_master=None))
-    write_segments(inprocess, batches)
-    inprocess.compact(spark=False)
-    assert answers(store) == answers(inprocess)  # the DataFrame path agrees with the per-event reference
-    expected = answers(store)
-    if purge_before is not None:
-        expected["maintenance"] = maintain(store, spark, purge_before)
-    return json.loads(json.dumps(expected))
+def _reference(tmp_path: Path, spec: dict) -> dict:
+    """What ``spec`` (a scenario run: its batches, snapshot pieces, maintenance) gives compacted in
+    this process: the per-event reference, which the DataFrame path on a local session equals at
+    every T (``test_compaction_frames``, ``test_engine_parity``)."""
+    local = {**spec, "root": str(tmp_path / "reference"), "wal_dir": str(tmp_path / "wal-reference"), "s3": None,
+             "expect_refusal": False, "shared": False}
+    return json.loads(json.dumps(run(False, local)))
 
 
 def _run(tmp_path: Path, session: dict, runs: list[dict]) -> list[dict]:
@@ -170,55 +161,52 @@ def _run(tmp_path: Path, session: dict, runs: list[dict]) -> list[dict]:
     return json.loads(lines[-1][len("RESULT "):])
 
 
-def _runs(tmp_path: Path, batches, s3_bucket: str, s3_options) -> list[dict]:
+def _s3_spec(tmp_path: Path, batches, s3_bucket: str, s3_options) -> dict:
     s3 = {"endpoint_url": s3_options.endpoint_url, "region": s3_options.region,
           "access_key_id": s3_options.access_key_id, "secret_access_key": s3_options.secret_access_key}
-    return [
-        {"root": str(tmp_path / "root"), "wal_dir": str(tmp_path / "wal-local"), "database": "db",
-         "batches": batches, "expect_refusal": True, "shared": True},
-        {"root": s3_bucket, "wal_dir": str(tmp_path / "wal-s3"), "database": "db", "batches": batches,
-         "s3": s3, "shared": True},
-    ]
+    return {"root": s3_bucket, "wal_dir": str(tmp_path / "wal-s3"), "database": "db", "batches": batches, "s3": s3,
+            "shared": True}
 
 
-def test_standalone_cluster_gives_the_local_answers(tmp_path, spark, standalone_cluster, s3_bucket, s3_options):
+def test_standalone_cluster_gives_the_local_answers(tmp_path, standalone_cluster, s3_bucket, s3_options):
+    """A local root is refused on a cluster unless declared shared (before any work); an S3 root
+    compacts on the cluster's executors, which then write snapshots in pieces, and every answer
+    equals the reference's."""
     batches = _batches(77)
-    expected = _reference(tmp_path, batches, spark)
-    runs = _runs(tmp_path, batches, s3_bucket, s3_options)
-    runs[1]["snapshot_piece_rows"] = 3
-    local_root, s3_root = _run(tmp_path, {"master": standalone_cluster}, runs)
-    assert local_root["refused"] is not None and "ExecutionError" in local_root["refused"]
-    assert "shared_paths" in local_root["refused"]
-    assert local_root["segments_applied"] == s3_root["segments_applied"] == list(range(1, len(batches) + 1))
-    assert local_root["answers"] == expected
-    assert s3_root["answers"] == expected
+    local_root = {"root": str(tmp_path / "root"), "wal_dir": str(tmp_path / "wal-local"), "database": "db",
+                  "batches": batches, "expect_refusal": True, "refusal_only": True}
+    on_s3 = {**_s3_spec(tmp_path, batches, s3_bucket, s3_options), "snapshot_piece_rows": 3}
+    expected = _reference(tmp_path, on_s3)
+    refused, s3_root = _run(tmp_path, {"master": standalone_cluster}, [local_root, on_s3])
+    assert refused["refused"] is not None and "ExecutionError" in refused["refused"]
+    assert "shared_paths" in refused["refused"]
+    assert s3_root["segments_applied"] == expected["segments_applied"] == list(range(1, len(batches) + 1))
+    assert s3_root["answers"] == expected["answers"]
     # snapshots written in pieces by the cluster's executors on S3 answer alike
-    assert s3_root["snapshot_pieces"] and max(s3_root["snapshot_pieces"].values()) >= 2
-    assert s3_root["answers_after_snapshot"] == expected
+    assert s3_root["snapshot_pieces"] == expected["snapshot_pieces"]
+    assert max(s3_root["snapshot_pieces"].values()) >= 2
+    assert s3_root["answers_after_snapshot"] == expected["answers"]
 
 
-def test_spark_connect_gives_the_local_answers(tmp_path, spark, connect_server, s3_bucket, s3_options):
-    """Compaction, then merge and retention on the S3 root: maintenance runs its table tasks through
-    DataFrames (no ``sparkContext`` under Connect), the S3 credentials in the session conf, not in
-    the task payloads. One Connect run does both, to keep the suite's time."""
+def test_spark_connect_gives_the_local_answers(tmp_path, connect_server, s3_bucket, s3_options):
+    """Compaction, snapshots in pieces, then merge and retention on an S3 root: maintenance runs its
+    table tasks through DataFrames (no ``sparkContext`` under Connect), the S3 credentials in the
+    session conf, not in the task payloads. One Connect run does all of it, to keep the suite's time
+    (a local root under Connect is the engine's, in ``test_engine``)."""
     batches = _batches(78)
     purge_before = 1 + max(e["t"] for batch in batches for e in batch) // 3
-    expected = _reference(tmp_path, batches, spark, purge_before)
-    maintenance = expected.pop("maintenance")
-    assert maintenance["merge_files_removed"] > 1 and maintenance["retention_versions_removed"] > 0
-    runs = _runs(tmp_path, batches, s3_bucket, s3_options)
-    runs[0]["expect_refusal"] = False  # the server's master is local: its executors see local paths
-    runs[0]["shared"] = False
-    runs[1]["purge_before"] = purge_before
-    runs[0]["snapshot_piece_rows"] = 3
-    local_root, s3_root = _run(tmp_path, {"remote": connect_server}, runs)
-    assert local_root["answers"] == expected
+    on_s3 = {**_s3_spec(tmp_path, batches, s3_bucket, s3_options), "snapshot_piece_rows": 3,
+             "purge_before": purge_before}
+    expected = _reference(tmp_path, on_s3)
+    assert expected["maintenance"]["merge_files_removed"] > 1
+    assert expected["maintenance"]["retention_versions_removed"] > 0
+    (s3_root,) = _run(tmp_path, {"remote": connect_server}, [on_s3])
+    assert s3_root["answers"] == expected["answers"]
     # snapshots written in pieces by tasks under Spark Connect answer alike
-    assert local_root["snapshot_pieces"] and max(local_root["snapshot_pieces"].values()) >= 2
-    assert local_root["answers_after_snapshot"] == expected
-    assert s3_root["answers"] == expected
-    assert s3_root["maintenance"] == maintenance
-
+    assert s3_root["snapshot_pieces"] == expected["snapshot_pieces"]
+    assert max(s3_root["snapshot_pieces"].values()) >= 2
+    assert s3_root["answers_after_snapshot"] == expected["answers"]
+    assert s3_root["maintenance"] == expected["maintenance"]
 
 
 SHARED_PROBE = """
