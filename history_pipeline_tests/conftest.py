@@ -43,7 +43,7 @@ IN_CHECK_TIER = os.environ.get("HISTORY_TEST_TIER") == "check"
 #: line's, Spark Connect engines (spark-submit reads SPARK_SUBMIT_OPTS), a standalone cluster's
 #: master and workers (SPARK_DAEMON_JAVA_OPTS) and its executors (``spark_scenario``). They live
 #: seconds to minutes over tiny data, where the optimising compiler costs more CPU than it wins
-#: back (test_compaction_frames.py on 2026-11-29, commit a2b89e4: 76 s of JVM CPU, 45 s with it).
+#: back (test_compaction_frames.py on 2026-11-29, commit 9fe8695: 76 s of JVM CPU, 45 s with it).
 QUICK_JIT = "-XX:TieredStopAtLevel=1"
 for _variable in ("SPARK_SUBMIT_OPTS", "SPARK_DAEMON_JAVA_OPTS"):
     os.environ.setdefault(_variable, QUICK_JIT)
