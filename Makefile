@@ -31,8 +31,7 @@ check: setup
 
 # Everything, what CI runs. Three workers on two cores: the JVM, daemon and server tests spend much
 # of their time waiting on their processes, so a third worker fills the cores (10.5 min against
-# 11.8 with two on the same machine). The collection is cut into the shares worksteal first sends,
-# each starting on its longest tests (run_order in history_pipeline_tests/conftest.py).
+# 11.8 with two on the same machine).
 test: setup
 	$(VENV)/bin/pytest -q -n 3 --dist worksteal
 
