@@ -62,75 +62,23 @@ def pytest_collection_modifyitems(config, items):
             needed |= {value for value in callspec.params.values() if isinstance(value, str) and value in HEAVY_MARKERS}
         for marker in sorted(needed):
             item.add_marker(marker)
-    _longest_first(config, items)
+    _longest_modules_first(items)
 
 
-#: a test's relative weight, by the heaviest component it needs (about its mean share of a full run:
-#: a JVM of its own costs tens of seconds, a pure test a fraction of one); it only orders the run
-WEIGHTS = {"jvm": 50.0, "s3": 7.0, "slow": 5.0, "daemon": 3.0, "spark": 3.0, "postgres": 1.5}
-PURE_WEIGHT = 0.15
-
-#: the scenarios that take longest whatever their markers say (each about half a minute or more)
-LONGEST = {
-    "test_engine.py::test_runs_compact_on_the_engine_and_survive_losing_it": 80.0,
-    "test_closed_intervals.py::test_intervals_are_closed_by_spark_tasks_over_key_ranges_on_s3": 35.0,
-    "test_maintenance_scenarios.py::test_every_type_through_maintenance_on_s3": 35.0,
-    "test_cli.py::test_append_compact_query_history_diff": 30.0,
-    "test_maintenance.py::test_merge_and_retention_keep_every_answer_at_or_after_the_purge_point[3]": 30.0,
-}
+#: the order modules run in, by the heaviest component any of their tests needs
+RUN_ORDER = ("jvm", "daemon", "s3", "spark", "postgres")
 
 
-def _worksteal_shares(count: int, workers: int) -> list[int]:
-    """The sizes of the contiguous runs of the collection pytest-xdist's worksteal scheduler first
-    sends its workers, in order (each an equal part of what is left)."""
-    sizes = []
-    for i in range(workers):
-        sizes.append(count // (workers - i))
-        count -= sizes[-1]
-    return sizes
-
-
-def run_order(tests: list[tuple[str, float]], workers: int) -> list[int]:
-    """The order to run ``tests`` (``(group, weight)`` each, in collection order; a group's tests
-    run together, in their order, on one worker) on ``workers`` worksteal workers, as indexes.
-
-    Worksteal first sends each worker one contiguous share of the collection, which it runs in
-    order; an idle worker later takes the second half of the longest queue. So the collection is
-    cut into those shares and each group goes, heaviest first, to the share with the least weight
-    so far that has room: every worker starts on long tests and ends on short ones, which are the
-    ones handed over at the end, so no long test starts last."""
-    groups: dict[str, list[int]] = {}
-    for index, (group, _) in enumerate(tests):
-        groups.setdefault(group, []).append(index)
-    weights = {group: sum(tests[i][1] for i in members) for group, members in groups.items()}
-    sizes = _worksteal_shares(len(tests), max(workers, 1))
-    shares: list[list[int]] = [[] for _ in sizes]
-    loads = [0.0] * len(sizes)
-    for group in sorted(groups, key=weights.__getitem__, reverse=True):  # stable: ties keep collection order
-        members = groups[group]
-        fitting = [s for s, size in enumerate(sizes) if len(shares[s]) + len(members) <= size]
-        share = min(fitting or range(len(sizes)), key=lambda s: (loads[s], len(shares[s])))
-        shares[share].extend(members)
-        loads[share] += weights[group]
-    return [i for share in shares for i in share]
-
-
-def _longest_first(config, items) -> None:
-    """Reorder ``items`` by :func:`run_order` for this run's worker count (1 without xdist). A
-    module whose tests share a module-scoped fixture (a server) is one group, started once; any
-    other test is a group of its own."""
-    workers = int(getattr(config, "workerinput", {}).get("workercount", 1))
-    tests = []
+def _longest_modules_first(items) -> None:
+    """Modules whose tests start JVMs or daemons first, pure modules last (each module's tests kept
+    together and in their own order): two workers then end on short tests, not one long one."""
+    rank: dict[str, int] = {}
     for item in items:
-        module, _, name = item.nodeid.partition("::")
-        fixtures = getattr(item, "_fixtureinfo", None)
-        shared = fixtures is not None and any(
-            d.scope in ("module", "package", "class") for defs in fixtures.name2fixturedefs.values() for d in defs
-        )
         markers = {m.name for m in item.iter_markers()}
-        weight = max((WEIGHTS[m] for m in markers if m in WEIGHTS), default=PURE_WEIGHT)
-        tests.append((module if shared else item.nodeid, LONGEST.get(f"{module.rsplit('/', 1)[-1]}::{name}", weight)))
-    items[:] = [items[i] for i in run_order(tests, workers)]
+        heaviest = min((RUN_ORDER.index(m) for m in markers if m in RUN_ORDER), default=len(RUN_ORDER))
+        module = item.nodeid.split("::", 1)[0]
+        rank[module] = min(rank.get(module, heaviest), heaviest)
+    items.sort(key=lambda item: rank[item.nodeid.split("::", 1)[0]])  # stable: module order kept within a rank
 
 
 @pytest.fixture(autouse=True, scope="session")
