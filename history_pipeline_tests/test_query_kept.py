@@ -260,10 +260,10 @@ def test_past_the_budget_what_the_least_recent_t_kept_gives_way_to_the_t_asked_n
         store.sql(QUERY, old)
 
 
-def test_what_a_running_query_reads_does_not_give_way_until_it_is_done(tmp_path, monkeypatch):
-    """A query still being read holds what its T kept: a newer T's second query finds no room and
-    reads the files (its answer the same); once the older query is read, the newer T's next query
-    keeps its rows, what the older T kept giving way, and the older T answers again."""
+def _old_t_kept_within_budget(tmp_path, monkeypatch):
+    """A layered history whose newest T (``old``) kept its live rows from two queries, the budget
+    set to what one T keeps alone; ``new`` is the T after it. (store, events, old, new, the
+    sandbox's kept state)"""
     store = HistoryStore.open(tmp_path, database="db", settings=LAYERED)
     events = _history(store, marked=False)
     old, new = store.frontier, store.frontier + 1
@@ -271,6 +271,14 @@ def test_what_a_running_query_reads_does_not_give_way_until_it_is_done(tmp_path,
     for _ in range(2):
         assert store.sql(QUERY, old).to_pylist() == _expected(events, old)
     _, kept = sandbox._sandboxes[store.query_context()._sandbox_key()]
+    return store, events, old, new, kept
+
+
+def test_what_a_running_query_reads_does_not_give_way_until_it_is_done(tmp_path, monkeypatch):
+    """A query still being read holds what its T kept: a newer T's second query finds no room and
+    reads the files (its answer the same); once the older query is read, the newer T's next query
+    keeps its rows, what the older T kept giving way, and the older T answers again."""
+    store, events, old, new, kept = _old_t_kept_within_budget(tmp_path, monkeypatch)
     old_schema, new_schema = (sandbox.AS_OF_SCHEMA.format(as_of=t) for t in (old, new))
     reader = store.sql_reader(QUERY, old)
     for _ in range(2):
@@ -286,13 +294,7 @@ def test_what_a_running_query_reads_does_not_give_way_until_it_is_done(tmp_path,
 def test_a_reader_dropped_unread_holds_nothing_kept(tmp_path, monkeypatch):
     """A ``sql_reader`` dropped without being read gives its query up: what its T kept may give way
     to a newer T's rows again, as after a query read in full."""
-    store = HistoryStore.open(tmp_path, database="db", settings=LAYERED)
-    events = _history(store, marked=False)
-    old, new = store.frontier, store.frontier + 1
-    monkeypatch.setattr(sandbox, "KEPT_BYTES", max(_kept_alone(store, t) for t in (old, new)))
-    for _ in range(2):
-        assert store.sql(QUERY, old).to_pylist() == _expected(events, old)
-    _, kept = sandbox._sandboxes[store.query_context()._sandbox_key()]
+    store, events, old, new, kept = _old_t_kept_within_budget(tmp_path, monkeypatch)
     old_schema, new_schema = (sandbox.AS_OF_SCHEMA.format(as_of=t) for t in (old, new))
     reader = store.sql_reader(QUERY, old)
     assert kept.using.get(old_schema)
