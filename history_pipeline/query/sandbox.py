@@ -271,37 +271,30 @@ class SandboxViews:
             return True
         busy = {schema, *(s for s, n in self.using.items() if n)}
         used = busy.union(*(self.reads.get(s, ()) for s in busy))
-        plan: list[str] = []
-        gone: set[str] = set()
-        freed = 0
-        for name in self.recent:
-            if self.kept_bytes - freed + size <= KEPT_BYTES:
-                break
-            if name in used:
-                continue
-            if name in self.intervals:
-                # the views over it go with it (none is a busy schema's: those are in ``used``)
-                readers = {s for s, names in self.reads.items() if name in names} - gone
-                freed += self.intervals[name][1] + sum(self.schema_bytes.get(r, 0) for r in readers)
-                gone |= readers
-                plan.append(name)
-            elif name in self.schema_bytes and name not in gone:
-                freed += self.schema_bytes[name]
-                gone.add(name)
-                plan.append(name)
-        if self.kept_bytes - freed + size > KEPT_BYTES:
+        # every schema kept for is in ``recent``, and one reading a kept interval goes with it
+        freeable = (sum(size_kept for name, (_, size_kept) in self.intervals.items() if name not in used)
+                    + sum(size_kept for name, size_kept in self.schema_bytes.items() if name not in busy))
+        if self.kept_bytes - freeable + size > KEPT_BYTES:
             return False
-        for name in plan:
-            if name in self.intervals:
-                for reader in [s for s, names in self.reads.items() if name in names]:
-                    self._forget(cursor, reader)
-                table, size_kept = self.intervals.pop(name)
-                cursor.execute(f"DROP TABLE IF EXISTS {table}")
-                self.kept_bytes -= size_kept
-                del self.recent[name]
-            elif name in self.schema_bytes:
-                self._forget(cursor, name)
+        for name in list(self.recent):
+            if self.kept_bytes + size <= KEPT_BYTES:
+                break
+            if name not in used:
+                self._release(cursor, name)
         return True
+
+    def _release(self, cursor: duckdb.DuckDBPyConnection, name: str) -> None:
+        """Drop what is kept under ``name`` (in ``recent``): a kept interval's table with every schema
+        whose views read it, or an as-of schema with kept tables (``_forget``); nothing otherwise."""
+        if name in self.intervals:
+            for reader in [s for s, names in self.reads.items() if name in names]:
+                self._forget(cursor, reader)
+            table, size_kept = self.intervals.pop(name)
+            cursor.execute(f"DROP TABLE IF EXISTS {table}")
+            self.kept_bytes -= size_kept
+            self.recent.pop(name, None)
+        elif name in self.schema_bytes:
+            self._forget(cursor, name)
 
     def _count(self, schema: str, size: int) -> None:
         self.kept_bytes += size
