@@ -93,8 +93,9 @@ TAIL_SHARE = 4
 #: a table's live rows as of T are kept as a table when it takes at most these bytes by
 #: ``kept_table_bytes`` (the sandbox's own budget bounds every kept table together)
 KEPT_LIVE_BYTES = 64_000_000
-#: the column of a key's next version's t in ``LiveSql.interval``'s table (NULL: none in its files)
+#: the column of a key's next version's t in ``LiveSql.interval``'s table (``NO_NEXT_T``: none in its files)
 NEXT_T = "__hp_next_t"
+NO_NEXT_T = 2**63 - 1
 #: the DuckDB variable (one per connection) holding T for the views shared by every T reading the
 #: same files (``interval_filter``): DuckDB folds it to a constant when it binds the query, so the
 #: filter still reaches the scan
@@ -367,11 +368,16 @@ def _interval(selection: FileSelection, read: str, wanted: Sequence[str], table_
     current at the marks, then every version since), each with its key's next t: computed among
     them with ``lead``, else ``rows`` give it (a closed interval's superseded_at). (key, t) is
     unique and the base's rows are older than every version since, so the row of a key live as of
-    any T these files are read for is the one with t < T <= its next t, unless it is a delete;
-    a later version in a file not read for T is at or above T, so it changes no row's answer."""
+    any T these files are read for is the one with t < T <= its next t, unless it is a delete (not
+    kept); a later version in a file not read for T is at or above T, so it changes no row's answer."""
     k, lt, nxt = _quote(KEY), _quote(LT), _quote(NEXT_T)
-    build = (f"SELECT *, lead({lt}) OVER (PARTITION BY {k} ORDER BY {lt}) AS {nxt} FROM ({rows})" if lead
-             else f"SELECT * FROM ({rows})")
+    with_next = (f"SELECT *, lead({lt}) OVER (PARTITION BY {k} ORDER BY {lt}) AS {nxt} FROM ({rows})" if lead
+                 else f"SELECT * FROM ({rows})")
+    # deletes are live at no T once they end the row before them; no next version is the largest
+    # next t, and the rows are kept in order of it: the filter is two ranges, and a T near the newest
+    # skips by their zone maps the row groups of rows superseded before it (a worker's T mostly is)
+    build = (f"SELECT * REPLACE (coalesce({nxt}, {NO_NEXT_T}) AS {nxt}) FROM ({with_next}) "
+             f"WHERE NOT {_quote(DELETED)} ORDER BY {nxt}")
     files = (table_uuid, read, selection.snapshot_as_of, tuple(f.path for f in selection.snapshot),
              tuple(f.path for f in selection.versions), tuple(wanted))
     name = "rows_" + hashlib.sha1(repr(files).encode()).hexdigest()[:20]
@@ -382,7 +388,7 @@ def interval_filter(as_of: str) -> str:
     """The filter giving the live rows as of ``as_of`` (SQL: a literal, or the variable a view shared
     by every T reads, ``AS_OF_VARIABLE``) over a ``LiveSql.interval`` table."""
     lt, nxt = _quote(LT), _quote(NEXT_T)
-    return f"{lt} < {as_of} AND ({nxt} IS NULL OR {nxt} >= {as_of}) AND NOT {_quote(DELETED)}"
+    return f"{lt} < {as_of} AND {nxt} >= {as_of}"
 
 
 def live_view(
