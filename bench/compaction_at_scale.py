@@ -291,6 +291,10 @@ def main() -> None:
     parser.add_argument("--size", choices=sorted(SIZES), default="quick")
     parser.add_argument("--note", default="", help="what else ran on the machine")
     args = parser.parse_args()
+    try:  # the Delta baseline runs last: a missing package should stop the run before, not after, ours
+        import deltalake  # noqa: F401
+    except ImportError:
+        parser.error("the Delta baseline needs the bench extras: run `make bench-setup` first")
     from history_pipeline.execution import local_spark
 
     spark = local_spark("local[*]")
