@@ -305,8 +305,8 @@ def check(store: HistoryStore, model: BaseDatabase, events: list[dict], erased: 
     ``as_ofs``: "every" T, the T around snapshots and schema changes ("boundaries", plus the T of
     ``also``), or a list (then only those T at all); then row_history, the schema history and
     verify(). Past the ends, those other APIs are checked once per read (diff: per pair of reads)
-    over the same files, read the same way, with the same columns: two T of one read differ only in
-    the T its rows are filtered by, which load_table checks at every T."""
+    over the same files, read the same way, under the same name, columns and nullability: two T of
+    one read differ only in the T its rows are filtered by, which load_table checks at every T."""
     erased = erased or {}
     earliest, frontier = store.earliest, store.frontier
     layout = store.catalog_state()
@@ -347,7 +347,8 @@ def check(store: HistoryStore, model: BaseDatabase, events: list[dict], erased: 
             if as_ofs != "every" and as_of not in as_ofs:
                 continue
             read = _read_of(layout, uuid, as_of)
-            if first(as_of, uuid, read, tuple(cols)):
+            shape = (name, tuple(cols), tuple(nullability_of(model, uuid, as_of)))
+            if first(as_of, uuid, read, shape):
                 assert rows_of(store.load_table(name, as_of)) == expected, where  # the default: no promised order
                 assert rows_of(store.load_table(uuid, as_of)) == expected, where
                 if as_of in (earliest, frontier + 1):  # the streamed forms, in small batches
@@ -365,12 +366,12 @@ def check(store: HistoryStore, model: BaseDatabase, events: list[dict], erased: 
                     assert rows_of(streamed, types) == by_value, where
             if diffs and as_of - 1 >= earliest and uuid in model.state_as_of(as_of - 1) \
                     and not _schema_change_between(events, uuid, as_of - 1, as_of):
-                if first(as_of, uuid, "diff", _read_of(layout, uuid, as_of - 1), read, tuple(cols)):
+                if first(as_of, uuid, "diff", _read_of(layout, uuid, as_of - 1), read, shape):
                     _check_diff(store, model, events, uuid, name, as_of - 1, as_of)
                 lo = max(earliest, *(e["t"] + 1 for e in events if e.get("table_uuid") == uuid
                                      and e["op"] not in ROW_OPS and e["t"] < as_of))
                 # from the table's last schema change: the changes of several T at once
-                if lo < as_of - 1 and first(as_of, uuid, "diff from", _read_of(layout, uuid, lo), read, tuple(cols)):
+                if lo < as_of - 1 and first(as_of, uuid, "diff from", _read_of(layout, uuid, lo), read, shape):
                     _check_diff(store, model, events, uuid, name, lo, as_of)
     for as_of in {earliest, frontier + 1}:  # schema history is kept whatever is purged
         assert schema_history_rows(store, as_of) == expected_schema_history(model, events, as_of), as_of
