@@ -25,7 +25,8 @@ import pyarrow as pa
 import pytest
 
 from history_pipeline import HistoryStore, PurgedTimestampError, StoreSettings
-from history_pipeline.catalog.model import FileKind
+from history_pipeline.catalog.files import select_files
+from history_pipeline.catalog.model import CatalogState, FileKind
 from history_pipeline.io.store import open_store
 from history_pipeline.maintenance.export import load_export
 from history_pipeline.types import Interval, TypeKind
@@ -289,15 +290,34 @@ def schema_history_rows(store: HistoryStore, as_of: int) -> list[tuple]:
                   key=lambda r: (r[2], r[0], r[1], repr(r[3])))
 
 
+def _read_of(state: CatalogState, uuid: str, as_of: int) -> tuple:
+    """What a read of ``uuid`` as of ``as_of`` takes: its files, and how it reads them (a filter
+    over files closed past ``as_of``, marked files and the versions since, or the join)."""
+    selection = select_files(state, uuid, as_of)
+    return (tuple(f.path for f in selection.snapshot), tuple(f.path for f in selection.versions),
+            selection.closed, selection.marked_and_since is not None)
+
+
 def check(store: HistoryStore, model: BaseDatabase, events: list[dict], erased: dict[str, set[int]] | None = None,
           as_ofs: list[int] | str = "boundaries", diffs: bool = True, also: tuple[int, ...] = ()) -> None:
     """get_catalog and load_table against the model at every answerable T; every other query API
     (load_table unordered and by uuid, fetch_row, SQL, and diff unless ``diffs`` is False) at
     ``as_ofs``: "every" T, the T around snapshots and schema changes ("boundaries", plus the T of
     ``also``), or a list (then only those T at all); then row_history, the schema history and
-    verify()."""
+    verify(). Past the ends, those other APIs are checked once per read (diff: per pair of reads)
+    over the same files, read the same way, under the same name, columns and nullability: two T of
+    one read differ only in the T its rows are filtered by, which load_table checks at every T."""
     erased = erased or {}
     earliest, frontier = store.earliest, store.frontier
+    layout = store.catalog_state()
+    checked: set[tuple] = set()  # the reads (and pairs of reads diffed) checked by the other APIs
+
+    def first(*read: Any) -> bool:
+        """True the first time ``read`` is seen, and at the ends."""
+        if read[0] in (earliest, frontier + 1) or read[1:] not in checked:
+            checked.add(read[1:])
+            return True
+        return False
     if earliest > 0:
         with pytest.raises(PurgedTimestampError):
             store.query_context().check_as_of(earliest - 1)
@@ -326,27 +346,32 @@ def check(store: HistoryStore, model: BaseDatabase, events: list[dict], erased: 
             assert rows_of(got) == expected, where
             if as_ofs != "every" and as_of not in as_ofs:
                 continue
-            assert rows_of(store.load_table(name, as_of)) == expected, where  # the default: no promised order
-            assert rows_of(store.load_table(uuid, as_of)) == expected, where
-            if as_of in (earliest, frontier + 1):  # the streamed forms, in small batches
-                for ordered in (True, False):
-                    streamed = store.load_table_reader(name, as_of, batch_size=2, ordered=ordered).read_all()
-                    assert rows_of(streamed) == expected, (name, as_of, ordered)
-            for key in [*sorted(expected), 99]:
-                row = store.fetch_row(name, key, as_of)
-                assert (None if row is None else norm(row)) == expected.get(key), (name, key, as_of)
-            types = {n: ty for _, n, ty in cols}
-            by_value = expected_rows(model, uuid, as_of, scale=False)
-            assert rows_of(store.sql(f'SELECT * FROM "{name}"', as_of), types) == by_value, where
-            if as_of in (earliest, frontier + 1):
-                streamed = store.sql_reader(f'SELECT * FROM "{name}"', as_of, batch_size=2).read_all()
-                assert rows_of(streamed, types) == by_value, where
+            read = _read_of(layout, uuid, as_of)
+            shape = (name, tuple(cols), tuple(nullability_of(model, uuid, as_of)))
+            if first(as_of, uuid, read, shape):
+                assert rows_of(store.load_table(name, as_of)) == expected, where  # the default: no promised order
+                assert rows_of(store.load_table(uuid, as_of)) == expected, where
+                if as_of in (earliest, frontier + 1):  # the streamed forms, in small batches
+                    for ordered in (True, False):
+                        streamed = store.load_table_reader(name, as_of, batch_size=2, ordered=ordered).read_all()
+                        assert rows_of(streamed) == expected, (name, as_of, ordered)
+                for key in [*sorted(expected), 99]:
+                    row = store.fetch_row(name, key, as_of)
+                    assert (None if row is None else norm(row)) == expected.get(key), (name, key, as_of)
+                types = {n: ty for _, n, ty in cols}
+                by_value = expected_rows(model, uuid, as_of, scale=False)
+                assert rows_of(store.sql(f'SELECT * FROM "{name}"', as_of), types) == by_value, where
+                if as_of in (earliest, frontier + 1):
+                    streamed = store.sql_reader(f'SELECT * FROM "{name}"', as_of, batch_size=2).read_all()
+                    assert rows_of(streamed, types) == by_value, where
             if diffs and as_of - 1 >= earliest and uuid in model.state_as_of(as_of - 1) \
                     and not _schema_change_between(events, uuid, as_of - 1, as_of):
-                _check_diff(store, model, events, uuid, name, as_of - 1, as_of)
+                if first(as_of, uuid, "diff", _read_of(layout, uuid, as_of - 1), read, shape):
+                    _check_diff(store, model, events, uuid, name, as_of - 1, as_of)
                 lo = max(earliest, *(e["t"] + 1 for e in events if e.get("table_uuid") == uuid
                                      and e["op"] not in ROW_OPS and e["t"] < as_of))
-                if lo < as_of - 1:
+                # from the table's last schema change: the changes of several T at once
+                if lo < as_of - 1 and first(as_of, uuid, "diff from", _read_of(layout, uuid, lo), read, shape):
                     _check_diff(store, model, events, uuid, name, lo, as_of)
     for as_of in {earliest, frontier + 1}:  # schema history is kept whatever is purged
         assert schema_history_rows(store, as_of) == expected_schema_history(model, events, as_of), as_of
@@ -594,7 +619,7 @@ def test_sql_reads_small_unconstrained_numerics(tmp_path):
 def test_spark_compaction_and_maintenance_over_every_type(tmp_path, spark):
     """The same history and maintenance on Spark (DataFrame compaction, merge, snapshot pieces,
     retention): the Spark paths must give the answers the in-process ones give."""
-    store, events, _ = build(tmp_path / "root", PIECES)
+    store, events, _ = build(tmp_path / "root", PIECES, every=6)  # half the segments of every=3, the same snapshot T
     store.compact(spark=spark)
     model = BaseDatabase()
     for e in events:
@@ -674,23 +699,40 @@ def edge_history(seed=3):
     return events
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize("steps", [
-    ["snapshot", "merge", "retain@mid", "rebuild", "load_back", "cleanup"],
-    ["merge", "retain@late", "snapshot", "merge", "rebuild", "load_back", "retain@mid", "rebuild"],
-])
-def test_extreme_keys_and_reused_names_through_maintenance(tmp_path, steps):
+@pytest.fixture(scope="module")
+def edge_compacted(tmp_path_factory):
+    """The edge history compacted once for the module and checked against the model (before any
+    maintenance, the same for every sequence); each test changes a copy of it."""
+    built = tmp_path_factory.mktemp("edge") / "root"
     events = edge_history()
-    store = HistoryStore.open(tmp_path / "root", database="db", settings=PIECES)
+    store = HistoryStore.open(built, database="db", settings=PIECES)
     write(store, *split(events, 2))
     store.compact(spark=False)
     model = BaseDatabase()
     for e in events:
         model.apply(e)
+    check(store, model, events, as_ofs=_probe(store, events))
+
+    def copy(root: Path):
+        shutil.copytree(built, root)
+        model = BaseDatabase()
+        for e in events:
+            model.apply(e)
+        return HistoryStore.open(root, database="db", settings=PIECES), model, events
+
+    return copy
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("steps", [
+    ["snapshot", "merge", "retain@mid", "rebuild", "load_back", "cleanup"],
+    ["merge", "retain@late", "snapshot", "merge", "rebuild", "load_back", "retain@mid", "rebuild"],
+])
+def test_extreme_keys_and_reused_names_through_maintenance(tmp_path, edge_compacted, steps):
+    store, model, events = edge_compacted(tmp_path / "root")
     schema_ts = _schema_ts(events, "TE")
     points = {"mid": schema_ts[len(schema_ts) // 2], "late": schema_ts[-2] + 1}
     cold_uri = str(tmp_path / "cold")
-    check(store, model, events, as_ofs=_probe(store, events))
     run_checked(store, model, events, steps, points, cold_uri)
 
 
@@ -747,7 +789,7 @@ def test_every_type_through_maintenance_on_s3(tmp_path, s3_bucket, s3_options):
     events = typed_history()
     store = HistoryStore.open(s3_bucket, database="db", settings=PIECES, s3=s3_options,
                               wal_dir=tmp_path / "wal")
-    write(store, *split(events))
+    write(store, *split(events, 6))  # half the S3 commits of three T a segment; the snapshots fall at the same T
     store.compact(spark=False)
     model = BaseDatabase()
     for e in events:

@@ -7,6 +7,7 @@ maintenance operation copes with a snapshot of several files; the same task func
 from __future__ import annotations
 
 import random
+import shutil
 from types import MappingProxyType
 
 import pytest
@@ -55,6 +56,20 @@ def _snapshot_rows(store, files, table="T"):
 
     schema = supertable_schema(replay_schema_history(state.schema_history).supercolumns[table])
     return dataset_of(store.objects, files, schema).to_table().sort_by([(KEY, "ascending")])
+
+
+@pytest.fixture(scope="module")
+def items_in_pieces(tmp_path_factory):
+    """The items history compacted with ``PIECES`` once for the module: each test gets its own copy
+    of the root (a store over it) and the history's events."""
+    built = tmp_path_factory.mktemp("items") / "root"
+    events = _items_history(HistoryStore.open(built, database="db", settings=PIECES))
+
+    def copy(root):
+        shutil.copytree(built, root)
+        return HistoryStore.open(root, database="db", settings=PIECES), list(events)
+
+    return copy
 
 
 def _fake(min_key, max_key, rows):
@@ -118,9 +133,8 @@ def test_a_states_selections_are_kept_and_each_keys_is_its_own():
 
 
 @pytest.mark.slow
-def test_a_snapshot_in_pieces_answers_as_the_model_and_as_one_piece_at_every_t(tmp_path):
-    store = HistoryStore.open(tmp_path / "pieces", database="db", settings=PIECES)
-    events = _items_history(store)
+def test_a_snapshot_in_pieces_answers_as_the_model_and_as_one_piece_at_every_t(tmp_path, items_in_pieces):
+    store, events = items_in_pieces(tmp_path / "pieces")
     whole = HistoryStore.open(tmp_path / "whole", database="db", settings=ONE_PIECE)
     assert _items_history(whole) == events
     points, single = _points(store), _points(whole)
@@ -140,9 +154,8 @@ def test_a_snapshot_in_pieces_answers_as_the_model_and_as_one_piece_at_every_t(t
 
 
 @pytest.mark.slow
-def test_every_piece_reads_only_its_key_range(tmp_path):
-    store = HistoryStore.open(tmp_path, database="db", settings=PIECES)
-    _items_history(store)
+def test_every_piece_reads_only_its_key_range(tmp_path, items_in_pieces):
+    store, _ = items_in_pieces(tmp_path / "root")
     state = store.catalog_state()
     from history_pipeline.schema import replay_schema_history
 
@@ -160,9 +173,13 @@ def test_every_piece_reads_only_its_key_range(tmp_path):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("seed", [11, 23])
-def test_random_histories_with_schema_changes_in_pieces_equal_the_model(tmp_path, seed):
-    events = random_history(seed, n_events=90)
+@pytest.mark.parametrize(("seed", "n_events", "changes"), [
+    (11, 90, {"add_column", "rename_column", "reorder_column"}),
+    (23, 60, {"add_column", "change_column_type", "drop_column"}),  # 60 events reach all of its changes
+], ids=["11", "23"])
+def test_random_histories_with_schema_changes_in_pieces_equal_the_model(tmp_path, seed, n_events, changes):
+    events = random_history(seed, n_events=n_events)
+    assert {e["op"] for e in events} - {"create_table", "insert", "update", "delete"} == changes
     store = HistoryStore.open(tmp_path, database="db", settings=StoreSettings(
         snapshot_min_versions=3, snapshot_ratio=0.2, snapshot_piece_rows=3))
     for part in _split(events, random.Random(seed)):
@@ -176,9 +193,8 @@ def test_random_histories_with_schema_changes_in_pieces_equal_the_model(tmp_path
 
 
 @pytest.mark.slow
-def test_maintenance_over_snapshots_in_pieces(tmp_path):
-    store = HistoryStore.open(tmp_path, database="db", settings=PIECES)
-    events = _items_history(store)
+def test_maintenance_over_snapshots_in_pieces(tmp_path, items_in_pieces):
+    store, events = items_in_pieces(tmp_path / "root")
     snapshots = _snapshots(store)
     assert max(len(f) for f in _points(store).values()) >= 3
     every = range(2, store.frontier + 2)
@@ -232,12 +248,10 @@ def test_maintenance_over_snapshots_in_pieces(tmp_path):
 def test_pieces_written_by_spark_tasks_on_a_local_root_equal_in_process(tmp_path, spark):
     batches = [[CREATE] + [_insert(2, k, k) for k in range(60)],
                [_update(3 + i, k, k * i) for i in range(3) for k in range(0, 60, 2)]]
-    on_spark = HistoryStore.open(tmp_path / "spark", database="db", settings=ON_REQUEST)
     inprocess = HistoryStore.open(tmp_path / "local", database="db", settings=ON_REQUEST)
     events = _load(inprocess, batches)
-    for batch in batches:
-        write(on_spark, batch)
-        on_spark.compact(spark=False)
+    shutil.copytree(tmp_path / "local", tmp_path / "spark")  # the same compacted history, snapshotted on Spark
+    on_spark = HistoryStore.open(tmp_path / "spark", database="db", settings=ON_REQUEST)
     summary = on_spark.refresh_snapshots(force=True, spark=spark)
     inprocess.refresh_snapshots(force=True, spark=False)
     assert summary.tables == ["T"] and summary.rows == 60
@@ -379,7 +393,7 @@ def test_the_dataframe_engine_folds_onto_a_snapshot_in_pieces(tmp_path, spark):
     ranges of their keys) and snapshots again in pieces, on the same session."""
     rng = random.Random(5)
     batches = [[CREATE] + [_insert(2, k, k) for k in range(80)]]
-    for t in range(3, 7):
+    for t in range(3, 5):  # two folds: onto the first compaction's pieces, then onto pieces written by a fold
         batches.append([_update(t, k, rng.randint(0, 99)) for k in sorted(rng.sample(range(80), 30))])
     store = HistoryStore.open(tmp_path, database="db", settings=PIECES)
     events = []
@@ -388,7 +402,8 @@ def test_the_dataframe_engine_folds_onto_a_snapshot_in_pieces(tmp_path, spark):
         store.compact(spark=spark)
         events += batch
     points = _points(store)
-    assert len(points) >= 2 and all(len(files) >= 2 for files in points.values())
+    # each compaction snapshotted in pieces, so each later one folded onto such a snapshot
+    assert len(points) == len(batches) and all(len(files) >= 2 for files in points.values())
     _check_items(store, events, range(2, store.frontier + 2))
     assert store.verify() == []
 
@@ -408,9 +423,10 @@ def test_a_piece_walks_its_range_in_steps_and_rolls_over_to_new_files(tmp_path, 
     for t in range(3, 12):
         batches.append([_update(t, k, rng.randint(0, 99)) for k in sorted(rng.sample(range(60), 25))])
     stepped = HistoryStore.open(tmp_path / "stepped", database="db", settings=ON_REQUEST)
-    whole = HistoryStore.open(tmp_path / "whole", database="db", settings=StoreSettings(snapshot_min_versions=10**9))
     events = _load(stepped, batches)
-    _load(whole, batches)
+    # the same compacted history (neither setting snapshots while compacting), snapshotted in one piece
+    shutil.copytree(tmp_path / "stepped", tmp_path / "whole")
+    whole = HistoryStore.open(tmp_path / "whole", database="db", settings=StoreSettings(snapshot_min_versions=10**9))
     reads: list[int] = []
     real_live_in = snapshot_pieces._live_in
 
@@ -471,16 +487,15 @@ def test_a_due_snapshot_is_written_by_closing_its_interval_not_whole_then_split(
         batches.append([_update(t, k, rng.randint(0, 99)) for k in sorted(rng.sample(range(50), 20))])
     batches.append([{"op": "delete", "t": 9, "table_uuid": "T", "key": k} for k in (3, 4, 5)])
     fused = HistoryStore.open(tmp_path / "fused", database="db", settings=ON_REQUEST)
-    split = HistoryStore.open(tmp_path / "split", database="db", settings=ON_REQUEST)
     cut = 2 + snapshots_before * 3  # a first snapshot (and its closed interval) before the measured one
-    alive: tuple[set[int], set[int]] = (set(), set())
-    events = _load(fused, batches[:cut], alive[0])
-    _load(split, batches[:cut], alive[1])
+    alive: set[int] = set()
+    events = _load(fused, batches[:cut], alive)
     if snapshots_before:
         fused.refresh_snapshots(force=True, spark=False)
-        split.refresh_snapshots(force=True, spark=False)
-    events += _load(fused, batches[cut:], alive[0])
-    _load(split, batches[cut:], alive[1])
+    events += _load(fused, batches[cut:], alive)
+    # the same store up to the measured snapshot, which it writes whole and then splits
+    shutil.copytree(tmp_path / "fused", tmp_path / "split")
+    split = HistoryStore.open(tmp_path / "split", database="db", settings=ON_REQUEST)
     written_whole: list[object] = []
     real_piece = snapshot_pieces.write_piece
 
