@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+from collections.abc import Iterable
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -21,10 +22,11 @@ from history_pipeline.io.store import S3Options
 from history_pipeline_tests.test_compaction import write
 
 
-def answers(store: HistoryStore, start: int = 0) -> dict[str, Any]:
-    """Every table's rows at every answerable T from ``start`` on (values as text, so any type compares)."""
+def answers(store: HistoryStore, start: int = 0, at: Iterable[int] | None = None) -> dict[str, Any]:
+    """Every table's rows at every answerable T from ``start`` on, or at the T's of ``at`` (values as
+    text, so any type compares)."""
     out: dict[str, Any] = {"frontier": store.frontier}
-    for as_of in range(start, store.frontier + 2):
+    for as_of in range(start, store.frontier + 2) if at is None else at:
         tables = {}
         for descriptor in store.get_catalog(as_of):
             rows = store.load_table(descriptor.table_uuid, as_of).to_pylist()

@@ -18,7 +18,15 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 
 from history_pipeline import HistoryStore
-from history_pipeline.engine import WARM_TAG, engine_dir, process_alive, running_engine, start_engine, stop_engine
+from history_pipeline.engine import (
+    WARM_TAG,
+    engine_dir,
+    process_alive,
+    reachable,
+    running_engine,
+    start_engine,
+    stop_engine,
+)
 from history_pipeline.execution import shared_periods_to_warm, shared_session_url
 from history_pipeline.orchestration.resources import ENGINE_ENV, run_tag
 from history_pipeline.orchestration.sensors import COMPACTION_TAG
@@ -26,7 +34,7 @@ from history_pipeline.wal import SegmentState
 from history_pipeline_tests.dagster_support import dagster_home, running_dagster_dev
 from history_pipeline_tests.dagster_support import free_port as _free_port
 from history_pipeline_tests.test_compaction import example_events, write
-from history_pipeline_tests.test_end_to_end import _get, _wait
+from history_pipeline_tests.test_end_to_end import _get
 
 RUNS = """
 { runsOrError { ... on Runs { results { runId status tags { key value } } } } }
@@ -40,6 +48,19 @@ query($id: ID!) { logsForRun(runId: $id) { ... on EventConnection { events {
 def _graphql(port: int, query: str, **variables) -> dict:
     body = json.dumps({"query": query, "variables": variables}).encode()
     return json.loads(_get(f"http://127.0.0.1:{port}/graphql", body, timeout=10))["data"]
+
+
+def _wait(predicate, timeout: float, what: str) -> None:
+    """Poll ``predicate`` every quarter second (an error counts as not yet) until it holds."""
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        try:
+            if predicate():
+                return
+        except Exception:  # noqa: BLE001 - a server still starting answers with errors
+            pass
+        time.sleep(0.25)
+    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
 
 
 def _runs(port: int) -> list[dict]:
@@ -129,6 +150,7 @@ def test_runs_compact_on_the_engine_and_survive_losing_it(tmp_path):
     bulk = 60_000  # rows of the segment the engine is killed on: a few seconds of work
     url = f"sc://127.0.0.1:{port}"
     pool = ThreadPoolExecutor(max_workers=1)
+    wal = None
     try:
         # the engine's JVM starts while dagster dev comes up (each takes seconds of waiting on its
         # processes); warmed for the runs of this instance (its root directory is the run's DAGSTER_HOME)
@@ -139,6 +161,11 @@ def test_runs_compact_on_the_engine_and_survive_losing_it(tmp_path):
             engine_up.result()
             store = HistoryStore.open(tmp_path / "data", database="tenant_engine")
             write(store, example_events())
+            # the next segment is written while the sensor's run compacts the first, and sealed (so
+            # that the sensor sees it) once the first run is checked
+            wal = store.wal_writer()
+            for event in [*_bulk(6, bulk), {"op": "close", "t": 5 + bulk}]:
+                wal.append(event)
             _wait(lambda: store.frontier == 5, 120, "the sensor's run to compact the segment")
             _wait(lambda: any(r["status"] == "SUCCESS" for r in _runs(web)), 60, "the run to finish")
             first = [r for r in _runs(web) if r["status"] == "SUCCESS"]
@@ -159,7 +186,8 @@ def test_runs_compact_on_the_engine_and_survive_losing_it(tmp_path):
                 assert _tag_sessions(events, run_tag(first[0]["runId"])) == {current}
 
             # the engine is killed while the next segment is on it
-            write(store, _bulk(6, bulk))
+            wal.seal()
+            wal.close()
             engine = running_engine(folder)
             assert engine is not None
             # polled often: on the warm engine the run's work takes a second or two, and a kill that
@@ -184,17 +212,23 @@ def test_runs_compact_on_the_engine_and_survive_losing_it(tmp_path):
             assert store.frontier == 5
             assert store.load_table("my_table", 6).to_pylist() == [{"synthetic_key": 2, "column1": "value2_prime"}]
             assert [r.segment_id for r in store.segments(SegmentState.SEALED)] == [2]
-            time.sleep(3)  # the sensor ticks meanwhile: no run is requested while the engine is away
+            # back on the same address: the engine's JVM starts now (not warmed: the retry's own first
+            # job starts what it needs, and the warm-up is checked above) and takes far longer than
+            # three seconds to listen, in which the sensor ticks: no run is requested while it is away
+            engine_back = pool.submit(start_engine, folder, port=port, conf=conf, driver_memory="1g", warm=False)
+            time.sleep(3)
             assert sum(r["status"] in ("QUEUED", "STARTED", "STARTING") for r in _runs(web)) == 0
+            assert not reachable(url), "the engine listened again within the three seconds: they test nothing"
 
-            # back on the same address: the sensor requests the segment again, and it applies (not
-            # warmed: the retry's own first job starts what it needs, and the warm-up is checked above)
-            start_engine(folder, port=port, conf=conf, driver_memory="1g", warm=False)
+            # the sensor requests the segment again once the engine is back, and it applies
+            engine_back.result()
             _wait(lambda: store.frontier == 6 + bulk - 1, 180, "the sensor's retry to compact the segment")
             _wait(lambda: sum(r["status"] == "SUCCESS" for r in _runs(web)) == 2, 60, "the retry to finish")
             assert store.sql("SELECT count(*) AS n FROM my_table", as_of=store.frontier + 1).to_pylist() == [
                 {"n": bulk + 1}]
             assert not store.verify()
     finally:
+        if wal is not None:
+            wal.close()
         pool.shutdown()  # an engine still starting is up (or failed) before it is stopped
         stop_engine(folder)

@@ -341,12 +341,21 @@ def _model(events: list[dict[str, Any]]) -> BaseDatabase:
     return model
 
 
-@pytest.mark.parametrize("seed, n_events, how, one_at_a_time", [
-    (11, 70, "varied", False),
-    (23, 45, "many", True),
+#: (seed, events, how the stream is cut, segments compacted one at a time): each Spark compaction of a
+#: segment costs the most here, so the streams cut into segments are short, chosen so that between
+#: them every kind of schema change lands in a segment after one that wrote rows of its table
+#: (test_the_generator_covers_the_contract holds them to it); one long stream is a single segment
+STREAMS = [
+    (134, 45, "varied", False),
+    (184, 30, "many", True),
     (37, 80, "one", False),
-    (41, 60, "many", False),
-])
+    (190, 30, "many", False),
+]
+SCHEMA_CHANGES = {"add_column", "drop_column", "rename_column", "change_column_type", "change_column_nullable",
+                  "reorder_column", "rename_table", "drop_table"}
+
+
+@pytest.mark.parametrize("seed, n_events, how, one_at_a_time", STREAMS)
 def test_random_streams_answer_alike_on_both_engines(tmp_path, spark, seed, n_events, how, one_at_a_time):
     events = random_stream(seed, n_events)
     batches = split(events, how, random.Random(seed))
@@ -362,17 +371,27 @@ def test_random_streams_answer_alike_on_both_engines(tmp_path, spark, seed, n_ev
 
 def test_the_generator_covers_the_contract():
     """The parity streams really hold what they claim (so a green run means something)."""
-    events = [e for seed, n in ((11, 70), (23, 45), (37, 80), (41, 60)) for e in random_stream(seed, n)]
+    streams = {(seed, how): random_stream(seed, n) for seed, n, how, _ in STREAMS}
+    events = [e for stream in streams.values() for e in stream]
     ops = {e["op"] for e in events}
-    assert ops >= {"create_table", "add_column", "drop_column", "rename_column", "change_column_type",
-                   "change_column_nullable", "reorder_column", "rename_table", "drop_table", "insert",
-                   "update", "delete"}
+    assert ops >= {"create_table", "insert", "update", "delete"} | SCHEMA_CHANGES
     per_key_t = [(e["table_uuid"], e["key"], e["t"]) for e in events if "key" in e]
     assert len(per_key_t) > len(set(per_key_t))  # several changes of one key at one t
     assert any(e["op"] == "update" and None in e["values"].values() for e in events)
-    names = [e["table_name"] for e in events if e["op"] == "create_table"]
-    assert len(names) > len(set(names))  # a table re-created under an old name
+    recreated = [[e["table_name"] for e in stream if e["op"] == "create_table"] for stream in streams.values()]
+    assert any(len(names) > len(set(names)) for names in recreated)  # a table re-created under an old name
     assert any(e["op"] == "close" for e in events)
+    # every kind of schema change in a segment after one that wrote rows of its table: the engine
+    # then changes the schema of files an earlier compaction wrote
+    later: set[str] = set()
+    for (seed, how), stream in streams.items():
+        batches = split(stream, how, random.Random(seed))
+        assert len(batches) > 1 or how == "one"
+        with_rows: set[str] = set()
+        for batch in batches:
+            later |= {e["op"] for e in batch if e["op"] in SCHEMA_CHANGES and e["table_uuid"] in with_rows}
+            with_rows |= {e["table_uuid"] for e in batch if "key" in e}
+    assert later == SCHEMA_CHANGES
 
 
 # --- invalid streams -----------------------------------------------------------------------------

@@ -8,7 +8,12 @@ Compactions here run in-process (``spark=False``): the same tasks Spark runs."""
 from __future__ import annotations
 
 import json
+import os
 import re
+import signal
+import time
+import traceback
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -303,37 +308,53 @@ def test_two_compactions_racing_for_one_segment_apply_it_once_and_neither_fails(
     assert store.verify() == [] and store.load_table("orders", as_of=5) == expected
 
 
-KILL_SCRIPT = """
-import os, signal, sys
-from history_pipeline import HistoryStore
-from history_pipeline.io.store import open_store
-from history_pipeline.maintenance import merge as merge_module, retention as retention_module
-
-store = HistoryStore.open(sys.argv[1], database="db")
-operation, step = sys.argv[2], sys.argv[3]
-
-def die(at):
-    if at == step:
-        os.kill(os.getpid(), signal.SIGKILL)  # no finally, no cleanup: a machine that lost power
-
-if operation == "compact":
-    store.compact(spark=False, on_step=die)
-elif operation == "merge":
-    merge_module.merge(store, None, small_file_bytes=10**9, on_step=die)
-else:
-    retention_module.retain(store, 6, open_store(sys.argv[4]), on_step=die)
-raise SystemExit("the step was never reached")
-"""
+def _killed_in_a_child(work: Callable[[], None], timeout: float = 120.0) -> None:
+    """Run ``work`` in a forked child of this process (its modules loaded already: no interpreter
+    starts) that SIGKILLs itself on the way: no exception handler, no finally, no atexit runs, as
+    on a machine that lost power. Fails unless the child died of that signal (an error it met
+    first is printed on the test's stderr)."""
+    pid = os.fork()
+    if pid == 0:  # the child never returns into the test run
+        code = 2  # the kill was never reached
+        try:
+            work()
+        except BaseException:  # noqa: BLE001 - reported to the parent by the exit code and stderr
+            traceback.print_exc()
+            code = 3
+        os._exit(code)
+    deadline = time.monotonic() + timeout
+    while (ended := os.waitpid(pid, os.WNOHANG))[0] == 0:
+        if time.monotonic() > deadline:
+            os.kill(pid, signal.SIGKILL)
+            os.waitpid(pid, 0)
+            raise AssertionError(f"the child was not killed within {timeout:.0f}s")
+        time.sleep(0.01)
+    status = ended[1]
+    assert os.WIFSIGNALED(status) and os.WTERMSIG(status) == signal.SIGKILL, (
+        f"the child ended with status {status}, not killed at its step (its stderr is above)")
 
 
 def _killed_at(root: Path, operation: str, step: str, *extra: str) -> None:
-    import subprocess
-    import sys
+    """``operation`` on the store at ``root`` in a child killed when it reaches ``step``."""
+    from history_pipeline.io.store import open_store
+    from history_pipeline.maintenance import merge as merge_module
+    from history_pipeline.maintenance import retention as retention_module
 
-    worktree = Path(__file__).resolve().parents[1]
-    done = subprocess.run([sys.executable, "-c", KILL_SCRIPT, str(root), operation, step, *extra],
-                          cwd=worktree, capture_output=True, text=True, timeout=120)
-    assert done.returncode == -9, done.stderr  # killed at the step, not failed before it
+    def work() -> None:
+        store = HistoryStore.open(root, database="db")
+
+        def die(at: str) -> None:
+            if at == step:
+                os.kill(os.getpid(), signal.SIGKILL)
+
+        if operation == "compact":
+            store.compact(spark=False, on_step=die)
+        elif operation == "merge":
+            merge_module.merge(store, None, small_file_bytes=10**9, on_step=die)
+        else:
+            retention_module.retain(store, 6, open_store(extra[0]), on_step=die)
+
+    _killed_in_a_child(work)
 
 
 @pytest.mark.slow
@@ -389,46 +410,40 @@ def test_a_run_killed_at_any_step_is_recovered_by_the_next_run(tmp_path, operati
     assert [r.state for r in store.segments()] == [SegmentState.APPLIED] * len(store.segments())
 
 
-TORN_WRITER_SCRIPT = """
-import json, os, signal, sys
-from history_pipeline import HistoryStore
-from history_pipeline.wal import writer as writer_module
+def _writer_torn_at(root: Path, events: list[dict], kill_at: int) -> None:
+    """The events appended and sealed by a writer in a child whose ``kill_at``-th write reaches the
+    file by half before the child is killed."""
+    from history_pipeline.wal import writer as writer_module
 
-store = HistoryStore.open(sys.argv[1], database="db")
-events, kill_at = json.loads(sys.argv[2]), int(sys.argv[3])
-real_write, calls = os.write, [0]
+    def work() -> None:
+        store = HistoryStore.open(root, database="db")
+        real_write, calls = os.write, [0]
 
-def torn_write(fd, data):
-    calls[0] += 1
-    if calls[0] == kill_at:  # half the line reaches the file, then the power goes
-        real_write(fd, bytes(data[: len(data) // 2]))
-        os.kill(os.getpid(), signal.SIGKILL)
-    return real_write(fd, data)
+        def torn_write(fd: int, data: bytes) -> int:
+            calls[0] += 1
+            if calls[0] == kill_at:  # half the line reaches the file, then the power goes
+                real_write(fd, bytes(data[: len(data) // 2]))
+                os.kill(os.getpid(), signal.SIGKILL)
+            return real_write(fd, data)
 
-writer_module.os.write = torn_write
-with store.wal_writer() as wal:
-    for event in events:
-        wal.append(event)
-    wal.seal()
-raise SystemExit("never killed")
-"""
+        writer_module.os.write = torn_write  # the child's own copy of the module
+        with store.wal_writer() as wal:
+            for event in events:
+                wal.append(event)
+            wal.seal()
+
+    _killed_in_a_child(work)
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("kill_at", [1, 2, 4, 7])  # the opening close, an insert, a close, the seal
 def test_a_wal_writer_killed_mid_line_leaves_a_torn_tail_the_next_writer_repairs(tmp_path, kill_at):
-    import subprocess
-    import sys
-
     store = committed_store(tmp_path)
     events = [insert(3, 2, {AMOUNT: "2.00"}), {"op": "close", "t": 3},
               {"op": "update", "t": 4, "table_uuid": T, "key": 1, "values": {NOTE: "changed"}},
               {"op": "delete", "t": 5, "table_uuid": T, "key": 2}, insert(5, 3, {NOTE: "new"}),
               {"op": "close", "t": 5}]
-    done = subprocess.run([sys.executable, "-c", TORN_WRITER_SCRIPT, str(tmp_path), json.dumps(events),
-                           str(kill_at)], cwd=Path(__file__).resolve().parents[1], capture_output=True,
-                          text=True, timeout=120)
-    assert done.returncode == -9, done.stderr
+    _writer_torn_at(tmp_path, events, kill_at)
     open_segment = tmp_path / "db" / "wal" / "segments" / f"{2:020d}.open"
     assert not open_segment.read_bytes().endswith(b"\n")  # torn: a partial last line
     with store.wal_writer() as wal:  # recovers: the torn line is cut, every complete line kept
