@@ -662,18 +662,35 @@ def test_superseded_at_is_each_keys_next_t():
     assert snapshots_module.superseded_at(np.array([], np.int64), np.array([], np.int64)).to_pylist() == []
 
 
+def _upload(root, uri, s3_options):
+    """Every file under the local ``root`` put under the S3 prefix ``uri``, at the same relative path."""
+    import boto3
+
+    bucket, prefix = uri[len("s3://"):].split("/", 1)
+    client = boto3.client("s3", endpoint_url=s3_options.endpoint_url, region_name=s3_options.region,
+                          aws_access_key_id=s3_options.access_key_id,
+                          aws_secret_access_key=s3_options.secret_access_key)
+    for path in sorted(p for p in root.rglob("*") if p.is_file()):
+        client.upload_file(str(path), bucket, f"{prefix}/{path.relative_to(root).as_posix()}")
+
+
 def test_intervals_are_closed_by_spark_tasks_over_key_ranges_on_s3(tmp_path, s3_bucket, s3_options, spark,
                                                                     monkeypatch):
     """Closing on Spark executors, several key ranges per interval, through the S3 endpoint: each
     range is its own marked file per kind, and every T answers as the model."""
-    store = HistoryStore.open(s3_bucket, database="db", wal_dir=tmp_path / "wal", s3=s3_options,
-                              settings=replace(SMALL_SNAPSHOTS, snapshot_piece_rows=20, interval_piece_rows=20,
-                                               mark_open_fraction=0))  # closes only
+    settings = replace(SMALL_SNAPSHOTS, snapshot_piece_rows=20, interval_piece_rows=20,
+                       mark_open_fraction=0)  # closes only
+    # the history is compacted on a local root and uploaded as it is: the closes below are what runs
+    # through S3 (compactions that close on S3: test_the_closed_layout_on_an_s3_root)
+    local = HistoryStore.open(tmp_path / "root", database="db", wal_dir=tmp_path / "wal", settings=settings)
     with monkeypatch.context() as unclosed:  # the history without its closes, to close them below
         unclosed.setattr(snapshots_module, "close_intervals", lambda *_, **__: 0)
         # nor by the pass that writes a due snapshot by closing its interval
         unclosed.setattr(snapshots_module, "open_interval", lambda *_: None)
-        events = _items_history(store)
+        events = _items_history(local)
+    _upload(tmp_path / "root", s3_bucket, s3_options)
+    store = HistoryStore.open(s3_bucket, database="db", wal_dir=tmp_path / "wal", s3=s3_options, settings=settings)
+    assert store.frontier == local.frontier and store.catalog_state().files == local.catalog_state().files
     assert not _marked_files(store)
     assert len(closed_intervals(store.catalog_state(), "T")) > 4  # more than one call's worth
     replaced = 0
