@@ -161,6 +161,12 @@ def _previous(points, point):
     return points[points.index(point) - 1]
 
 
+def _interval_ends(store, table="T"):
+    """The last T of each closed interval (the most rows superseded inside it; every T of an
+    interval reads the same files) and the T above the frontier."""
+    return [s - 1 for s in _snapshots(store, table)[1:]] + [store.frontier + 1]
+
+
 def _turning_points(store, table="T", seed=0, extra=3):
     """The T at which a read of ``table`` takes other files or another path: the first rows (2),
     each snapshot S and the T around it (the last T of one interval, the first of the next), the
@@ -198,14 +204,14 @@ def test_marks_survive_merge_erasure_and_rebuild_and_retention_falls_back_where_
     events = [e for e in events if e.get("key") not in erased]
     assert all(_closed(store, t) for t in closed_ts)
     # the erasure and the rebuild (the marks read back from the footers) change which rows the files
-    # hold, not which files a T reads: every T's rows, the streams and SQL where the reads change files
+    # hold, not which files a T reads: every T's rows, the streams and SQL at each interval's last T
     _check_rows(store, _model(events), range(2, store.frontier + 2))
-    _check_items(store, events, _turning_points(store, seed=170))
+    _check_items(store, events, _interval_ends(store))
 
     store.rebuild_catalog()
     assert all(_closed(store, t) for t in closed_ts)
     _check_rows(store, _model(events), range(2, store.frontier + 2))
-    _check_items(store, events, _turning_points(store, seed=171))
+    _check_items(store, events, _interval_ends(store))
 
     # retention inside an interval: its snapshot goes, the kept rows are a new unmarked file, so
     # reads in what is left of that interval fall back; intervals above the purge point stay closed
@@ -708,7 +714,7 @@ def test_intervals_are_closed_by_spark_tasks_over_key_ranges_on_s3(tmp_path, s3_
     # every T's rows; the streams and SQL at each closed interval's last T (inside an interval every
     # T reads the same files by the same filter, and verify checks every row's mark) and above them
     _check_rows(store, _model(events), every_t)
-    _check_items(store, events, [s - 1 for s in _snapshots(store)[1:]] + [store.frontier + 1])
+    _check_items(store, events, _interval_ends(store))
     assert store.verify() == []
 
 
