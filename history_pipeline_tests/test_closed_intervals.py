@@ -45,13 +45,13 @@ SMALL_SNAPSHOTS = StoreSettings(snapshot_min_versions=6, snapshot_ratio=0.2)
 HOT_KEY = 60
 
 
-def _items_history(store, hot: bool = False):
-    """Inserts, updates (several per key per segment), deletes and re-inserts over many segments;
-    with ``hot``, key ``HOT_KEY`` updated after each of them too (a counter row)."""
+def _items_history(store, hot: bool = False, rounds: int = 12):
+    """Inserts, updates (several per key per segment), deletes and re-inserts over ``rounds``
+    segments; with ``hot``, key ``HOT_KEY`` updated after each of them too (a counter row)."""
     rng = random.Random(7)
     batches = [[CREATE] + [_insert(2, k, k) for k in [*range(40), *([HOT_KEY] if hot else [])]]]
     t = 3
-    for _ in range(12):
+    for _ in range(rounds):
         batch = []
         for _ in range(rng.randint(1, 3)):
             keys = rng.sample(range(50), 12)
@@ -77,11 +77,27 @@ def _in_key_order(table):
     return table.sort_by("synthetic_key").combine_chunks()
 
 
-def _check_items(store, events, as_ofs):
-    """load_table, its stream and sql (whole rows and a filtered aggregate) against the model."""
+def _model(events):
     model = BaseDatabase()
     for e in events:
         model.apply(e)
+    return model
+
+
+def _check_rows(store, model, as_ofs):
+    """load_table (in key order) against the model: the rows every T answers."""
+    for as_of in as_ofs:
+        expected = model.table_as_of("items", as_of) or {}
+        got = store.load_table("items", as_of, ordered=True)
+        assert got.column("synthetic_key").to_pylist() == sorted(expected), as_of
+        assert {r.pop("synthetic_key"): r for r in got.to_pylist()} == expected, as_of
+
+
+def _check_items(store, events, as_ofs):
+    """load_table, its stream and sql (whole rows and a filtered aggregate) against the model;
+    the SQL checks of ``check_sql_against_model`` over the same model (replayed once)."""
+    model = _model(events)
+    as_ofs = list(as_ofs)
     for as_of in as_ofs:
         expected = model.table_as_of("items", as_of) or {}
         got = store.load_table("items", as_of, ordered=True)
@@ -94,7 +110,18 @@ def _check_items(store, events, as_ofs):
         kept = [r["a"] for r in expected.values() if r["a"] is not None and r["a"] >= 50]
         answer = store.sql("SELECT count(*) AS c, sum(a) AS s FROM items WHERE a >= 50", as_of).to_pylist()
         assert answer == [{"c": len(kept), "s": sum(kept) if kept else None}], as_of
-    check_sql_against_model(store, events, as_ofs)
+    checked = 0
+    for as_of in as_ofs:  # as check_sql_against_model does
+        for table in model.state_as_of(as_of).values():
+            quoted = '"' + table["name"] + '"'
+            got = store.sql(f"SELECT * FROM {quoted} ORDER BY synthetic_key", as_of)
+            assert got.column_names == ["synthetic_key"] + model.column_order(table["name"], as_of), as_of
+            rows = {r.pop("synthetic_key"): r for r in got.to_pylist()}
+            assert rows == model.table_as_of(table["name"], as_of), (table["name"], as_of)
+            count = store.sql(f"SELECT count(*) AS n FROM {quoted}", as_of).column("n").to_pylist()
+            assert count == [len(rows)], as_of
+            checked += 1
+    assert checked > 0
 
 
 def test_every_t_below_the_newest_snapshot_is_a_filter_scan_equal_to_the_model(tmp_path):
@@ -134,6 +161,12 @@ def _previous(points, point):
     return points[points.index(point) - 1]
 
 
+def _interval_ends(store, table="T"):
+    """The last T of each closed interval (the most rows superseded inside it; every T of an
+    interval reads the same files) and the T above the frontier."""
+    return [s - 1 for s in _snapshots(store, table)[1:]] + [store.frontier + 1]
+
+
 def _turning_points(store, table="T", seed=0, extra=3):
     """The T at which a read of ``table`` takes other files or another path: the first rows (2),
     each snapshot S and the T around it (the last T of one interval, the first of the next), the
@@ -170,11 +203,15 @@ def test_marks_survive_merge_erasure_and_rebuild_and_retention_falls_back_where_
     store.erase("items", erased, requested_by="test")
     events = [e for e in events if e.get("key") not in erased]
     assert all(_closed(store, t) for t in closed_ts)
-    _check_items(store, events, range(2, store.frontier + 2))
+    # the erasure and the rebuild (the marks read back from the footers) change which rows the files
+    # hold, not which files a T reads: every T's rows, the streams and SQL at each interval's last T
+    _check_rows(store, _model(events), range(2, store.frontier + 2))
+    _check_items(store, events, _interval_ends(store))
 
     store.rebuild_catalog()
     assert all(_closed(store, t) for t in closed_ts)
-    _check_items(store, events, range(2, store.frontier + 2))
+    _check_rows(store, _model(events), range(2, store.frontier + 2))
+    _check_items(store, events, _interval_ends(store))
 
     # retention inside an interval: its snapshot goes, the kept rows are a new unmarked file, so
     # reads in what is left of that interval fall back; intervals above the purge point stay closed
@@ -314,8 +351,8 @@ def _marked_files(store, table="T"):
 
 
 def _current(rows, as_of):
-    """The rows of ``rows`` current as of ``as_of`` (the reference mask, in Python)."""
-    return [r for r in rows.to_pylist() if not r["is_deleted"] and r["logical_timestamp"] < as_of
+    """The rows of ``rows`` (dicts) current as of ``as_of`` (the reference mask, in Python)."""
+    return [r for r in rows if not r["is_deleted"] and r["logical_timestamp"] < as_of
             and (r[SUPERSEDED] is None or r[SUPERSEDED] >= as_of)]
 
 
@@ -323,20 +360,25 @@ def _check_pruning(store, as_ofs, table="T"):
     """At each closed T: the row groups ``closed_row_groups`` skips hold no current row (read back
     directly). Returns the rows (read, current, in the files) summed over the closed T."""
     read = current = total = 0
+    state = store.catalog_state()
+    files: dict[str, list] = {}  # each file read once, as its row groups' rows
     for as_of in as_ofs:
-        selection = select_files(store.catalog_state(), table, as_of)
+        selection = select_files(state, table, as_of)
         if not is_closed_read(store.objects, selection):
             continue
         chosen = dict((f.path, groups) for f, groups in closed_row_groups(store.objects, selection, as_of))
         for f in selection.snapshot + selection.versions:
-            parquet = _parquet(store, f.path)
+            if f.path not in files:
+                parquet = _parquet(store, f.path)
+                files[f.path] = [parquet.read_row_group(rg).to_pylist() for rg in range(parquet.num_row_groups)]
+            groups = files[f.path]
             kept = chosen.get(f.path, [])
-            skipped = [rg for rg in range(parquet.num_row_groups) if rg not in kept]
+            skipped = [rg for rg in range(len(groups)) if rg not in kept]
             if skipped:
-                assert _current(parquet.read_row_groups(skipped), as_of) == [], (as_of, f.path, skipped)
-            read += sum(parquet.metadata.row_group(rg).num_rows for rg in kept)
-            current += len(_current(parquet.read(), as_of))
-            total += parquet.metadata.num_rows
+                assert _current([r for rg in skipped for r in groups[rg]], as_of) == [], (as_of, f.path, skipped)
+            read += sum(len(groups[rg]) for rg in kept)
+            current += len(_current([r for rows in groups for r in rows], as_of))
+            total += sum(len(rows) for rows in groups)
     assert total
     return read, current, total
 
@@ -383,8 +425,8 @@ def _check_layout(store, table="T") -> int:
             hot_rows -= sizes[time_cut]
         assert hot_rows == 0, (f.path, sizes)
         classes = []
-        for rg in range(parquet.num_row_groups):
-            rows = parquet.read_row_group(rg).to_pylist()
+        for rg in range(parquet.num_row_groups):  # the file read once above, cut at its row groups
+            rows = everything.slice(sum(sizes[:rg]), sizes[rg]).to_pylist()
             nulls = {r[SUPERSEDED] is None for r in rows}
             assert len(nulls) == 1, (f.path, rg)  # one class a row group, in the hot runs too
             keys = [(r["synthetic_key"], r["logical_timestamp"]) for r in rows]
@@ -605,9 +647,9 @@ def test_the_closed_layout_on_an_s3_root(tmp_path, s3_bucket, s3_options, tiny_r
     and read the same way."""
     store = HistoryStore.open(s3_bucket, database="db", wal_dir=tmp_path / "wal", s3=s3_options,
                               settings=SMALL_SNAPSHOTS)
-    events = _items_history(store)
+    events = _items_history(store, rounds=6)  # closes on S3 more than one interval
     closed = [t for t in range(3, store.frontier + 2) if _closed(store, t)]
-    assert closed and max(closed) == _snapshots(store)[-1]
+    assert closed and max(closed) == _snapshots(store)[-1] and len(_snapshots(store)) >= 3
     _check_layout(store)
     _assert_skips_most(*_check_pruning(store, closed))
     picked = [closed[0], closed[len(closed) // 2], closed[-1], store.frontier + 1]
@@ -626,18 +668,35 @@ def test_superseded_at_is_each_keys_next_t():
     assert snapshots_module.superseded_at(np.array([], np.int64), np.array([], np.int64)).to_pylist() == []
 
 
+def _upload(root, uri, s3_options):
+    """Every file under the local ``root`` put under the S3 prefix ``uri``, at the same relative path."""
+    import boto3
+
+    bucket, prefix = uri[len("s3://"):].split("/", 1)
+    client = boto3.client("s3", endpoint_url=s3_options.endpoint_url, region_name=s3_options.region,
+                          aws_access_key_id=s3_options.access_key_id,
+                          aws_secret_access_key=s3_options.secret_access_key)
+    for path in sorted(p for p in root.rglob("*") if p.is_file()):
+        client.upload_file(str(path), bucket, f"{prefix}/{path.relative_to(root).as_posix()}")
+
+
 def test_intervals_are_closed_by_spark_tasks_over_key_ranges_on_s3(tmp_path, s3_bucket, s3_options, spark,
                                                                     monkeypatch):
     """Closing on Spark executors, several key ranges per interval, through the S3 endpoint: each
     range is its own marked file per kind, and every T answers as the model."""
-    store = HistoryStore.open(s3_bucket, database="db", wal_dir=tmp_path / "wal", s3=s3_options,
-                              settings=replace(SMALL_SNAPSHOTS, snapshot_piece_rows=20, interval_piece_rows=20,
-                                               mark_open_fraction=0))  # closes only
+    settings = replace(SMALL_SNAPSHOTS, snapshot_piece_rows=20, interval_piece_rows=20,
+                       mark_open_fraction=0)  # closes only
+    # the history is compacted on a local root and uploaded as it is: the closes below are what runs
+    # through S3 (compactions that close on S3: test_the_closed_layout_on_an_s3_root)
+    local = HistoryStore.open(tmp_path / "root", database="db", wal_dir=tmp_path / "wal", settings=settings)
     with monkeypatch.context() as unclosed:  # the history without its closes, to close them below
         unclosed.setattr(snapshots_module, "close_intervals", lambda *_, **__: 0)
         # nor by the pass that writes a due snapshot by closing its interval
         unclosed.setattr(snapshots_module, "open_interval", lambda *_: None)
-        events = _items_history(store)
+        events = _items_history(local)
+    _upload(tmp_path / "root", s3_bucket, s3_options)
+    store = HistoryStore.open(s3_bucket, database="db", wal_dir=tmp_path / "wal", s3=s3_options, settings=settings)
+    assert store.frontier == local.frontier and store.catalog_state().files == local.catalog_state().files
     assert not _marked_files(store)
     assert len(closed_intervals(store.catalog_state(), "T")) > 4  # more than one call's worth
     replaced = 0
@@ -652,7 +711,10 @@ def test_intervals_are_closed_by_spark_tasks_over_key_ranges_on_s3(tmp_path, s3_
     assert any(f.holds_versions for f in _marked_files(store))
     every_t = range(2, store.frontier + 2)
     assert all(_closed(store, t) for t in every_t if 2 < t < _snapshots(store)[-1])  # at 2 nothing is read
-    _check_items(store, events, every_t)
+    # every T's rows; the streams and SQL at each closed interval's last T (inside an interval every
+    # T reads the same files by the same filter, and verify checks every row's mark) and above them
+    _check_rows(store, _model(events), every_t)
+    _check_items(store, events, _interval_ends(store))
     assert store.verify() == []
 
 

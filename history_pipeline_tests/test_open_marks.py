@@ -7,6 +7,7 @@ the selection, not on timing) and that every answer equals the model at every T.
 from __future__ import annotations
 
 import random
+import shutil
 from dataclasses import replace
 
 import duckdb
@@ -45,14 +46,21 @@ def _load_and_mark(store, batches, alive):
     return events
 
 
-def _history(store, tail=5, alive=None):
-    """Inserts, then batches of updates, deletes and re-inserts; then a snapshot, 20 updates (a
-    marking's share: the open interval is marked as of the frontier) and ``tail`` updates too few
-    for the next marking, so the latest T reads above the marks."""
+def _history(store, tail=5, alive=None, rounds=14):
+    """Inserts, then ``rounds`` batches of updates, deletes and re-inserts; then a snapshot, 20
+    updates (a marking's share: the open interval is marked as of the frontier) and ``tail``
+    updates too few for the next marking, so the latest T reads above the marks."""
+    alive = set() if alive is None else alive
+    events, rng, t = _marked_history(store, alive, rounds)
+    return events + _updates(store, rng, t, tail, alive)
+
+
+def _marked_history(store, alive, rounds=14):
+    """``_history`` up to its marking; with the random draws and the next t, to go on from there."""
     rng = random.Random(11)
     batches = [[CREATE] + [_insert(2, k, k) for k in range(40)]]
     t = 3
-    for _ in range(14):
+    for _ in range(rounds):
         batch = []
         for _ in range(rng.randint(1, 2)):
             keys = rng.sample(range(50), 12)
@@ -60,16 +68,37 @@ def _history(store, tail=5, alive=None):
             batch += [_delete(t, k) for k in keys[6:9]] + [_insert(t, k, rng.randint(0, 100)) for k in keys[9:]]
             t += 1
         batches.append(batch)
-    alive = set() if alive is None else alive
     events = _load_and_mark(store, batches, alive)
     store.refresh_snapshots(force=True, spark=False)
-    for n in (20, tail):
-        if n:  # a timestamp each: every T between them is read
-            keys = rng.sample(sorted(alive), n)
-            events += _load_and_mark(store, [[_update(t + i, k, rng.randint(0, 100)) for i, k in enumerate(keys)]],
-                                     alive)
-            t += n
-    return events
+    events += _updates(store, rng, t, 20, alive)
+    return events, rng, t + 20
+
+
+def _updates(store, rng, t, n, alive):
+    """``n`` updates of live keys, a timestamp each from ``t`` on (every T between them is read)."""
+    if not n:
+        return []
+    keys = rng.sample(sorted(alive), n)
+    return _load_and_mark(store, [[_update(t + i, k, rng.randint(0, 100)) for i, k in enumerate(keys)]], alive)
+
+
+@pytest.fixture(scope="module")
+def marked_root(tmp_path_factory):
+    """``_history`` without its tail, built once: a root to copy, its events, live keys, draws and next t."""
+    root = tmp_path_factory.mktemp("marked") / "root"
+    alive: set[int] = set()
+    events, rng, t = _marked_history(HistoryStore.open(root, database="db", settings=MARKED), alive)
+    return root, events, alive, rng.getstate(), t
+
+
+def _copy_of(marked_root, tmp_path):
+    """A store of its own on a copy of ``marked_root``, with the history's events, live keys,
+    draws and next t."""
+    root, events, alive, state, t = marked_root
+    shutil.copytree(root, tmp_path / "root")
+    rng = random.Random()
+    rng.setstate(state)
+    return HistoryStore.open(tmp_path / "root", database="db", settings=MARKED), list(events), set(alive), rng, t
 
 
 def _reads(store, table="T"):
@@ -91,9 +120,10 @@ def _open_marks(store, table="T"):
 
 
 @pytest.mark.slow
-def test_every_t_up_to_the_open_marks_is_a_filter_and_above_them_an_overlay_equal_to_the_model(tmp_path):
-    store = HistoryStore.open(tmp_path, database="db", settings=MARKED)
-    events = _history(store)
+def test_every_t_up_to_the_open_marks_is_a_filter_and_above_them_an_overlay_equal_to_the_model(tmp_path,
+                                                                                               marked_root):
+    store, events, alive, rng, t = _copy_of(marked_root, tmp_path)
+    events += _updates(store, rng, t, 5, alive)  # _history's tail
     snapshots = sorted({f.snapshot_as_of for f in store.catalog_state().files_of("T", FileKind.SNAPSHOT)})
     marks = _open_marks(store)
     assert snapshots and marks is not None and snapshots[-1] < marks <= store.frontier
@@ -116,10 +146,8 @@ def test_every_t_up_to_the_open_marks_is_a_filter_and_above_them_an_overlay_equa
 
 
 @pytest.mark.slow
-def test_the_open_interval_is_marked_again_as_it_grows_and_closed_by_the_next_snapshot(tmp_path):
-    store = HistoryStore.open(tmp_path, database="db", settings=MARKED)
-    alive: set[int] = set()
-    events = _history(store, tail=0, alive=alive)
+def test_the_open_interval_is_marked_again_as_it_grows_and_closed_by_the_next_snapshot(tmp_path, marked_root):
+    store, events, alive, _, _ = _copy_of(marked_root, tmp_path)  # _history without a tail
     seen = {_open_marks(store)}
     rng = random.Random(3)
     t = store.frontier + 1
@@ -211,10 +239,11 @@ def test_random_histories_with_schema_changes_and_marks_equal_the_model(tmp_path
 
 def test_marks_on_an_s3_root(tmp_path, s3_bucket, s3_options):
     store = HistoryStore.open(s3_bucket, database="db", wal_dir=tmp_path / "wal", s3=s3_options, settings=MARKED)
-    events = _history(store)
+    # a short history: the marking on S3 is the point (closing on S3: test_the_closed_layout_on_an_s3_root)
+    events = _history(store, rounds=3)
     reads = _reads(store)
     marked = [t for t, read in reads.items() if read == "marked"]
-    assert marked
+    assert marked and reads[marked[0] - 1] == "closed"  # up to the marks a filter, above them an overlay
     _check_items(store, events, [marked[0] - 1, marked[0], store.frontier + 1])
 
 
@@ -266,14 +295,12 @@ def test_an_overlay_of_rows_current_in_any_order_equals_a_dict_model(seed):
 
 
 @pytest.mark.spark
-def test_the_refresh_reports_the_files_it_marked(tmp_path):
+def test_the_refresh_reports_the_files_it_marked(tmp_path, marked_root):
     """Versions compacted by a store that does not mark are marked by the next refresh (on Spark),
     which says how many files it replaced; a refresh with nothing due marks nothing."""
-    alive: set[int] = set()
-    store = HistoryStore.open(tmp_path, database="db", settings=MARKED)
-    events = _history(store, tail=0, alive=alive)
+    store, events, alive, _, _ = _copy_of(marked_root, tmp_path)  # _history without a tail
     before = _open_marks(store)
-    unmarking = HistoryStore.open(tmp_path, database="db", settings=replace(MARKED, mark_open_fraction=0))
+    unmarking = HistoryStore.open(tmp_path / "root", database="db", settings=replace(MARKED, mark_open_fraction=0))
     t = store.frontier + 1
     events += _load(unmarking, [[_update(t + i, k, 1) for i, k in enumerate(sorted(alive)[:16])]], alive)
     assert _open_marks(store) == before
