@@ -128,6 +128,14 @@ class BaseDatabase:
         return None
 
 
+def replayed(events: list[dict[str, Any]]) -> BaseDatabase:
+    """The model after applying ``events`` in order."""
+    model = BaseDatabase()
+    for e in events:
+        model.apply(e)
+    return model
+
+
 def table_uuid_named(model: BaseDatabase, name: str, as_of: int) -> str | None:
     for uuid, table in model.state_as_of(as_of).items():
         if table["name"] == name:

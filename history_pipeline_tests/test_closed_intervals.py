@@ -34,7 +34,7 @@ from history_pipeline.query.scan import live_sql
 from history_pipeline.schema import replay_schema_history
 from history_pipeline.supertable import DELETED, KEY, LT, SUPERSEDED, read_file_metadata
 from history_pipeline.supertable.read import RowGroupTimes, footer
-from history_pipeline_tests.model import BaseDatabase
+from history_pipeline_tests.model import BaseDatabase, replayed
 from history_pipeline_tests.test_compaction import _split, check_against_model, random_history, write
 from history_pipeline_tests.test_query_layers import CREATE, _delete, _insert, _load, _update
 from history_pipeline_tests.test_read_path import check_sql_against_model, damage_column
@@ -77,13 +77,6 @@ def _in_key_order(table):
     return table.sort_by("synthetic_key").combine_chunks()
 
 
-def _model(events):
-    model = BaseDatabase()
-    for e in events:
-        model.apply(e)
-    return model
-
-
 def _check_rows(store, model, as_ofs):
     """load_table (in key order) against the model: the rows every T answers."""
     for as_of in as_ofs:
@@ -96,7 +89,7 @@ def _check_rows(store, model, as_ofs):
 def _check_items(store, events, as_ofs):
     """load_table, its stream and sql (whole rows and a filtered aggregate) against the model;
     the SQL checks of ``check_sql_against_model`` over the same model (replayed once)."""
-    model = _model(events)
+    model = replayed(events)
     as_ofs = list(as_ofs)
     for as_of in as_ofs:
         expected = model.table_as_of("items", as_of) or {}
@@ -110,18 +103,7 @@ def _check_items(store, events, as_ofs):
         kept = [r["a"] for r in expected.values() if r["a"] is not None and r["a"] >= 50]
         answer = store.sql("SELECT count(*) AS c, sum(a) AS s FROM items WHERE a >= 50", as_of).to_pylist()
         assert answer == [{"c": len(kept), "s": sum(kept) if kept else None}], as_of
-    checked = 0
-    for as_of in as_ofs:  # as check_sql_against_model does
-        for table in model.state_as_of(as_of).values():
-            quoted = '"' + table["name"] + '"'
-            got = store.sql(f"SELECT * FROM {quoted} ORDER BY synthetic_key", as_of)
-            assert got.column_names == ["synthetic_key"] + model.column_order(table["name"], as_of), as_of
-            rows = {r.pop("synthetic_key"): r for r in got.to_pylist()}
-            assert rows == model.table_as_of(table["name"], as_of), (table["name"], as_of)
-            count = store.sql(f"SELECT count(*) AS n FROM {quoted}", as_of).column("n").to_pylist()
-            assert count == [len(rows)], as_of
-            checked += 1
-    assert checked > 0
+    check_sql_against_model(store, events, as_ofs, model=model)
 
 
 def test_every_t_below_the_newest_snapshot_is_a_filter_scan_equal_to_the_model(tmp_path):
@@ -205,12 +187,12 @@ def test_marks_survive_merge_erasure_and_rebuild_and_retention_falls_back_where_
     assert all(_closed(store, t) for t in closed_ts)
     # the erasure and the rebuild (the marks read back from the footers) change which rows the files
     # hold, not which files a T reads: every T's rows, the streams and SQL at each interval's last T
-    _check_rows(store, _model(events), range(2, store.frontier + 2))
+    _check_rows(store, replayed(events), range(2, store.frontier + 2))
     _check_items(store, events, _interval_ends(store))
 
     store.rebuild_catalog()
     assert all(_closed(store, t) for t in closed_ts)
-    _check_rows(store, _model(events), range(2, store.frontier + 2))
+    _check_rows(store, replayed(events), range(2, store.frontier + 2))
     _check_items(store, events, _interval_ends(store))
 
     # retention inside an interval: its snapshot goes, the kept rows are a new unmarked file, so
@@ -713,7 +695,7 @@ def test_intervals_are_closed_by_spark_tasks_over_key_ranges_on_s3(tmp_path, s3_
     assert all(_closed(store, t) for t in every_t if 2 < t < _snapshots(store)[-1])  # at 2 nothing is read
     # every T's rows; the streams and SQL at each closed interval's last T (inside an interval every
     # T reads the same files by the same filter, and verify checks every row's mark) and above them
-    _check_rows(store, _model(events), every_t)
+    _check_rows(store, replayed(events), every_t)
     _check_items(store, events, _interval_ends(store))
     assert store.verify() == []
 

@@ -30,7 +30,7 @@ from history_pipeline.catalog.model import CatalogState, FileKind
 from history_pipeline.io.store import open_store
 from history_pipeline.maintenance.export import load_export
 from history_pipeline.types import Interval, TypeKind
-from history_pipeline_tests.model import BaseDatabase, erase_keys, names_of, nullability_of
+from history_pipeline_tests.model import BaseDatabase, erase_keys, names_of, nullability_of, replayed
 from history_pipeline_tests.test_compaction import write
 from history_pipeline_tests.test_maintenance_properties import mutations_by_key
 
@@ -409,10 +409,7 @@ def build(root, settings=SMALL, every=3, seed=1):
 def compacted(root, settings=SMALL, every=3, seed=1):
     store, events, _ = build(root, settings, every, seed)
     store.compact(spark=False)
-    model = BaseDatabase()
-    for e in events:
-        model.apply(e)
-    return store, model, events
+    return store, replayed(events), events
 
 
 @pytest.fixture(scope="module")
@@ -428,10 +425,7 @@ def compacted_copy(tmp_path_factory):
         shutil.copytree(made[settings], root)
         store = HistoryStore.open(root, database="db", settings=settings)
         events = typed_history()
-        model = BaseDatabase()
-        for e in events:
-            model.apply(e)
-        return store, model, events
+        return store, replayed(events), events
 
     return copy
 
@@ -708,17 +702,11 @@ def edge_compacted(tmp_path_factory):
     store = HistoryStore.open(built, database="db", settings=PIECES)
     write(store, *split(events, 2))
     store.compact(spark=False)
-    model = BaseDatabase()
-    for e in events:
-        model.apply(e)
-    check(store, model, events, as_ofs=_probe(store, events))
+    check(store, replayed(events), events, as_ofs=_probe(store, events))
 
     def copy(root: Path):
         shutil.copytree(built, root)
-        model = BaseDatabase()
-        for e in events:
-            model.apply(e)
-        return HistoryStore.open(root, database="db", settings=PIECES), model, events
+        return HistoryStore.open(root, database="db", settings=PIECES), replayed(events), events
 
     return copy
 

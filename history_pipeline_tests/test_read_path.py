@@ -14,7 +14,7 @@ import pytest
 from history_pipeline import HistoryStore, QueryError, StoreSettings
 from history_pipeline.catalog.model import FileKind
 from history_pipeline.errors import NegativeTimestampError, PurgedTimestampError
-from history_pipeline_tests.model import BaseDatabase
+from history_pipeline_tests.model import replayed
 from history_pipeline_tests.test_compaction import _split, random_history, write
 
 
@@ -24,10 +24,10 @@ def _same(a, b) -> bool:
     return a == b
 
 
-def check_sql_against_model(store, events, as_ofs):
-    model = BaseDatabase()
-    for e in events:
-        model.apply(e)
+def check_sql_against_model(store, events, as_ofs, model=None):
+    """Every table's rows and count through SQL at each of ``as_ofs`` against the model of ``events``
+    (``model``: that model, replayed already)."""
+    model = replayed(events) if model is None else model
     checked = 0
     for as_of in as_ofs:
         for table in model.state_as_of(as_of).values():
