@@ -21,7 +21,7 @@ from history_pipeline import HistoryStore, SegmentQuarantinedError, StoreSetting
 from history_pipeline.casts import cast_value
 from history_pipeline.types import Interval, parse_data_type
 from history_pipeline.wal import SegmentState
-from history_pipeline_tests.model import BaseDatabase
+from history_pipeline_tests.model import BaseDatabase, replayed
 from history_pipeline_tests.test_compaction import write
 
 #: the DataFrame engine runs on the session passed to compact(); spark=False runs in-process
@@ -334,13 +334,6 @@ def answers(store: HistoryStore, events: list[dict[str, Any]], model: BaseDataba
     return out
 
 
-def _model(events: list[dict[str, Any]]) -> BaseDatabase:
-    model = BaseDatabase()
-    for e in events:
-        model.apply(e)
-    return model
-
-
 #: (seed, events, how the stream is cut, segments compacted one at a time): each Spark compaction of a
 #: segment costs the most here, so the streams cut into segments are short, chosen so that between
 #: them every kind of schema change lands in a segment after one that wrote rows of its table
@@ -359,7 +352,7 @@ SCHEMA_CHANGES = {"add_column", "drop_column", "rename_column", "change_column_t
 def test_random_streams_answer_alike_on_both_engines(tmp_path, spark, seed, n_events, how, one_at_a_time):
     events = random_stream(seed, n_events)
     batches = split(events, how, random.Random(seed))
-    model = _model(events)
+    model = replayed(events)
     reference = compacted(tmp_path / "in-process", batches, False, one_at_a_time)
     frames = compacted(tmp_path / "spark", batches, spark, one_at_a_time)
     assert reference.frontier == frames.frontier == events[-1]["t"]
@@ -439,7 +432,7 @@ def _rewrite(store: HistoryStore, old: int, new: int) -> None:
 
 
 def _quarantined_alike(tmp_path, spark, second, rewrite=None) -> str:
-    model = _model(GOOD)
+    model = replayed(GOOD)
     outcomes = []
     for name, session in (("in-process", False), ("spark", spark)):
         store = HistoryStore.open(tmp_path / name, database="db", settings=SETTINGS)
@@ -490,7 +483,7 @@ def test_numeric_negative_zero_reads_as_postgresql_zero(tmp_path, spark):
         {"op": "change_column_type", "t": 4, "table_uuid": "T", "column_uuid": "d", "data_type": "NUMERIC(10,2)"},
     ]
     expected = {1: ["0", "0.00", "0.00", "0.00"], 2: ["0.000", "0.00", "0", None]}
-    model = _model(events)
+    model = replayed(events)
     for name, session in (("in-process", False), ("spark", spark)):
         store = compacted(tmp_path / name, [events[:3], events[3:]], session, one_at_a_time=False)
         answers(store, events, model)  # the model (casts.py, types.py) agrees at every T
@@ -509,7 +502,7 @@ def test_numeric_written_with_an_exponent_reads_back_in_sql(tmp_path, spark):
         {"op": "insert", "t": 2, "table_uuid": "T", "key": 1, "values": {"a": "1e-7"}},
         {"op": "insert", "t": 3, "table_uuid": "T", "key": 2, "values": {"a": "1e3"}},
     ]
-    model = _model(events)
+    model = replayed(events)
     for name, session in (("in-process", False), ("spark", spark)):
         store = compacted(tmp_path / name, [events], session, one_at_a_time=False)
         answers(store, events, model)

@@ -12,7 +12,7 @@ from history_pipeline import HistoryStore, StoreSettings
 from history_pipeline.catalog.files import is_closed_read, is_marked_read, select_files
 from history_pipeline.errors import QueryError
 from history_pipeline.query import sandbox
-from history_pipeline_tests.model import BaseDatabase
+from history_pipeline_tests.model import replayed
 from history_pipeline_tests.test_query_layers import CREATE, _delete, _insert, _load, _update
 from history_pipeline_tests.test_read_path import damage_column
 
@@ -59,10 +59,7 @@ def _history(store, marked):
 
 
 def _model(events, as_of):
-    model = BaseDatabase()
-    for e in events:
-        model.apply(e)
-    return model.table_as_of("items", as_of)
+    return replayed(events).table_as_of("items", as_of)
 
 
 def _expected(events, as_of):
