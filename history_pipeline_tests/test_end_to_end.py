@@ -25,15 +25,16 @@ def _get(url, data=None, timeout=5):
         return response.read()
 
 
-def _wait(predicate, timeout, what):
+def _wait(predicate, timeout, what, every: float = 1.0):
+    """Poll ``predicate`` every ``every`` seconds (an error counts as not yet) until it holds."""
     deadline = time.time() + timeout
     while time.time() < deadline:
         try:
             if predicate():
                 return
-        except Exception:
+        except Exception:  # noqa: BLE001 - a server still starting answers with errors
             pass
-        time.sleep(1)
+        time.sleep(every)
     raise AssertionError(f"timed out after {timeout}s waiting for {what}")
 
 

@@ -35,6 +35,7 @@ from history_pipeline_tests.dagster_support import dagster_home, running_dagster
 from history_pipeline_tests.dagster_support import free_port as _free_port
 from history_pipeline_tests.test_compaction import example_events, write
 from history_pipeline_tests.test_end_to_end import _get
+from history_pipeline_tests.test_end_to_end import _wait as _wait_every
 
 RUNS = """
 { runsOrError { ... on Runs { results { runId status tags { key value } } } } }
@@ -51,16 +52,8 @@ def _graphql(port: int, query: str, **variables) -> dict:
 
 
 def _wait(predicate, timeout: float, what: str) -> None:
-    """Poll ``predicate`` every quarter second (an error counts as not yet) until it holds."""
-    deadline = time.time() + timeout
-    while time.time() < deadline:
-        try:
-            if predicate():
-                return
-        except Exception:  # noqa: BLE001 - a server still starting answers with errors
-            pass
-        time.sleep(0.25)
-    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+    """``test_end_to_end``'s wait, polled every quarter second: a kill must land while the run works."""
+    _wait_every(predicate, timeout, what, every=0.25)
 
 
 def _runs(port: int) -> list[dict]:
